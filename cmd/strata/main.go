@@ -1,0 +1,55 @@
+// Command strata is the one binary of Strata: every daemon and admin tool is
+// a subcommand. This package stays thin: flags -> Config -> Run. Only here
+// may code call os.Exit or log.Fatal.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// rootCmd gathers the subcommands; each subcommand's file adds itself in init.
+var rootCmd = &cobra.Command{
+	Use:           "strata",
+	Short:         "Strata: a parallel file system for HPC clusters",
+	SilenceUsage:  true,
+	SilenceErrors: true,
+	PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+		return setupLogging(cmd)
+	},
+}
+
+var logLevel string
+
+func init() {
+	rootCmd.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+}
+
+func setupLogging(cmd *cobra.Command) error {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
+	return nil
+}
+
+// usageError marks errors caused by bad flags or arguments (exit code 2).
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+func main() {
+	if err := rootCmd.Execute(); err != nil {
+		fmt.Fprintf(os.Stderr, "strata: %v\n", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}

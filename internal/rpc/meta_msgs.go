@@ -1,0 +1,799 @@
+package rpc
+
+import "github.com/stratafs/strata/internal/layout"
+
+// Metadata-service methods. Numbers are part of the wire format: never reuse
+// or renumber one; add new ones at the end (see doc.go, version history).
+const (
+	MSessionOpen Method = iota + 1
+	MSessionHeartbeat
+	MSessionClose
+	MLookup
+	MGetAttr
+	MSetAttr
+	MCreate
+	MUnlink
+	MRmdir
+	MRename
+	MLink
+	MReadlink
+	MReadDir
+	MStatFS
+	MGetXattr
+	MSetXattr
+	MListXattr
+	MRemoveXattr
+	MCommitSize
+	MGetLk
+	MSetLk
+	MSetDirLayout
+	MRegisterServer
+	MServerHeartbeat
+	MClusterStatus
+	MListTargets
+)
+
+// Empty is the request or response of a method that carries nothing.
+type Empty struct{}
+
+func (*Empty) Encode(*Enc) {}
+func (*Empty) Decode(*Dec) {}
+
+// ReqHeader is carried by every mutating metadata request. (ClientID, Seq)
+// identifies the request so that a retry after a lost reply or a leader
+// change is applied at most once. Seq grows per client.
+type ReqHeader struct {
+	ClientID uint64
+	Seq      uint64
+}
+
+func (h *ReqHeader) Encode(e *Enc) { e.U64(h.ClientID); e.U64(h.Seq) }
+func (h *ReqHeader) Decode(d *Dec) { h.ClientID = d.U64(); h.Seq = d.U64() }
+
+// Attr is an inode's attributes as the metadata service stores them.
+// Times are nanoseconds since the Unix epoch. Mode holds the S_IF* type bits
+// and the permission bits (including setuid, setgid, sticky).
+type Attr struct {
+	Ino    uint64
+	Mode   uint32
+	Nlink  uint32
+	Uid    uint32
+	Gid    uint32
+	Rdev   uint32
+	Size   uint64
+	Atime  int64
+	Mtime  int64
+	Ctime  int64
+	Layout layout.Layout // file: its layout; directory: default for new children
+}
+
+func (a *Attr) Encode(e *Enc) {
+	e.U64(a.Ino)
+	e.U32(a.Mode)
+	e.U32(a.Nlink)
+	e.U32(a.Uid)
+	e.U32(a.Gid)
+	e.U32(a.Rdev)
+	e.U64(a.Size)
+	e.I64(a.Atime)
+	e.I64(a.Mtime)
+	e.I64(a.Ctime)
+	EncodeLayout(e, &a.Layout)
+}
+
+func (a *Attr) Decode(d *Dec) {
+	a.Ino = d.U64()
+	a.Mode = d.U32()
+	a.Nlink = d.U32()
+	a.Uid = d.U32()
+	a.Gid = d.U32()
+	a.Rdev = d.U32()
+	a.Size = d.U64()
+	a.Atime = d.I64()
+	a.Mtime = d.I64()
+	a.Ctime = d.I64()
+	DecodeLayout(d, &a.Layout)
+}
+
+// EncodeLayout and DecodeLayout are the wire form of a layout.Layout.
+func EncodeLayout(e *Enc, l *layout.Layout) {
+	e.U32(l.StripeSize)
+	e.U32(l.StripeCount)
+	e.U32s(l.Targets)
+}
+
+func DecodeLayout(d *Dec, l *layout.Layout) {
+	l.StripeSize = d.U32()
+	l.StripeCount = d.U32()
+	l.Targets = d.U32s()
+}
+
+// AttrResp answers every method that returns one inode's attributes.
+type AttrResp struct{ Attr Attr }
+
+func (m *AttrResp) Encode(e *Enc) { m.Attr.Encode(e) }
+func (m *AttrResp) Decode(d *Dec) { m.Attr.Decode(d) }
+
+// SessionOpenReq starts a client session (one per mount or library user).
+// Sessions own locks and the set of open inodes; a session whose heartbeats
+// stop for longer than its lease is expired and its locks released.
+type SessionOpenReq struct {
+	Host       string
+	MountPoint string
+	Pid        uint32
+}
+
+func (m *SessionOpenReq) Encode(e *Enc) { e.String(m.Host); e.String(m.MountPoint); e.U32(m.Pid) }
+func (m *SessionOpenReq) Decode(d *Dec) {
+	m.Host = d.String()
+	m.MountPoint = d.String()
+	m.Pid = d.U32()
+}
+
+type SessionOpenResp struct {
+	ClientID uint64
+	LeaseMs  uint32 // heartbeat at least every LeaseMs/3
+}
+
+func (m *SessionOpenResp) Encode(e *Enc) { e.U64(m.ClientID); e.U32(m.LeaseMs) }
+func (m *SessionOpenResp) Decode(d *Dec) { m.ClientID = d.U64(); m.LeaseMs = d.U32() }
+
+// SessionHeartbeatReq renews a session's lease and reports which inodes the
+// client holds open, so that unlinked-but-open files keep their data.
+// An unknown session is answered with ESTALE: the client opens a new one.
+type SessionHeartbeatReq struct {
+	ClientID   uint64
+	OpenInodes []uint64
+}
+
+func (m *SessionHeartbeatReq) Encode(e *Enc) { e.U64(m.ClientID); e.U64s(m.OpenInodes) }
+func (m *SessionHeartbeatReq) Decode(d *Dec) { m.ClientID = d.U64(); m.OpenInodes = d.U64s() }
+
+// SessionCloseReq ends a session, releasing its locks.
+type SessionCloseReq struct{ ClientID uint64 }
+
+func (m *SessionCloseReq) Encode(e *Enc) { e.U64(m.ClientID) }
+func (m *SessionCloseReq) Decode(d *Dec) { m.ClientID = d.U64() }
+
+// LookupReq finds Name in directory Parent. ENOENT if absent.
+type LookupReq struct {
+	Parent uint64
+	Name   string
+}
+
+func (m *LookupReq) Encode(e *Enc) { e.U64(m.Parent); e.String(m.Name) }
+func (m *LookupReq) Decode(d *Dec) { m.Parent = d.U64(); m.Name = d.String() }
+
+// GetAttrReq reads an inode's attributes. ENOENT if it does not exist.
+type GetAttrReq struct{ Ino uint64 }
+
+func (m *GetAttrReq) Encode(e *Enc) { e.U64(m.Ino) }
+func (m *GetAttrReq) Decode(d *Dec) { m.Ino = d.U64() }
+
+// SetAttr Valid bits.
+const (
+	SetMode uint32 = 1 << iota
+	SetUid
+	SetGid
+	SetSize
+	SetAtime
+	SetMtime
+	SetAtimeNow
+	SetMtimeNow
+	SetCtime
+)
+
+// SetAttrReq changes the attributes named by Valid. Ctime is set to the
+// request's time on every change. A change of uid or gid on a non-directory
+// clears setuid, and setgid when group-execute is set (POSIX chown). SetSize
+// only changes the metadata size; the client truncates chunks on the stores.
+type SetAttrReq struct {
+	Hdr   ReqHeader
+	Ino   uint64
+	Valid uint32
+	Mode  uint32 // permission bits only (07777)
+	Uid   uint32
+	Gid   uint32
+	Size  uint64
+	Atime int64
+	Mtime int64
+	Ctime int64
+}
+
+func (m *SetAttrReq) Encode(e *Enc) {
+	m.Hdr.Encode(e)
+	e.U64(m.Ino)
+	e.U32(m.Valid)
+	e.U32(m.Mode)
+	e.U32(m.Uid)
+	e.U32(m.Gid)
+	e.U64(m.Size)
+	e.I64(m.Atime)
+	e.I64(m.Mtime)
+	e.I64(m.Ctime)
+}
+
+func (m *SetAttrReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	m.Ino = d.U64()
+	m.Valid = d.U32()
+	m.Mode = d.U32()
+	m.Uid = d.U32()
+	m.Gid = d.U32()
+	m.Size = d.U64()
+	m.Atime = d.I64()
+	m.Mtime = d.I64()
+	m.Ctime = d.I64()
+}
+
+// CreateReq makes a regular file, directory, device node, FIFO, socket or
+// symlink (the type is in Mode's S_IF* bits; SymlinkTarget for S_IFLNK).
+// The new inode inherits the parent's default layout (files) or default
+// layout setting (directories), and the parent's gid when the parent has
+// setgid (directories then also get setgid). EEXIST if Name exists.
+// ENAMETOOLONG if Name is over 255 bytes.
+type CreateReq struct {
+	Hdr           ReqHeader
+	Parent        uint64
+	Name          string
+	Mode          uint32
+	Uid           uint32
+	Gid           uint32
+	Rdev          uint32
+	SymlinkTarget string
+}
+
+func (m *CreateReq) Encode(e *Enc) {
+	m.Hdr.Encode(e)
+	e.U64(m.Parent)
+	e.String(m.Name)
+	e.U32(m.Mode)
+	e.U32(m.Uid)
+	e.U32(m.Gid)
+	e.U32(m.Rdev)
+	e.String(m.SymlinkTarget)
+}
+
+func (m *CreateReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	m.Parent = d.U64()
+	m.Name = d.String()
+	m.Mode = d.U32()
+	m.Uid = d.U32()
+	m.Gid = d.U32()
+	m.Rdev = d.U32()
+	m.SymlinkTarget = d.String()
+}
+
+// EntryReq names one directory entry; used by Unlink and Rmdir.
+// Unlink answers AttrResp with the victim's attributes after the unlink
+// (Nlink 0 means the inode became an orphan). Rmdir answers Empty;
+// ENOTEMPTY if the directory has entries, ENOTDIR/EISDIR on type mismatch.
+type EntryReq struct {
+	Hdr    ReqHeader
+	Parent uint64
+	Name   string
+}
+
+func (m *EntryReq) Encode(e *Enc) { m.Hdr.Encode(e); e.U64(m.Parent); e.String(m.Name) }
+func (m *EntryReq) Decode(d *Dec) { m.Hdr.Decode(d); m.Parent = d.U64(); m.Name = d.String() }
+
+// Rename flags (as renameat2).
+const (
+	RenameNoReplace uint32 = 1
+	RenameExchange  uint32 = 2
+)
+
+// RenameReq moves OldParent/OldName to NewParent/NewName atomically,
+// replacing a compatible target (ENOTEMPTY for a non-empty directory,
+// EISDIR/ENOTDIR on type mismatch, EINVAL when moving a directory into its
+// own subtree). Answers Empty.
+type RenameReq struct {
+	Hdr       ReqHeader
+	OldParent uint64
+	OldName   string
+	NewParent uint64
+	NewName   string
+	Flags     uint32
+}
+
+func (m *RenameReq) Encode(e *Enc) {
+	m.Hdr.Encode(e)
+	e.U64(m.OldParent)
+	e.String(m.OldName)
+	e.U64(m.NewParent)
+	e.String(m.NewName)
+	e.U32(m.Flags)
+}
+
+func (m *RenameReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	m.OldParent = d.U64()
+	m.OldName = d.String()
+	m.NewParent = d.U64()
+	m.NewName = d.String()
+	m.Flags = d.U32()
+}
+
+// LinkReq adds a hard link NewParent/NewName to Ino (EPERM for directories).
+type LinkReq struct {
+	Hdr       ReqHeader
+	Ino       uint64
+	NewParent uint64
+	NewName   string
+}
+
+func (m *LinkReq) Encode(e *Enc) {
+	m.Hdr.Encode(e)
+	e.U64(m.Ino)
+	e.U64(m.NewParent)
+	e.String(m.NewName)
+}
+func (m *LinkReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	m.Ino = d.U64()
+	m.NewParent = d.U64()
+	m.NewName = d.String()
+}
+
+// ReadlinkResp carries a symlink's target (request: GetAttrReq).
+type ReadlinkResp struct{ Target string }
+
+func (m *ReadlinkResp) Encode(e *Enc) { e.String(m.Target) }
+func (m *ReadlinkResp) Decode(d *Dec) { m.Target = d.String() }
+
+// ReadDirReq lists directory Dir in name order, starting after the name
+// After ("" = from the start), at most Limit entries. Because the cursor is
+// a name, not a position, a listing under concurrent change never repeats or
+// skips an entry that exists throughout. With Plus, each entry carries Attr.
+type ReadDirReq struct {
+	Dir   uint64
+	After string
+	Limit uint32
+	Plus  bool
+}
+
+func (m *ReadDirReq) Encode(e *Enc) { e.U64(m.Dir); e.String(m.After); e.U32(m.Limit); e.Bool(m.Plus) }
+func (m *ReadDirReq) Decode(d *Dec) {
+	m.Dir = d.U64()
+	m.After = d.String()
+	m.Limit = d.U32()
+	m.Plus = d.Bool()
+}
+
+// DirEntry is one listed name. Mode has the type bits (and, with Plus, the
+// whole Attr is filled in).
+type DirEntry struct {
+	Name string
+	Ino  uint64
+	Mode uint32
+	Attr Attr
+}
+
+type ReadDirResp struct {
+	Entries []DirEntry
+	EOF     bool
+}
+
+func (m *ReadDirResp) Encode(e *Enc) {
+	e.U64(uint64(len(m.Entries)))
+	for i := range m.Entries {
+		x := &m.Entries[i]
+		e.String(x.Name)
+		e.U64(x.Ino)
+		e.U32(x.Mode)
+		x.Attr.Encode(e)
+	}
+	e.Bool(m.EOF)
+}
+
+func (m *ReadDirResp) Decode(d *Dec) {
+	n := d.Count()
+	m.Entries = make([]DirEntry, n)
+	for i := range m.Entries {
+		x := &m.Entries[i]
+		x.Name = d.String()
+		x.Ino = d.U64()
+		x.Mode = d.U32()
+		x.Attr.Decode(d)
+	}
+	m.EOF = d.Bool()
+}
+
+// StatFSResp is the file-system-wide capacity (request: Empty).
+type StatFSResp struct {
+	TotalBytes uint64
+	FreeBytes  uint64
+	AvailBytes uint64
+	Inodes     uint64
+	FreeInodes uint64
+}
+
+func (m *StatFSResp) Encode(e *Enc) {
+	e.U64(m.TotalBytes)
+	e.U64(m.FreeBytes)
+	e.U64(m.AvailBytes)
+	e.U64(m.Inodes)
+	e.U64(m.FreeInodes)
+}
+
+func (m *StatFSResp) Decode(d *Dec) {
+	m.TotalBytes = d.U64()
+	m.FreeBytes = d.U64()
+	m.AvailBytes = d.U64()
+	m.Inodes = d.U64()
+	m.FreeInodes = d.U64()
+}
+
+// Xattr flags (as setxattr(2)).
+const (
+	XattrCreate  uint32 = 1
+	XattrReplace uint32 = 2
+)
+
+// XattrReq names one extended attribute; used by GetXattr (answers
+// XattrResp, ENODATA if absent), SetXattr (Value, Flags; answers Empty) and
+// RemoveXattr (answers Empty). ListXattr takes GetAttrReq and answers
+// ListXattrResp.
+type XattrReq struct {
+	Hdr   ReqHeader
+	Ino   uint64
+	Name  string
+	Value []byte
+	Flags uint32
+}
+
+func (m *XattrReq) Encode(e *Enc) {
+	m.Hdr.Encode(e)
+	e.U64(m.Ino)
+	e.String(m.Name)
+	e.Bytes(m.Value)
+	e.U32(m.Flags)
+}
+
+func (m *XattrReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	m.Ino = d.U64()
+	m.Name = d.String()
+	m.Value = d.Bytes()
+	m.Flags = d.U32()
+}
+
+type XattrResp struct{ Value []byte }
+
+func (m *XattrResp) Encode(e *Enc) { e.Bytes(m.Value) }
+func (m *XattrResp) Decode(d *Dec) { m.Value = d.Bytes() }
+
+type ListXattrResp struct{ Names []string }
+
+func (m *ListXattrResp) Encode(e *Enc) { e.Strings(m.Names) }
+func (m *ListXattrResp) Decode(d *Dec) { m.Names = d.Strings() }
+
+// CommitSizeReq is sent by a writer on fsync, close and when write-behind
+// drains: Size becomes max(current size, Size) — so that writers of disjoint
+// regions (N-to-1) from any number of clients end with the right size — and
+// mtime/ctime become Mtime. ClearSuid clears setuid/setgid (a write by a
+// non-owner). Answers AttrResp.
+type CommitSizeReq struct {
+	Hdr       ReqHeader
+	Ino       uint64
+	Size      uint64
+	Mtime     int64
+	ClearSuid bool
+}
+
+func (m *CommitSizeReq) Encode(e *Enc) {
+	m.Hdr.Encode(e)
+	e.U64(m.Ino)
+	e.U64(m.Size)
+	e.I64(m.Mtime)
+	e.Bool(m.ClearSuid)
+}
+
+func (m *CommitSizeReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	m.Ino = d.U64()
+	m.Size = d.U64()
+	m.Mtime = d.I64()
+	m.ClearSuid = d.Bool()
+}
+
+// Lock types (as fcntl).
+const (
+	LockRead   uint32 = 0 // F_RDLCK
+	LockWrite  uint32 = 1 // F_WRLCK
+	LockUnlock uint32 = 2 // F_UNLCK
+)
+
+// LockReq is a POSIX record lock, OFD lock or flock request. Owner is the
+// kernel's lock owner (unique per process or open file description within a
+// client); locks are held per (ClientID, Owner). End is inclusive, with
+// ^uint64(0) meaning "to end of file". Flock locks whole files and never
+// conflicts with record locks (Linux semantics).
+//
+// GetLk answers LockResp with the first conflicting lock, or Type=LockUnlock.
+// SetLk answers Empty or EAGAIN on conflict. With Wait, the service waits a
+// bounded time (about one second) for the lock before answering EAGAIN; the
+// client repeats until granted or interrupted, so no request blocks forever.
+type LockReq struct {
+	ClientID uint64
+	Ino      uint64
+	Owner    uint64
+	Start    uint64
+	End      uint64
+	Type     uint32
+	Pid      uint32
+	Flock    bool
+	Wait     bool
+}
+
+func (m *LockReq) Encode(e *Enc) {
+	e.U64(m.ClientID)
+	e.U64(m.Ino)
+	e.U64(m.Owner)
+	e.U64(m.Start)
+	e.U64(m.End)
+	e.U32(m.Type)
+	e.U32(m.Pid)
+	e.Bool(m.Flock)
+	e.Bool(m.Wait)
+}
+
+func (m *LockReq) Decode(d *Dec) {
+	m.ClientID = d.U64()
+	m.Ino = d.U64()
+	m.Owner = d.U64()
+	m.Start = d.U64()
+	m.End = d.U64()
+	m.Type = d.U32()
+	m.Pid = d.U32()
+	m.Flock = d.Bool()
+	m.Wait = d.Bool()
+}
+
+type LockResp struct {
+	Start uint64
+	End   uint64
+	Type  uint32
+	Pid   uint32
+}
+
+func (m *LockResp) Encode(e *Enc) { e.U64(m.Start); e.U64(m.End); e.U32(m.Type); e.U32(m.Pid) }
+func (m *LockResp) Decode(d *Dec) {
+	m.Start = d.U64()
+	m.End = d.U64()
+	m.Type = d.U32()
+	m.Pid = d.U32()
+}
+
+// SetDirLayoutReq sets a directory's default layout for new children
+// (strata stripe set). Zero fields mean "system default". EINVAL when the
+// values break layout.Validate's rules or Count exceeds the number of
+// targets; ENOTDIR for a non-directory. Answers AttrResp.
+type SetDirLayoutReq struct {
+	Hdr         ReqHeader
+	Dir         uint64
+	StripeSize  uint32
+	StripeCount uint32
+}
+
+func (m *SetDirLayoutReq) Encode(e *Enc) {
+	m.Hdr.Encode(e)
+	e.U64(m.Dir)
+	e.U32(m.StripeSize)
+	e.U32(m.StripeCount)
+}
+
+func (m *SetDirLayoutReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	m.Dir = d.U64()
+	m.StripeSize = d.U32()
+	m.StripeCount = d.U32()
+}
+
+// TargetReg describes one target of a registering storage server. UUID is
+// stored in the target directory at format time and is the target's identity:
+// a restarted server gets the same target ids back.
+type TargetReg struct {
+	UUID       string
+	Path       string
+	TotalBytes uint64
+	FreeBytes  uint64
+}
+
+// RegisterServerReq announces a storage server (at start, and again if a
+// heartbeat answers ESTALE). Answers RegisterServerResp with ids in the same
+// order as Targets.
+type RegisterServerReq struct {
+	Addr    string // data-path address clients dial
+	Host    string
+	Targets []TargetReg
+}
+
+func (m *RegisterServerReq) Encode(e *Enc) {
+	e.String(m.Addr)
+	e.String(m.Host)
+	e.U64(uint64(len(m.Targets)))
+	for i := range m.Targets {
+		t := &m.Targets[i]
+		e.String(t.UUID)
+		e.String(t.Path)
+		e.U64(t.TotalBytes)
+		e.U64(t.FreeBytes)
+	}
+}
+
+func (m *RegisterServerReq) Decode(d *Dec) {
+	m.Addr = d.String()
+	m.Host = d.String()
+	m.Targets = make([]TargetReg, d.Count())
+	for i := range m.Targets {
+		t := &m.Targets[i]
+		t.UUID = d.String()
+		t.Path = d.String()
+		t.TotalBytes = d.U64()
+		t.FreeBytes = d.U64()
+	}
+}
+
+type RegisterServerResp struct {
+	ServerID  uint32
+	TargetIDs []uint32
+}
+
+func (m *RegisterServerResp) Encode(e *Enc) { e.U32(m.ServerID); e.U32s(m.TargetIDs) }
+func (m *RegisterServerResp) Decode(d *Dec) { m.ServerID = d.U32(); m.TargetIDs = d.U32s() }
+
+// TargetUsage is a target's capacity as last reported.
+type TargetUsage struct {
+	ID         uint32
+	TotalBytes uint64
+	FreeBytes  uint64
+}
+
+// ServerHeartbeatReq renews a storage server's liveness and reports its
+// targets' capacity. ESTALE if the service does not know ServerID: the
+// server registers again.
+type ServerHeartbeatReq struct {
+	ServerID uint32
+	Targets  []TargetUsage
+}
+
+func (m *ServerHeartbeatReq) Encode(e *Enc) {
+	e.U32(m.ServerID)
+	e.U64(uint64(len(m.Targets)))
+	for i := range m.Targets {
+		e.U32(m.Targets[i].ID)
+		e.U64(m.Targets[i].TotalBytes)
+		e.U64(m.Targets[i].FreeBytes)
+	}
+}
+
+func (m *ServerHeartbeatReq) Decode(d *Dec) {
+	m.ServerID = d.U32()
+	m.Targets = make([]TargetUsage, d.Count())
+	for i := range m.Targets {
+		m.Targets[i].ID = d.U32()
+		m.Targets[i].TotalBytes = d.U64()
+		m.Targets[i].FreeBytes = d.U64()
+	}
+}
+
+// ServerInfo and TargetInfo describe the cluster registry with health.
+type ServerInfo struct {
+	ID         uint32
+	Addr       string
+	Host       string
+	Alive      bool
+	LastSeenMs int64 // milliseconds since the last heartbeat
+}
+
+type TargetInfo struct {
+	ID         uint32
+	ServerID   uint32
+	Addr       string // the owning server's data address
+	Path       string
+	TotalBytes uint64
+	FreeBytes  uint64
+	Alive      bool
+}
+
+func (t *TargetInfo) Encode(e *Enc) {
+	e.U32(t.ID)
+	e.U32(t.ServerID)
+	e.String(t.Addr)
+	e.String(t.Path)
+	e.U64(t.TotalBytes)
+	e.U64(t.FreeBytes)
+	e.Bool(t.Alive)
+}
+
+func (t *TargetInfo) Decode(d *Dec) {
+	t.ID = d.U32()
+	t.ServerID = d.U32()
+	t.Addr = d.String()
+	t.Path = d.String()
+	t.TotalBytes = d.U64()
+	t.FreeBytes = d.U64()
+	t.Alive = d.Bool()
+}
+
+// ListTargetsResp answers MListTargets (request Empty): every target with the
+// address of its server, for client routing.
+type ListTargetsResp struct{ Targets []TargetInfo }
+
+func (m *ListTargetsResp) Encode(e *Enc) {
+	e.U64(uint64(len(m.Targets)))
+	for i := range m.Targets {
+		m.Targets[i].Encode(e)
+	}
+}
+
+func (m *ListTargetsResp) Decode(d *Dec) {
+	m.Targets = make([]TargetInfo, d.Count())
+	for i := range m.Targets {
+		m.Targets[i].Decode(d)
+	}
+}
+
+// ClusterStatusResp answers MClusterStatus (request Empty).
+type ClusterStatusResp struct {
+	MetaAddr     string
+	RaftState    string // Leader, Follower, Candidate
+	Leader       string
+	Term         uint64
+	CommitIndex  uint64
+	AppliedIndex uint64
+	Inodes       uint64
+	Sessions     uint32
+	Servers      []ServerInfo
+	Targets      []TargetInfo
+}
+
+func (m *ClusterStatusResp) Encode(e *Enc) {
+	e.String(m.MetaAddr)
+	e.String(m.RaftState)
+	e.String(m.Leader)
+	e.U64(m.Term)
+	e.U64(m.CommitIndex)
+	e.U64(m.AppliedIndex)
+	e.U64(m.Inodes)
+	e.U32(m.Sessions)
+	e.U64(uint64(len(m.Servers)))
+	for i := range m.Servers {
+		s := &m.Servers[i]
+		e.U32(s.ID)
+		e.String(s.Addr)
+		e.String(s.Host)
+		e.Bool(s.Alive)
+		e.I64(s.LastSeenMs)
+	}
+	e.U64(uint64(len(m.Targets)))
+	for i := range m.Targets {
+		m.Targets[i].Encode(e)
+	}
+}
+
+func (m *ClusterStatusResp) Decode(d *Dec) {
+	m.MetaAddr = d.String()
+	m.RaftState = d.String()
+	m.Leader = d.String()
+	m.Term = d.U64()
+	m.CommitIndex = d.U64()
+	m.AppliedIndex = d.U64()
+	m.Inodes = d.U64()
+	m.Sessions = d.U32()
+	m.Servers = make([]ServerInfo, d.Count())
+	for i := range m.Servers {
+		s := &m.Servers[i]
+		s.ID = d.U32()
+		s.Addr = d.String()
+		s.Host = d.String()
+		s.Alive = d.Bool()
+		s.LastSeenMs = d.I64()
+	}
+	m.Targets = make([]TargetInfo, d.Count())
+	for i := range m.Targets {
+		m.Targets[i].Decode(d)
+	}
+}

@@ -1,0 +1,227 @@
+package rpc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// HandlerFunc serves one request. d decodes the request body, which aliases
+// a pooled buffer: the handler must not keep any slice of the request after
+// it returns. The returned Message is encoded as the answer; an error is
+// answered with ErrnoOf(err) and err's text.
+type HandlerFunc func(ctx context.Context, d *Dec) (Message, error)
+
+// Handle registers fn for method m with typed request and response.
+func Handle[Req any, PReq interface {
+	*Req
+	Message
+}, Resp Message](s *Server, m Method, fn func(context.Context, PReq) (Resp, error)) {
+	s.handlers[m] = func(ctx context.Context, d *Dec) (Message, error) {
+		req := PReq(new(Req))
+		req.Decode(d)
+		if err := d.Err(); err != nil {
+			return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("decode request %d: %v", m, err)}
+		}
+		if len(d.B) != 0 {
+			return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("decode request %d: %d trailing bytes", m, len(d.B))}
+		}
+		return fn(ctx, req)
+	}
+}
+
+type peerKey struct{}
+
+// Peer returns the remote address of the connection a handler serves.
+func Peer(ctx context.Context) string {
+	s, _ := ctx.Value(peerKey{}).(string)
+	return s
+}
+
+// Server accepts connections and dispatches requests to handlers. Register
+// all handlers before Serve. Each request runs in its own goroutine, at most
+// MaxInflight per connection, so requests on one connection are pipelined.
+type Server struct {
+	Key         []byte                                     // cluster key; both sides must hold the same
+	MaxInflight int                                        // per connection; default 256
+	Observe     func(m Method, d time.Duration, err error) // optional metrics hook
+	handlers    map[Method]HandlerFunc
+
+	mu struct {
+		sync.Mutex
+		ln     net.Listener
+		conns  map[net.Conn]struct{}
+		closed bool
+	}
+	wg sync.WaitGroup
+}
+
+// NewServer returns a server authenticating peers with key.
+func NewServer(key []byte) *Server {
+	s := &Server{Key: key, MaxInflight: 256, handlers: map[Method]HandlerFunc{}}
+	s.mu.conns = map[net.Conn]struct{}{}
+	return s
+}
+
+// Register adds an untyped handler.
+func (s *Server) Register(m Method, h HandlerFunc) { s.handlers[m] = h }
+
+// Serve accepts on ln until Close. It returns nil after Close.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return errors.New("rpc: server closed")
+	}
+	s.mu.ln = ln
+	s.mu.Unlock()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.mu.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("accept on %s: %w", ln.Addr(), err)
+		}
+		s.mu.Lock()
+		if s.mu.closed {
+			s.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		s.mu.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveConn(c)
+			s.mu.Lock()
+			delete(s.mu.conns, c)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Close stops accepting, closes every connection and waits for the
+// connection goroutines (handlers still running finish on their own).
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.mu.closed = true
+	if s.mu.ln != nil {
+		s.mu.ln.Close()
+	}
+	for c := range s.mu.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) handshake(c net.Conn) error {
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	nonce := newNonce()
+	if _, err := c.Write(append(magic[:], nonce...)); err != nil {
+		return err
+	}
+	var in [8 + 32]byte
+	if _, err := io.ReadFull(c, in[:]); err != nil {
+		return err
+	}
+	if !bytes.Equal(in[:8], magic[:]) {
+		return fmt.Errorf("%w: bad magic %q (not a Strata peer or another protocol version)", ErrMalformed, in[:8])
+	}
+	if !hmac.Equal(in[8:], authProof(s.Key, nonce)) {
+		return ErrAuth
+	}
+	_, err := c.Write([]byte{0})
+	return err
+}
+
+func (s *Server) serveConn(c net.Conn) {
+	defer c.Close()
+	setNoDelay(c)
+	peer := c.RemoteAddr().String()
+	if err := s.handshake(c); err != nil {
+		log.Warn("rejected connection", "peer", peer, "err", err)
+		return
+	}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), peerKey{}, peer))
+	defer cancel()
+	r := bufio.NewReaderSize(c, 256<<10)
+	var wmu sync.Mutex
+	sem := make(chan struct{}, s.MaxInflight)
+	var inflight sync.WaitGroup
+	defer inflight.Wait()
+	for {
+		f, err := readFrame(r)
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				log.Debug("connection ended", "peer", peer, "err", err)
+			}
+			return
+		}
+		if f.kind != kindRequest {
+			log.Warn("unexpected response frame from client", "peer", peer)
+			putBuf(f.buf)
+			return
+		}
+		sem <- struct{}{}
+		inflight.Add(1)
+		go func() {
+			defer func() { <-sem; inflight.Done() }()
+			s.dispatch(ctx, c, &wmu, f)
+		}()
+	}
+}
+
+func (s *Server) dispatch(ctx context.Context, c net.Conn, wmu *sync.Mutex, f *frame) {
+	start := time.Now()
+	var resp Message
+	var err error
+	if h, ok := s.handlers[f.method]; ok {
+		resp, err = h(ctx, NewDec(f.body))
+	} else {
+		err = &Error{Errno: syscall.ENOSYS, Msg: fmt.Sprintf("method %d not served here", f.method)}
+	}
+	putBuf(f.buf)
+	var errno syscall.Errno
+	var text string
+	if err != nil {
+		errno, text = ErrnoOf(err), err.Error()
+		if errno == 0 {
+			errno = syscall.EIO
+		}
+	}
+	head, tail := encodeFrame(kindResponse, 0, f.id, errno, text, resp)
+	wmu.Lock()
+	_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	werr := writeFrame(c, head, tail)
+	wmu.Unlock()
+	if werr != nil {
+		c.Close() // the reader loop ends the connection
+	}
+	if s.Observe != nil {
+		s.Observe(f.method, time.Since(start), err)
+	}
+	if r, ok := resp.(interface{ Release() }); ok {
+		r.Release()
+	}
+}

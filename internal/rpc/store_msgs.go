@@ -1,0 +1,93 @@
+package rpc
+
+// Storage-server methods (data path). Numbered from 100 so that a frame sent
+// to the wrong service fails with ENOSYS, never as another method.
+const (
+	SWrite Method = iota + 100
+	SRead
+	STruncate
+	SPunch
+	SSync
+	SRemove
+	SChunkStat
+)
+
+// ChunkID names one chunk file: the part of inode Ino stored on Target.
+type ChunkID struct {
+	Target uint32
+	Ino    uint64
+}
+
+func (c *ChunkID) Encode(e *Enc) { e.U32(c.Target); e.U64(c.Ino) }
+func (c *ChunkID) Decode(d *Dec) { c.Target = d.U32(); c.Ino = d.U64() }
+
+// WriteReq writes Data at chunk offset Off. With Sync the chunk is on stable
+// storage before the answer (Empty). ENOSPC when the target is full (nothing
+// of this write is kept past the old end of file).
+// Data is the last field so that the transport can send it without copying.
+type WriteReq struct {
+	Chunk ChunkID
+	Off   uint64
+	Sync  bool
+	Data  []byte
+}
+
+func (m *WriteReq) Encode(e *Enc) { m.Chunk.Encode(e); e.U64(m.Off); e.Bool(m.Sync); e.Bytes(m.Data) }
+func (m *WriteReq) Decode(d *Dec) {
+	m.Chunk.Decode(d)
+	m.Off = d.U64()
+	m.Sync = d.Bool()
+	m.Data = d.Bytes()
+}
+
+// ReadReq reads up to Len bytes at chunk offset Off. ReadResp.Data is short
+// only at the end of the chunk file; holes read as zeros. A checksum mismatch
+// answers EIO (and the server logs target and chunk).
+type ReadReq struct {
+	Chunk ChunkID
+	Off   uint64
+	Len   uint32
+}
+
+func (m *ReadReq) Encode(e *Enc) { m.Chunk.Encode(e); e.U64(m.Off); e.U32(m.Len) }
+func (m *ReadReq) Decode(d *Dec) { m.Chunk.Decode(d); m.Off = d.U64(); m.Len = d.U32() }
+
+type ReadResp struct{ Data []byte }
+
+func (m *ReadResp) Encode(e *Enc) { e.Bytes(m.Data) }
+func (m *ReadResp) Decode(d *Dec) { m.Data = d.Bytes() }
+
+// TruncateReq sets the chunk file's length (answers Empty). A missing chunk
+// is created when Size > 0.
+type TruncateReq struct {
+	Chunk ChunkID
+	Size  uint64
+}
+
+func (m *TruncateReq) Encode(e *Enc) { m.Chunk.Encode(e); e.U64(m.Size) }
+func (m *TruncateReq) Decode(d *Dec) { m.Chunk.Decode(d); m.Size = d.U64() }
+
+// PunchReq deallocates [Off, Off+Len) of a chunk; it reads as zeros after.
+type PunchReq struct {
+	Chunk ChunkID
+	Off   uint64
+	Len   uint64
+}
+
+func (m *PunchReq) Encode(e *Enc) { m.Chunk.Encode(e); e.U64(m.Off); e.U64(m.Len) }
+func (m *PunchReq) Decode(d *Dec) { m.Chunk.Decode(d); m.Off = d.U64(); m.Len = d.U64() }
+
+// ChunkReq names a chunk; used by Sync (fsync data and checksums), Remove
+// (delete; absent is not an error) and ChunkStat (answers ChunkStatResp).
+type ChunkReq struct{ Chunk ChunkID }
+
+func (m *ChunkReq) Encode(e *Enc) { m.Chunk.Encode(e) }
+func (m *ChunkReq) Decode(d *Dec) { m.Chunk.Decode(d) }
+
+type ChunkStatResp struct {
+	Size   uint64 // length of the chunk file; 0 if absent
+	Exists bool
+}
+
+func (m *ChunkStatResp) Encode(e *Enc) { e.U64(m.Size); e.Bool(m.Exists) }
+func (m *ChunkStatResp) Decode(d *Dec) { m.Size = d.U64(); m.Exists = d.Bool() }
