@@ -1,0 +1,39 @@
+// Package bench is Strata's benchmark harness: the HPC storage studies'
+// methodology (IOzone N-to-N, IOzone random, IOR N-to-1, mdtest) run against
+// any mounted path, with results as a table, JSON, plots and an HTML report.
+//
+// # Concepts
+//
+// A run is a sweep: for every workload (seq, random, shared, meta), for every
+// point (threads, clients) of the sweep, a sequence of phases (write then
+// read, or create, stat, remove). Every phase is executed by fresh worker
+// processes (the strata binary re-executed with the hidden `bench worker`
+// subcommand, or the test binary in tests), so that the process that reads a
+// file is never the process that wrote it, and the page cache is dropped
+// between phases when the harness runs as root. Threads inside a worker are
+// goroutines locked to OS threads, each issuing blocking system calls.
+//
+// A phase's aggregate rate is the phase's bytes (or operations) divided by
+// the span from the earliest thread start to the latest thread end, as IOR
+// computes it; with --repeat N the reported value is the median of N samples.
+//
+// # Verification
+//
+// Every byte written is a function of (file id, offset) — see pattern.go —
+// and every byte read is checked against it. A mismatch is an error naming
+// the file and the offset; it fails the run. A broken file system cannot post
+// a fast number.
+//
+// # Output contract
+//
+// The JSON file is read by other tools: a top-level object with "machine"
+// and "results"; each result has workload, phase, threads, clients, value,
+// unit and verified (see Result). Fields may be added, never renamed.
+//
+// # Pitfalls
+//
+//   - Rates from a run that was not root were measured with a warm page cache
+//     for reads; the machine record says so (caches_dropped=false).
+//   - O_DIRECT is refused with EINVAL by some FUSE file systems; the random
+//     workload then runs buffered and records odirect=false with a note.
+package bench

@@ -1,0 +1,155 @@
+package bench
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Machine describes where a run happened; every result file carries it.
+type Machine struct {
+	Hostname    string `json:"hostname"`
+	Cores       int    `json:"cores"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	Kernel      string `json:"kernel"`
+	GoVersion   string `json:"go_version"`
+	Date        string `json:"date"` // RFC 3339, UTC
+	// FSType and Path of the benchmarked path (peer runs record them per result).
+	Path   string `json:"path,omitempty"`
+	FSType string `json:"fstype,omitempty"`
+	// Root says whether the harness ran as root; CachesDropped whether the
+	// page cache was dropped between phases (only root can).
+	Root          bool `json:"root"`
+	CachesDropped bool `json:"caches_dropped"`
+}
+
+// Limit is the raw limit of the backing storage, measured with fio.
+type Limit struct {
+	Tool          string  `json:"tool"` // "fio-3.33"
+	Directory     string  `json:"directory"`
+	SeqWriteMiBps float64 `json:"seq_write_mib_s"`
+	SeqReadMiBps  float64 `json:"seq_read_mib_s"`
+	RandWriteIOPS float64 `json:"rand_write_iops"`
+	RandReadIOPS  float64 `json:"rand_read_iops"`
+	// Pattern describes the fio jobs, e.g. "4 jobs x 256M, bs=1M, psync, end_fsync".
+	Pattern string   `json:"pattern"`
+	Notes   []string `json:"notes,omitempty"`
+}
+
+// CurrentMachine collects the machine facts for path.
+func CurrentMachine(path string) Machine {
+	m := Machine{
+		Cores:     runtime.NumCPU(),
+		GoVersion: runtime.Version(),
+		Date:      time.Now().UTC().Format(time.RFC3339),
+		Path:      path,
+		FSType:    FSType(path),
+		Root:      os.Geteuid() == 0,
+	}
+	m.Hostname, _ = os.Hostname()
+	var uts unix.Utsname
+	if unix.Uname(&uts) == nil {
+		m.Kernel = unix.ByteSliceToString(uts.Release[:])
+	}
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) == nil {
+		m.MemoryBytes = int64(si.Totalram) * int64(si.Unit)
+	}
+	return m
+}
+
+// FSType returns the file system type of the mount holding path, as
+// /proc/self/mountinfo names it ("ext4", "fuse.strata", "fuse.glusterfs"),
+// or "" when unknown.
+func FSType(path string) string {
+	mp := mountOf(path)
+	if mp == nil {
+		return ""
+	}
+	return mp.fstype
+}
+
+// OnStrata reports whether path lives on a Strata FUSE mount.
+func OnStrata(path string) bool {
+	t := FSType(path)
+	return t == "fuse.strata" || t == "strata"
+}
+
+type mountInfo struct {
+	point  string
+	fstype string
+	source string
+}
+
+// mountOf finds the longest mount point that is a prefix of path.
+func mountOf(path string) *mountInfo {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil
+	}
+	if r, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = r
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var best *mountInfo
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		// id parent maj:min root mountpoint opts [optional...] - fstype source superopts
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, fl := range fields {
+			if fl == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || len(fields) < 5 || sep+2 >= len(fields) {
+			continue
+		}
+		point := unescapeMount(fields[4])
+		if !isUnder(abs, point) {
+			continue
+		}
+		if best == nil || len(point) >= len(best.point) {
+			best = &mountInfo{point: point, fstype: fields[sep+1], source: fields[sep+2]}
+		}
+	}
+	return best
+}
+
+func isUnder(path, dir string) bool {
+	if dir == "/" {
+		return true
+	}
+	return path == dir || strings.HasPrefix(path, dir+"/")
+}
+
+// unescapeMount undoes the octal escapes (\040 for space) of mountinfo.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

@@ -1,0 +1,460 @@
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The worker protocol. The runner starts one worker process per client and
+// talks to it over its stdin and stdout, one line per message:
+//
+//	runner -> worker   {task JSON}        what to do
+//	worker -> runner   ready              files opened, directories made
+//	runner -> worker   go                 start the clock
+//	worker -> runner   progress B O       bytes and ops so far (every 250 ms)
+//	worker -> runner   result {JSON}      per-thread times and counts, or the error
+//
+// The ready/go barrier keeps process start-up and file opening out of the
+// timing and starts all clients together.
+
+// task is one phase for one client process.
+type task struct {
+	Workload     string        `json:"workload"`
+	Phase        string        `json:"phase"` // write, read, layout, create, stat, remove
+	Dir          string        `json:"dir"`
+	Threads      []int         `json:"threads"` // global thread indices run by this client
+	TotalThreads int           `json:"total_threads"`
+	RecordBytes  int64         `json:"record_bytes"`
+	FileBytes    int64         `json:"file_bytes"` // per thread: seq file, random file, shared block
+	Runtime      time.Duration `json:"runtime"`
+	ODirect      bool          `json:"odirect"`
+	FilesPerDir  int           `json:"files_per_dir"`
+	DirsPerThread int          `json:"dirs_per_thread"`
+	MetaSync     bool          `json:"meta_sync"`
+	Seed         uint64        `json:"seed"`
+}
+
+type threadResult struct {
+	Thread  int   `json:"thread"`
+	StartNs int64 `json:"start_ns"`
+	EndNs   int64 `json:"end_ns"`
+	Bytes   int64 `json:"bytes"`
+	Ops     int64 `json:"ops"`
+}
+
+type workerResult struct {
+	Threads []threadResult `json:"threads"`
+	ODirect bool           `json:"odirect"`
+	Notes   []string       `json:"notes,omitempty"`
+	Err     string         `json:"err,omitempty"`
+	Corrupt bool           `json:"corrupt,omitempty"`
+}
+
+// File ids of the pattern, one range per workload.
+const (
+	seqFileBase    = 1 << 32
+	randomFileBase = 2 << 32
+	sharedFileID   = 3 << 32
+)
+
+func seqName(dir string, i int) string    { return filepath.Join(dir, fmt.Sprintf("seq.%d", i)) }
+func randomName(dir string, i int) string { return filepath.Join(dir, fmt.Sprintf("random.%d", i)) }
+func sharedName(dir string) string        { return filepath.Join(dir, "shared.dat") }
+func metaDir(dir string, thread, d int) string {
+	return filepath.Join(dir, fmt.Sprintf("meta.t%d", thread), fmt.Sprintf("d%d", d))
+}
+
+// WorkerMain runs one worker: it reads a task from in, executes it and
+// writes the result to out. The strata binary calls it from its hidden
+// `bench worker` subcommand; tests call it from TestMain.
+func WorkerMain(in io.Reader, out io.Writer) error {
+	r := bufio.NewReader(in)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("read task: %w", err)
+	}
+	var t task
+	if err := json.Unmarshal([]byte(line), &t); err != nil {
+		return fmt.Errorf("parse task: %w", err)
+	}
+	var outMu sync.Mutex
+	send := func(format string, args ...any) {
+		outMu.Lock()
+		fmt.Fprintf(out, format+"\n", args...)
+		outMu.Unlock()
+	}
+	res := runTask(&t, r, send)
+	b, _ := json.Marshal(res)
+	send("result %s", b)
+	if res.Err != "" {
+		return errors.New(res.Err)
+	}
+	return nil
+}
+
+// threadFunc runs one thread's timed part and returns its byte and op counts.
+type threadFunc func(tr *threadResult, c *counters) error
+
+type counters struct{ bytes, ops atomic.Int64 }
+
+func runTask(t *task, in *bufio.Reader, send func(string, ...any)) (res workerResult) {
+	res.ODirect = t.ODirect
+	fail := func(err error) workerResult {
+		res.Err = err.Error()
+		res.Corrupt = errors.Is(err, ErrCorrupt)
+		return res
+	}
+	// Prepare every thread (open files, make directories), untimed.
+	fns := make([]threadFunc, len(t.Threads))
+	var cleanups []func()
+	defer func() {
+		for _, c := range cleanups {
+			c()
+		}
+	}()
+	for k, th := range t.Threads {
+		fn, cleanup, err := prepareThread(t, th, &res)
+		if cleanup != nil {
+			cleanups = append(cleanups, cleanup)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		fns[k] = fn
+	}
+	send("ready")
+	line, err := in.ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "go" {
+		return fail(fmt.Errorf("waiting for go: %q %v", line, err))
+	}
+
+	var c counters
+	stop := make(chan struct{})
+	var tick sync.WaitGroup
+	tick.Add(1)
+	go func() {
+		defer tick.Done()
+		tk := time.NewTicker(250 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				send("progress %d %d", c.bytes.Load(), c.ops.Load())
+			}
+		}
+	}()
+
+	res.Threads = make([]threadResult, len(t.Threads))
+	errs := make([]error, len(t.Threads))
+	var wg sync.WaitGroup
+	for k := range t.Threads {
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			// One OS thread per benchmark thread: the blocking system
+			// calls of different threads must not share a kernel thread.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			tr := &res.Threads[k]
+			tr.Thread = t.Threads[k]
+			tr.StartNs = time.Now().UnixNano()
+			errs[k] = fns[k](tr, &c)
+			tr.EndNs = time.Now().UnixNano()
+		}(k)
+	}
+	wg.Wait()
+	close(stop)
+	tick.Wait()
+	send("progress %d %d", c.bytes.Load(), c.ops.Load())
+	if err := errors.Join(errs...); err != nil {
+		return fail(err)
+	}
+	return res
+}
+
+// prepareThread does the untimed set-up of one thread and returns its timed
+// part and a cleanup that runs when the worker ends (closing files a failed
+// run left open).
+func prepareThread(t *task, th int, res *workerResult) (threadFunc, func(), error) {
+	switch t.Workload + "/" + t.Phase {
+	case "seq/write":
+		return prepareStream(seqName(t.Dir, th), seqFileBase+uint64(th), 0, t.FileBytes, t.RecordBytes, true, os.O_WRONLY|os.O_CREATE|os.O_TRUNC)
+	case "seq/read":
+		return prepareStream(seqName(t.Dir, th), seqFileBase+uint64(th), 0, t.FileBytes, t.RecordBytes, false, os.O_RDONLY)
+	case "shared/write":
+		return prepareStream(sharedName(t.Dir), sharedFileID, int64(th)*t.FileBytes, t.FileBytes, t.RecordBytes, true, os.O_WRONLY)
+	case "shared/read":
+		// Read a block another thread wrote (IOR's task reordering).
+		b := th
+		if t.TotalThreads > 1 {
+			b = (th + 1) % t.TotalThreads
+		}
+		return prepareStream(sharedName(t.Dir), sharedFileID, int64(b)*t.FileBytes, t.FileBytes, t.RecordBytes, false, os.O_RDONLY)
+	case "random/layout":
+		fn, cl, err := prepareStream(randomName(t.Dir, th), randomFileBase+uint64(th), 0, t.FileBytes, 1<<20, true, os.O_WRONLY|os.O_CREATE|os.O_TRUNC)
+		return fn, cl, err
+	case "random/write", "random/read":
+		return prepareRandom(t, th, res)
+	case "meta/create", "meta/stat", "meta/remove":
+		return prepareMeta(t, th)
+	}
+	return nil, nil, fmt.Errorf("unknown workload/phase %s/%s", t.Workload, t.Phase)
+}
+
+// prepareStream opens a file for a sequential pass over [off, off+n) in
+// records of rec bytes; writes end with fsync and close inside the timing.
+func prepareStream(name string, id uint64, off, n, rec int64, write bool, flags int) (threadFunc, func(), error) {
+	f, err := os.OpenFile(name, flags, 0o644)
+	if err != nil {
+		return nil, nil, err
+	}
+	closed := false
+	cleanup := func() {
+		if !closed {
+			f.Close()
+		}
+	}
+	buf := alignedBuf(int(rec))
+	fd := int(f.Fd())
+	fn := func(tr *threadResult, c *counters) error {
+		for pos := off; pos < off+n; {
+			l := rec
+			if rem := off + n - pos; rem < l {
+				l = rem
+			}
+			b := buf[:l]
+			if write {
+				fillPattern(b, id, pos)
+				if err := pwriteFull(fd, b, pos); err != nil {
+					return fmt.Errorf("write %s at %d: %w", name, pos, err)
+				}
+			} else {
+				if err := preadFull(fd, b, pos); err != nil {
+					return fmt.Errorf("read %s at %d: %w", name, pos, err)
+				}
+				if err := checkPattern(b, id, pos, name); err != nil {
+					return err
+				}
+			}
+			pos += l
+			tr.Bytes += l
+			tr.Ops++
+			c.bytes.Add(l)
+			c.ops.Add(1)
+		}
+		if write {
+			if err := f.Sync(); err != nil {
+				return fmt.Errorf("fsync %s: %w", name, err)
+			}
+		}
+		closed = true
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("close %s: %w", name, err)
+		}
+		return nil
+	}
+	return fn, cleanup, nil
+}
+
+// prepareRandom opens a laid-out file for random 4 KiB records with
+// O_DIRECT when the file system accepts it.
+func prepareRandom(t *task, th int, res *workerResult) (threadFunc, func(), error) {
+	name := randomName(t.Dir, th)
+	id := randomFileBase + uint64(th)
+	write := t.Phase == "write"
+	flags := os.O_RDONLY
+	if write {
+		flags = os.O_RDWR
+	}
+	var fd int
+	var err error
+	if t.ODirect {
+		fd, err = unix.Open(name, flags|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.EINVAL) {
+			res.ODirect = false
+			res.Notes = appendOnce(res.Notes, "O_DIRECT refused (EINVAL) by the file system; random I/O ran buffered")
+			fd, err = unix.Open(name, flags|unix.O_CLOEXEC, 0)
+		}
+	} else {
+		fd, err = unix.Open(name, flags|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	closed := false
+	cleanup := func() {
+		if !closed {
+			unix.Close(fd)
+		}
+	}
+	rec := t.RecordBytes
+	blocks := t.FileBytes / rec
+	if blocks < 1 {
+		return nil, cleanup, fmt.Errorf("random file %s smaller than one record", name)
+	}
+	buf := alignedBuf(int(rec))
+	rng := rand.New(rand.NewPCG(t.Seed, uint64(th)+1))
+	fn := func(tr *threadResult, c *counters) error {
+		deadline := time.Now().Add(t.Runtime)
+		for i := 0; ; i++ {
+			if i&15 == 0 && !time.Now().Before(deadline) {
+				break
+			}
+			pos := rng.Int64N(blocks) * rec
+			if write {
+				fillPattern(buf, id, pos)
+				if err := pwriteFull(fd, buf, pos); err != nil {
+					return fmt.Errorf("write %s at %d: %w", name, pos, err)
+				}
+			} else {
+				if err := preadFull(fd, buf, pos); err != nil {
+					return fmt.Errorf("read %s at %d: %w", name, pos, err)
+				}
+				if err := checkPattern(buf, id, pos, name); err != nil {
+					return err
+				}
+			}
+			tr.Bytes += rec
+			tr.Ops++
+			c.bytes.Add(rec)
+			c.ops.Add(1)
+		}
+		if write {
+			if err := unix.Fsync(fd); err != nil {
+				return fmt.Errorf("fsync %s: %w", name, err)
+			}
+		}
+		closed = true
+		return unix.Close(fd)
+	}
+	return fn, cleanup, nil
+}
+
+// prepareMeta makes the thread's directories (create phase) and lists the
+// names it works on, in random order for stat (mdtest -R).
+func prepareMeta(t *task, th int) (threadFunc, func(), error) {
+	var names []string
+	for d := 0; d < t.DirsPerThread; d++ {
+		dir := metaDir(t.Dir, th, d)
+		if t.Phase == "create" {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, nil, err
+			}
+		}
+		for k := 0; k < t.FilesPerDir; k++ {
+			names = append(names, filepath.Join(dir, fmt.Sprintf("f%d", k)))
+		}
+	}
+	if t.Phase == "stat" {
+		rng := rand.New(rand.NewPCG(t.Seed, uint64(th)+1))
+		rng.Shuffle(len(names), func(i, j int) { names[i], names[j] = names[j], names[i] })
+	}
+	fn := func(tr *threadResult, c *counters) error {
+		var st unix.Stat_t
+		for _, n := range names {
+			switch t.Phase {
+			case "create":
+				fd, err := unix.Open(n, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+				if err != nil {
+					return fmt.Errorf("create %s: %w", n, err)
+				}
+				if t.MetaSync {
+					if err := unix.Fsync(fd); err != nil {
+						unix.Close(fd)
+						return fmt.Errorf("fsync %s: %w", n, err)
+					}
+				}
+				if err := unix.Close(fd); err != nil {
+					return fmt.Errorf("close %s: %w", n, err)
+				}
+			case "stat":
+				if err := unix.Stat(n, &st); err != nil {
+					return fmt.Errorf("stat %s: %w", n, err)
+				}
+				if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != 0 {
+					return fmt.Errorf("%w: file %s offset 0: stat says mode %o size %d, want an empty regular file", ErrCorrupt, n, st.Mode, st.Size)
+				}
+			case "remove":
+				if err := unix.Unlink(n); err != nil {
+					return fmt.Errorf("remove %s: %w", n, err)
+				}
+			}
+			tr.Ops++
+			c.ops.Add(1)
+		}
+		return nil
+	}
+	return fn, nil, nil
+}
+
+func pwriteFull(fd int, b []byte, off int64) error {
+	for len(b) > 0 {
+		n, err := unix.Pwrite(fd, b, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return syscall.EIO
+		}
+		b = b[n:]
+		off += int64(n)
+	}
+	return nil
+}
+
+func preadFull(fd int, b []byte, off int64) error {
+	for len(b) > 0 {
+		n, err := unix.Pread(fd, b, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: short file: end of file at offset %d", ErrCorrupt, off)
+		}
+		b = b[n:]
+		off += int64(n)
+	}
+	return nil
+}
+
+// alignedBuf returns a page-aligned buffer, as O_DIRECT requires.
+func alignedBuf(n int) []byte {
+	const align = 4096
+	b := make([]byte, n+align)
+	a := int(uintptrOf(b) & (align - 1))
+	if a != 0 {
+		a = align - a
+	}
+	return b[a : a+n : a+n]
+}
+
+func appendOnce(xs []string, s string) []string {
+	for _, x := range xs {
+		if x == s {
+			return xs
+		}
+	}
+	return append(xs, s)
+}

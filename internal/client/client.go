@@ -1,0 +1,332 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// ErrClosed is returned by calls on a closed Client.
+var ErrClosed = errors.New("client: closed")
+
+// Client is a session with one Strata cluster. It is safe for concurrent
+// use; one Client serves a whole mount (or gateway, or benchmark process).
+type Client struct {
+	cfg  Config
+	log  *slog.Logger
+	meta *rpc.Client
+	m    *metrics
+
+	clientID atomic.Uint64 // current session id; changes when the session is reopened
+	seq      atomic.Uint64 // ReqHeader.Seq source
+	leaseMs  atomic.Uint32
+
+	budget *budget // write-behind (and read-ahead) memory
+
+	targets targetMap
+
+	mu struct {
+		sync.Mutex
+		inodes   map[uint64]*inode // open inodes, refcounted by handles
+		openSent bool              // every open inode has been reported in a heartbeat
+		closed   bool
+	}
+	sessionMu sync.Mutex // serialises session reopening
+
+	ctx      context.Context // cancelled by Close
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // background goroutines
+	metricsL net.Listener
+}
+
+// New validates cfg, opens a session with the metadata service and loads
+// the target map. It fails if the metadata service does not answer within
+// cfg.IOTimeout.
+func New(ctx context.Context, cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("client config: %w", err)
+	}
+	if cfg.Host == "" {
+		cfg.Host, _ = os.Hostname()
+	}
+	c := &Client{
+		cfg:    cfg,
+		log:    slog.Default().With("pkg", "client"),
+		budget: newBudget(cfg.WriteBehindBytes),
+		m:      newMetrics(),
+	}
+	c.meta = rpc.NewClient(cfg.MetaAddr, rpc.ClientConfig{
+		Key:         cfg.ClusterKey,
+		Conns:       cfg.MetaConns,
+		DialTimeout: min(3*time.Second, cfg.IOTimeout),
+		CallTimeout: cfg.IOTimeout,
+	})
+	c.targets.init(c)
+	c.mu.inodes = map[uint64]*inode{}
+	c.mu.openSent = true
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if err := c.openSession(ctx); err != nil {
+		c.meta.Close()
+		c.cancel()
+		return nil, err
+	}
+	if err := c.targets.refresh(ctx); err != nil {
+		c.log.Warn("initial target list failed; will retry", "err", err)
+	}
+	if cfg.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("metrics listen on %s: %w", cfg.MetricsAddr, err)
+		}
+		c.metricsL = ln
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(c.m.reg, promhttp.HandlerOpts{}))
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			_ = http.Serve(ln, mux)
+		}()
+	}
+	c.wg.Add(2)
+	go c.heartbeatLoop()
+	go c.targets.refreshLoop()
+	return c, nil
+}
+
+// Config returns the effective configuration.
+func (c *Client) Config() Config { return c.cfg }
+
+// ClientID is the current session id (it changes if the session had to be
+// reopened after expiry).
+func (c *Client) ClientID() uint64 { return c.clientID.Load() }
+
+// Close drains nothing: callers release their files first. It ends the
+// session (releasing its locks), stops background goroutines and closes
+// connections.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.closed = true
+	c.mu.Unlock()
+	c.cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.IOTimeout, 5*time.Second))
+	err := c.meta.Call(ctx, rpc.MSessionClose, &rpc.SessionCloseReq{ClientID: c.clientID.Load()}, nil)
+	cancel()
+	if err != nil {
+		c.log.Debug("session close failed", "err", err)
+	}
+	if c.metricsL != nil {
+		c.metricsL.Close()
+	}
+	c.wg.Wait()
+	c.targets.close()
+	c.meta.Close()
+	return nil
+}
+
+func (c *Client) closed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.closed
+}
+
+// hdr returns a fresh request header.
+func (c *Client) hdr() rpc.ReqHeader {
+	return rpc.ReqHeader{ClientID: c.clientID.Load(), Seq: c.seq.Add(1)}
+}
+
+func (c *Client) openSession(ctx context.Context) error {
+	var resp rpc.SessionOpenResp
+	req := &rpc.SessionOpenReq{Host: c.cfg.Host, MountPoint: c.cfg.MountPoint, Pid: uint32(os.Getpid())}
+	if err := c.metaCall(ctx, rpc.MSessionOpen, req, &resp); err != nil {
+		return fmt.Errorf("open session with %s: %w", c.cfg.MetaAddr, err)
+	}
+	if resp.LeaseMs == 0 {
+		resp.LeaseMs = 15000
+	}
+	c.clientID.Store(resp.ClientID)
+	c.leaseMs.Store(resp.LeaseMs)
+	return nil
+}
+
+// metaCall calls the metadata service, retrying calls that failed in
+// transport (rpc.ErrUnavailable: the service is restarting or a leader is
+// being elected) with backoff until cfg.IOTimeout has passed. A mutating
+// request carries its ReqHeader unchanged through the retries, so the
+// service applies it at most once. ctx can only shorten the wait.
+func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Message) error {
+	deadline := time.Now().Add(c.cfg.IOTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	backoff := 20 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		cctx, cancel := context.WithDeadline(ctx, deadline)
+		err := c.meta.Call(cctx, m, req, resp)
+		cancel()
+		if err == nil || !errors.Is(err, rpc.ErrUnavailable) {
+			c.m.metaOps.Inc()
+			if err != nil {
+				c.m.metaErrors.Inc()
+			}
+			return err
+		}
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
+			c.m.metaErrors.Inc()
+			c.log.Warn("metadata service unreachable", "addr", c.cfg.MetaAddr, "method", m, "attempts", attempt+1, "err", err)
+			return err
+		}
+		if attempt == 0 {
+			c.log.Debug("metadata call failed; retrying", "addr", c.cfg.MetaAddr, "method", m, "err", err)
+		}
+		sleep := min(backoff, left)
+		select {
+		case <-time.After(sleep):
+		case <-ctx.Done():
+			return err
+		}
+		backoff = min(backoff*2, 500*time.Millisecond)
+	}
+}
+
+// heartbeatLoop renews the session every lease/3 and reports open inodes.
+// It owns session renewal: on ESTALE (the service forgot the session, e.g.
+// after it expired) it opens a new one.
+func (c *Client) heartbeatLoop() {
+	defer c.wg.Done()
+	for {
+		interval := time.Duration(c.leaseMs.Load()) * time.Millisecond / 3
+		if interval <= 0 {
+			interval = time.Second
+		}
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+		if err := c.heartbeat(c.ctx); err != nil && c.ctx.Err() == nil {
+			c.log.Warn("session heartbeat failed", "addr", c.cfg.MetaAddr, "err", err)
+		}
+	}
+}
+
+// heartbeat sends one heartbeat now.
+func (c *Client) heartbeat(ctx context.Context) error {
+	c.mu.Lock()
+	open := make([]uint64, 0, len(c.mu.inodes))
+	for ino := range c.mu.inodes {
+		open = append(open, ino)
+	}
+	c.mu.openSent = true
+	c.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
+	defer cancel()
+	err := c.meta.Call(cctx, rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.clientID.Load(), OpenInodes: open}, nil)
+	if errors.Is(err, syscall.ESTALE) {
+		return c.reopenSession(ctx, c.clientID.Load())
+	}
+	if err != nil {
+		c.mu.Lock()
+		c.mu.openSent = false
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// reopenSession replaces an expired session (old) with a new one and
+// reports the open inodes to it. Locks of the old session are gone.
+func (c *Client) reopenSession(ctx context.Context, old uint64) error {
+	c.sessionMu.Lock()
+	defer c.sessionMu.Unlock()
+	if c.clientID.Load() != old {
+		return nil // someone else already did
+	}
+	c.log.Warn("session expired on the metadata service; opening a new one (locks held by this client are lost)", "old_client_id", old)
+	if err := c.openSession(ctx); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.mu.openSent = false
+	c.mu.Unlock()
+	return c.heartbeat(ctx)
+}
+
+// reportOpen makes sure the metadata service knows every inode this client
+// holds open before an operation that could orphan one of them.
+func (c *Client) reportOpen(ctx context.Context) {
+	c.mu.Lock()
+	sent := c.mu.openSent
+	c.mu.Unlock()
+	if sent {
+		return
+	}
+	if err := c.heartbeat(ctx); err != nil {
+		c.log.Debug("open-inode report failed", "err", err)
+	}
+}
+
+// budget is a counting semaphore of bytes (write-behind memory).
+type budget struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	avail int64
+	max   int64
+}
+
+func newBudget(n int64) *budget {
+	b := &budget{avail: n, max: n}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+// acquire takes n bytes, waiting while they are not available. A request
+// larger than the whole budget waits for the whole budget.
+func (b *budget) acquire(n int64) {
+	if n > b.max {
+		n = b.max
+	}
+	b.mu.Lock()
+	for b.avail < n {
+		b.cond.Wait()
+	}
+	b.avail -= n
+	b.mu.Unlock()
+}
+
+// tryAcquire takes n bytes only if at least keep more stay free.
+func (b *budget) tryAcquire(n, keep int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.avail-n < keep {
+		return false
+	}
+	b.avail -= n
+	return true
+}
+
+func (b *budget) release(n int64) {
+	if n > b.max {
+		n = b.max
+	}
+	b.mu.Lock()
+	b.avail += n
+	b.mu.Unlock()
+	b.cond.Broadcast()
+}

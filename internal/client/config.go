@@ -1,0 +1,102 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sync policies (Config.SyncPolicy).
+const (
+	// SyncPolicySync makes close behave like fsync: data on stable storage
+	// of every target the handle wrote, size committed. The default.
+	SyncPolicySync = "sync"
+	// SyncPolicyAsync makes close only drain write-behind to the servers
+	// (their memory) and commit the size: faster, scratch-grade.
+	SyncPolicyAsync = "async"
+)
+
+// Config configures a Client. The zero value is not valid; start from
+// DefaultConfig.
+type Config struct {
+	// MetaAddr is the metadata service's address (host:port).
+	MetaAddr string
+	// ClusterKey authenticates this client to every server.
+	ClusterKey []byte
+	// IOTimeout bounds how long a call waits for an unreachable server
+	// (metadata or storage) before it fails: EIO for storage, the
+	// transport error (ErrUnavailable, EIO at the POSIX layer) for meta.
+	IOTimeout time.Duration
+	// SyncPolicy is SyncPolicySync or SyncPolicyAsync (see there).
+	SyncPolicy string
+	// WriteBehindBytes bounds the memory of data accepted by WriteAt but
+	// not yet acknowledged by the stores, for the whole client. WriteAt
+	// blocks when the budget is used up. Read-ahead buffers also draw on
+	// it, but never wait for it.
+	WriteBehindBytes int64
+	// ReadAheadBytes is how far ahead of a sequential reader a handle
+	// prefetches. 0 disables read-ahead.
+	ReadAheadBytes int64
+	// ConnsPerServer is the number of pooled TCP connections per storage
+	// server.
+	ConnsPerServer int
+	// MetaConns is the number of pooled TCP connections to the metadata
+	// service.
+	MetaConns int
+	// TargetRefreshInterval is how often the target map (MListTargets) is
+	// refreshed in the background; it is also refreshed on errors.
+	TargetRefreshInterval time.Duration
+	// MetricsAddr, when not empty, serves Prometheus metrics at
+	// http://MetricsAddr/metrics.
+	MetricsAddr string
+	// Host and MountPoint describe this client in its session (shown by
+	// strata status). Host defaults to the hostname.
+	Host       string
+	MountPoint string
+}
+
+// DefaultConfig returns the defaults; MetaAddr and ClusterKey must still be set.
+func DefaultConfig() Config {
+	return Config{
+		IOTimeout:             30 * time.Second,
+		SyncPolicy:            SyncPolicySync,
+		WriteBehindBytes:      64 << 20,
+		ReadAheadBytes:        8 << 20,
+		ConnsPerServer:        4,
+		MetaConns:             4,
+		TargetRefreshInterval: 10 * time.Second,
+	}
+}
+
+// Validate reports every problem of the configuration at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.MetaAddr == "" {
+		errs = append(errs, errors.New("meta address is empty"))
+	}
+	if len(c.ClusterKey) == 0 {
+		errs = append(errs, errors.New("cluster key is empty"))
+	}
+	if c.IOTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("io timeout %v must be positive", c.IOTimeout))
+	}
+	if c.SyncPolicy != SyncPolicySync && c.SyncPolicy != SyncPolicyAsync {
+		errs = append(errs, fmt.Errorf("sync policy %q: want %q or %q", c.SyncPolicy, SyncPolicySync, SyncPolicyAsync))
+	}
+	if c.WriteBehindBytes < 4<<20 {
+		errs = append(errs, fmt.Errorf("write-behind bytes %d must be at least 4 MiB", c.WriteBehindBytes))
+	}
+	if c.ReadAheadBytes < 0 {
+		errs = append(errs, fmt.Errorf("read-ahead bytes %d must not be negative", c.ReadAheadBytes))
+	}
+	if c.ConnsPerServer <= 0 || c.ConnsPerServer > 64 {
+		errs = append(errs, fmt.Errorf("connections per server %d must be 1..64", c.ConnsPerServer))
+	}
+	if c.MetaConns <= 0 || c.MetaConns > 64 {
+		errs = append(errs, fmt.Errorf("meta connections %d must be 1..64", c.MetaConns))
+	}
+	if c.TargetRefreshInterval <= 0 {
+		errs = append(errs, fmt.Errorf("target refresh interval %v must be positive", c.TargetRefreshInterval))
+	}
+	return errors.Join(errs...)
+}

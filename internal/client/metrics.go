@@ -1,0 +1,42 @@
+package client
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the client's Prometheus counters. Each Client has its own
+// registry so that several clients can live in one process (tests, bench).
+type metrics struct {
+	reg        *prometheus.Registry
+	metaOps    prometheus.Counter
+	metaErrors prometheus.Counter
+	ops        *prometheus.CounterVec // by kind: read, write, fsync, ...
+	bytes      *prometheus.CounterVec // by kind: read, write, readahead
+	storeErrs  *prometheus.CounterVec // by target
+	opRead     prometheus.Counter
+	opWrite    prometheus.Counter
+	bytesRead  prometheus.Counter
+	bytesWrite prometheus.Counter
+	bytesRA    prometheus.Counter
+	raHits     prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.metaOps = prometheus.NewCounter(prometheus.CounterOpts{Name: "strata_client_meta_calls_total", Help: "Calls to the metadata service."})
+	m.metaErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "strata_client_meta_errors_total", Help: "Calls to the metadata service that failed."})
+	m.ops = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_ops_total", Help: "File operations by kind."}, []string{"kind"})
+	m.bytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_bytes_total", Help: "Bytes moved by kind."}, []string{"kind"})
+	m.storeErrs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_store_errors_total", Help: "Failed storage calls by target."}, []string{"target"})
+	m.raHits = prometheus.NewCounter(prometheus.CounterOpts{Name: "strata_client_readahead_hits_total", Help: "Reads served from read-ahead buffers."})
+	m.reg.MustRegister(m.metaOps, m.metaErrors, m.ops, m.bytes, m.storeErrs, m.raHits)
+	m.opRead = m.ops.WithLabelValues("read")
+	m.opWrite = m.ops.WithLabelValues("write")
+	m.bytesRead = m.bytes.WithLabelValues("read")
+	m.bytesWrite = m.bytes.WithLabelValues("write")
+	m.bytesRA = m.bytes.WithLabelValues("readahead")
+	return m
+}
+
+func (m *metrics) op(kind string) { m.ops.WithLabelValues(kind).Inc() }
+
+// Registry exposes the client's metrics (for embedding in another server).
+func (c *Client) Registry() *prometheus.Registry { return c.m.reg }

@@ -1,0 +1,420 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stratafs/strata/internal/layout"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// RootIno is the inode number of the root directory.
+const RootIno uint64 = 1
+
+// MaxNameBytes is the longest directory entry name.
+const MaxNameBytes = 255
+
+func checkName(name string) error {
+	if len(name) > MaxNameBytes {
+		return fmt.Errorf("name of %d bytes: %w", len(name), syscall.ENAMETOOLONG)
+	}
+	if name == "" || name == "." || name == ".." || strings.IndexByte(name, '/') >= 0 || strings.IndexByte(name, 0) >= 0 {
+		return fmt.Errorf("name %q: %w", name, syscall.EINVAL)
+	}
+	return nil
+}
+
+// Lookup finds name in directory parent.
+func (c *Client) Lookup(ctx context.Context, parent uint64, name string) (rpc.Attr, error) {
+	if len(name) > MaxNameBytes {
+		return rpc.Attr{}, fmt.Errorf("lookup of a %d-byte name: %w", len(name), syscall.ENAMETOOLONG)
+	}
+	var resp rpc.AttrResp
+	if err := c.metaCall(ctx, rpc.MLookup, &rpc.LookupReq{Parent: parent, Name: name}, &resp); err != nil {
+		return rpc.Attr{}, metaErr(c, "lookup", err)
+	}
+	c.mergeLocal(&resp.Attr)
+	return resp.Attr, nil
+}
+
+// GetAttr reads ino's attributes from the metadata service. If this client
+// holds the file open with writes not yet committed, the size and mtime
+// include them (a stat after a write sees it before close).
+func (c *Client) GetAttr(ctx context.Context, ino uint64) (rpc.Attr, error) {
+	var resp rpc.AttrResp
+	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
+		return rpc.Attr{}, metaErr(c, "getattr", err)
+	}
+	c.mergeLocal(&resp.Attr)
+	return resp.Attr, nil
+}
+
+// mergeLocal folds the uncommitted state of an open inode into a.
+func (c *Client) mergeLocal(a *rpc.Attr) {
+	c.mu.Lock()
+	in := c.mu.inodes[a.Ino]
+	c.mu.Unlock()
+	if in != nil {
+		in.merge(a)
+	}
+}
+
+// SetAttr changes the attributes named by req.Valid (rpc.Set* bits); req.Hdr
+// and req.Ino are filled in here. A size change truncates every chunk of
+// the file on its target (after draining this client's write-behind for the
+// file) and then sets the size in metadata.
+func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (rpc.Attr, error) {
+	req.Ino = ino
+	req.Mode &= 07777
+	if req.Valid&rpc.SetSize != 0 {
+		if err := c.truncate(ctx, ino, req.Size); err != nil {
+			return rpc.Attr{}, err
+		}
+	}
+	req.Hdr = c.hdr()
+	var resp rpc.AttrResp
+	if err := c.metaCall(ctx, rpc.MSetAttr, &req, &resp); err != nil {
+		return rpc.Attr{}, metaErr(c, "setattr", err)
+	}
+	c.mu.Lock()
+	in := c.mu.inodes[ino]
+	c.mu.Unlock()
+	if in != nil {
+		in.setAttr(&resp.Attr, req.Valid&rpc.SetSize != 0)
+	}
+	c.mergeLocal(&resp.Attr)
+	c.m.op("setattr")
+	return resp.Attr, nil
+}
+
+// truncate sets the length of every chunk of ino for a file of size bytes.
+func (c *Client) truncate(ctx context.Context, ino uint64, size uint64) error {
+	c.mu.Lock()
+	in := c.mu.inodes[ino]
+	c.mu.Unlock()
+	var lay layout.Layout
+	if in != nil {
+		if err := in.drain(ctx); err != nil {
+			return err
+		}
+		in.invalidate()
+		lay = in.layout
+	} else {
+		a, err := c.GetAttr(ctx, ino)
+		if err != nil {
+			return err
+		}
+		if a.Mode&syscall.S_IFMT != syscall.S_IFREG {
+			return fmt.Errorf("truncate inode %d: %w", ino, syscall.EINVAL)
+		}
+		lay = a.Layout
+	}
+	errs := make([]error, len(lay.Targets))
+	var wg sync.WaitGroup
+	for slot, t := range lay.Targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := &rpc.TruncateReq{Chunk: rpc.ChunkID{Target: t, Ino: ino}, Size: uint64(lay.ChunkSize(int64(size), slot))}
+			errs[slot] = c.storeCall(ctx, "truncate", t, rpc.STruncate, req, nil)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	c.m.op("truncate")
+	return nil
+}
+
+// Create makes a regular file (mode's permission bits, S_IFREG implied).
+func (c *Client) Create(ctx context.Context, parent uint64, name string, mode, uid, gid uint32) (rpc.Attr, error) {
+	return c.create(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid})
+}
+
+// Mkdir makes a directory.
+func (c *Client) Mkdir(ctx context.Context, parent uint64, name string, mode, uid, gid uint32) (rpc.Attr, error) {
+	return c.create(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: syscall.S_IFDIR | mode&07777, Uid: uid, Gid: gid})
+}
+
+// Mknod makes a node of the type in mode's S_IF* bits (regular file,
+// device, FIFO or socket).
+func (c *Client) Mknod(ctx context.Context, parent uint64, name string, mode, rdev, uid, gid uint32) (rpc.Attr, error) {
+	if mode&syscall.S_IFMT == 0 {
+		mode |= syscall.S_IFREG
+	}
+	if mode&syscall.S_IFMT == syscall.S_IFDIR || mode&syscall.S_IFMT == syscall.S_IFLNK {
+		return rpc.Attr{}, fmt.Errorf("mknod of type %o: %w", mode&syscall.S_IFMT, syscall.EINVAL)
+	}
+	return c.create(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: mode, Rdev: rdev, Uid: uid, Gid: gid})
+}
+
+// Symlink makes a symbolic link name → target.
+func (c *Client) Symlink(ctx context.Context, parent uint64, name, target string, uid, gid uint32) (rpc.Attr, error) {
+	if len(target) > 4095 {
+		return rpc.Attr{}, fmt.Errorf("symlink target of %d bytes: %w", len(target), syscall.ENAMETOOLONG)
+	}
+	return c.create(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: syscall.S_IFLNK | 0777, Uid: uid, Gid: gid, SymlinkTarget: target})
+}
+
+func (c *Client) create(ctx context.Context, req *rpc.CreateReq) (rpc.Attr, error) {
+	if err := checkName(req.Name); err != nil {
+		return rpc.Attr{}, err
+	}
+	req.Hdr = c.hdr()
+	var resp rpc.AttrResp
+	if err := c.metaCall(ctx, rpc.MCreate, req, &resp); err != nil {
+		return rpc.Attr{}, metaErr(c, "create", err)
+	}
+	c.m.op("create")
+	return resp.Attr, nil
+}
+
+// Unlink removes a non-directory entry and answers the victim's attributes
+// after the unlink (Nlink 0: the inode is an orphan, kept while open).
+func (c *Client) Unlink(ctx context.Context, parent uint64, name string) (rpc.Attr, error) {
+	if len(name) > MaxNameBytes {
+		return rpc.Attr{}, syscall.ENAMETOOLONG
+	}
+	c.reportOpen(ctx)
+	var resp rpc.AttrResp
+	if err := c.metaCall(ctx, rpc.MUnlink, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &resp); err != nil {
+		return rpc.Attr{}, metaErr(c, "unlink", err)
+	}
+	c.m.op("unlink")
+	return resp.Attr, nil
+}
+
+// Rmdir removes an empty directory.
+func (c *Client) Rmdir(ctx context.Context, parent uint64, name string) error {
+	if len(name) > MaxNameBytes {
+		return syscall.ENAMETOOLONG
+	}
+	if err := c.metaCall(ctx, rpc.MRmdir, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &rpc.Empty{}); err != nil {
+		return metaErr(c, "rmdir", err)
+	}
+	c.m.op("rmdir")
+	return nil
+}
+
+// Rename moves an entry atomically; flags are rpc.RenameNoReplace or
+// rpc.RenameExchange (or 0).
+func (c *Client) Rename(ctx context.Context, oldParent uint64, oldName string, newParent uint64, newName string, flags uint32) error {
+	if err := checkName(newName); err != nil {
+		return err
+	}
+	if len(oldName) > MaxNameBytes {
+		return syscall.ENAMETOOLONG
+	}
+	if flags&^(rpc.RenameNoReplace|rpc.RenameExchange) != 0 || flags == rpc.RenameNoReplace|rpc.RenameExchange {
+		return fmt.Errorf("rename flags %#x: %w", flags, syscall.EINVAL)
+	}
+	c.reportOpen(ctx)
+	req := &rpc.RenameReq{Hdr: c.hdr(), OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, Flags: flags}
+	if err := c.metaCall(ctx, rpc.MRename, req, &rpc.Empty{}); err != nil {
+		return metaErr(c, "rename", err)
+	}
+	c.m.op("rename")
+	return nil
+}
+
+// Link adds the hard link newParent/newName to ino.
+func (c *Client) Link(ctx context.Context, ino, newParent uint64, newName string) (rpc.Attr, error) {
+	if err := checkName(newName); err != nil {
+		return rpc.Attr{}, err
+	}
+	var resp rpc.AttrResp
+	if err := c.metaCall(ctx, rpc.MLink, &rpc.LinkReq{Hdr: c.hdr(), Ino: ino, NewParent: newParent, NewName: newName}, &resp); err != nil {
+		return rpc.Attr{}, metaErr(c, "link", err)
+	}
+	c.mergeLocal(&resp.Attr)
+	c.m.op("link")
+	return resp.Attr, nil
+}
+
+// Readlink returns a symlink's target.
+func (c *Client) Readlink(ctx context.Context, ino uint64) (string, error) {
+	var resp rpc.ReadlinkResp
+	if err := c.metaCall(ctx, rpc.MReadlink, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
+		return "", metaErr(c, "readlink", err)
+	}
+	return resp.Target, nil
+}
+
+// ReadDir lists up to limit entries of dir after the name after ("" = from
+// the start), in name order, without "." and "..". With plus every entry
+// carries its attributes. eof is true when the listing is complete.
+func (c *Client) ReadDir(ctx context.Context, dir uint64, after string, limit int, plus bool) (entries []rpc.DirEntry, eof bool, err error) {
+	if limit <= 0 {
+		limit = 1024
+	}
+	var resp rpc.ReadDirResp
+	if err := c.metaCall(ctx, rpc.MReadDir, &rpc.ReadDirReq{Dir: dir, After: after, Limit: uint32(limit), Plus: plus}, &resp); err != nil {
+		return nil, false, metaErr(c, "readdir", err)
+	}
+	if plus {
+		for i := range resp.Entries {
+			c.mergeLocal(&resp.Entries[i].Attr)
+		}
+	}
+	return resp.Entries, resp.EOF, nil
+}
+
+// StatFS reports the file system's capacity.
+func (c *Client) StatFS(ctx context.Context) (rpc.StatFSResp, error) {
+	var resp rpc.StatFSResp
+	if err := c.metaCall(ctx, rpc.MStatFS, &rpc.Empty{}, &resp); err != nil {
+		return resp, metaErr(c, "statfs", err)
+	}
+	return resp, nil
+}
+
+// GetXattr returns the value of an extended attribute (ENODATA if absent).
+func (c *Client) GetXattr(ctx context.Context, ino uint64, name string) ([]byte, error) {
+	var resp rpc.XattrResp
+	if err := c.metaCall(ctx, rpc.MGetXattr, &rpc.XattrReq{Ino: ino, Name: name}, &resp); err != nil {
+		return nil, metaErr(c, "getxattr", err)
+	}
+	return resp.Value, nil
+}
+
+// SetXattr sets an extended attribute; flags are rpc.XattrCreate or
+// rpc.XattrReplace (or 0).
+func (c *Client) SetXattr(ctx context.Context, ino uint64, name string, value []byte, flags uint32) error {
+	if err := c.metaCall(ctx, rpc.MSetXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name, Value: value, Flags: flags}, &rpc.Empty{}); err != nil {
+		return metaErr(c, "setxattr", err)
+	}
+	return nil
+}
+
+// ListXattr lists the names of ino's extended attributes.
+func (c *Client) ListXattr(ctx context.Context, ino uint64) ([]string, error) {
+	var resp rpc.ListXattrResp
+	if err := c.metaCall(ctx, rpc.MListXattr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
+		return nil, metaErr(c, "listxattr", err)
+	}
+	return resp.Names, nil
+}
+
+// RemoveXattr removes an extended attribute (ENODATA if absent).
+func (c *Client) RemoveXattr(ctx context.Context, ino uint64, name string) error {
+	if err := c.metaCall(ctx, rpc.MRemoveXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name}, &rpc.Empty{}); err != nil {
+		return metaErr(c, "removexattr", err)
+	}
+	return nil
+}
+
+// Lock describes a POSIX record lock, OFD lock or flock (Flock) request.
+// Owner identifies the lock owner within this client (process or open file
+// description); End is inclusive, ^uint64(0) = to end of file.
+type Lock struct {
+	Ino   uint64
+	Owner uint64
+	Start uint64
+	End   uint64
+	Type  uint32 // rpc.LockRead, rpc.LockWrite, rpc.LockUnlock
+	Pid   uint32
+	Flock bool
+}
+
+func (c *Client) lockReq(l Lock, wait bool) *rpc.LockReq {
+	return &rpc.LockReq{ClientID: c.clientID.Load(), Ino: l.Ino, Owner: l.Owner, Start: l.Start, End: l.End,
+		Type: l.Type, Pid: l.Pid, Flock: l.Flock, Wait: wait}
+}
+
+// GetLk returns the first lock conflicting with l, or one with Type
+// rpc.LockUnlock when there is none.
+func (c *Client) GetLk(ctx context.Context, l Lock) (rpc.LockResp, error) {
+	var resp rpc.LockResp
+	if err := c.metaCall(ctx, rpc.MGetLk, c.lockReq(l, false), &resp); err != nil {
+		return resp, metaErr(c, "getlk", err)
+	}
+	return resp, nil
+}
+
+// SetLk takes or releases a lock. Without wait a conflict answers EAGAIN.
+// With wait it asks the service again and again (each ask waits a bounded
+// time there) until the lock is granted, an error other than EAGAIN
+// occurs, or cancel is closed (EINTR).
+func (c *Client) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struct{}) error {
+	for {
+		err := c.metaCall(ctx, rpc.MSetLk, c.lockReq(l, wait), &rpc.Empty{})
+		if err == nil {
+			c.m.op("lock")
+			return nil
+		}
+		if !wait || !errIs(err, syscall.EAGAIN) {
+			return metaErr(c, "setlk", err)
+		}
+		select {
+		case <-cancel:
+			return fmt.Errorf("waiting for lock on inode %d: %w", l.Ino, syscall.EINTR)
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for lock on inode %d: %w", l.Ino, syscall.EINTR)
+		default:
+		}
+	}
+}
+
+// SetDirLayout sets a directory's default layout for new children (0 =
+// system default).
+func (c *Client) SetDirLayout(ctx context.Context, dir uint64, stripeSize, stripeCount uint32) (rpc.Attr, error) {
+	var resp rpc.AttrResp
+	req := &rpc.SetDirLayoutReq{Hdr: c.hdr(), Dir: dir, StripeSize: stripeSize, StripeCount: stripeCount}
+	if err := c.metaCall(ctx, rpc.MSetDirLayout, req, &resp); err != nil {
+		return rpc.Attr{}, metaErr(c, "set layout", err)
+	}
+	return resp.Attr, nil
+}
+
+// ResolvePath walks an absolute path inside the file system ("/a/b") from
+// the root, component by component, and returns the attributes of its
+// last component. Symbolic links are not followed. For admin tools; the
+// FUSE mount never uses it.
+func (c *Client) ResolvePath(ctx context.Context, path string) (rpc.Attr, error) {
+	a, err := c.GetAttr(ctx, RootIno)
+	if err != nil {
+		return a, err
+	}
+	for _, comp := range strings.Split(path, "/") {
+		if comp == "" || comp == "." {
+			continue
+		}
+		if a.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			return rpc.Attr{}, fmt.Errorf("resolve %q: %w", path, syscall.ENOTDIR)
+		}
+		if comp == ".." {
+			return rpc.Attr{}, fmt.Errorf("resolve %q: '..' is not supported: %w", path, syscall.EINVAL)
+		}
+		if a, err = c.Lookup(ctx, a.Ino, comp); err != nil {
+			return rpc.Attr{}, fmt.Errorf("resolve %q: %w", path, err)
+		}
+	}
+	return a, nil
+}
+
+// ClusterStatus returns the metadata service's view of the cluster.
+func (c *Client) ClusterStatus(ctx context.Context) (rpc.ClusterStatusResp, error) {
+	var resp rpc.ClusterStatusResp
+	if err := c.metaCall(ctx, rpc.MClusterStatus, &rpc.Empty{}, &resp); err != nil {
+		return resp, metaErr(c, "status", err)
+	}
+	return resp, nil
+}
+
+// metaErr gives a transport failure (the service stayed unreachable for
+// IOTimeout) the errno EIO; errnos answered by the service pass unchanged.
+func metaErr(c *Client, op string, err error) error {
+	if errIs(err, rpc.ErrUnavailable) {
+		return fmt.Errorf("%s: metadata service %s unreachable for %v: %w (%w)", op, c.cfg.MetaAddr, c.cfg.IOTimeout, syscall.EIO, err)
+	}
+	return err
+}
+
+var nowNs = func() int64 { return time.Now().UnixNano() }

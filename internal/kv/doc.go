@@ -1,0 +1,36 @@
+// Package kv is Strata's ordered key/value store: a small interface over an
+// embedded LSM engine and its one implementation over cockroachdb/pebble.
+//
+// # Concepts
+//
+// A Store holds byte keys in lexicographic order. Reads go through a Reader
+// (the Store itself, a Batch, or a Snapshot); writes are gathered in a Batch
+// and made visible atomically by Batch.Apply. Apply(sync=true) returns only
+// after the batch is in the write-ahead log on stable storage; Apply(false)
+// leaves it in the OS page cache (survives a process crash, not a power
+// loss). Store.Sync makes every earlier non-synced write durable.
+//
+// A Batch is indexed: Get and NewIter on a batch see the batch's own pending
+// writes on top of the store. The metadata state machine relies on this to
+// apply many commands in one batch.
+//
+// # Errors
+//
+// Get answers ErrNotFound for an absent key. Everything else is an I/O or
+// corruption error from the engine, wrapped with context.
+//
+// # Locking
+//
+// A Store is safe for concurrent use. A Batch, an Iter and a Snapshot are
+// not: each belongs to one goroutine at a time.
+//
+// # Pitfalls
+//
+//   - Get returns a copy; Iter.Key and Iter.Value alias engine memory that is
+//     valid only until the iterator moves. Copy what you keep.
+//   - An Iter and a Snapshot pin engine resources: close them promptly.
+//   - Deleted ranges leave tombstones; iterating over a just-emptied range is
+//     slower until compaction. Keep ranges narrow (prefixes).
+//
+// Architecture Invariant: only this package imports pebble.
+package kv

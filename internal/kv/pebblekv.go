@@ -1,0 +1,199 @@
+package kv
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Options tunes a pebble-backed Store. The zero value is usable.
+type Options struct {
+	// CacheBytes is the block cache size; default 64 MiB.
+	CacheBytes int64
+	// MemTableBytes is the memtable size; default 32 MiB.
+	MemTableBytes uint64
+	// Logger receives the engine's messages; default slog.Default().
+	Logger *slog.Logger
+}
+
+// pebblekv is the Store over a pebble database.
+type pebblekv struct {
+	db *pebble.DB
+}
+
+var _ Store = (*pebblekv)(nil)
+
+// Open opens (creating if needed) the pebble store in dir.
+func Open(dir string, opts Options) (Store, error) {
+	if opts.CacheBytes <= 0 {
+		opts.CacheBytes = 64 << 20
+	}
+	if opts.MemTableBytes == 0 {
+		opts.MemTableBytes = 32 << 20
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	cache := pebble.NewCache(opts.CacheBytes)
+	defer cache.Unref()
+	po := &pebble.Options{
+		Cache:              cache,
+		MemTableSize:       opts.MemTableBytes,
+		FormatMajorVersion: pebble.FormatNewest,
+		Logger:             pebbleLogger{opts.Logger.With("kv", dir)},
+	}
+	db, err := pebble.Open(dir, po)
+	if err != nil {
+		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
+	}
+	return &pebblekv{db: db}, nil
+}
+
+func (s *pebblekv) Get(key []byte) ([]byte, error) { return get(s.db, key) }
+
+func (s *pebblekv) NewIter(lower, upper []byte) (Iter, error) {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return nil, fmt.Errorf("kv iterator: %w", err)
+	}
+	return iter{it}, nil
+}
+
+func (s *pebblekv) NewBatch() Batch { return &batch{b: s.db.NewIndexedBatch()} }
+
+func (s *pebblekv) NewSnapshot() Snapshot { return snapshot{s.db.NewSnapshot()} }
+
+func (s *pebblekv) Sync() error {
+	if err := s.db.LogData(nil, pebble.Sync); err != nil {
+		return fmt.Errorf("kv sync: %w", err)
+	}
+	return nil
+}
+
+func (s *pebblekv) Flush() error {
+	if err := s.db.Flush(); err != nil {
+		return fmt.Errorf("kv flush: %w", err)
+	}
+	return nil
+}
+
+func (s *pebblekv) Checkpoint(dir string) error {
+	if err := s.db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		return fmt.Errorf("kv checkpoint to %s: %w", dir, err)
+	}
+	return nil
+}
+
+func (s *pebblekv) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("kv close: %w", err)
+	}
+	return nil
+}
+
+type getter interface {
+	Get(key []byte) ([]byte, io.Closer, error)
+}
+
+func get(g getter, key []byte) ([]byte, error) {
+	v, c, err := g.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kv get: %w", err)
+	}
+	out := make([]byte, len(v))
+	copy(out, v)
+	c.Close()
+	return out, nil
+}
+
+// batch is an indexed pebble batch.
+type batch struct {
+	b *pebble.Batch
+}
+
+func (b *batch) Get(key []byte) ([]byte, error) { return get(b.b, key) }
+
+func (b *batch) NewIter(lower, upper []byte) (Iter, error) {
+	it, err := b.b.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return nil, fmt.Errorf("kv batch iterator: %w", err)
+	}
+	return iter{it}, nil
+}
+
+func (b *batch) Set(key, value []byte) error   { return b.b.Set(key, value, nil) }
+func (b *batch) Delete(key []byte) error       { return b.b.Delete(key, nil) }
+func (b *batch) DeleteRange(s, e []byte) error { return b.b.DeleteRange(s, e, nil) }
+func (b *batch) Count() int                    { return int(b.b.Count()) }
+
+func (b *batch) Apply(sync bool) error {
+	wo := pebble.NoSync
+	if sync {
+		wo = pebble.Sync
+	}
+	if err := b.b.Commit(wo); err != nil {
+		return fmt.Errorf("kv commit batch: %w", err)
+	}
+	return nil
+}
+
+func (b *batch) Close() error { return b.b.Close() }
+
+type snapshot struct{ s *pebble.Snapshot }
+
+func (s snapshot) Get(key []byte) ([]byte, error) { return get(s.s, key) }
+func (s snapshot) NewIter(lower, upper []byte) (Iter, error) {
+	it, err := s.s.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return nil, fmt.Errorf("kv snapshot iterator: %w", err)
+	}
+	return iter{it}, nil
+}
+func (s snapshot) Close() error { return s.s.Close() }
+
+type iter struct{ it *pebble.Iterator }
+
+func (i iter) First() bool          { return i.it.First() }
+func (i iter) Last() bool           { return i.it.Last() }
+func (i iter) SeekGE(k []byte) bool { return i.it.SeekGE(k) }
+func (i iter) Next() bool           { return i.it.Next() }
+func (i iter) Prev() bool           { return i.it.Prev() }
+func (i iter) Valid() bool          { return i.it.Valid() }
+func (i iter) Key() []byte          { return i.it.Key() }
+func (i iter) Value() []byte        { return i.it.Value() }
+func (i iter) Error() error         { return i.it.Error() }
+func (i iter) Close() error         { return i.it.Close() }
+
+// pebbleLogger forwards the engine's messages to slog.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	p.l.Debug(fmt.Sprintf(format, args...))
+}
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...))
+}
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	p.l.Error(msg)
+	panic("pebble fatal: " + msg) // the engine's invariant broke; pebble expects no return
+}
+
+// PrefixEnd returns the smallest key greater than every key with prefix p
+// (nil if none exists), for use as an iterator's upper bound.
+func PrefixEnd(p []byte) []byte {
+	end := append([]byte(nil), p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		end[i]++
+		if end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,45 @@
+// Package schema is the only code that encodes the metadata service's keys
+// and values. The state machine (package meta) stores everything in one
+// ordered key/value store (package kv); this package fixes the byte layout.
+//
+// # Keyspace
+//
+// All integers in keys are big-endian so that byte order is numeric order.
+//
+//	prefix  key                                    value          what
+//	'c'     'c'                                    Counters       inode/client/server/target counters,
+//	                                                              inode count, last applied raft index
+//	'd'     'd' parent(8) name                     Dentry         directory entry (name → inode)
+//	'i'     'i' ino(8)                             Inode          inode record
+//	'i'     'i' ino(8) 'x' name                    raw bytes      extended attribute of ino
+//	'o'     'o' ino(8)                             Orphan         unlinked inode waiting for reaping
+//	'r'     'r' client(8) seq(8)                   Result         dedupe record: answer to (client, seq)
+//	's'     's' client(8)                          Session        open client session
+//	'R'     'R' 'S' server(4)                      Server         registered storage server
+//	'R'     'R' 'T' target(4)                      Target         registered storage target
+//	'R'     'R' 'U' uuid                           TargetRef      target UUID → target id
+//
+// Sharding: every directory entry lives under its parent's prefix
+// ('d' parent …), so a future split of the namespace by directory hash moves
+// whole prefixes. An inode's record and its xattrs share the prefix 'i' ino,
+// so deleting an inode is one range deletion. Nothing here is global except
+// the counters, which a sharded version keeps per group (an inode number's
+// high bits can then name the group).
+//
+// # Values
+//
+// Every value except xattr payloads starts with a format version byte
+// (currently 1) followed by fields in rpc.Enc encoding (uvarints, zig-zag
+// varints, length-prefixed bytes). Decoders reject unknown versions and
+// trailing bytes with ErrCorrupt; fields are only ever appended, and a
+// version 2 decoder will treat missing trailing fields as zero.
+//
+// # Version history
+//
+// 1 — initial layout.
+//
+// # Pitfalls
+//
+// Decoded byte slices and strings are copies; keys returned by the Append*
+// helpers alias the caller's buffer.
+package schema

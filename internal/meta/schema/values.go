@@ -1,0 +1,319 @@
+package schema
+
+import (
+	"fmt"
+
+	"github.com/stratafs/strata/internal/layout"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// formatV1 is the first byte of every value written by this version.
+const formatV1 = 1
+
+func begin(b []byte) *rpc.Enc {
+	e := &rpc.Enc{B: b}
+	e.U8(formatV1)
+	return e
+}
+
+func open(what string, b []byte) (*rpc.Dec, error) {
+	if len(b) == 0 {
+		return nil, fmt.Errorf("%w: empty %s value", ErrCorrupt, what)
+	}
+	if b[0] != formatV1 {
+		return nil, fmt.Errorf("%w: %s value has format version %d, want %d", ErrCorrupt, what, b[0], formatV1)
+	}
+	return rpc.NewDec(b[1:]), nil
+}
+
+func finish(what string, d *rpc.Dec) error {
+	if err := d.Err(); err != nil {
+		return fmt.Errorf("%w: %s value: %v", ErrCorrupt, what, err)
+	}
+	if len(d.B) != 0 {
+		return fmt.Errorf("%w: %s value has %d trailing bytes", ErrCorrupt, what, len(d.B))
+	}
+	return nil
+}
+
+// Inode is an inode record. Times are nanoseconds since the Unix epoch.
+type Inode struct {
+	Mode   uint32 // S_IF* type bits and permission bits
+	Nlink  uint32
+	Uid    uint32
+	Gid    uint32
+	Rdev   uint32
+	Size   uint64
+	Atime  int64
+	Mtime  int64
+	Ctime  int64
+	Layout layout.Layout // file: its layout; directory: default for children
+	// Parent is, for a directory, the directory containing it (the root's
+	// parent is itself); 0 for other types, which may have many links.
+	Parent uint64
+	// Entries is, for a directory, its number of entries.
+	Entries uint64
+	// Symlink is a symlink's target.
+	Symlink string
+}
+
+// AppendInode appends the encoding of in to b.
+func AppendInode(b []byte, in *Inode) []byte {
+	e := begin(b)
+	e.U32(in.Mode)
+	e.U32(in.Nlink)
+	e.U32(in.Uid)
+	e.U32(in.Gid)
+	e.U32(in.Rdev)
+	e.U64(in.Size)
+	e.I64(in.Atime)
+	e.I64(in.Mtime)
+	e.I64(in.Ctime)
+	rpc.EncodeLayout(e, &in.Layout)
+	e.U64(in.Parent)
+	e.U64(in.Entries)
+	e.String(in.Symlink)
+	return e.B
+}
+
+// DecodeInode decodes an inode record into in.
+func DecodeInode(b []byte, in *Inode) error {
+	d, err := open("inode", b)
+	if err != nil {
+		return err
+	}
+	in.Mode = d.U32()
+	in.Nlink = d.U32()
+	in.Uid = d.U32()
+	in.Gid = d.U32()
+	in.Rdev = d.U32()
+	in.Size = d.U64()
+	in.Atime = d.I64()
+	in.Mtime = d.I64()
+	in.Ctime = d.I64()
+	rpc.DecodeLayout(d, &in.Layout)
+	in.Parent = d.U64()
+	in.Entries = d.U64()
+	in.Symlink = d.String()
+	return finish("inode", d)
+}
+
+// Dentry is a directory entry's value.
+type Dentry struct {
+	Ino  uint64
+	Type uint32 // the S_IF* bits of the inode's mode
+}
+
+// AppendDentry appends the encoding of de to b.
+func AppendDentry(b []byte, de Dentry) []byte {
+	e := begin(b)
+	e.U64(de.Ino)
+	e.U32(de.Type)
+	return e.B
+}
+
+// DecodeDentry decodes a directory entry's value.
+func DecodeDentry(b []byte) (Dentry, error) {
+	d, err := open("dentry", b)
+	if err != nil {
+		return Dentry{}, err
+	}
+	de := Dentry{Ino: d.U64(), Type: d.U32()}
+	return de, finish("dentry", d)
+}
+
+// Counters is the single record of allocation counters and apply progress.
+// It is rewritten once per applied batch.
+type Counters struct {
+	NextIno      uint64 // next inode number to hand out (0: not initialised)
+	NextClient   uint64 // next session client id
+	NextServer   uint32 // next storage server id
+	NextTarget   uint32 // next storage target id
+	Inodes       uint64 // inodes in use
+	AppliedIndex uint64 // last raft index applied to this store
+	AppliedTerm  uint64
+}
+
+func AppendCounters(b []byte, c *Counters) []byte {
+	e := begin(b)
+	e.U64(c.NextIno)
+	e.U64(c.NextClient)
+	e.U32(c.NextServer)
+	e.U32(c.NextTarget)
+	e.U64(c.Inodes)
+	e.U64(c.AppliedIndex)
+	e.U64(c.AppliedTerm)
+	return e.B
+}
+
+func DecodeCounters(b []byte) (Counters, error) {
+	d, err := open("counters", b)
+	if err != nil {
+		return Counters{}, err
+	}
+	var c Counters
+	c.NextIno = d.U64()
+	c.NextClient = d.U64()
+	c.NextServer = d.U32()
+	c.NextTarget = d.U32()
+	c.Inodes = d.U64()
+	c.AppliedIndex = d.U64()
+	c.AppliedTerm = d.U64()
+	return c, finish("counters", d)
+}
+
+// Orphan records an unlinked inode whose data still has to be removed.
+type Orphan struct {
+	Since int64 // ns since epoch, the unlink's time
+}
+
+func AppendOrphan(b []byte, o Orphan) []byte {
+	e := begin(b)
+	e.I64(o.Since)
+	return e.B
+}
+
+func DecodeOrphan(b []byte) (Orphan, error) {
+	d, err := open("orphan", b)
+	if err != nil {
+		return Orphan{}, err
+	}
+	o := Orphan{Since: d.I64()}
+	return o, finish("orphan", d)
+}
+
+// Session is an open client session.
+type Session struct {
+	Host       string
+	MountPoint string
+	Pid        uint32
+	Opened     int64 // ns since epoch
+}
+
+func AppendSession(b []byte, s *Session) []byte {
+	e := begin(b)
+	e.String(s.Host)
+	e.String(s.MountPoint)
+	e.U32(s.Pid)
+	e.I64(s.Opened)
+	return e.B
+}
+
+func DecodeSession(b []byte) (Session, error) {
+	d, err := open("session", b)
+	if err != nil {
+		return Session{}, err
+	}
+	var s Session
+	s.Host = d.String()
+	s.MountPoint = d.String()
+	s.Pid = d.U32()
+	s.Opened = d.I64()
+	return s, finish("session", d)
+}
+
+// Result is the recorded answer of a deduplicated request: the errno and
+// message of a failure, or the encoded response body.
+type Result struct {
+	Errno uint32
+	Msg   string
+	Body  []byte
+}
+
+func AppendResult(b []byte, r *Result) []byte {
+	e := begin(b)
+	e.U32(r.Errno)
+	e.String(r.Msg)
+	e.Bytes(r.Body)
+	return e.B
+}
+
+func DecodeResult(b []byte) (Result, error) {
+	d, err := open("result", b)
+	if err != nil {
+		return Result{}, err
+	}
+	var r Result
+	r.Errno = d.U32()
+	r.Msg = d.String()
+	r.Body = append([]byte(nil), d.Bytes()...)
+	return r, finish("result", d)
+}
+
+// Server is a registered storage server.
+type Server struct {
+	ID      uint32
+	Addr    string
+	Host    string
+	Targets []uint32
+}
+
+func AppendServer(b []byte, s *Server) []byte {
+	e := begin(b)
+	e.U32(s.ID)
+	e.String(s.Addr)
+	e.String(s.Host)
+	e.U32s(s.Targets)
+	return e.B
+}
+
+func DecodeServer(b []byte) (Server, error) {
+	d, err := open("server", b)
+	if err != nil {
+		return Server{}, err
+	}
+	var s Server
+	s.ID = d.U32()
+	s.Addr = d.String()
+	s.Host = d.String()
+	s.Targets = d.U32s()
+	return s, finish("server", d)
+}
+
+// Target is a registered storage target.
+type Target struct {
+	ID       uint32
+	ServerID uint32
+	UUID     string
+	Path     string
+}
+
+func AppendTarget(b []byte, t *Target) []byte {
+	e := begin(b)
+	e.U32(t.ID)
+	e.U32(t.ServerID)
+	e.String(t.UUID)
+	e.String(t.Path)
+	return e.B
+}
+
+func DecodeTarget(b []byte) (Target, error) {
+	d, err := open("target", b)
+	if err != nil {
+		return Target{}, err
+	}
+	var t Target
+	t.ID = d.U32()
+	t.ServerID = d.U32()
+	t.UUID = d.String()
+	t.Path = d.String()
+	return t, finish("target", d)
+}
+
+// TargetRef maps a target UUID to its id.
+type TargetRef struct{ ID uint32 }
+
+func AppendTargetRef(b []byte, r TargetRef) []byte {
+	e := begin(b)
+	e.U32(r.ID)
+	return e.B
+}
+
+func DecodeTargetRef(b []byte) (TargetRef, error) {
+	d, err := open("target ref", b)
+	if err != nil {
+		return TargetRef{}, err
+	}
+	r := TargetRef{ID: d.U32()}
+	return r, finish("target ref", d)
+}

@@ -1,0 +1,321 @@
+package store
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// Target directory layout, format version 1:
+//
+//	strata-target       identity file (JSON, below), written once at format
+//	                    time and rewritten (atomically) when the metadata
+//	                    service assigns an id; flock'ed while served
+//	chunks/XX/YY/       fan-out directories: XX = ino&0xff, YY = (ino>>8)&0xff
+//	                    in two lower-case hex digits, created on demand
+//	chunks/XX/YY/<ino>.data, .sum   one chunk (format.go)
+//
+// Version history: 1 — initial.
+const (
+	targetFormat = 1
+	identityName = "strata-target"
+	chunksDir    = "chunks"
+)
+
+// identity is the content of the identity file.
+type identity struct {
+	Format  int       `json:"format"`
+	UUID    string    `json:"uuid"`
+	Created time.Time `json:"created"`
+	// ID is the target id last assigned by the metadata service (0: none
+	// yet). It lets a restarted server serve its data before it has
+	// registered again.
+	ID uint32 `json:"id,omitempty"`
+}
+
+// ErrFormat marks a target directory this build cannot serve: another
+// format version, a damaged identity file, or a non-empty unformatted
+// directory.
+var ErrFormat = errors.New("unusable target directory")
+
+// target is one served target directory.
+type target struct {
+	path    string // as configured; used in messages and metrics
+	uuid    string
+	lockFd  int    // flock'ed identity file, held while served
+	reserve uint64 // free bytes a write must leave
+
+	id atomic.Uint32 // id assigned by the metadata service (or 1..n standalone)
+
+	// Capacity, refreshed by statfs at most every statfsMaxAge, and on
+	// every write while free space is close to the reserve.
+	totalBytes atomic.Uint64
+	freeBytes  atomic.Uint64
+	statAt     atomic.Int64 // unix nanoseconds of the last statfs
+
+	// ours holds the inodes of chunks this process marked dirty that were
+	// then closed (evicted from the cache) before a sync: their sidecars
+	// are consistent with their data (both written through the same page
+	// cache), so reopening them needs no recomputation. Entries go away
+	// when the chunk is synced or removed.
+	ours struct {
+		sync.Mutex
+		m map[uint64]struct{}
+	}
+
+	m *targetMetrics
+}
+
+const statfsMaxAge = time.Second
+
+// openTarget formats dir if it is new, checks its format version, locks it
+// and measures it. reserve 0 means the default.
+func openTarget(dir string, reserve uint64) (*target, error) {
+	id, err := readOrFormat(dir)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(filepath.Join(dir, identityName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("target %s: open identity: %w", dir, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("target %s (uuid %s) is in use by another storage server", dir, id.UUID)
+		}
+		return nil, fmt.Errorf("target %s: lock: %w", dir, err)
+	}
+	t := &target{path: dir, uuid: id.UUID, lockFd: fd}
+	t.ours.m = map[uint64]struct{}{}
+	t.id.Store(id.ID)
+	if err := t.statfs(); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	t.reserve = reserve
+	if reserve == 0 {
+		t.reserve = min(t.totalBytes.Load()/200, 64<<20)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, chunksDir), 0o755); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("target %s: %w", dir, err)
+	}
+	return t, nil
+}
+
+func (t *target) close() {
+	if t.lockFd >= 0 {
+		unix.Close(t.lockFd)
+		t.lockFd = -1
+	}
+}
+
+// readOrFormat reads dir's identity file, or formats dir if it has none.
+func readOrFormat(dir string) (identity, error) {
+	var id identity
+	b, err := os.ReadFile(filepath.Join(dir, identityName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return format(dir)
+	}
+	if err != nil {
+		return id, fmt.Errorf("target %s: read identity: %w", dir, err)
+	}
+	if err := json.Unmarshal(b, &id); err != nil {
+		return id, fmt.Errorf("%w: target %s: identity file %s is damaged: %v", ErrFormat, dir, identityName, err)
+	}
+	if id.Format != targetFormat {
+		return id, fmt.Errorf("%w: target %s has format version %d, this build serves only version %d (made by another Strata release?)",
+			ErrFormat, dir, id.Format, targetFormat)
+	}
+	if id.UUID == "" {
+		return id, fmt.Errorf("%w: target %s: identity file has no uuid", ErrFormat, dir)
+	}
+	return id, nil
+}
+
+// format writes a new identity into dir, which must be empty (a fresh
+// file system's lost+found is allowed): a non-empty directory is more
+// likely a typo than a new target, and formatting it would mix Strata's
+// files with someone else's.
+func format(dir string) (identity, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return identity{}, fmt.Errorf("target %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		if e.Name() != "lost+found" {
+			return identity{}, fmt.Errorf("%w: target %s is not empty and has no %s file; refusing to format it (found %q)",
+				ErrFormat, dir, identityName, e.Name())
+		}
+	}
+	id := identity{Format: targetFormat, UUID: newUUID(), Created: time.Now().UTC().Truncate(time.Second)}
+	if err := writeIdentity(dir, id); err != nil {
+		return identity{}, err
+	}
+	return id, nil
+}
+
+// writeIdentity replaces the identity file atomically and durably.
+func writeIdentity(dir string, id identity) error {
+	b, err := json.MarshalIndent(id, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	tmp := filepath.Join(dir, identityName+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("target %s: write identity: %w", dir, err)
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, identityName))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("target %s: write identity: %w", dir, err)
+	}
+	return nil
+}
+
+func newUUID() string {
+	var u [16]byte
+	if _, err := rand.Read(u[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err)) // broken invariant: no entropy
+	}
+	u[6] = u[6]&0x0f | 0x40 // version 4
+	u[8] = u[8]&0x3f | 0x80 // RFC 4122 variant
+	h := hex.EncodeToString(u[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+func syncDir(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	err = unix.Fsync(fd)
+	unix.Close(fd)
+	return err
+}
+
+// statfs refreshes the capacity figures.
+func (t *target) statfs() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(t.path, &st); err != nil {
+		return fmt.Errorf("target %s: statfs: %w", t.path, err)
+	}
+	t.totalBytes.Store(st.Blocks * uint64(st.Bsize))
+	t.freeBytes.Store(st.Bavail * uint64(st.Bsize))
+	t.statAt.Store(time.Now().UnixNano())
+	if t.m != nil {
+		t.m.free.Set(float64(st.Bavail * uint64(st.Bsize)))
+		t.m.total.Set(float64(st.Blocks * uint64(st.Bsize)))
+	}
+	return nil
+}
+
+// reserveCheckBytes: while the cached free space exceeds reserve plus this
+// margin plus the write, the cached figure (at most statfsMaxAge old) is
+// trusted; closer to the limit every write measures again.
+const reserveCheckBytes = 1 << 30
+
+// checkSpace answers ENOSPC if writing n more bytes would leave less than
+// the reserve free.
+func (t *target) checkSpace(n int, ino uint64) error {
+	free := t.freeBytes.Load()
+	stale := time.Now().UnixNano()-t.statAt.Load() > int64(statfsMaxAge)
+	if stale || free < t.reserve+uint64(n)+reserveCheckBytes {
+		if err := t.statfs(); err != nil {
+			return rpc.Errorf(syscall.EIO, "%v", err)
+		}
+		free = t.freeBytes.Load()
+	}
+	if free < t.reserve+uint64(n) {
+		return rpc.Errorf(syscall.ENOSPC, "target %s chunk %x: no space: %d bytes free, write of %d would go below the reserve of %d bytes",
+			t.path, ino, free, n, t.reserve)
+	}
+	return nil
+}
+
+// chunkPath returns the directory of inode ino's chunk files and their base name.
+func (t *target) chunkPath(ino uint64) (dir, base string) {
+	dir = filepath.Join(t.path, chunksDir, hex2(byte(ino)), hex2(byte(ino>>8)))
+	return dir, fmt.Sprintf("%016x", ino)
+}
+
+func hex2(b byte) string {
+	const digits = "0123456789abcdef"
+	return string([]byte{digits[b>>4], digits[b&15]})
+}
+
+// makeChunkDir creates the fan-out directories of dir, syncing each parent
+// whose entries change, so that a synced chunk file is reachable after a crash.
+func (t *target) makeChunkDir(dir string) error {
+	top := filepath.Dir(dir)
+	for _, d := range []string{top, dir} {
+		err := unix.Mkdir(d, 0o755)
+		if errors.Is(err, unix.EEXIST) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := syncDir(filepath.Dir(d)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *target) markOurs(ino uint64) {
+	t.ours.Lock()
+	t.ours.m[ino] = struct{}{}
+	t.ours.Unlock()
+}
+
+func (t *target) forgetOurs(ino uint64) {
+	t.ours.Lock()
+	delete(t.ours.m, ino)
+	t.ours.Unlock()
+}
+
+func (t *target) isOurs(ino uint64) bool {
+	t.ours.Lock()
+	_, ok := t.ours.m[ino]
+	t.ours.Unlock()
+	return ok
+}
+
+func (t *target) oursList() []uint64 {
+	t.ours.Lock()
+	defer t.ours.Unlock()
+	out := make([]uint64, 0, len(t.ours.m))
+	for ino := range t.ours.m {
+		out = append(out, ino)
+	}
+	return out
+}

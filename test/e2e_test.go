@@ -1,0 +1,236 @@
+package test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/testutil"
+)
+
+// TestUpServesAndRestarts drives `strata up` the way the README does: start
+// it, use the mount, stop it with SIGTERM (it must unmount and exit 0), start
+// it again on the same data directory and find the same files.
+func TestUpServesAndRestarts(t *testing.T) {
+	testutil.RequireFUSE(t)
+	bin := testutil.Binary(t)
+	dir := t.TempDir()
+	data, mnt := filepath.Join(dir, "data"), filepath.Join(dir, "mnt")
+	start := func() *testutil.Proc {
+		p := testutil.StartProc(t, dir, "up", nil, bin, "up", "--data", data, "--mount", mnt)
+		if err := testutil.WaitFor(30*time.Second, func() error {
+			if p.Exited() {
+				return errors.New("strata up exited:\n" + p.Tail(30))
+			}
+			if !testutil.IsMounted(mnt) {
+				return errors.New("not mounted")
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	p := start()
+	t.Cleanup(func() { p.Kill(); testutil.ForceUnmount(mnt) })
+
+	content := bytes.Repeat([]byte("strata up "), 300000) // 3 MB over several stripes
+	if err := os.MkdirAll(filepath.Join(mnt, "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "a", "b", "f"), content, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	// status sees the cluster through the cluster file in --data.
+	out, err := exec.Command(bin, "status", "--data", data).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "target") && !strings.Contains(string(out), "TARGET") {
+		t.Fatalf("strata status: %v\n%s", err, out)
+	}
+	if n := strings.Count(string(out), " up\n") + strings.Count(string(out), " up "); n < 4 {
+		t.Logf("status output:\n%s", out)
+	}
+
+	if err := p.Stop(30 * time.Second); err != nil {
+		t.Fatalf("SIGTERM: %v\n%s", err, p.Tail(30))
+	}
+	if testutil.IsMounted(mnt) {
+		t.Fatal("still mounted after strata up exited")
+	}
+	p = start()
+	got, err := os.ReadFile(filepath.Join(mnt, "a", "b", "f"))
+	if err != nil || !bytes.Equal(got, content) {
+		t.Fatalf("after restart: err=%v, %d bytes (want %d)", err, len(got), len(content))
+	}
+	st, err := os.Stat(filepath.Join(mnt, "a", "b", "f"))
+	if err != nil || st.Mode().Perm() != 0o640 {
+		t.Fatalf("mode after restart: %v %v", st.Mode(), err)
+	}
+	if err := p.Stop(30 * time.Second); err != nil {
+		t.Fatalf("second SIGTERM: %v", err)
+	}
+}
+
+// TestStripeSetGet sets a directory layout and checks that a new file really
+// spans that many targets, each holding its share of the bytes.
+func TestStripeSetGet(t *testing.T) {
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 2, TargetsPerStore: 2})
+	mnt := c.Mount(0)
+	dir := filepath.Join(mnt, "ckpt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) []byte {
+		out, err := exec.Command(c.Bin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("strata %v: %v\n%s", args, err, out)
+		}
+		return out
+	}
+	run("stripe", "set", "--count", "4", "--size", "4M", dir)
+	var dl struct {
+		StripeSize  uint32   `json:"stripe_size"`
+		StripeCount uint32   `json:"stripe_count"`
+		Targets     []uint32 `json:"targets"`
+	}
+	if err := json.Unmarshal(run("stripe", "get", "--json", dir), &dl); err != nil || dl.StripeCount != 4 || dl.StripeSize != 4<<20 {
+		t.Fatalf("dir layout: %+v %v", dl, err)
+	}
+	f := filepath.Join(dir, "file.0")
+	data := make([]byte, 16<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>12)
+	}
+	if err := os.WriteFile(f, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var fl struct {
+		StripeSize  uint32   `json:"stripe_size"`
+		StripeCount uint32   `json:"stripe_count"`
+		Targets     []uint32 `json:"targets"`
+	}
+	if err := json.Unmarshal(run("stripe", "get", "--json", f), &fl); err != nil {
+		t.Fatal(err)
+	}
+	if fl.StripeCount != 4 || fl.StripeSize != 4<<20 || len(fl.Targets) != 4 {
+		t.Fatalf("file layout: %+v", fl)
+	}
+	seen := map[uint32]bool{}
+	for _, id := range fl.Targets {
+		seen[id] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("targets not distinct: %v", fl.Targets)
+	}
+	// Each of the 4 target directories holds 4 MiB of this file.
+	for i := 0; i < 2; i++ {
+		for j := 0; j < 2; j++ {
+			tdir := filepath.Join(c.Dir, fmt.Sprintf("store%d", i), fmt.Sprintf("t%d", j))
+			if biggest := largestFile(t, tdir); biggest < 4<<20 {
+				t.Errorf("target %s: largest file %d bytes, want ≥ 4 MiB", tdir, biggest)
+			}
+		}
+	}
+	got, err := os.ReadFile(f)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back: %v", err)
+	}
+	// Human output and errors.
+	if out := run("stripe", "get", f); !strings.Contains(string(out), "stripe_count: 4") {
+		t.Fatalf("human output: %s", out)
+	}
+	out, err := exec.Command(c.Bin, "stripe", "get", t.TempDir()).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "not on a Strata mount") {
+		t.Fatalf("stripe get on a local dir: %v %s", err, out)
+	}
+	out, err = exec.Command(c.Bin, "stripe", "set", "--count", "9", dir).CombinedOutput()
+	if err == nil {
+		t.Fatalf("stripe count 9 over 4 targets accepted: %s", out)
+	}
+}
+
+func largestFile(t *testing.T, dir string) int64 {
+	var max int64
+	filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+		if err == nil && info.Mode().IsRegular() && info.Size() > max {
+			max = info.Size()
+		}
+		return nil
+	})
+	return max
+}
+
+// TestBadFlagsExitNonZero: wrong configuration gets a clear message and a
+// non-zero exit, never a half-started daemon.
+func TestBadFlagsExitNonZero(t *testing.T) {
+	bin := testutil.Binary(t)
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"meta", "--listen", "127.0.0.1:0"}, "data"},
+		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0"}, "target"},
+		{[]string{"store", "--meta", "127.0.0.1:1", "--target", "/nonexistent/strata/x"}, "nonexistent"},
+		{[]string{"up", "--stores", "0"}, "stores"},
+		{[]string{"stripe", "set", "--count", "-1", "/tmp"}, "count"},
+		{[]string{"stripe", "set", "--size", "4Q", "/tmp"}, "size"},
+		{[]string{"mount", "--meta", "127.0.0.1:1"}, "arg"},
+		{[]string{"nosuchcommand"}, "unknown command"},
+		{[]string{"meta", "--data", t.TempDir(), "--listen", "not-an-address"}, "listen"},
+	}
+	for _, c := range cases {
+		cmd := exec.Command(bin, c.args...)
+		done := make(chan struct{})
+		var out []byte
+		var err error
+		go func() { out, err = cmd.CombinedOutput(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Errorf("strata %v: still running after 20 s", c.args)
+			continue
+		}
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+			t.Errorf("strata %v: want non-zero exit, got %v\n%s", c.args, err, out)
+			continue
+		}
+		if !strings.Contains(strings.ToLower(string(out)), c.want) {
+			t.Errorf("strata %v: message %q does not mention %q", c.args, out, c.want)
+		}
+	}
+}
+
+// TestNameTooLong: 255-byte names work, 256-byte names get ENAMETOOLONG.
+func TestNameTooLong(t *testing.T) {
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{})
+	mnt := c.Mount(0)
+	ok := filepath.Join(mnt, strings.Repeat("n", 255))
+	if err := os.WriteFile(ok, []byte("x"), 0o644); err != nil {
+		t.Fatalf("255-byte name: %v", err)
+	}
+	long := filepath.Join(mnt, strings.Repeat("n", 256))
+	for _, op := range []func() error{
+		func() error { return os.WriteFile(long, nil, 0o644) },
+		func() error { return os.Mkdir(long, 0o755) },
+		func() error { return os.Symlink("x", long) },
+		func() error { return os.Rename(ok, long) },
+		func() error { return os.Link(ok, long) },
+	} {
+		if err := op(); !errors.Is(err, syscall.ENAMETOOLONG) {
+			t.Errorf("want ENAMETOOLONG, got %v", err)
+		}
+	}
+	if _, err := os.Stat(ok); err != nil {
+		t.Fatalf("original lost: %v", err)
+	}
+}

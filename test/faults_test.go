@@ -1,0 +1,213 @@
+package test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/testutil"
+)
+
+func fileTargets(t *testing.T, bin, path string) []uint32 {
+	t.Helper()
+	out, err := exec.Command(bin, "stripe", "get", "--json", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("stripe get %s: %v %s", path, err, out)
+	}
+	var l struct {
+		Targets []uint32 `json:"targets"`
+	}
+	if err := json.Unmarshal(out, &l); err != nil {
+		t.Fatal(err)
+	}
+	return l.Targets
+}
+
+// TestDeadStoreGivesBoundedEIO: with one storage server killed, I/O to files
+// striped over it fails with EIO after the configured wait, and files on the
+// surviving server keep working; the mount never hangs.
+func TestDeadStoreGivesBoundedEIO(t *testing.T) {
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 2, TargetsPerStore: 1, MountArgs: []string{"--io-timeout", "3s"}})
+	mnt := c.Mount(0)
+	st, err := c.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverOf := map[uint32]uint32{}
+	for _, tg := range st.Targets {
+		serverOf[tg.ID] = tg.ServerID
+	}
+	// Store 0 is the first registered server; find its id from its targets' paths.
+	var deadServer uint32
+	for _, tg := range st.Targets {
+		if filepath.Base(filepath.Dir(tg.Path)) == "store0" {
+			deadServer = tg.ServerID
+		}
+	}
+	if err := os.Mkdir(filepath.Join(mnt, "one"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(c.Bin, "stripe", "set", "--count", "1", filepath.Join(mnt, "one")).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	// Files with count 1 land round-robin: keep one on each server.
+	var onDead, onLive string
+	data := bytes.Repeat([]byte("x"), 256<<10)
+	for i := 0; i < 8 && (onDead == "" || onLive == ""); i++ {
+		p := filepath.Join(mnt, "one", fmt.Sprintf("f%d", i))
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if serverOf[fileTargets(t, c.Bin, p)[0]] == deadServer {
+			onDead = p
+		} else {
+			onLive = p
+		}
+	}
+	if onDead == "" || onLive == "" {
+		t.Fatal("could not place files on both servers")
+	}
+	// A wide file spans both servers.
+	wide := filepath.Join(mnt, "wide")
+	if err := os.WriteFile(wide, bytes.Repeat([]byte("y"), 4<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Stores[0].Kill()
+	dropCaches()
+
+	start := time.Now()
+	_, err = os.ReadFile(onDead)
+	if !errors.Is(err, syscall.EIO) {
+		t.Errorf("read of file on dead server: want EIO, got %v", err)
+	}
+	if d := time.Since(start); d > 60*time.Second {
+		t.Errorf("EIO took %v; the wait must be bounded by the io timeout", d)
+	}
+	if _, err := os.ReadFile(wide); !errors.Is(err, syscall.EIO) {
+		t.Errorf("read of wide file: want EIO, got %v", err)
+	}
+	got, err := os.ReadFile(onLive)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Errorf("file on live server: %v", err)
+	}
+	// Metadata keeps working too.
+	if err := os.WriteFile(filepath.Join(mnt, "after"), nil, 0o644); err != nil {
+		t.Errorf("create after store loss: %v", err)
+	}
+	// The server comes back: the file is readable again.
+	c.StartStore(0)
+	if err := testutil.WaitFor(30*time.Second, func() error {
+		b, err := os.ReadFile(onDead)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(b, data) {
+			return errors.New("content differs")
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("after store restart: %v", err)
+	}
+}
+
+func dropCaches() {
+	syscall.Sync()
+	_ = os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200)
+}
+
+// TestMetaRestartSurvivedByMount: a running mount keeps working across a
+// metadata-service restart (kill -9 and start again on the same data).
+func TestMetaRestartSurvivedByMount(t *testing.T) {
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 2})
+	mnt := c.Mount(0)
+	if err := os.WriteFile(filepath.Join(mnt, "before"), []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Meta.Kill()
+	// An operation issued while the service is down waits and then succeeds.
+	done := make(chan error, 1)
+	go func() { done <- os.WriteFile(filepath.Join(mnt, "during"), []byte("world"), 0o644) }()
+	time.Sleep(500 * time.Millisecond)
+	c.StartMeta()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("create during restart: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("create during restart hung")
+	}
+	for name, want := range map[string]string{"before": "hello", "during": "world"} {
+		b, err := os.ReadFile(filepath.Join(mnt, name))
+		if err != nil || string(b) != want {
+			t.Errorf("%s: %q %v", name, b, err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(mnt, "after"), 0o755); err != nil {
+		t.Errorf("mkdir after restart: %v", err)
+	}
+}
+
+// TestFullTargetGivesENOSPC: targets on small tmpfs file systems fill up;
+// the writer gets ENOSPC and files written earlier stay intact.
+func TestFullTargetGivesENOSPC(t *testing.T) {
+	testutil.RequireFUSE(t)
+	base := t.TempDir()
+	var dirs [][]string
+	for i := 0; i < 2; i++ {
+		d := filepath.Join(base, fmt.Sprintf("tmpfs%d", i))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("tmpfs", d, "tmpfs", 0, "size=24m"); err != nil {
+			t.Skipf("cannot mount tmpfs: %v", err)
+		}
+		t.Cleanup(func() { syscall.Unmount(d, syscall.MNT_DETACH) })
+		dirs = append(dirs, []string{d})
+	}
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 2, TargetsPerStore: 1, TargetDirs: dirs})
+	mnt := c.Mount(0)
+	keep := bytes.Repeat([]byte("keep me "), 512<<10/8*4) // 2 MiB
+	if err := os.WriteFile(filepath.Join(mnt, "keep"), keep, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(mnt, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte{1}, 1<<20)
+	var werr error
+	for i := 0; i < 200 && werr == nil; i++ { // at most 200 MiB into 48 MiB of space
+		_, werr = f.Write(chunk)
+	}
+	if werr == nil {
+		werr = f.Sync()
+	}
+	cerr := f.Close()
+	if werr == nil {
+		werr = cerr
+	}
+	if !errors.Is(werr, syscall.ENOSPC) {
+		t.Fatalf("want ENOSPC, got %v", werr)
+	}
+	got, err := os.ReadFile(filepath.Join(mnt, "keep"))
+	if err != nil || !bytes.Equal(got, keep) {
+		t.Fatalf("earlier file damaged: %v", err)
+	}
+	// Space comes back after removing the filler.
+	if err := os.Remove(filepath.Join(mnt, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.WaitFor(30*time.Second, func() error {
+		return os.WriteFile(filepath.Join(mnt, "again"), chunk, 0o644)
+	}); err != nil {
+		t.Fatalf("write after freeing space: %v", err)
+	}
+}

@@ -1,0 +1,20 @@
+package test
+
+import (
+	"flag"
+	"os"
+	"testing"
+)
+
+// Worker modes: the test binary re-executes itself to act as a separate
+// process on a mount (N-to-1 writers, lock holders).
+func TestMain(m *testing.M) {
+	switch os.Getenv("STRATA_TEST_WORKER") {
+	case "nto1":
+		os.Exit(nto1Worker())
+	case "lock":
+		os.Exit(lockWorker())
+	}
+	flag.Parse()
+	os.Exit(m.Run())
+}

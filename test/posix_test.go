@@ -1,0 +1,546 @@
+package test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stratafs/strata/internal/testutil"
+)
+
+// TestPOSIXOnStrata runs the POSIX suite on a Strata FUSE mount, with a
+// second mount of the same cluster for the cross-mount checks.
+func TestPOSIXOnStrata(t *testing.T) {
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 2, TargetsPerStore: 2, Mounts: 2})
+	runPOSIXSuite(t, c.Mount(0), c.Mount(1))
+}
+
+// runPOSIXSuite checks POSIX behaviour on root (a mounted file system).
+// other, if not "", is a second mount of the same file system.
+func runPOSIXSuite(t *testing.T, root, other string) {
+	sub := func(name string, f func(t *testing.T, dir string)) {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(root, name)
+			if err := os.Mkdir(dir, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(dir, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			f(t, dir)
+		})
+	}
+	sub("modes", func(t *testing.T, dir string) {
+		for _, mode := range []os.FileMode{0, 0o600, 0o644, 0o755, 0o777} {
+			p := filepath.Join(dir, fmt.Sprintf("m%o", mode))
+			fd, err := unix.Open(p, unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL, uint32(mode))
+			if err != nil {
+				t.Fatal(err)
+			}
+			unix.Close(fd)
+			st, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The test process's umask (022 typically) applies once, in the kernel.
+			want := mode &^ os.FileMode(currentUmask())
+			if st.Mode().Perm() != want {
+				t.Errorf("created %o: stat shows %o, want %o", mode, st.Mode().Perm(), want)
+			}
+			if err := os.Chmod(p, mode); err != nil {
+				t.Fatal(err)
+			}
+			st, _ = os.Stat(p)
+			if st.Mode().Perm() != mode {
+				t.Errorf("chmod %o: stat shows %o", mode, st.Mode().Perm())
+			}
+		}
+	})
+	sub("readwrite", func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "f")
+		data := make([]byte, 3<<20+17)
+		for i := range data {
+			data[i] = byte(i ^ i>>9)
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.WriteAt([]byte("patch"), 1<<20-2); err != nil {
+			t.Fatal(err)
+		}
+		copy(data[1<<20-2:], "patch")
+		got := make([]byte, len(data))
+		if _, err := f.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatal("read after overwrite differs")
+		}
+		// Append mode.
+		af, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		af.Write([]byte("tail"))
+		af.Close()
+		st, _ := os.Stat(p)
+		if st.Size() != int64(len(data))+4 {
+			t.Fatalf("append: size %d", st.Size())
+		}
+	})
+	sub("sparse_and_large", func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "sparse")
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		off := int64(5) << 30 // beyond 4 GiB
+		if _, err := f.WriteAt([]byte("end"), off); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		st, _ := f.Stat()
+		if st.Size() != off+3 {
+			t.Fatalf("size %d", st.Size())
+		}
+		buf := make([]byte, 8192)
+		for _, at := range []int64{0, 1 << 20, 4<<30 - 100, off - 8192} {
+			if _, err := f.ReadAt(buf, at); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(buf, make([]byte, 8192)) {
+				t.Fatalf("hole at %d not zero", at)
+			}
+		}
+		tail := make([]byte, 3)
+		f.ReadAt(tail, off)
+		if string(tail) != "end" {
+			t.Fatalf("tail %q", tail)
+		}
+	})
+	sub("truncate", func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "t")
+		os.WriteFile(p, bytes.Repeat([]byte("a"), 3<<20), 0o644)
+		if err := os.Truncate(p, 1000); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(p, 2<<20); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(p)
+		if len(got) != 2<<20 || !bytes.Equal(got[:1000], bytes.Repeat([]byte("a"), 1000)) || !bytes.Equal(got[1000:], make([]byte, 2<<20-1000)) {
+			t.Fatal("truncate down then up: bytes after the cut must read as zeros")
+		}
+	})
+	sub("rename", func(t *testing.T, dir string) {
+		a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+		os.WriteFile(a, []byte("A"), 0o644)
+		os.WriteFile(b, []byte("B"), 0o644)
+		if err := unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_NOREPLACE); !errors.Is(err, syscall.EEXIST) {
+			t.Errorf("RENAME_NOREPLACE: %v", err)
+		}
+		if err := unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE); err != nil {
+			t.Fatalf("RENAME_EXCHANGE: %v", err)
+		}
+		if x, _ := os.ReadFile(a); string(x) != "B" {
+			t.Errorf("after exchange a=%q", x)
+		}
+		if err := os.Rename(a, b); err != nil { // replacing
+			t.Fatal(err)
+		}
+		if x, _ := os.ReadFile(b); string(x) != "B" {
+			t.Errorf("after replace b=%q", x)
+		}
+		if _, err := os.Stat(a); !os.IsNotExist(err) {
+			t.Errorf("a still exists")
+		}
+		// Across directories, and a directory into its own subtree.
+		os.MkdirAll(filepath.Join(dir, "d1", "d2"), 0o755)
+		if err := os.Rename(b, filepath.Join(dir, "d1", "d2", "b")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(dir, "d1"), filepath.Join(dir, "d1", "d2", "d3")); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("dir into own subtree: %v", err)
+		}
+		os.Mkdir(filepath.Join(dir, "full"), 0o755)
+		os.WriteFile(filepath.Join(dir, "full", "x"), nil, 0o644)
+		os.Mkdir(filepath.Join(dir, "empty"), 0o755)
+		if err := os.Rename(filepath.Join(dir, "empty"), filepath.Join(dir, "full")); !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+			t.Errorf("onto non-empty dir: %v", err)
+		}
+		if err := os.Rename(filepath.Join(dir, "full"), filepath.Join(dir, "empty")); err != nil {
+			t.Errorf("dir onto empty dir: %v", err)
+		}
+	})
+	sub("links", func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "orig")
+		os.WriteFile(p, []byte("data"), 0o644)
+		if err := os.Link(p, filepath.Join(dir, "hard")); err != nil {
+			t.Fatal(err)
+		}
+		st, _ := os.Stat(p)
+		if n := st.Sys().(*syscall.Stat_t).Nlink; n != 2 {
+			t.Errorf("nlink %d", n)
+		}
+		os.Remove(p)
+		if x, err := os.ReadFile(filepath.Join(dir, "hard")); err != nil || string(x) != "data" {
+			t.Errorf("via hard link after unlink: %q %v", x, err)
+		}
+		if err := os.Symlink("hard", filepath.Join(dir, "sym")); err != nil {
+			t.Fatal(err)
+		}
+		if tgt, err := os.Readlink(filepath.Join(dir, "sym")); err != nil || tgt != "hard" {
+			t.Errorf("readlink %q %v", tgt, err)
+		}
+		if x, err := os.ReadFile(filepath.Join(dir, "sym")); err != nil || string(x) != "data" {
+			t.Errorf("through symlink %q %v", x, err)
+		}
+		os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+		if err := os.Link(filepath.Join(dir, "sub"), filepath.Join(dir, "sublink")); !errors.Is(err, syscall.EPERM) {
+			t.Errorf("hard link to dir: %v", err)
+		}
+		dst, _ := os.Stat(dir)
+		if n := dst.Sys().(*syscall.Stat_t).Nlink; n != 3 { // ".", parent entry, sub/..
+			t.Errorf("dir nlink %d, want 3", n)
+		}
+	})
+	sub("errors", func(t *testing.T, dir string) {
+		os.Mkdir(filepath.Join(dir, "d"), 0o755)
+		os.WriteFile(filepath.Join(dir, "d", "x"), nil, 0o644)
+		os.WriteFile(filepath.Join(dir, "f"), nil, 0o644)
+		check := func(what string, err, want error) {
+			if !errors.Is(err, want) {
+				t.Errorf("%s: got %v, want %v", what, err, want)
+			}
+		}
+		check("rmdir non-empty", os.Remove(filepath.Join(dir, "d")), syscall.ENOTEMPTY)
+		check("mkdir existing", os.Mkdir(filepath.Join(dir, "d"), 0o755), syscall.EEXIST)
+		_, err := os.Open(filepath.Join(dir, "missing"))
+		check("open missing", err, syscall.ENOENT)
+		check("unlink dir", syscall.Unlink(filepath.Join(dir, "d")), syscall.EISDIR)
+		check("rmdir file", syscall.Rmdir(filepath.Join(dir, "f")), syscall.ENOTDIR)
+		_, err = os.Stat(filepath.Join(dir, "f", "x"))
+		check("file as dir", err, syscall.ENOTDIR)
+		_, err = os.OpenFile(filepath.Join(dir, "f"), os.O_CREATE|os.O_EXCL, 0o644)
+		check("O_EXCL existing", err, syscall.EEXIST)
+	})
+	sub("readdir", func(t *testing.T, dir string) {
+		const n = 3000
+		want := make([]string, 0, n)
+		for i := 0; i < n; i++ {
+			name := fmt.Sprintf("entry-%05d", i)
+			want = append(want, name)
+			fd, err := unix.Open(filepath.Join(dir, name), unix.O_CREAT|unix.O_WRONLY, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			unix.Close(fd)
+		}
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range ents {
+			got = append(got, e.Name())
+		}
+		sort.Strings(got)
+		if len(got) != n {
+			t.Fatalf("readdir: %d entries, want %d", len(got), n)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("entry %d: %q want %q", i, got[i], want[i])
+			}
+		}
+	})
+	sub("xattr", func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "x")
+		os.WriteFile(p, nil, 0o644)
+		if err := unix.Setxattr(p, "user.k", []byte("v1"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Setxattr(p, "user.k", []byte("v2"), unix.XATTR_CREATE); !errors.Is(err, syscall.EEXIST) {
+			t.Errorf("XATTR_CREATE existing: %v", err)
+		}
+		if err := unix.Setxattr(p, "user.none", []byte("v"), unix.XATTR_REPLACE); !errors.Is(err, syscall.ENODATA) {
+			t.Errorf("XATTR_REPLACE missing: %v", err)
+		}
+		buf := make([]byte, 64)
+		n, err := unix.Getxattr(p, "user.k", buf)
+		if err != nil || string(buf[:n]) != "v1" {
+			t.Errorf("getxattr %q %v", buf[:n], err)
+		}
+		if _, err := unix.Getxattr(p, "user.k", make([]byte, 1)); !errors.Is(err, syscall.ERANGE) {
+			t.Errorf("small buffer: %v", err)
+		}
+		n, _ = unix.Listxattr(p, buf)
+		if !bytes.Contains(buf[:n], []byte("user.k\x00")) {
+			t.Errorf("listxattr %q", buf[:n])
+		}
+		if bytes.Contains(buf[:n], []byte("strata.layout")) {
+			t.Errorf("listxattr shows the virtual layout attribute: %q", buf[:n])
+		}
+		unix.Removexattr(p, "user.k")
+		if _, err := unix.Getxattr(p, "user.k", buf); !errors.Is(err, syscall.ENODATA) {
+			t.Errorf("after remove: %v", err)
+		}
+	})
+	sub("timestamps", func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "ts")
+		os.WriteFile(p, []byte("x"), 0o644)
+		st0 := statT(t, p)
+		time.Sleep(20 * time.Millisecond)
+		os.WriteFile(p, []byte("xy"), 0o644) // write: mtime and ctime move
+		st1 := statT(t, p)
+		if !after(st1.Mtim, st0.Mtim) || !after(st1.Ctim, st0.Ctim) {
+			t.Errorf("write did not advance mtime/ctime")
+		}
+		time.Sleep(20 * time.Millisecond)
+		os.Chmod(p, 0o600) // chmod: ctime only
+		st2 := statT(t, p)
+		if st2.Mtim != st1.Mtim || !after(st2.Ctim, st1.Ctim) {
+			t.Errorf("chmod: mtime %v→%v ctime %v→%v", st1.Mtim, st2.Mtim, st1.Ctim, st2.Ctim)
+		}
+		mt := time.Date(2001, 2, 3, 4, 5, 6, 7000, time.UTC)
+		if err := os.Chtimes(p, mt, mt); err != nil {
+			t.Fatal(err)
+		}
+		st3 := statT(t, p)
+		if time.Unix(st3.Mtim.Unix()).UTC() != mt || time.Unix(st3.Atim.Unix()).UTC() != mt {
+			t.Errorf("utimes: %v %v", st3.Mtim, st3.Atim)
+		}
+		d0 := statT(t, dir)
+		time.Sleep(20 * time.Millisecond)
+		os.WriteFile(filepath.Join(dir, "new"), nil, 0o644) // create: parent mtime/ctime
+		d1 := statT(t, dir)
+		if !after(d1.Mtim, d0.Mtim) || !after(d1.Ctim, d0.Ctim) {
+			t.Errorf("create did not advance the parent's mtime/ctime")
+		}
+	})
+	sub("unlinked_open", func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "u")
+		data := bytes.Repeat([]byte("keep"), 1<<18)
+		os.WriteFile(p, data, 0o644)
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		got := make([]byte, len(data))
+		if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read of unlinked open file: %v", err)
+		}
+	})
+	sub("mmap", func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "mm")
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		f.Truncate(1 << 20)
+		m, err := unix.Mmap(int(f.Fd()), 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(m[4096:], "mapped write")
+		if err := unix.Msync(m, unix.MS_SYNC); err != nil {
+			t.Fatal(err)
+		}
+		unix.Munmap(m)
+		f.Close()
+		got, _ := os.ReadFile(p)
+		if !bytes.Equal(got[4096:4096+12], []byte("mapped write")) {
+			t.Fatalf("mmap write not visible: %q", got[4096:4108])
+		}
+	})
+	sub("odirect", func(t *testing.T, dir string) {
+		p := filepath.Join(dir, "od")
+		fd, err := unix.Open(p, unix.O_CREAT|unix.O_RDWR|unix.O_DIRECT, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		buf := alignedBuf(1 << 20)
+		for i := range buf {
+			buf[i] = byte(i * 13)
+		}
+		if _, err := unix.Pwrite(fd, buf, 4096); err != nil {
+			t.Fatal(err)
+		}
+		rb := alignedBuf(1 << 20)
+		if _, err := unix.Pread(fd, rb, 4096); err != nil || !bytes.Equal(rb, buf) {
+			t.Fatalf("O_DIRECT read back: %v", err)
+		}
+		if err := unix.Fsync(fd); err != nil {
+			t.Fatal(err)
+		}
+	})
+	sub("permissions", func(t *testing.T, dir string) {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root to switch users")
+		}
+		p := filepath.Join(dir, "secret")
+		os.WriteFile(p, []byte("s"), 0o600)
+		out, err := asNobody("cat", p)
+		if err == nil || !bytes.Contains(out, []byte("Permission denied")) {
+			t.Errorf("nobody read a 0600 root file: %v %s", err, out)
+		}
+		pub := filepath.Join(dir, "public")
+		os.WriteFile(pub, []byte("p"), 0o644)
+		if out, err := asNobody("cat", pub); err != nil || string(out) != "p" {
+			t.Errorf("nobody cannot read a 0644 file: %v %s", err, out)
+		}
+		// setuid is cleared when a non-owner writes.
+		sf := filepath.Join(dir, "suid")
+		os.WriteFile(sf, []byte("x"), 0o4777)
+		os.Chmod(sf, 0o4777)
+		if out, err := asNobody("sh", "-c", "echo y >> "+sf); err != nil {
+			t.Fatalf("nobody append: %v %s", err, out)
+		}
+		if st, _ := os.Stat(sf); st.Mode()&os.ModeSetuid != 0 {
+			t.Errorf("setuid kept after write by another user: %v", st.Mode())
+		}
+		// chown clears setuid.
+		os.Chmod(sf, 0o4755)
+		os.Chown(sf, 65534, 65534)
+		if st, _ := os.Stat(sf); st.Mode()&os.ModeSetuid != 0 {
+			t.Errorf("setuid kept after chown: %v", st.Mode())
+		}
+	})
+	if other != "" {
+		t.Run("close_to_open", func(t *testing.T) {
+			p := filepath.Join(root, "cto")
+			os.WriteFile(p, []byte("version one"), 0o644)
+			q := filepath.Join(other, "cto")
+			if x, err := os.ReadFile(q); err != nil || string(x) != "version one" {
+				t.Fatalf("other mount: %q %v", x, err)
+			}
+			os.WriteFile(p, []byte("version two, longer"), 0o644)
+			if x, err := os.ReadFile(q); err != nil || string(x) != "version two, longer" {
+				t.Fatalf("other mount after rewrite: %q %v", x, err)
+			}
+		})
+		t.Run("locks_across_mounts", func(t *testing.T) {
+			p := filepath.Join(root, "lockfile")
+			os.WriteFile(p, nil, 0o644)
+			for _, kind := range []string{"flock", "fcntl"} {
+				holder := exec.Command(os.Args[0])
+				holder.Env = append(os.Environ(), "STRATA_TEST_WORKER=lock", "LOCK_KIND="+kind, "LOCK_FILE="+p, "LOCK_HOLD=1")
+				stdout, _ := holder.StdoutPipe()
+				if err := holder.Start(); err != nil {
+					t.Fatal(err)
+				}
+				ready := make([]byte, 6)
+				if _, err := stdout.Read(ready); err != nil || string(ready) != "locked" {
+					holder.Process.Kill()
+					t.Fatalf("%s holder: %q %v", kind, ready, err)
+				}
+				try := exec.Command(os.Args[0])
+				try.Env = append(os.Environ(), "STRATA_TEST_WORKER=lock", "LOCK_KIND="+kind, "LOCK_FILE="+filepath.Join(other, "lockfile"), "LOCK_HOLD=0")
+				out, _ := try.CombinedOutput()
+				if string(out) != "busy" {
+					t.Errorf("%s: second mount got %q while the lock is held, want busy", kind, out)
+				}
+				holder.Process.Kill() // the holder dies: its lock must go
+				holder.Wait()
+				if err := testutil.WaitFor(30*time.Second, func() error {
+					try := exec.Command(os.Args[0])
+					try.Env = append(os.Environ(), "STRATA_TEST_WORKER=lock", "LOCK_KIND="+kind, "LOCK_FILE="+filepath.Join(other, "lockfile"), "LOCK_HOLD=0")
+					o, _ := try.CombinedOutput()
+					if string(o) != "locked" {
+						return fmt.Errorf("got %q", o)
+					}
+					return nil
+				}); err != nil {
+					t.Errorf("%s: lock of a killed holder not released: %v", kind, err)
+				}
+			}
+		})
+	}
+}
+
+// lockWorker takes a lock on LOCK_FILE without waiting and prints "locked"
+// or "busy"; with LOCK_HOLD=1 it then holds it until killed.
+func lockWorker() int {
+	f, err := os.OpenFile(os.Getenv("LOCK_FILE"), os.O_RDWR, 0)
+	if err != nil {
+		fmt.Print("error: ", err)
+		return 1
+	}
+	switch os.Getenv("LOCK_KIND") {
+	case "flock":
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	default:
+		lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 0}
+		err = unix.FcntlFlock(f.Fd(), unix.F_SETLK, &lk)
+	}
+	if errors.Is(err, syscall.EWOULDBLOCK) || errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) {
+		fmt.Print("busy")
+		return 0
+	}
+	if err != nil {
+		fmt.Print("error: ", err)
+		return 1
+	}
+	fmt.Print("locked")
+	if os.Getenv("LOCK_HOLD") == "1" {
+		time.Sleep(5 * time.Minute)
+	}
+	return 0
+}
+
+func asNobody(name string, args ...string) ([]byte, error) {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	return cmd.CombinedOutput()
+}
+
+func statT(t *testing.T, p string) *syscall.Stat_t {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return &st
+}
+
+func after(a, b syscall.Timespec) bool { return a.Nano() > b.Nano() }
+
+func alignedBuf(n int) []byte {
+	b := make([]byte, n+4096)
+	off := 4096 - int(uintptrOf(b)%4096)
+	if off == 4096 {
+		off = 0
+	}
+	return b[off : off+n]
+}
+
+func currentUmask() int {
+	m := syscall.Umask(0)
+	syscall.Umask(m)
+	return m
+}
+
