@@ -543,4 +543,3 @@ func currentUmask() int {
 	syscall.Umask(m)
 	return m
 }
-
