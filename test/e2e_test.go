@@ -177,7 +177,7 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 	}{
 		{[]string{"meta", "--listen", "127.0.0.1:0"}, "data"},
 		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0"}, "target"},
-		{[]string{"store", "--meta", "127.0.0.1:1", "--target", "/nonexistent/strata/x"}, "nonexistent"},
+		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--target", "/nonexistent/strata/x"}, "nonexistent"},
 		{[]string{"up", "--stores", "0"}, "stores"},
 		{[]string{"stripe", "set", "--count", "-1", "/tmp"}, "count"},
 		{[]string{"stripe", "set", "--size", "4Q", "/tmp"}, "size"},

@@ -264,6 +264,10 @@ func StartProcCluster(t testing.TB, o ProcOptions) *ProcCluster {
 		o.Mounts = 1
 	}
 	c := &ProcCluster{t: t, Bin: Binary(t), Dir: t.TempDir()}
+	// t.TempDir makes 0700 directories; other users must reach the mounts
+	// (permission tests run as nobody).
+	_ = os.Chmod(c.Dir, 0o755)
+	_ = os.Chmod(filepath.Dir(c.Dir), 0o755)
 	c.KeyFile = filepath.Join(c.Dir, "cluster.key")
 	if err := os.WriteFile(c.KeyFile, []byte("test-cluster-key\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/stratafs/strata/internal/client"
+	"github.com/stratafs/strata/internal/fuse"
+	"github.com/stratafs/strata/internal/meta"
+	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/store"
+)
+
+func init() {
+	var (
+		dataDir, mountDir, metaListen, syncPolicy string
+		stores, targetsPerStore                  int
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "run the embedded local cluster (metadata service, storage servers, FUSE mount) in the foreground",
+		Long: `up starts one metadata service, --stores storage servers with --targets-per-store
+targets each, all under --data, and mounts the file system at --mount. It runs in the
+foreground; Ctrl-C (SIGINT) or SIGTERM unmounts and stops everything cleanly. Started again
+on the same --data it serves the same files.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if stores < 1 || stores > 16 {
+				return usagef("--stores %d: want 1..16", stores)
+			}
+			if targetsPerStore < 1 || targetsPerStore > 16 {
+				return usagef("--targets-per-store %d: want 1..16", targetsPerStore)
+			}
+			if syncPolicy != "sync" && syncPolicy != "async" {
+				return usagef("--sync-policy %q: want sync or async", syncPolicy)
+			}
+			return runUp(cmd.Context(), upOptions{
+				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
+				stores: stores, targetsPerStore: targetsPerStore,
+			})
+		},
+	}
+	cmd.Flags().StringVar(&dataDir, "data", "./strata-data", "directory holding all cluster state")
+	cmd.Flags().StringVar(&mountDir, "mount", "./mnt", "mount point (created if missing)")
+	cmd.Flags().StringVar(&metaListen, "meta-listen", "127.0.0.1:0", "metadata service address (port 0: any free port; `strata status` finds it in --data)")
+	cmd.Flags().IntVar(&stores, "stores", 2, "number of storage servers")
+	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
+	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", "sync: close and fsync wait for stable storage; async: scratch-grade, faster")
+	rootCmd.AddCommand(cmd)
+}
+
+type upOptions struct {
+	dataDir, mountDir, metaListen, syncPolicy string
+	stores, targetsPerStore                  int
+}
+
+func runUp(ctx context.Context, o upOptions) (err error) {
+	dataDir, err := filepath.Abs(o.dataDir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	mountDir, err := filepath.Abs(o.mountDir)
+	if err != nil {
+		return fmt.Errorf("mount dir: %w", err)
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	if err := os.MkdirAll(mountDir, 0o755); err != nil {
+		return fmt.Errorf("create mount point: %w", err)
+	}
+	keyFile := filepath.Join(dataDir, "cluster.key")
+	key, err := ensureKeyFile(keyFile)
+	if err != nil {
+		return err
+	}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
+	// Stop everything started so far, in reverse order, whatever happens.
+	var stops []func()
+	defer func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}()
+
+	mcfg := meta.DefaultConfig()
+	mcfg.DataDir = filepath.Join(dataDir, "meta")
+	mcfg.ListenAddr = o.metaListen
+	mcfg.ClusterKey = key
+	msvc, err := meta.Open(mcfg)
+	if err != nil {
+		return fmt.Errorf("start metadata service: %w", err)
+	}
+	stops = append(stops, func() { msvc.Close() })
+	slog.Info("metadata service up", "addr", msvc.Addr())
+
+	for i := 0; i < o.stores; i++ {
+		scfg := store.DefaultConfig()
+		scfg.MetaAddr = msvc.Addr()
+		scfg.ListenAddr = "127.0.0.1:0"
+		scfg.ClusterKey = key
+		for t := 0; t < o.targetsPerStore; t++ {
+			dir := filepath.Join(dataDir, fmt.Sprintf("store%d", i), fmt.Sprintf("target%d", t))
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return fmt.Errorf("create target dir: %w", err)
+			}
+			scfg.Targets = append(scfg.Targets, dir)
+		}
+		srv, err := store.Open(scfg)
+		if err != nil {
+			return fmt.Errorf("start storage server %d: %w", i, err)
+		}
+		stops = append(stops, func() { srv.Close() })
+		slog.Info("storage server up", "addr", srv.Addr(), "targets", scfg.Targets)
+	}
+	if err := waitTargets(ctx, msvc.Addr(), key, o.stores*o.targetsPerStore); err != nil {
+		return err
+	}
+
+	ccfg := client.DefaultConfig()
+	ccfg.MetaAddr = msvc.Addr()
+	ccfg.ClusterKey = key
+	ccfg.SyncPolicy = o.syncPolicy
+	cl, err := client.New(ctx, ccfg)
+	if err != nil {
+		return fmt.Errorf("start client: %w", err)
+	}
+	stops = append(stops, func() { cl.Close() })
+	m, err := fuse.Mount(cl, mountDir, fuse.Options{})
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", mountDir, err)
+	}
+	stops = append(stops, func() {
+		if err := m.Unmount(); err != nil {
+			slog.Error("unmount failed", "mount", mountDir, "err", err)
+		}
+	})
+
+	info := upInfo{Meta: msvc.Addr(), KeyFile: keyFile, Mount: mountDir, Pid: os.Getpid()}
+	b, _ := json.MarshalIndent(info, "", "  ")
+	if err := os.WriteFile(filepath.Join(dataDir, "cluster.json"), append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write cluster.json: %w", err)
+	}
+	stops = append(stops, func() { os.Remove(filepath.Join(dataDir, "cluster.json")) })
+	fmt.Fprintf(os.Stderr, "strata: mounted at %s (metadata %s, %d storage servers × %d targets, data in %s). Ctrl-C to stop.\n",
+		mountDir, msvc.Addr(), o.stores, o.targetsPerStore, dataDir)
+
+	unmounted := make(chan struct{})
+	go func() { m.Wait(); close(unmounted) }()
+	select {
+	case s := <-sigs:
+		slog.Info("stopping", "signal", s.String())
+	case <-unmounted:
+		slog.Warn("mount ended from outside (fusermount -u?); stopping")
+	}
+	return nil
+}
+
+// waitTargets waits, bounded, until the metadata service lists n live targets.
+func waitTargets(ctx context.Context, metaAddr string, key []byte, n int) error {
+	c := rpc.NewClient(metaAddr, rpc.ClientConfig{Key: key, Conns: 1})
+	defer c.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	var last int
+	for time.Now().Before(deadline) {
+		var lt rpc.ListTargetsResp
+		if err := c.Call(ctx, rpc.MListTargets, &rpc.Empty{}, &lt); err == nil {
+			last = 0
+			for _, t := range lt.Targets {
+				if t.Alive {
+					last++
+				}
+			}
+			if last >= n {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("only %d of %d targets registered within 20 s", last, n)
+}
