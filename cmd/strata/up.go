@@ -23,7 +23,7 @@ import (
 func init() {
 	var (
 		dataDir, mountDir, metaListen, syncPolicy string
-		stores, targetsPerStore                  int
+		stores, targetsPerStore                   int
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -60,7 +60,7 @@ on the same --data it serves the same files.`,
 
 type upOptions struct {
 	dataDir, mountDir, metaListen, syncPolicy string
-	stores, targetsPerStore                  int
+	stores, targetsPerStore                   int
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
