@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/stratafs/strata/internal/store"
+)
+
+func init() {
+	var (
+		metaAddr, listenAddr, advertise, keyFile, metricsAddr string
+		targets                                               []string
+		heartbeat                                             time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "store --meta ADDR --listen ADDR --target DIR [--target DIR ...]",
+		Short: "Run a storage server: serve chunk data from target directories",
+		Long: `Run a storage server in the foreground until SIGINT or SIGTERM.
+
+Each --target is a directory, ideally the root of its own disk. An empty
+directory is formatted on first use; a directory of another format version
+or one already served by another process is refused. The server registers
+its targets with the metadata service at --meta (retrying while it is
+down) and serves clients at --listen.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if metaAddr == "" {
+				return usagef("store: --meta ADDR is required (the metadata service address, host:port)")
+			}
+			if listenAddr == "" {
+				return usagef("store: --listen ADDR is required (the data-path address, host:port)")
+			}
+			if len(targets) == 0 {
+				return usagef("store: at least one --target DIR is required")
+			}
+			cfg := store.DefaultConfig()
+			cfg.MetaAddr = metaAddr
+			cfg.ListenAddr = listenAddr
+			cfg.AdvertiseAddr = advertise
+			cfg.Targets = targets
+			cfg.MetricsAddr = metricsAddr
+			cfg.HeartbeatInterval = heartbeat
+			key, err := readKeyFile(keyFile)
+			if err != nil {
+				return usagef("store: --key-file: %v", err)
+			}
+			cfg.ClusterKey = key
+			if heartbeat <= 0 {
+				return usagef("store: --heartbeat-interval must be positive, got %v", heartbeat)
+			}
+			if err := cfg.Validate(); err != nil {
+				return usagef("store: %v", err)
+			}
+			s, err := store.Open(cfg)
+			if err != nil {
+				return fmt.Errorf("store: %w", err)
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			<-ctx.Done()
+			stop() // a second signal kills the process the default way
+			if err := s.Close(); err != nil {
+				return fmt.Errorf("store: close: %w", err)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&metaAddr, "meta", "", "metadata service address (host:port)")
+	f.StringVar(&listenAddr, "listen", "", "address to serve the data path on (host:port)")
+	f.StringVar(&advertise, "advertise", "", "address clients dial (default: the listen address)")
+	f.StringArrayVar(&targets, "target", nil, "target directory (repeat for several)")
+	f.StringVar(&keyFile, "key-file", "", "file holding the cluster key (whitespace trimmed; default: empty key)")
+	f.StringVar(&metricsAddr, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
+	f.DurationVar(&heartbeat, "heartbeat-interval", time.Second, "period of heartbeats to the metadata service")
+	rootCmd.AddCommand(cmd)
+}

@@ -1,0 +1,143 @@
+package store
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// Benchmarks go through a real rpc.Client and Server over loopback into the
+// page cache of the temp directory's file system. Each parallel worker has
+// its own chunk (as the stripes of an N-to-N workload would).
+//
+//	go test -run XXX -bench . -benchtime 2s ./internal/store/
+
+const benchSpan = 64 << 20 // bytes per chunk the workers cycle over
+
+func benchEnv(b *testing.B) *env {
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(discard{}, nil)))
+	b.Cleanup(func() { slog.SetDefault(old) })
+	e := &env{}
+	dir := b.TempDir()
+	e.cfg = DefaultConfig()
+	e.cfg.Targets = []string{dir}
+	e.cfg.ClusterKey = testKey
+	s, err := Open(e.cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.s = s
+	e.cl = rpc.NewClient(s.Addr(), rpc.ClientConfig{Key: testKey, Conns: 4})
+	b.Cleanup(func() { e.cl.Close(); s.Close() })
+	return e
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+var benchIno atomic.Uint64
+
+func benchIO(b *testing.B, size int, random, write bool) {
+	e := benchEnv(b)
+	ctx := context.Background()
+	// Prefill for reads.
+	nworkers := 4 * 2 // RunParallel uses GOMAXPROCS × parallelism goroutines
+	b.SetParallelism(4)
+	inos := make(chan uint64, 64)
+	for i := 0; i < 64; i++ {
+		ino := benchIno.Add(1)
+		inos <- ino
+		if !write && i < nworkers*2 {
+			buf := make([]byte, 1<<20)
+			for off := 0; off < benchSpan; off += len(buf) {
+				if err := e.cl.Call(ctx, rpc.SWrite, &rpc.WriteReq{Chunk: rpc.ChunkID{Target: 1, Ino: ino}, Off: uint64(off), Data: buf}, &rpc.Empty{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ino := <-inos
+		buf := make([]byte, size)
+		for i := range buf {
+			buf[i] = byte(i)
+		}
+		rng := rand.New(rand.NewPCG(ino, 1))
+		off := 0
+		var resp rpc.ReadResp
+		for pb.Next() {
+			if random {
+				off = rng.IntN(benchSpan/size) * size
+			} else {
+				off = (off + size) % benchSpan
+			}
+			var err error
+			if write {
+				err = e.cl.Call(ctx, rpc.SWrite, &rpc.WriteReq{Chunk: rpc.ChunkID{Target: 1, Ino: ino}, Off: uint64(off), Data: buf}, &rpc.Empty{})
+			} else {
+				err = e.cl.Call(ctx, rpc.SRead, &rpc.ReadReq{Chunk: rpc.ChunkID{Target: 1, Ino: ino}, Off: uint64(off), Len: uint32(size)}, &resp)
+				if err == nil && len(resp.Data) != size {
+					b.Errorf("short read %d", len(resp.Data))
+				}
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func BenchmarkSeqWrite1M(b *testing.B)  { benchIO(b, 1<<20, false, true) }
+func BenchmarkSeqRead1M(b *testing.B)   { benchIO(b, 1<<20, false, false) }
+func BenchmarkRandWrite4K(b *testing.B) { benchIO(b, 4<<10, true, true) }
+func BenchmarkRandRead4K(b *testing.B)  { benchIO(b, 4<<10, true, false) }
+
+// BenchmarkChunkWrite4K and BenchmarkChunkRead4K measure the store's own
+// cost per 4 KiB request, without rpc: what the data path adds to pwrite
+// and pread.
+func BenchmarkChunkWrite4K(b *testing.B) { benchChunk(b, true) }
+func BenchmarkChunkRead4K(b *testing.B)  { benchChunk(b, false) }
+
+func benchChunk(b *testing.B, write bool) {
+	e := benchEnv(b)
+	t := e.s.targets[0]
+	c, err := e.s.cache.get(t, 1, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.s.cache.release(c)
+	buf := make([]byte, 4096)
+	const span = 16 << 20
+	for off := 0; off < span; off += 1 << 20 {
+		if err := c.write(e.s, int64(off), make([]byte, 1<<20)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		off := int64(rng.IntN(span/4096) * 4096)
+		if write {
+			err = c.write(e.s, off, buf)
+		} else {
+			var r *readResp
+			r, err = c.read(e.s, off, 4096)
+			r.Release()
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,75 @@
+// Package store is Strata's storage server: it owns target directories,
+// keeps one chunk per (inode, target) in each, verifies a checksum on every
+// block it returns, reports capacity, and registers and heartbeats with the
+// metadata service. Clients reach it over internal/rpc (the S* methods of
+// rpc/store_msgs.go), never through the metadata service.
+//
+// # Concepts
+//
+//   - Target: a directory, ideally the root of one disk, identified by the
+//     UUID in its identity file (target.go). The metadata service gives
+//     each target a numeric id at registration; standalone servers (no
+//     metadata address: tests, benchmarks) number targets 1..n.
+//   - Chunk: the bytes of one inode on one target (layout decides which),
+//     a sparse data file plus a sidecar with one CRC32C per 4 KiB block
+//     (format.go; docs/design/0002-storage.md). An absent chunk reads as
+//     length 0.
+//   - Dirty flag: the sidecar header bit that says "data and sums may
+//     disagree on disk"; set durably before the first mutation after a
+//     sync, cleared after a sync. A dirty chunk is re-summed from its data
+//     when a fresh process opens it (chunk.go has the essay).
+//   - Chunk cache: a bounded LRU of open, reference-counted chunk handles
+//     (cache.go), so a 4 KiB request costs two or three syscalls, not an
+//     open and a close.
+//
+// # Errors
+//
+// Handlers answer *rpc.Error with an errno and a message that names the
+// target directory and the chunk (inode in hex): ENOENT for a target id this
+// server does not serve, EINVAL for offsets or sizes past 2^50 bytes or a
+// read over 64 MiB, ENOSPC when a write would leave less than the reserve
+// free or the disk itself is full (the chunk's existing bytes and sums stay
+// intact; nothing of the failed write is kept past the old end of file),
+// EIO for a checksum mismatch (also logged at error level with target,
+// inode, offset, stored and computed sums, and counted in
+// strata_store_checksum_errors_total) and for disk errors, which keep their
+// errno. Nothing here panics on request input.
+//
+// # Locking
+//
+// Per chunk, in this order: chunk.flag (RWMutex; mutations hold it shared
+// for their duration, sync/remove exclusively), then the region stripes
+// (32 RWMutexes over 1 MiB regions; writes exclusive, reads shared,
+// truncate all stripes). chunkCache.mu and target.ours are leaves, taken
+// for map and list updates only, never across I/O. No global lock sits on
+// the data path: writers of disjoint ranges of one chunk run in parallel
+// unless their regions share a stripe.
+//
+// # Pitfalls
+//
+//   - A handler must not keep rpc request slices (WriteReq.Data) after it
+//     returns: they live in a pooled buffer.
+//   - Read answers (readResp) hold a pooled buffer; the rpc server calls
+//     Release after sending. Never return a readResp twice or keep it.
+//   - A chunk handle's descriptors are valid only while a reference is
+//     held (chunkCache.get/release). Eviction closes unreferenced handles.
+//   - Stored sums are CRC32C(block padded with zeros) XOR CRC32C(zero
+//     block), so that a zero block (a hole) stores 0 and needs no sidecar
+//     write; never compare a raw CRC with a stored sum.
+//   - Sums are verified before a partial block is rewritten (edge blocks of
+//     unaligned writes, truncate, punch): re-summing unverified data would
+//     launder corruption into a valid sum.
+//
+// # Goroutines
+//
+// Long-lived, per Server: the rpc accept loop and one reader per client
+// connection with one goroutine per request (internal/rpc); the
+// registration loop (register.go: register, heartbeat every
+// HeartbeatInterval, register again on ESTALE, back off while the metadata
+// service is down), with a helper that cancels its calls on Close; the
+// metrics HTTP server when MetricsAddr is set. Close stops them all, then
+// syncs every chunk written since its last sync and marks it clean.
+//
+// Architecture Invariant: only this package reads or writes chunk files and
+// target identity files.
+package store

@@ -1,0 +1,171 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// Registration state machine (one goroutine, registrationLoop):
+//
+//	state         event                          next
+//	unregistered  MRegisterServer ok             registered (ids installed)
+//	unregistered  error (service down, …)        unregistered, after backoff
+//	registered    heartbeat tick, answer ok      registered
+//	registered    heartbeat answers ESTALE       unregistered, at once
+//	registered    heartbeat fails otherwise      registered (next tick retries)
+//	any           Close                          stopped
+//
+// Backoff doubles from 100 ms to 5 s, with jitter. While unregistered the
+// server keeps serving the targets whose ids it already knows.
+const (
+	backoffMin  = 100 * time.Millisecond
+	backoffMax  = 5 * time.Second
+	callTimeout = 5 * time.Second
+)
+
+func (s *Server) registrationLoop() {
+	defer s.wg.Done()
+	cl := rpc.NewClient(s.cfg.MetaAddr, rpc.ClientConfig{Key: s.cfg.ClusterKey, Conns: 1, CallTimeout: callTimeout})
+	defer cl.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.stop
+		cancel()
+	}()
+	backoff := backoffMin
+	failures := 0
+	for {
+		err := s.registerOnce(ctx, cl)
+		if err == nil {
+			backoff = backoffMin
+			failures = 0
+			s.heartbeatUntilStale(ctx, cl)
+		} else {
+			failures++
+			// Log the first failure and then every tenth, not every retry.
+			if failures == 1 || failures%10 == 0 {
+				s.log.Warn("cannot register with metadata service; retrying", "meta", s.cfg.MetaAddr, "attempts", failures, "err", err)
+			}
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		}
+		if err != nil {
+			backoff = min(2*backoff, backoffMax)
+		}
+	}
+}
+
+// registerOnce sends MRegisterServer and installs the answered ids.
+func (s *Server) registerOnce(ctx context.Context, cl *rpc.Client) error {
+	req := &rpc.RegisterServerReq{Addr: s.addr}
+	req.Host, _ = os.Hostname()
+	for _, t := range s.targets {
+		_ = t.statfs()
+		req.Targets = append(req.Targets, rpc.TargetReg{
+			UUID: t.uuid, Path: absPath(t.path), TotalBytes: t.totalBytes.Load(), FreeBytes: t.freeBytes.Load(),
+		})
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	var resp rpc.RegisterServerResp
+	if err := cl.Call(cctx, rpc.MRegisterServer, req, &resp); err != nil {
+		return err
+	}
+	if len(resp.TargetIDs) != len(s.targets) {
+		return errors.New("metadata service answered a wrong number of target ids")
+	}
+	ids := map[uint32]*target{}
+	for i, t := range s.targets {
+		id := resp.TargetIDs[i]
+		if id == 0 {
+			return errors.New("metadata service answered target id 0")
+		}
+		if _, dup := ids[id]; dup {
+			return errors.New("metadata service answered one target id twice")
+		}
+		ids[id] = t
+	}
+	for i, t := range s.targets {
+		id := resp.TargetIDs[i]
+		if old := t.id.Swap(id); old != id {
+			if old != 0 {
+				s.log.Warn("metadata service assigned a new target id", "target", t.path, "old", old, "new", id)
+			}
+			s.rememberID(t, id)
+		}
+	}
+	s.byID.Store(&ids)
+	s.serverID.Store(resp.ServerID)
+	s.regOnce.Do(func() { close(s.registered) })
+	s.log.Info("registered with metadata service", "meta", s.cfg.MetaAddr, "server", resp.ServerID, "targets", resp.TargetIDs)
+	return nil
+}
+
+// rememberID stores the assigned id in the target's identity file so that
+// a restart serves the target before it has registered again.
+func (s *Server) rememberID(t *target, id uint32) {
+	idn, err := readOrFormat(t.path)
+	if err == nil {
+		idn.ID = id
+		err = writeIdentity(t.path, idn)
+	}
+	if err != nil {
+		s.log.Warn("cannot record target id in identity file", "target", t.path, "err", err)
+	}
+}
+
+// heartbeatUntilStale heartbeats every interval until the service answers
+// ESTALE (forgot us: register again) or the server closes.
+func (s *Server) heartbeatUntilStale(ctx context.Context, cl *rpc.Client) {
+	tick := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	failing := false
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+		}
+		req := &rpc.ServerHeartbeatReq{ServerID: s.serverID.Load()}
+		for _, t := range s.targets {
+			_ = t.statfs()
+			req.Targets = append(req.Targets, rpc.TargetUsage{ID: t.id.Load(), TotalBytes: t.totalBytes.Load(), FreeBytes: t.freeBytes.Load()})
+		}
+		cctx, cancel := context.WithTimeout(ctx, max(s.cfg.HeartbeatInterval, time.Second))
+		err := cl.Call(cctx, rpc.MServerHeartbeat, req, &rpc.Empty{})
+		cancel()
+		switch {
+		case err == nil:
+			if failing {
+				s.log.Info("heartbeats to metadata service resumed", "meta", s.cfg.MetaAddr)
+			}
+			failing = false
+		case errors.Is(err, syscall.ESTALE):
+			s.log.Warn("metadata service does not know this server; registering again", "meta", s.cfg.MetaAddr, "server", req.ServerID)
+			return
+		default:
+			if !failing {
+				s.log.Warn("heartbeat to metadata service failed", "meta", s.cfg.MetaAddr, "err", err)
+			}
+			failing = true
+		}
+	}
+}
+
+func absPath(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}

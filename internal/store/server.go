@@ -1,0 +1,492 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// Server is a running storage server: its targets, the data-path rpc
+// server, and (with a metadata address) the registration loop.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	targets []*target // in Config.Targets order
+	byID    atomic.Pointer[map[uint32]*target]
+	cache   *chunkCache
+	m       *metrics
+
+	rpc     *rpc.Server
+	ln      net.Listener
+	addr    string // advertised
+	metrics *http.Server
+	metLn   net.Listener
+
+	stop      chan struct{} // closed by Close
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+
+	// registered is closed after the first successful registration.
+	registered chan struct{}
+	regOnce    sync.Once
+	serverID   atomic.Uint32
+}
+
+// Open formats (on first use) and opens the targets, starts serving on
+// cfg.ListenAddr and, when cfg.MetaAddr is set, registers with the metadata
+// service in the background. Open waits at most registerWait for the first
+// registration; if the metadata service is down it returns anyway and
+// keeps trying.
+func Open(cfg Config) (*Server, error) {
+	cfg.applyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("store config: %w", err)
+	}
+	s := &Server{
+		cfg:        cfg,
+		log:        slog.Default().With("pkg", "store"),
+		m:          newMetrics(),
+		stop:       make(chan struct{}),
+		registered: make(chan struct{}),
+	}
+	s.cache = newChunkCache(s, cfg.MaxOpenChunks)
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeTargets()
+		}
+	}()
+	uuids := map[string]string{}
+	for _, dir := range cfg.Targets {
+		t, err := openTarget(dir, cfg.ReserveBytes)
+		if err != nil {
+			return nil, err
+		}
+		s.targets = append(s.targets, t)
+		if prev, dup := uuids[t.uuid]; dup {
+			return nil, fmt.Errorf("targets %s and %s are the same target (uuid %s)", prev, dir, t.uuid)
+		}
+		uuids[t.uuid] = dir
+		t.m = s.m.forTarget(dir)
+		_ = t.statfs() // publish the gauges
+	}
+	ids := map[uint32]*target{}
+	for i, t := range s.targets {
+		if cfg.MetaAddr == "" {
+			t.id.Store(uint32(i + 1))
+		}
+		if id := t.id.Load(); id != 0 {
+			ids[id] = t
+		}
+	}
+	s.byID.Store(&ids)
+
+	s.rpc = rpc.NewServer(cfg.ClusterKey)
+	s.rpc.Observe = s.m.observe
+	s.register()
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("store: listen on %s: %w", cfg.ListenAddr, err)
+	}
+	s.ln = ln
+	s.addr = advertiseAddr(cfg.AdvertiseAddr, ln.Addr().String())
+	if cfg.MetricsAddr != "" {
+		hs, mln, err := s.m.serve(cfg.MetricsAddr, s.log)
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("store: metrics listen on %s: %w", cfg.MetricsAddr, err)
+		}
+		s.metrics, s.metLn = hs, mln
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.rpc.Serve(ln); err != nil {
+			s.log.Error("data path stopped serving", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	ok = true
+	paths := make([]string, len(s.targets))
+	for i, t := range s.targets {
+		paths[i] = t.path
+	}
+	s.log.Info("storage server serving", "listen", ln.Addr().String(), "advertise", s.addr, "targets", paths, "meta", cfg.MetaAddr)
+	if cfg.MetaAddr != "" {
+		s.wg.Add(1)
+		go s.registrationLoop()
+		select {
+		case <-s.registered:
+		case <-time.After(registerWait):
+			s.log.Warn("metadata service not reachable yet; serving known targets and registering in the background", "meta", cfg.MetaAddr)
+		}
+	}
+	return s, nil
+}
+
+// registerWait bounds how long Open waits for the first registration.
+const registerWait = 2 * time.Second
+
+// advertiseAddr picks the address clients dial.
+func advertiseAddr(configured, listened string) string {
+	if configured != "" {
+		return configured
+	}
+	host, port, err := net.SplitHostPort(listened)
+	if err != nil {
+		return listened
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil {
+			return net.JoinHostPort(h, port)
+		}
+	}
+	return listened
+}
+
+// Addr is the address clients dial (the advertised address).
+func (s *Server) Addr() string { return s.addr }
+
+// MetricsAddr is the address of the /metrics endpoint ("" without one).
+func (s *Server) MetricsAddr() string {
+	if s.metLn == nil {
+		return ""
+	}
+	return s.metLn.Addr().String()
+}
+
+// TargetIDs returns the ids of the targets this server serves, in
+// configuration order: 1..n standalone; with a metadata service the ids it
+// assigned (from the last registration, or remembered from the previous
+// run until then). Targets without an id yet are left out.
+func (s *Server) TargetIDs() []uint32 {
+	var out []uint32
+	for _, t := range s.targets {
+		if id := t.id.Load(); id != 0 {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// TargetUUIDs returns the targets' identities, in configuration order.
+func (s *Server) TargetUUIDs() []string {
+	out := make([]string, len(s.targets))
+	for i, t := range s.targets {
+		out[i] = t.uuid
+	}
+	return out
+}
+
+// WaitRegistered waits until the server has registered with the metadata
+// service at least once.
+func (s *Server) WaitRegistered(ctx context.Context) error {
+	select {
+	case <-s.registered:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.stop:
+		return errors.New("store: server closed")
+	}
+}
+
+// Close stops serving, makes every chunk written since its last sync
+// durable and marks it clean, and releases the targets. Safe to call twice.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.close(true) })
+	return s.closeErr
+}
+
+func (s *Server) close(syncAll bool) error {
+	close(s.stop)
+	s.rpc.Close() // waits for handlers in flight
+	if s.metrics != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = s.metrics.Shutdown(ctx)
+		cancel()
+	}
+	s.wg.Wait()
+	var errs []error
+	for _, c := range s.cache.drain() {
+		if syncAll {
+			if err := c.sync(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		c.closeFiles()
+	}
+	if syncAll {
+		// Chunks closed dirty earlier: reopen, sync, mark clean.
+		for _, t := range s.targets {
+			for _, ino := range t.oursList() {
+				c, err := s.cache.get(t, ino, false)
+				if err != nil {
+					if !errors.Is(err, errNotExist) {
+						errs = append(errs, err)
+					}
+					continue
+				}
+				if err := c.sync(); err != nil {
+					errs = append(errs, err)
+				}
+				s.cache.forget(c)
+				s.cache.release(c)
+			}
+		}
+	}
+	s.closeTargets()
+	if err := errors.Join(errs...); err != nil {
+		s.log.Error("storage server closed with errors", "err", err)
+		return err
+	}
+	s.log.Info("storage server closed", "addr", s.addr)
+	return nil
+}
+
+func (s *Server) closeTargets() {
+	for _, t := range s.targets {
+		t.close()
+	}
+}
+
+// register installs the rpc handlers.
+func (s *Server) register() {
+	rpc.Handle(s.rpc, rpc.SWrite, s.handleWrite)
+	rpc.Handle(s.rpc, rpc.SRead, s.handleRead)
+	rpc.Handle(s.rpc, rpc.STruncate, s.handleTruncate)
+	rpc.Handle(s.rpc, rpc.SPunch, s.handlePunch)
+	rpc.Handle(s.rpc, rpc.SSync, s.handleSync)
+	rpc.Handle(s.rpc, rpc.SRemove, s.handleRemove)
+	rpc.Handle(s.rpc, rpc.SChunkStat, s.handleChunkStat)
+}
+
+// target resolves a target id.
+func (s *Server) target(id uint32, ino uint64) (*target, error) {
+	if t := (*s.byID.Load())[id]; t != nil {
+		return t, nil
+	}
+	return nil, rpc.Errorf(syscall.ENOENT, "target %d chunk %x: target %d is not served by storage server %s (known: %v)",
+		id, ino, id, s.addr, s.TargetIDs())
+}
+
+// checkRange rejects offsets and lengths outside [0, maxChunkBytes].
+func checkRange(t *target, ino uint64, off, n uint64, what string) error {
+	if off > maxChunkBytes || n > maxChunkBytes || off+n > maxChunkBytes {
+		return rpc.Errorf(syscall.EINVAL, "target %s chunk %x: %s at offset %d length %d beyond the chunk limit of %d bytes",
+			t.path, ino, what, off, n, uint64(maxChunkBytes))
+	}
+	return nil
+}
+
+// maxRetries bounds the lookups of a chunk that is removed concurrently.
+const maxRetries = 3
+
+func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.Empty, error) {
+	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkRange(t, r.Chunk.Ino, r.Off, uint64(len(r.Data)), "write"); err != nil {
+		return nil, err
+	}
+	if len(r.Data) > 0 {
+		if err := t.checkSpace(len(r.Data), r.Chunk.Ino); err != nil {
+			return nil, err
+		}
+	}
+	for i := 0; ; i++ {
+		c, err := s.cache.get(t, r.Chunk.Ino, true)
+		if err != nil {
+			return nil, err
+		}
+		err = c.write(s, int64(r.Off), r.Data)
+		if err == nil && r.Sync {
+			err = c.sync()
+		}
+		s.cache.release(c)
+		if errors.Is(err, errRemoved) && i < maxRetries {
+			continue
+		}
+		if err != nil {
+			return nil, s.failed(err)
+		}
+		t.m.writeOps.Inc()
+		t.m.writeBytes.Add(float64(len(r.Data)))
+		return &rpc.Empty{}, nil
+	}
+}
+
+func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, error) {
+	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if r.Len > maxIOBytes {
+		return nil, rpc.Errorf(syscall.EINVAL, "target %s chunk %x: read of %d bytes exceeds the limit of %d", t.path, r.Chunk.Ino, r.Len, maxIOBytes)
+	}
+	if err := checkRange(t, r.Chunk.Ino, r.Off, uint64(r.Len), "read"); err != nil {
+		return nil, err
+	}
+	c, err := s.cache.get(t, r.Chunk.Ino, false)
+	if errors.Is(err, errNotExist) {
+		t.m.readOps.Inc()
+		return &readResp{}, nil // an absent chunk has length 0
+	}
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	resp, err := c.read(s, int64(r.Off), int(r.Len))
+	s.cache.release(c)
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	t.m.readOps.Inc()
+	t.m.readBytes.Add(float64(len(resp.Data)))
+	return resp, nil
+}
+
+func (s *Server) handleTruncate(ctx context.Context, r *rpc.TruncateReq) (*rpc.Empty, error) {
+	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkRange(t, r.Chunk.Ino, r.Size, 0, "truncate"); err != nil {
+		return nil, err
+	}
+	for i := 0; ; i++ {
+		c, err := s.cache.get(t, r.Chunk.Ino, r.Size > 0)
+		if errors.Is(err, errNotExist) {
+			return &rpc.Empty{}, nil // size 0 of an absent chunk: nothing to do
+		}
+		if err != nil {
+			return nil, s.failed(err)
+		}
+		err = c.truncate(s, int64(r.Size))
+		s.cache.release(c)
+		if errors.Is(err, errRemoved) && i < maxRetries {
+			continue
+		}
+		if err != nil {
+			return nil, s.failed(err)
+		}
+		return &rpc.Empty{}, nil
+	}
+}
+
+func (s *Server) handlePunch(ctx context.Context, r *rpc.PunchReq) (*rpc.Empty, error) {
+	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkRange(t, r.Chunk.Ino, r.Off, r.Len, "punch"); err != nil {
+		return nil, err
+	}
+	if r.Len == 0 {
+		return &rpc.Empty{}, nil
+	}
+	c, err := s.cache.get(t, r.Chunk.Ino, false)
+	if errors.Is(err, errNotExist) {
+		return &rpc.Empty{}, nil // reads as zeros already
+	}
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	err = c.punch(s, int64(r.Off), int64(r.Len))
+	s.cache.release(c)
+	if err != nil && !errors.Is(err, errRemoved) {
+		return nil, s.failed(err)
+	}
+	return &rpc.Empty{}, nil
+}
+
+func (s *Server) handleSync(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, error) {
+	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
+	if err != nil {
+		return nil, err
+	}
+	// A chunk that is not open may still be dirty: closed by eviction, or
+	// left by a process that was killed (whose writes may sit unsynced in
+	// the page cache). Opening it recovers it (which syncs) or finds it
+	// clean; a clean chunk on disk is durable by the flag's invariant.
+	c, err := s.cache.get(t, r.Chunk.Ino, false)
+	if errors.Is(err, errNotExist) {
+		return &rpc.Empty{}, nil
+	}
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	err = c.sync()
+	s.cache.release(c)
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	return &rpc.Empty{}, nil
+}
+
+func (s *Server) handleRemove(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, error) {
+	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if c := s.cache.lookup(t, r.Chunk.Ino); c != nil {
+		s.cache.forget(c)
+		err = c.remove()
+		s.cache.release(c)
+	} else {
+		err = removeChunkFiles(t, r.Chunk.Ino)
+	}
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	return &rpc.Empty{}, nil
+}
+
+func (s *Server) handleChunkStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.ChunkStatResp, error) {
+	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.cache.get(t, r.Chunk.Ino, false)
+	if errors.Is(err, errNotExist) {
+		return &rpc.ChunkStatResp{}, nil
+	}
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	size := c.size.Load()
+	s.cache.release(c)
+	return &rpc.ChunkStatResp{Size: uint64(size), Exists: true}, nil
+}
+
+// failed logs disk-level failures (not the routine ENOSPC) before they are
+// answered, so an operator sees which target misbehaves.
+func (s *Server) failed(err error) error {
+	switch rpc.ErrnoOf(err) {
+	case syscall.ENOSPC, syscall.EINVAL, syscall.ENOENT:
+	default:
+		var re *rpc.Error
+		if !errors.As(err, &re) || re.Errno != syscall.EIO || !isChecksumErr(re) {
+			s.log.Error("storage request failed", "err", err)
+		}
+	}
+	if errors.Is(err, errRemoved) {
+		return rpc.Errorf(syscall.EAGAIN, "chunk removed concurrently: %v", err)
+	}
+	return err
+}
+
+// isChecksumErr tells checksum mismatches (already logged in detail) from
+// other EIO.
+func isChecksumErr(e *rpc.Error) bool { return strings.Contains(e.Msg, "checksum mismatch") }
