@@ -26,9 +26,9 @@ type ClientConfig struct {
 // connections. Broken connections are redialled on the next call. Safe for
 // concurrent use.
 type Client struct {
-	addr  string
-	cfg   ClientConfig
-	next  atomic.Uint32
+	addr   string
+	cfg    ClientConfig
+	next   atomic.Uint32
 	conns  []*clientConn // fixed length; entries replaced under mu
 	dialMu []sync.Mutex  // one per slot: a single dial per broken slot
 	mu     sync.Mutex
@@ -246,7 +246,11 @@ func (cc *clientConn) call(ctx context.Context, deadline time.Time, m Method, re
 		cc.mu.Unlock()
 		return fmt.Errorf("%w: connection to %s lost: %v", ErrUnavailable, cc.nc.RemoteAddr(), cerr)
 	}
-	// The response body is not returned to the pool: resp may alias it.
+	// The body goes back to the pool only if resp copied out of it;
+	// otherwise resp may alias it and the garbage collector frees it.
+	if c, ok := resp.(interface{ copiesOut() bool }); ok && c.copiesOut() {
+		defer putBuf(f.buf)
+	}
 	d := NewDec(f.body)
 	errno := syscall.Errno(d.U64())
 	text := d.String()

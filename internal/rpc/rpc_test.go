@@ -50,12 +50,18 @@ func TestCallRoundTripAndPipelining(t *testing.T) {
 			defer wg.Done()
 			data := bytes.Repeat([]byte{byte(i)}, 1<<20+i)
 			var resp ReadResp
+			if i%2 == 0 {
+				resp.Into = make([]byte, len(data)+10) // copy-out path
+			}
 			if err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 7}, Off: uint64(i), Data: data}, &resp); err != nil {
 				errs <- err
 				return
 			}
 			if !bytes.Equal(resp.Data, data) {
 				errs <- errors.New("echo mismatch")
+			}
+			if resp.Into != nil && &resp.Data[0] != &resp.Into[0] {
+				errs <- errors.New("Data does not alias Into")
 			}
 		}(i)
 	}
@@ -67,6 +73,17 @@ func TestCallRoundTripAndPipelining(t *testing.T) {
 	var ar AttrResp
 	if err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 9}, &ar); err != nil || ar.Attr.Ino != 9 || ar.Attr.Layout.Targets[1] != 2 {
 		t.Fatalf("getattr: %v %+v", err, ar)
+	}
+}
+
+func TestReadIntoTooSmall(t *testing.T) {
+	_, addr := startServer(t, nil)
+	c := NewClient(addr, ClientConfig{})
+	defer c.Close()
+	resp := ReadResp{Into: make([]byte, 3)}
+	err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 7}, Data: []byte("too long")}, &resp)
+	if !errors.Is(err, ErrMalformed) {
+		t.Fatalf("want ErrMalformed, got %v", err)
 	}
 }
 

@@ -1,5 +1,7 @@
 package rpc
 
+import "fmt"
+
 // Storage-server methods (data path). Numbered from 100 so that a frame sent
 // to the wrong service fails with ENOSYS, never as another method.
 const (
@@ -52,10 +54,31 @@ type ReadReq struct {
 func (m *ReadReq) Encode(e *Enc) { m.Chunk.Encode(e); e.U64(m.Off); e.U32(m.Len) }
 func (m *ReadReq) Decode(d *Dec) { m.Chunk.Decode(d); m.Off = d.U64(); m.Len = d.U32() }
 
-type ReadResp struct{ Data []byte }
+// ReadResp carries the bytes read. A caller that sets Into before the call
+// gets the bytes copied into it (Data then aliases Into) and lets the
+// transport recycle the frame buffer at once; without Into, Data aliases the
+// received frame. Into must be at least ReadReq.Len long.
+type ReadResp struct {
+	Data []byte
+	Into []byte // optional destination, not sent on the wire
+}
 
 func (m *ReadResp) Encode(e *Enc) { e.Bytes(m.Data) }
-func (m *ReadResp) Decode(d *Dec) { m.Data = d.Bytes() }
+func (m *ReadResp) Decode(d *Dec) {
+	b := d.Bytes()
+	if m.Into == nil {
+		m.Data = b
+		return
+	}
+	if len(b) > len(m.Into) {
+		d.Fail(fmt.Errorf("%w: read answer of %d bytes exceeds the %d-byte destination", ErrMalformed, len(b), len(m.Into)))
+		return
+	}
+	m.Data = m.Into[:copy(m.Into, b)]
+}
+
+// copiesOut reports that Decode copied the body out of the frame.
+func (m *ReadResp) copiesOut() bool { return m.Into != nil }
 
 // TruncateReq sets the chunk file's length (answers Empty). A missing chunk
 // is created when Size > 0.

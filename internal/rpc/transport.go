@@ -167,20 +167,27 @@ func readFrame(r *bufio.Reader) (*frame, error) {
 	return f, nil
 }
 
-// Buffer pool for frame bodies: size classes of powers of two from 64 KiB.
-// Small bodies are left to the allocator.
-const poolMinBytes = 64 << 10
+// Buffer pool for frame bodies: size classes of powers of two from 64 KiB,
+// each with poolSlackBytes of headroom so that a 1 MiB payload plus its
+// few bytes of header fits the 1 MiB class. Small bodies are left to the
+// allocator.
+const (
+	poolMinBytes   = 64 << 10
+	poolSlackBytes = 4 << 10
+)
 
 var bufPools [12]sync.Pool // 64 KiB .. 128 MiB
 
 func poolClass(n int) int {
-	c, size := 0, poolMinBytes
+	c, size := 0, poolMinBytes+poolSlackBytes
 	for size < n {
-		size <<= 1
+		size = (size-poolSlackBytes)<<1 + poolSlackBytes
 		c++
 	}
 	return c
 }
+
+func classBytes(c int) int { return poolMinBytes<<c + poolSlackBytes }
 
 func getBuf(n int) []byte {
 	if n < poolMinBytes {
@@ -193,7 +200,7 @@ func getBuf(n int) []byte {
 	if b, ok := bufPools[c].Get().(*[]byte); ok {
 		return (*b)[:n]
 	}
-	return make([]byte, n, poolMinBytes<<c)
+	return make([]byte, n, classBytes(c))
 }
 
 func putBuf(b []byte) {
@@ -201,7 +208,7 @@ func putBuf(b []byte) {
 		return
 	}
 	c := poolClass(cap(b))
-	if c >= len(bufPools) || poolMinBytes<<c != cap(b) {
+	if c >= len(bufPools) || classBytes(c) != cap(b) {
 		return
 	}
 	b = b[:cap(b)]
