@@ -38,7 +38,10 @@ type fioStats struct {
 // runFio runs one fio job group in dir and returns its aggregate stats.
 func runFio(ctx context.Context, dir string, args ...string) (fioStats, error) {
 	base := []string{"--directory=" + dir, "--numjobs=" + strconv.Itoa(FioJobs), "--group_reporting",
-		"--output-format=json", "--ioengine=psync"}
+		"--output-format=json", "--ioengine=psync",
+		// The harness writes into fresh files without preallocating them,
+		// as IOzone does; fio's default (fallocate=native) would not.
+		"--fallocate=none"}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "fio", append(base, args...)...)

@@ -29,19 +29,19 @@ type Report struct {
 
 // Result is one data point: one phase of one workload at one sweep point.
 type Result struct {
-	System   string  `json:"system"` // label of the file system or run, e.g. "local", "glusterfs"
-	Path     string  `json:"path,omitempty"`
-	FSType   string  `json:"fstype,omitempty"`
-	Workload string  `json:"workload"` // seq, random, shared, meta
-	Phase    string  `json:"phase"`    // write, read, create, stat, remove
-	Threads  int     `json:"threads"`  // total threads over all clients
-	Clients  int     `json:"clients"`  // client processes
-	Value    float64 `json:"value"`    // median over repeats
-	Unit     string  `json:"unit"`
-	Verified bool    `json:"verified"` // every byte read back matched (reads), or the data was read back in a later phase (writes)
-	Bytes    int64   `json:"bytes,omitempty"`
-	Ops      int64   `json:"ops,omitempty"`
-	Seconds  float64 `json:"seconds"` // of the median sample
+	System   string    `json:"system"` // label of the file system or run, e.g. "local", "glusterfs"
+	Path     string    `json:"path,omitempty"`
+	FSType   string    `json:"fstype,omitempty"`
+	Workload string    `json:"workload"` // seq, random, shared, meta
+	Phase    string    `json:"phase"`    // write, read, create, stat, remove
+	Threads  int       `json:"threads"`  // total threads over all clients
+	Clients  int       `json:"clients"`  // client processes
+	Value    float64   `json:"value"`    // median over repeats
+	Unit     string    `json:"unit"`
+	Verified bool      `json:"verified"` // every byte read back matched (reads), or the data was read back in a later phase (writes)
+	Bytes    int64     `json:"bytes,omitempty"`
+	Ops      int64     `json:"ops,omitempty"`
+	Seconds  float64   `json:"seconds"` // of the median sample
 	Samples  []float64 `json:"samples,omitempty"`
 	// RecordBytes is the I/O size (1 MiB for seq, 4 KiB random, transfer size shared).
 	RecordBytes int64 `json:"record_bytes,omitempty"`
@@ -217,8 +217,8 @@ func (l *Limit) limitFor(workload, phase string) float64 {
 	return 0
 }
 
-// applyEfficiency fills Result.Efficiency from the report's limit.
-func (r *Report) applyEfficiency() {
+// ApplyEfficiency fills Result.Efficiency from the report's limit.
+func (r *Report) ApplyEfficiency() {
 	for i := range r.Results {
 		res := &r.Results[i]
 		res.Efficiency = Efficiency(res.Value, r.Limit.limitFor(res.Workload, res.Phase))

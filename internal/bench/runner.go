@@ -100,13 +100,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if err != nil {
 			rep.Notes = r.notes
 			rep.Machine.CachesDropped = r.dropped
-			rep.applyEfficiency()
+			rep.ApplyEfficiency()
 			return rep, err
 		}
 	}
 	rep.Notes = r.notes
 	rep.Machine.CachesDropped = r.dropped
-	rep.applyEfficiency()
+	rep.ApplyEfficiency()
 	return rep, nil
 }
 
@@ -279,7 +279,7 @@ func (r *Runner) results(name string, phases []string, samples [][]sample, threa
 			// any result is returned for the point).
 			Verified: true,
 			Bytes:    best.bytes, Ops: best.ops, Seconds: best.seconds,
-			Samples:  vals, RecordBytes: rec, Notes: best.notes,
+			Samples: vals, RecordBytes: rec, Notes: best.notes,
 		}
 		if name == "random" {
 			od := best.odirect
@@ -354,7 +354,7 @@ func (r *Runner) phaseThreads(ctx context.Context, t task, split [][]int, unit, 
 		cmd    *exec.Cmd
 		stdin  *os.File
 		lines  chan string
-		stderr bytes.Buffer
+		stderr lockedBuffer
 		done   int64 // last progress, bytes or ops
 	}
 	ws := make([]*worker, len(split))
@@ -527,9 +527,36 @@ func (r *Runner) phaseThreads(ctx context.Context, t task, split [][]int, unit, 
 func (r *Runner) failure(err error, res *workerResult) error {
 	if res != nil && res.Corrupt {
 		r.prog.note("VERIFICATION FAILED on %s: %v", r.cfg.System, err)
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return corruptError{err}
 	}
 	return err
+}
+
+// corruptError is a worker's verification failure (its text already says
+// so), recognised by errors.Is(err, ErrCorrupt).
+type corruptError struct{ error }
+
+func (corruptError) Is(target error) bool { return target == ErrCorrupt }
+
+// lockedBuffer collects a worker's stderr while it runs.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf.Len() > 64<<10 {
+		return len(p), nil // keep the beginning; bounded memory
+	}
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // dropCaches writes back dirty data and drops the page cache (root only),

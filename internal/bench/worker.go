@@ -33,19 +33,19 @@ import (
 
 // task is one phase for one client process.
 type task struct {
-	Workload     string        `json:"workload"`
-	Phase        string        `json:"phase"` // write, read, layout, create, stat, remove
-	Dir          string        `json:"dir"`
-	Threads      []int         `json:"threads"` // global thread indices run by this client
-	TotalThreads int           `json:"total_threads"`
-	RecordBytes  int64         `json:"record_bytes"`
-	FileBytes    int64         `json:"file_bytes"` // per thread: seq file, random file, shared block
-	Runtime      time.Duration `json:"runtime"`
-	ODirect      bool          `json:"odirect"`
-	FilesPerDir  int           `json:"files_per_dir"`
-	DirsPerThread int          `json:"dirs_per_thread"`
-	MetaSync     bool          `json:"meta_sync"`
-	Seed         uint64        `json:"seed"`
+	Workload      string        `json:"workload"`
+	Phase         string        `json:"phase"` // write, read, layout, create, stat, remove
+	Dir           string        `json:"dir"`
+	Threads       []int         `json:"threads"` // global thread indices run by this client
+	TotalThreads  int           `json:"total_threads"`
+	RecordBytes   int64         `json:"record_bytes"`
+	FileBytes     int64         `json:"file_bytes"` // per thread: seq file, random file, shared block
+	Runtime       time.Duration `json:"runtime"`
+	ODirect       bool          `json:"odirect"`
+	FilesPerDir   int           `json:"files_per_dir"`
+	DirsPerThread int           `json:"dirs_per_thread"`
+	MetaSync      bool          `json:"meta_sync"`
+	Seed          uint64        `json:"seed"`
 }
 
 type threadResult struct {
@@ -232,6 +232,7 @@ func prepareStream(name string, id uint64, off, n, rec int64, write bool, flags 
 	}
 	buf := alignedBuf(int(rec))
 	fd := int(f.Fd())
+	pat := newPattern(id)
 	fn := func(tr *threadResult, c *counters) error {
 		for pos := off; pos < off+n; {
 			l := rec
@@ -240,7 +241,7 @@ func prepareStream(name string, id uint64, off, n, rec int64, write bool, flags 
 			}
 			b := buf[:l]
 			if write {
-				fillPattern(b, id, pos)
+				pat.fill(b, pos)
 				if err := pwriteFull(fd, b, pos); err != nil {
 					return fmt.Errorf("write %s at %d: %w", name, pos, err)
 				}
@@ -248,7 +249,7 @@ func prepareStream(name string, id uint64, off, n, rec int64, write bool, flags 
 				if err := preadFull(fd, b, pos); err != nil {
 					return fmt.Errorf("read %s at %d: %w", name, pos, err)
 				}
-				if err := checkPattern(b, id, pos, name); err != nil {
+				if err := pat.check(b, pos, name); err != nil {
 					return err
 				}
 			}
@@ -310,6 +311,7 @@ func prepareRandom(t *task, th int, res *workerResult) (threadFunc, func(), erro
 	}
 	buf := alignedBuf(int(rec))
 	rng := rand.New(rand.NewPCG(t.Seed, uint64(th)+1))
+	pat := newPattern(id)
 	fn := func(tr *threadResult, c *counters) error {
 		deadline := time.Now().Add(t.Runtime)
 		for i := 0; ; i++ {
@@ -318,7 +320,7 @@ func prepareRandom(t *task, th int, res *workerResult) (threadFunc, func(), erro
 			}
 			pos := rng.Int64N(blocks) * rec
 			if write {
-				fillPattern(buf, id, pos)
+				pat.fill(buf, pos)
 				if err := pwriteFull(fd, buf, pos); err != nil {
 					return fmt.Errorf("write %s at %d: %w", name, pos, err)
 				}
@@ -326,7 +328,7 @@ func prepareRandom(t *task, th int, res *workerResult) (threadFunc, func(), erro
 				if err := preadFull(fd, buf, pos); err != nil {
 					return fmt.Errorf("read %s at %d: %w", name, pos, err)
 				}
-				if err := checkPattern(buf, id, pos, name); err != nil {
+				if err := pat.check(buf, pos, name); err != nil {
 					return err
 				}
 			}

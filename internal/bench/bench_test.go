@@ -1,0 +1,324 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseSweep(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []int
+		bad  bool
+	}{
+		{in: "1,2,4", want: []int{1, 2, 4}},
+		{in: "4,1,2,2", want: []int{1, 2, 4}},
+		{in: "1-16", want: []int{1, 2, 4, 8, 16}},
+		{in: "1-6", want: []int{1, 2, 4, 6}},
+		{in: "3", want: []int{3}},
+		{in: " 1, 8 ", want: []int{1, 8}},
+		{in: "", bad: true},
+		{in: "0", bad: true},
+		{in: "-2", bad: true},
+		{in: "8-2", bad: true},
+		{in: "a", bad: true},
+	} {
+		got, err := ParseSweep(tc.in)
+		if tc.bad {
+			if err == nil {
+				t.Errorf("ParseSweep(%q) = %v, want error", tc.in, got)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("ParseSweep(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"4G": 4 << 30, "512M": 512 << 20, "64k": 64 << 10, "1MiB": 1 << 20, "1048576": 1 << 20, "2GB": 2 << 30} {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "x", "-1M", "1.5G"} {
+		if _, err := ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) succeeded", in)
+		}
+	}
+}
+
+func TestRateArithmetic(t *testing.T) {
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	if got := MiBps(3<<30, 2); !near(got, 1536) {
+		t.Errorf("MiBps(3 GiB, 2 s) = %v, want 1536", got)
+	}
+	if got := MiBps(1<<20, 0); got != 0 {
+		t.Errorf("MiBps over 0 s = %v, want 0", got)
+	}
+	if got := OpsPerSecond(50000, 2.5); !near(got, 20000) {
+		t.Errorf("OpsPerSecond = %v, want 20000", got)
+	}
+	for _, tc := range []struct {
+		xs   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := Median(tc.xs); !near(got, tc.want) {
+			t.Errorf("Median(%v) = %v, want %v", tc.xs, got, tc.want)
+		}
+	}
+	if got := Efficiency(686, 1372); !near(got, 0.5) {
+		t.Errorf("Efficiency = %v, want 0.5", got)
+	}
+	if got := Efficiency(686, 0); got != 0 {
+		t.Errorf("Efficiency without a limit = %v, want 0", got)
+	}
+	// The sample arithmetic the runner uses: the span from the earliest
+	// start to the latest end.
+	s := sample{bytes: 512 << 20, ops: 512, seconds: 0.5}
+	if got := s.value(UnitMiBps); !near(got, 1024) {
+		t.Errorf("sample MiB/s = %v, want 1024", got)
+	}
+	if got := s.value(UnitIOPS); !near(got, 1024) {
+		t.Errorf("sample IOPS = %v, want 1024", got)
+	}
+	lim := &Limit{SeqWriteMiBps: 1000, SeqReadMiBps: 2000, RandWriteIOPS: 100, RandReadIOPS: 400}
+	rep := &Report{Limit: lim, Results: []Result{
+		{Workload: "seq", Phase: "write", Value: 500},
+		{Workload: "shared", Phase: "read", Value: 1000},
+		{Workload: "random", Phase: "read", Value: 100},
+		{Workload: "meta", Phase: "create", Value: 100},
+	}}
+	rep.ApplyEfficiency()
+	for i, want := range []float64{0.5, 0.5, 0.25, 0} {
+		if !near(rep.Results[i].Efficiency, want) {
+			t.Errorf("result %d efficiency %v, want %v", i, rep.Results[i].Efficiency, want)
+		}
+	}
+}
+
+func TestPattern(t *testing.T) {
+	buf := make([]byte, 10000)
+	fillPattern(buf, 9, 12345)
+	if err := checkPattern(buf, 9, 12345, "f"); err != nil {
+		t.Fatal(err)
+	}
+	// Pieces at odd offsets agree with the whole.
+	part := make([]byte, 333)
+	fillPattern(part, 9, 12345+101)
+	if !bytes.Equal(part, buf[101:434]) {
+		t.Fatal("pattern depends on how the range is cut")
+	}
+	if err := checkPattern(buf, 10, 12345, "f"); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("other file's pattern accepted: %v", err)
+	}
+	if err := checkPattern(buf, 9, 12345+8, "f"); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("shifted pattern accepted: %v", err)
+	}
+	buf[4321] ^= 0x10
+	err := checkPattern(buf, 9, 12345, "f")
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "offset 16666") {
+		t.Fatalf("flipped bit: %v, want corruption at offset 16666", err)
+	}
+}
+
+func TestQuickRunWritesEverything(t *testing.T) {
+	dir := t.TempDir()
+	c := testConfig(t, dir)
+	rep, err := Run(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, w := range []string{"seq/write", "seq/read", "random/write", "random/read", "shared/write", "shared/read", "meta/create", "meta/stat", "meta/remove"} {
+		for _, th := range []string{"1", "2"} {
+			want[w+"/"+th] = true
+		}
+	}
+	for _, r := range rep.Results {
+		k := r.Workload + "/" + r.Phase + "/" + map[int]string{1: "1", 2: "2"}[r.Threads]
+		delete(want, k)
+		if !(r.Value > 0) || !r.Verified || r.Seconds <= 0 || r.Clients != 1 || r.System != "tmp" {
+			t.Errorf("insane result %+v", r)
+		}
+		if r.Workload != "meta" && r.Bytes <= 0 {
+			t.Errorf("no bytes in %+v", r)
+		}
+		if r.Workload == "seq" && r.Bytes != c.SeqBytes {
+			t.Errorf("seq moved %d bytes, want %d", r.Bytes, c.SeqBytes)
+		}
+		if r.Workload == "meta" && r.Ops != int64(r.Threads*c.FilesPerDir*c.DirsPerThread) {
+			t.Errorf("meta did %d ops at %d threads", r.Ops, r.Threads)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("missing results: %v", want)
+	}
+	if rep.Machine.Cores < 1 || rep.Machine.Kernel == "" || rep.Machine.FSType == "" || rep.Machine.GoVersion == "" || rep.Machine.MemoryBytes <= 0 {
+		t.Errorf("machine facts incomplete: %+v", rep.Machine)
+	}
+	// The work directory is gone.
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("left behind: %v", ents)
+	}
+
+	out := t.TempDir()
+	jsonPath := filepath.Join(out, "out.json")
+	if err := rep.WriteJSON(jsonPath); err != nil {
+		t.Fatal(err)
+	}
+	doc := &Document{Title: "test", Runs: []NamedReport{{Name: "tmp", Report: rep}}}
+	if _, err := doc.WriteFiles(out); err != nil {
+		t.Fatal(err)
+	}
+	// The JSON contract, read the way another tool would.
+	var generic map[string]any
+	b, _ := os.ReadFile(jsonPath)
+	if err := json.Unmarshal(b, &generic); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := generic["machine"].(map[string]any); !ok {
+		t.Fatal("no machine object")
+	}
+	results, _ := generic["results"].([]any)
+	if len(results) == 0 {
+		t.Fatal("no results array")
+	}
+	for _, x := range results {
+		m := x.(map[string]any)
+		for _, f := range []string{"workload", "phase", "threads", "clients", "value", "unit", "verified"} {
+			if _, ok := m[f]; !ok {
+				t.Fatalf("result without %q: %v", f, m)
+			}
+		}
+	}
+	for _, w := range Workloads {
+		png, err := os.ReadFile(filepath.Join(out, w+".png"))
+		if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+			t.Errorf("%s.png: %v", w, err)
+		}
+		svg, err := os.ReadFile(filepath.Join(out, w+".svg"))
+		if err != nil || !bytes.Contains(svg, []byte("<svg")) {
+			t.Errorf("%s.svg: %v", w, err)
+		}
+	}
+	html, err := os.ReadFile(filepath.Join(out, "report.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(html, []byte("<svg")); n != len(Workloads) {
+		t.Errorf("report.html inlines %d SVGs, want %d", n, len(Workloads))
+	}
+	if !bytes.Contains(html, []byte("<table")) || bytes.Contains(html, []byte(`src="`)) {
+		t.Error("report.html is not a self-contained page with tables")
+	}
+}
+
+func TestCompareMergesRuns(t *testing.T) {
+	a := &Report{Limit: &Limit{SeqWriteMiBps: 1000}, Results: []Result{
+		{System: "local", Workload: "seq", Phase: "write", Threads: 1, Clients: 1, Value: 400, Unit: UnitMiBps, Verified: true},
+		{System: "local", Workload: "seq", Phase: "write", Threads: 2, Clients: 1, Value: 800, Unit: UnitMiBps, Verified: true},
+	}}
+	b := &Report{Results: []Result{
+		{System: "local", Workload: "seq", Phase: "write", Threads: 1, Clients: 1, Value: 200, Unit: UnitMiBps, Verified: true},
+		{System: "passthrough", Workload: "seq", Phase: "write", Threads: 1, Clients: 1, Value: 100, Unit: UnitMiBps, Verified: true},
+	}}
+	seeds, err := LoadSeeds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := &Document{Runs: []NamedReport{{"run-a", a}, {"run-b", b}}, Seeds: seeds, Baselines: []string{"passthrough"}}
+	rs := doc.Results()
+	if got := Systems(rs); !reflect.DeepEqual(got, []string{"local", "run-b: local", "passthrough"}) {
+		t.Fatalf("systems %v", got)
+	}
+	var cmp, peaks bytes.Buffer
+	doc.WriteComparison(&cmp)
+	if !strings.Contains(cmp.String(), "4.00") { // local ÷ passthrough at 1 thread
+		t.Errorf("comparison lacks the local/passthrough ratio:\n%s", cmp.String())
+	}
+	doc.WritePeaks(&peaks)
+	if !strings.Contains(peaks.String(), "80%") { // 800 ÷ run-a's limit 1000
+		t.Errorf("peaks lack run-a's efficiency:\n%s", peaks.String())
+	}
+	if !strings.Contains(peaks.String(), "NSS7.3-HA") {
+		t.Errorf("peaks lack the seed rows:\n%s", peaks.String())
+	}
+	out := t.TempDir()
+	if _, err := doc.WriteFiles(out); err != nil {
+		t.Fatal(err)
+	}
+	html, _ := os.ReadFile(filepath.Join(out, "report.html"))
+	for _, s := range []string{"run-b: local", "passthrough", "Lustre HSS4.5", "54,795"} {
+		if !bytes.Contains(html, []byte(s)) {
+			t.Errorf("report.html lacks %q", s)
+		}
+	}
+}
+
+func TestSeedsParse(t *testing.T) {
+	s, err := LoadSeeds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]SeedRow{}
+	for _, r := range s.Rows {
+		rows[r.System] = r
+	}
+	if len(s.Rows) != 15 {
+		t.Errorf("%d seed rows, want the 15 published ones", len(s.Rows))
+	}
+	check := func(system, key string, want float64) {
+		t.Helper()
+		r, ok := rows[system]
+		if !ok {
+			t.Fatalf("no seed row %q", system)
+		}
+		if f := r.Figures[key]; f.Value != want {
+			t.Errorf("%s %s = %v, want %v", system, key, f.Value, want)
+		}
+	}
+	check("NSS2-HA NFS+HA (2011)", "seq/write", 1275)
+	check("NSS7.3-HA (2018)", "meta/stat", 808317)
+	check("NSS7.4-HA (2019)", "random/read", 16607)
+	check("Lustre HSS4.5, 1 OSS pair, 24 OSTs (2013)", "seq/read", 6780)
+	check("Lustre HSS4.5, IOR N-to-1", "shared/read", 6400)
+	check("NFS baseline, 1 RAID card (DFC study)", "meta/create", 45000)
+	check("plain NFS, async export (2013)", "random/write", 111000)
+	for _, r := range s.Rows {
+		for k := range r.Figures {
+			ok := false
+			for _, c := range SeedColumns {
+				ok = ok || c == k
+			}
+			if !ok {
+				t.Errorf("%s: unknown column %q", r.System, k)
+			}
+		}
+	}
+}
+
+func TestValidateReportsAll(t *testing.T) {
+	c := DefaultConfig()
+	c.Workloads = []string{"seq", "bogus"}
+	c.Threads = nil
+	c.Repeat = 0
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("invalid config accepted")
+	}
+	for _, s := range []string{"no path", "bogus", "thread sweep", "repeat", "worker command"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not mention %q", err, s)
+		}
+	}
+}

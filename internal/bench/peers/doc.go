@@ -1,0 +1,25 @@
+// Package peers runs the benchmark suite side by side on the file systems a
+// user would pick instead of Strata, set up on this one machine:
+//
+//	local        a directory on the backing disk
+//	passthrough  `strata passthrough` (go-fuse loopback, data through the daemon)
+//	glusterfs    glusterd + 2 bricks (distribute volume), FUSE mount
+//	moosefs      mfsmaster + 2 mfschunkservers, mfsmount
+//	strata       `strata up` (meta + stores + FUSE mount), when the core exists
+//
+// # Isolation and cleanup
+//
+// Network daemons run in network namespaces this package creates, all named
+// with the prefix "strata-bench-" and joined by veth pairs to a bridge in a
+// hub namespace; their addresses (10.203.0.0/24) exist only inside those
+// namespaces, so no traffic leaves them. The FUSE clients enter a namespace
+// with nsenter --net (not ip netns exec, which would also give them a mount
+// namespace of their own and hide the mount from the host).
+//
+// Every daemon started here is a child process with a known PID or a
+// process inside one of these namespaces (`ip netns pids`); teardown stops
+// exactly those, unmounts everything under the work directory and deletes
+// the namespaces. Teardown runs deferred, on SIGINT/SIGTERM (the caller's
+// context), and — for leftovers of a crashed run, recognised by the same
+// names — at the start of every run. Every wait is bounded.
+package peers

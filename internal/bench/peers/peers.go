@@ -1,0 +1,216 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/stratafs/strata/internal/bench"
+)
+
+// Systems are the peers in the order they are set up and run.
+var Systems = []string{"local", "passthrough", "glusterfs", "moosefs", "strata"}
+
+// Config is one peers run.
+type Config struct {
+	// Bench is the suite template (sizes, sweep, worker command); Path and
+	// System are set per peer.
+	Bench bench.Config
+	// Dir is the work directory on the disk under test; everything the run
+	// creates lives below it.
+	Dir string
+	// Systems to include (default: all).
+	Systems []string
+	// Self is the strata binary (for passthrough and up).
+	Self string
+	// Log receives progress notes (normally os.Stderr).
+	Log io.Writer
+}
+
+// Run sets up every peer, runs the suite on each interleaved per workload,
+// tears everything down and returns one report. Teardown also runs when ctx
+// is cancelled (SIGINT/SIGTERM) or anything fails.
+func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("peers needs root (packages, namespaces, mounts, dropping caches)")
+	}
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
+	}
+	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Log, "peers: "+format+"\n", args...) }
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Systems) == 0 {
+		cfg.Systems = Systems
+	}
+	Cleanup(dir, logf)
+	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
+		return nil, err
+	}
+	e := &env{dir: dir, self: cfg.Self, logf: logf}
+	all := map[string]system{
+		"local":       &localFS{env: e},
+		"passthrough": &passthroughFS{env: e},
+		"glusterfs":   &glusterFS{env: e},
+		"moosefs":     &mooseFS{env: e},
+		"strata":      &strataFS{env: e},
+	}
+	rep = &bench.Report{Machine: bench.CurrentMachine(dir)}
+	var started []system
+	defer func() {
+		// Tear down in reverse order, whatever happened.
+		for i := len(started) - 1; i >= 0; i-- {
+			s := started[i]
+			logf("tearing down %s", s.name())
+			if terr := s.teardown(); terr != nil {
+				logf("teardown %s: %v", s.name(), terr)
+				rep.Notes = append(rep.Notes, fmt.Sprintf("teardown %s: %v", s.name(), terr))
+			}
+		}
+		Cleanup(dir, logf)
+	}()
+
+	type peer struct {
+		name   string
+		runner *bench.Runner
+	}
+	var peers []peer
+	for _, name := range cfg.Systems {
+		s, ok := all[name]
+		if !ok {
+			return rep, fmt.Errorf("unknown system %q (want %s)", name, strings.Join(Systems, ", "))
+		}
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+		logf("setting up %s", name)
+		started = append(started, s)
+		sctx, cancel := context.WithTimeout(ctx, 15*time.Minute) // includes apt-get
+		path, err := s.setup(sctx)
+		cancel()
+		if err != nil {
+			var skip errSkip
+			if errors.As(err, &skip) {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("%s skipped: %v", name, err))
+			} else {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("%s FAILED to set up: %v", name, err))
+			}
+			logf("%s not available: %v", name, err)
+			if terr := s.teardown(); terr != nil {
+				logf("teardown %s: %v", name, terr)
+			}
+			started = started[:len(started)-1]
+			continue
+		}
+		bc := cfg.Bench
+		bc.Path, bc.System, bc.Fio = path, name, false
+		r, err := bench.NewRunner(bc)
+		if err != nil {
+			return rep, err
+		}
+		defer r.Close()
+		peers = append(peers, peer{name, r})
+		logf("%s ready at %s (%s)", name, path, bench.FSType(path))
+	}
+	if len(peers) == 0 {
+		return rep, errors.New("no system could be set up")
+	}
+
+	// The physical limit of the disk under all of them.
+	if cfg.Bench.Fio {
+		lim, err := bench.MeasureLimit(ctx, filepath.Join(dir, "local"), cfg.Bench.FioBytes, cfg.Bench.FioRuntime, nil)
+		if err != nil {
+			rep.Notes = append(rep.Notes, "no fio limit: "+err.Error())
+		} else {
+			rep.Limit = lim
+			logf("fio limit: seq write %.0f MiB/s, seq read %.0f MiB/s, rand write %.0f IOPS, rand read %.0f IOPS",
+				lim.SeqWriteMiBps, lim.SeqReadMiBps, lim.RandWriteIOPS, lim.RandReadIOPS)
+		}
+	}
+
+	// Interleaved: each workload on every system before the next workload,
+	// so that drift of the machine over time hits all systems alike.
+	failed := map[string]bool{}
+	var corrupt []string
+	for _, w := range cfg.Bench.Workloads {
+		for _, p := range peers {
+			if failed[p.name] {
+				continue
+			}
+			res, err := p.runner.Workload(ctx, w)
+			rep.Results = append(rep.Results, res...)
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
+			if err != nil {
+				failed[p.name] = true
+				if errors.Is(err, bench.ErrCorrupt) {
+					corrupt = append(corrupt, p.name)
+					rep.Notes = append(rep.Notes, fmt.Sprintf("%s: VERIFICATION FAILED: %v", p.name, err))
+				} else {
+					rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %s failed: %v", p.name, w, err))
+				}
+				logf("%s dropped from the run: %v", p.name, err)
+			}
+		}
+	}
+	for _, p := range peers {
+		for _, n := range p.runner.Notes() {
+			rep.Notes = append(rep.Notes, p.name+": "+n)
+		}
+		rep.Machine.CachesDropped = rep.Machine.CachesDropped || p.runner.CachesDropped()
+	}
+	rep.ApplyEfficiency()
+	if len(corrupt) > 0 {
+		return rep, fmt.Errorf("%w on %s", bench.ErrCorrupt, strings.Join(corrupt, ", "))
+	}
+	return rep, nil
+}
+
+// Cleanup removes what an earlier (crashed) run left behind, recognised by
+// the names this package uses: mounts under dir, our network namespaces
+// and the processes in them, our GlusterFS volume definition.
+func Cleanup(dir string, logf func(string, ...any)) {
+	ctx := context.Background()
+	if err := unmountUnder(dir); err != nil {
+		logf("cleanup: %v", err)
+	}
+	for _, ns := range ourNamespaces() {
+		logf("cleanup: removing namespace %s", ns)
+		if err := killNamespace(ctx, ns); err != nil {
+			logf("cleanup: %v", err)
+		}
+	}
+	os.RemoveAll("/var/lib/glusterd/vols/" + glusterVolume)
+	// Data of the systems (not the logs or reports).
+	for _, sub := range []string{"local", "passthrough-src", "passthrough-mnt", "gluster", "moosefs", "strata-data", "strata-mnt"} {
+		p := filepath.Join(dir, sub)
+		if mountFSType(p) == "" {
+			os.RemoveAll(p)
+		}
+	}
+}
+
+// DefaultBench is the peers suite: the full methodology sized so that five
+// systems finish in about fifteen minutes on a small machine.
+func DefaultBench() bench.Config {
+	c := bench.DefaultConfig()
+	c.Threads = []int{1, 2, 4}
+	c.SeqBytes = 1 << 30
+	c.RandomFileBytes = 256 << 20
+	c.RandomRuntime = 5 * time.Second
+	c.SharedBytes = 1 << 30
+	c.FilesPerDir = 1000
+	c.DirsPerThread = 5
+	c.FioBytes = 512 << 20
+	c.FioRuntime = 5 * time.Second
+	c.PhaseTimeout = 10 * time.Minute
+	return c
+}
