@@ -1,0 +1,47 @@
+// Package consensus is the hashicorp/raft glue of the metadata service:
+// the raft log and stable store over package kv, the TCP transport, file
+// snapshots, bootstrap and the hooks for growing a group.
+//
+// # Concepts
+//
+// A Node is one raft member. Open binds the transport (Config.BindAddr),
+// opens Dir/log (a pebble store written with synced batches) and
+// Dir/snapshots, and on a node with no raft state and Bootstrap set writes
+// the initial configuration: Peers, or this node alone. Later members start
+// without Bootstrap and are added by the leader with AddVoter; nothing here
+// assumes a single node.
+//
+// Group commit: raft gathers every Apply waiting on its channel (up to
+// MaxAppendEntries) into one StoreLogs call, which is one synced kv batch —
+// one fsync for many clients' operations. The state machine implements
+// raft.BatchingFSM, so the same group is applied in one kv batch.
+//
+// The state machine is persistent: it records the last applied index with
+// each batch, raft runs with NoSnapshotRestoreOnStart, and after a restart
+// raft replays the log from the last snapshot while the state machine skips
+// what it already has. Only if the state machine is behind the newest
+// snapshot (its store was lost) does Open restore that snapshot first.
+//
+// # Errors
+//
+// Apply and Barrier answer ErrNotLeader (wrapped) when this node is not, or
+// stopped being, the leader; other failures are wrapped raft errors.
+//
+// # Locking
+//
+// Node methods are safe for concurrent use. The log store guards its cached
+// first/last index with a mutex; raft calls it from several goroutines.
+//
+// # Goroutines
+//
+// Raft's own: the main loop (leader/follower/candidate), the FSM applier,
+// the snapshot taker, one replication goroutine per peer, and the transport's
+// listener and connection handlers. This package adds none.
+//
+// # Pitfalls
+//
+//   - A port-0 BindAddr gets a new port at every start; the configuration
+//     stored in the log keeps the old one. A single voter does not care (it
+//     votes by id); a multi-voter group needs stable addresses.
+//   - Leadership notifications (LeaderChanges) must be drained.
+package consensus

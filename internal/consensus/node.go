@@ -1,0 +1,359 @@
+package consensus
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// ErrNotLeader marks a proposal made on a node that is not (or no longer)
+// the leader. The proposal was not applied — or, when leadership was lost
+// after appending, its fate is unknown; deduplicated commands are safe to
+// retry on the new leader.
+var ErrNotLeader = errors.New("consensus: not the leader")
+
+// StateMachine is the replicated state. Raft calls ApplyBatch, Snapshot and
+// Restore from its single FSM goroutine, never concurrently with each other.
+//
+// Contract: ApplyBatch is deterministic — the same entries applied to the
+// same state give the same state and answers on every node; it must record
+// the index of the last entry it applied atomically with that entry's
+// effects, and skip entries at or below that index (they are replayed after
+// a restart because the node does not restore snapshots on start).
+// AppliedIndex reports that recorded index. Snapshot must make the state it
+// captures durable before returning (raft may then truncate the log).
+type StateMachine interface {
+	raft.BatchingFSM
+	AppliedIndex() uint64
+}
+
+// Peer is a voter in the initial configuration.
+type Peer struct {
+	ID   string
+	Addr string
+}
+
+// Config configures a Node.
+type Config struct {
+	// Dir holds the raft log (Dir/log) and snapshots (Dir/snapshots).
+	Dir string
+	// NodeID is this node's stable raft server id.
+	NodeID string
+	// BindAddr is the raft TCP listen address; port 0 picks a free port.
+	BindAddr string
+	// Advertise is the address peers dial; default: the bound address
+	// (which must then not be unspecified, e.g. 0.0.0.0).
+	Advertise string
+	// FSM is the state machine.
+	FSM StateMachine
+	// Bootstrap creates the initial configuration when the log is empty:
+	// Peers, or this node alone when Peers is empty. A node joining an
+	// existing group starts with Bootstrap false and is added by the leader
+	// (Node.AddVoter).
+	Bootstrap bool
+	Peers     []Peer
+	// HeartbeatTimeout and ElectionTimeout; defaults 500 ms each.
+	HeartbeatTimeout time.Duration
+	ElectionTimeout  time.Duration
+	// MaxAppendEntries bounds one group commit (entries per fsync and per
+	// ApplyBatch); default 512.
+	MaxAppendEntries int
+	// SnapshotThreshold: entries since the last snapshot that trigger a new
+	// one; default 16384. TrailingLogs kept after a snapshot; default 10240.
+	SnapshotThreshold uint64
+	TrailingLogs      uint64
+	Logger            *slog.Logger
+}
+
+// Node is one member of a raft group.
+type Node struct {
+	cfg    Config
+	raft   *raft.Raft
+	logs   *logStore
+	trans  *raft.NetworkTransport
+	snaps  *raft.FileSnapshotStore
+	notify chan bool
+	log    *slog.Logger
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open starts a raft node: opens the log and snapshot stores, binds the
+// transport, brings the FSM up to the latest snapshot if it is behind
+// (normally it is not: its own store is persistent), and bootstraps when
+// asked and the log is empty.
+func Open(cfg Config) (n *Node, err error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.HeartbeatTimeout <= 0 {
+		cfg.HeartbeatTimeout = 500 * time.Millisecond
+	}
+	if cfg.ElectionTimeout <= 0 {
+		cfg.ElectionTimeout = 500 * time.Millisecond
+	}
+	if cfg.MaxAppendEntries <= 0 {
+		cfg.MaxAppendEntries = 512
+	}
+	if cfg.SnapshotThreshold == 0 {
+		cfg.SnapshotThreshold = 16384
+	}
+	if cfg.TrailingLogs == 0 {
+		cfg.TrailingLogs = 10240
+	}
+	if cfg.FSM == nil || cfg.NodeID == "" || cfg.Dir == "" {
+		return nil, errors.New("consensus: Config needs Dir, NodeID and FSM")
+	}
+	lg := cfg.Logger.With("pkg", "raft")
+	n = &Node{cfg: cfg, log: lg, notify: make(chan bool, 16)}
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("raft dir: %w", err)
+	}
+	if n.logs, err = openLogStore(filepath.Join(cfg.Dir, "log")); err != nil {
+		return nil, err
+	}
+	out := &logWriter{log: lg}
+	if n.snaps, err = raft.NewFileSnapshotStore(cfg.Dir, 2, out); err != nil {
+		return nil, fmt.Errorf("raft snapshot store: %w", err)
+	}
+	var adv net.Addr
+	if cfg.Advertise != "" {
+		if adv, err = net.ResolveTCPAddr("tcp", cfg.Advertise); err != nil {
+			return nil, fmt.Errorf("raft advertise address %q: %w", cfg.Advertise, err)
+		}
+	}
+	if n.trans, err = raft.NewTCPTransport(cfg.BindAddr, adv, 3, 10*time.Second, out); err != nil {
+		return nil, fmt.Errorf("raft transport on %s: %w", cfg.BindAddr, err)
+	}
+	if err := n.catchUpFromSnapshot(); err != nil {
+		return nil, err
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.HeartbeatTimeout / 2
+	rc.CommitTimeout = 5 * time.Millisecond
+	rc.MaxAppendEntries = cfg.MaxAppendEntries
+	rc.BatchApplyCh = true
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.NoSnapshotRestoreOnStart = true
+	rc.NotifyCh = n.notify
+	rc.LogOutput = out
+	rc.LogLevel = "INFO"
+
+	if cfg.Bootstrap {
+		has, err := raft.HasExistingState(n.logs, n.logs, n.snaps)
+		if err != nil {
+			return nil, fmt.Errorf("raft state check: %w", err)
+		}
+		if !has {
+			var conf raft.Configuration
+			if len(cfg.Peers) == 0 {
+				conf.Servers = []raft.Server{{Suffrage: raft.Voter, ID: rc.LocalID, Address: n.trans.LocalAddr()}}
+			}
+			for _, p := range cfg.Peers {
+				conf.Servers = append(conf.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+			}
+			if err := raft.BootstrapCluster(rc, n.logs, n.logs, n.snaps, n.trans, conf); err != nil {
+				return nil, fmt.Errorf("raft bootstrap: %w", err)
+			}
+			lg.Info("bootstrapped raft group", "voters", len(conf.Servers), "addr", n.trans.LocalAddr())
+		}
+	}
+	if n.raft, err = raft.NewRaft(rc, cfg.FSM, n.logs, n.logs, n.snaps, n.trans); err != nil {
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	return n, nil
+}
+
+// catchUpFromSnapshot restores the newest snapshot into the FSM when the
+// FSM's recorded index is below it — the FSM store was lost or is older than
+// the log that remains (raft's NoSnapshotRestoreOnStart skips this).
+func (n *Node) catchUpFromSnapshot() error {
+	list, err := n.snaps.List()
+	if err != nil {
+		return fmt.Errorf("list raft snapshots: %w", err)
+	}
+	if len(list) == 0 || list[0].Index <= n.cfg.FSM.AppliedIndex() {
+		return nil
+	}
+	meta, rc, err := n.snaps.Open(list[0].ID)
+	if err != nil {
+		return fmt.Errorf("open raft snapshot %s: %w", list[0].ID, err)
+	}
+	defer rc.Close()
+	n.log.Warn("state machine behind snapshot: restoring", "snapshot", meta.ID, "snapshot_index", meta.Index, "applied", n.cfg.FSM.AppliedIndex())
+	if err := n.cfg.FSM.Restore(rc); err != nil {
+		return fmt.Errorf("restore raft snapshot %s: %w", meta.ID, err)
+	}
+	return nil
+}
+
+// Addr is the raft transport's address.
+func (n *Node) Addr() string { return string(n.trans.LocalAddr()) }
+
+// Raft exposes the underlying raft instance (stats, configuration).
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// LeaderChanges delivers true when this node becomes leader and false when
+// it stops being leader. Buffered; read it promptly.
+func (n *Node) LeaderChanges() <-chan bool { return n.notify }
+
+// IsLeader reports whether this node is the leader now.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// Leader returns the current leader's raft address and id ("" if unknown).
+func (n *Node) Leader() (addr, id string) {
+	a, i := n.raft.LeaderWithID()
+	return string(a), string(i)
+}
+
+// WaitLeader waits until some node is leader (bounded by ctx).
+func (n *Node) WaitLeader(ctx context.Context) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if a, _ := n.Leader(); a != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no raft leader elected: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// Apply proposes cmd and waits until it is committed and applied, returning
+// the FSM's answer. Concurrent Apply calls are group-committed by raft.
+func (n *Node) Apply(cmd []byte, timeout time.Duration) (any, error) {
+	f := n.raft.Apply(cmd, timeout)
+	if err := f.Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+			return nil, fmt.Errorf("%w: %v", ErrNotLeader, err)
+		}
+		return nil, fmt.Errorf("raft apply: %w", err)
+	}
+	return f.Response(), nil
+}
+
+// Barrier waits until every entry committed before it is applied to the FSM.
+func (n *Node) Barrier(timeout time.Duration) error {
+	if err := n.raft.Barrier(timeout).Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+			return fmt.Errorf("%w: %v", ErrNotLeader, err)
+		}
+		return fmt.Errorf("raft barrier: %w", err)
+	}
+	return nil
+}
+
+// Snapshot takes a snapshot now (and lets raft truncate the log).
+func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
+
+// AddVoter adds a node to the group (leader only): the join hook for the
+// multi-voter group.
+func (n *Node) AddVoter(id, addr string, timeout time.Duration) error {
+	return n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, timeout).Error()
+}
+
+// RemoveServer removes a node from the group (leader only).
+func (n *Node) RemoveServer(id string, timeout time.Duration) error {
+	return n.raft.RemoveServer(raft.ServerID(id), 0, timeout).Error()
+}
+
+// Stats is a snapshot of raft's state for status pages.
+type Stats struct {
+	State        string
+	Term         uint64
+	CommitIndex  uint64
+	AppliedIndex uint64
+	LastIndex    uint64
+}
+
+func (n *Node) Stats() Stats {
+	return Stats{
+		State:        n.raft.State().String(),
+		Term:         n.raft.CurrentTerm(),
+		CommitIndex:  n.raft.CommitIndex(),
+		AppliedIndex: n.raft.AppliedIndex(),
+		LastIndex:    n.raft.LastIndex(),
+	}
+}
+
+// Close shuts raft down and closes the transport and log store. Safe to
+// call more than once and on a partly opened node.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		var errs []error
+		if n.raft != nil {
+			if err := n.raft.Shutdown().Error(); err != nil {
+				errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
+			}
+		}
+		if n.trans != nil {
+			if err := n.trans.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("raft transport close: %w", err))
+			}
+		}
+		if n.logs != nil {
+			if err := n.logs.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		n.closeErr = errors.Join(errs...)
+	})
+	return n.closeErr
+}
+
+// logWriter turns raft's hclog lines into slog records.
+type logWriter struct {
+	log *slog.Logger
+	mu  sync.Mutex
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	sc := bufio.NewScanner(strings.NewReader(string(p)))
+	for sc.Scan() {
+		line := sc.Text()
+		lvl := slog.LevelInfo
+		switch {
+		case strings.Contains(line, "[ERROR]"):
+			lvl = slog.LevelError
+		case strings.Contains(line, "[WARN]"):
+			lvl = slog.LevelWarn
+		case strings.Contains(line, "[DEBUG]"), strings.Contains(line, "[TRACE]"):
+			lvl = slog.LevelDebug
+		}
+		// Drop hclog's own timestamp and level prefix.
+		if i := strings.Index(line, "]"); i >= 0 && i+1 < len(line) {
+			line = strings.TrimSpace(line[i+1:])
+		}
+		w.log.Log(context.Background(), lvl, line)
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*logWriter)(nil)

@@ -1,0 +1,88 @@
+package kv
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+)
+
+func TestStore(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get([]byte("a")); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get absent: %v", err)
+	}
+	b := s.NewBatch()
+	for i := 0; i < 10; i++ {
+		b.Set([]byte(fmt.Sprintf("k%d", i)), []byte{byte(i)})
+	}
+	// an indexed batch reads its own writes
+	if v, err := b.Get([]byte("k3")); err != nil || v[0] != 3 {
+		t.Fatalf("batch read-your-writes: %v %v", v, err)
+	}
+	b.Delete([]byte("k5"))
+	b.DeleteRange([]byte("k7"), []byte("k9"))
+	if b.Count() != 12 {
+		t.Fatalf("count %d", b.Count())
+	}
+	if err := b.Apply(true); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	snap := s.NewSnapshot()
+	b = s.NewBatch()
+	b.Set([]byte("k0"), []byte("new"))
+	b.Apply(false)
+	b.Close()
+	if v, _ := snap.Get([]byte("k0")); string(v) != "\x00" {
+		t.Fatalf("snapshot sees later write: %q", v)
+	}
+	snap.Close()
+	it, err := s.NewIter([]byte("k"), PrefixEnd([]byte("k")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for ok := it.First(); ok; ok = it.Next() {
+		keys = append(keys, string(it.Key()))
+	}
+	it.Close()
+	if fmt.Sprint(keys) != "[k0 k1 k2 k3 k4 k6 k9]" {
+		t.Fatalf("keys %v", keys)
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	cp := filepath.Join(t.TempDir(), "cp")
+	if err := s.Checkpoint(cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{dir, cp} {
+		s2, err := Open(d, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, err := s2.Get([]byte("k0")); err != nil || string(v) != "new" {
+			t.Fatalf("%s after reopen: %q %v", d, v, err)
+		}
+		s2.Close()
+	}
+}
+
+func TestPrefixEnd(t *testing.T) {
+	for in, want := range map[string]string{"a": "b", "a\xff": "b", "\xff\xff": ""} {
+		if got := string(PrefixEnd([]byte(in))); got != want {
+			t.Errorf("PrefixEnd(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,92 @@
+package meta
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+func quietLogs(b *testing.B) {
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	b.Cleanup(func() { slog.SetDefault(old) })
+}
+
+// BenchmarkCreateParallel measures creates from 8 concurrent rpc callers,
+// each with its own session and directory (the mdtest shape): group commit
+// is what makes this fast.
+func BenchmarkCreateParallel(b *testing.B) {
+	quietLogs(b)
+	s := openService(b, testConfig(b, ""))
+	setup := newClient(b, s.Addr())
+	setup.registerTargets("127.0.0.1:1", "u1", "u2", "u3", "u4")
+	const callers = 8
+	clients := make([]*client, callers)
+	dirs := make([]uint64, callers)
+	for i := range clients {
+		clients[i] = newClient(b, s.Addr())
+		dirs[i] = clients[i].mustCreate(1, fmt.Sprintf("d%d", i), 0o040755).Ino
+	}
+	var next atomic.Int64
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for i := 0; i < callers; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			c := clients[i]
+			for {
+				n := next.Add(1)
+				if n > int64(b.N) {
+					return
+				}
+				if _, err := c.create(dirs[i], fmt.Sprintf("f%d", n), 0o100644); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "creates/s")
+}
+
+// BenchmarkLookup measures lookups from 8 concurrent callers.
+func BenchmarkLookup(b *testing.B) {
+	quietLogs(b)
+	s := openService(b, testConfig(b, ""))
+	c := newClient(b, s.Addr())
+	c.registerTargets("127.0.0.1:1", "u1")
+	for i := 0; i < 100; i++ {
+		c.mustCreate(1, fmt.Sprintf("f%d", i), 0o100644)
+	}
+	var next atomic.Int64
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n := next.Add(1)
+				if n > int64(b.N) {
+					return
+				}
+				var r rpc.AttrResp
+				if err := c.call(rpc.MLookup, &rpc.LookupReq{Parent: 1, Name: fmt.Sprintf("f%d", n%100)}, &r); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "lookups/s")
+}

@@ -1,0 +1,277 @@
+package meta
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+func lk(c *client, ino, owner, start, end uint64, typ uint32) *rpc.LockReq {
+	return &rpc.LockReq{ClientID: c.id, Ino: ino, Owner: owner, Start: start, End: end, Type: typ, Pid: uint32(owner)}
+}
+
+func getlk(t *testing.T, c *client, r *rpc.LockReq) rpc.LockResp {
+	t.Helper()
+	var resp rpc.LockResp
+	if err := c.call(rpc.MGetLk, r, &resp); err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func TestLocks(t *testing.T) {
+	s, a := newNamespace(t)
+	b := newClient(t, s.Addr())
+	f := a.mustCreate(1, "f", fileMode)
+	setlk := func(c *client, r *rpc.LockReq) error { return c.call(rpc.MSetLk, r, nil) }
+
+	if err := setlk(a, lk(a, f.Ino, 1, 0, 99, rpc.LockWrite)); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, setlk(b, lk(b, f.Ino, 1, 50, 60, rpc.LockRead)), syscall.EAGAIN, "conflicting read lock")
+	if got := getlk(t, b, lk(b, f.Ino, 1, 50, 60, rpc.LockRead)); got.Type != rpc.LockWrite || got.Start != 0 || got.End != 99 || got.Pid != 1 {
+		t.Fatalf("getlk = %+v", got)
+	}
+	if err := setlk(b, lk(b, f.Ino, 1, 100, 200, rpc.LockWrite)); err != nil {
+		t.Fatalf("disjoint lock: %v", err)
+	}
+	// range split: unlocking the middle leaves two pieces
+	if err := setlk(a, lk(a, f.Ino, 1, 40, 59, rpc.LockUnlock)); err != nil {
+		t.Fatal(err)
+	}
+	if got := getlk(t, b, lk(b, f.Ino, 1, 40, 59, rpc.LockWrite)); got.Type != rpc.LockUnlock {
+		t.Fatalf("hole still locked: %+v", got)
+	}
+	if got := getlk(t, b, lk(b, f.Ino, 1, 60, 60, rpc.LockWrite)); got.Type != rpc.LockWrite || got.Start != 60 || got.End != 99 {
+		t.Fatalf("right piece = %+v", got)
+	}
+	if got := getlk(t, b, lk(b, f.Ino, 1, 0, 0, rpc.LockWrite)); got.Start != 0 || got.End != 39 {
+		t.Fatalf("left piece = %+v", got)
+	}
+	// read locks share
+	if err := setlk(a, lk(a, f.Ino, 1, 300, 400, rpc.LockRead)); err != nil {
+		t.Fatal(err)
+	}
+	if err := setlk(b, lk(b, f.Ino, 1, 350, 450, rpc.LockRead)); err != nil {
+		t.Fatalf("shared read: %v", err)
+	}
+	// same client, other owner (another process or OFD) conflicts too
+	wantErrno(t, setlk(a, lk(a, f.Ino, 2, 0, 10, rpc.LockWrite)), syscall.EAGAIN, "other owner of the same client")
+	// merge: adjacent locks of one owner coalesce
+	setlk(a, lk(a, f.Ino, 1, 40, 59, rpc.LockWrite))
+	if got := getlk(t, b, lk(b, f.Ino, 1, 0, ^uint64(0), rpc.LockWrite)); got.Start != 0 || got.End != 99 {
+		t.Fatalf("merged lock = %+v", got)
+	}
+
+	// flock is independent of record locks
+	fl := &rpc.LockReq{ClientID: b.id, Ino: f.Ino, Owner: 9, Type: rpc.LockWrite, Flock: true}
+	if err := setlk(b, fl); err != nil {
+		t.Fatalf("flock beside record locks: %v", err)
+	}
+	fla := &rpc.LockReq{ClientID: a.id, Ino: f.Ino, Owner: 8, Type: rpc.LockRead, Flock: true}
+	wantErrno(t, setlk(a, fla), syscall.EAGAIN, "flock conflict")
+
+	// Wait: granted when the holder lets go within the bounded wait
+	done := make(chan error, 1)
+	go func() {
+		w := *fla
+		w.Wait = true
+		done <- setlk(a, &w)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	fl.Type = rpc.LockUnlock
+	setlk(b, fl)
+	if err := <-done; err != nil {
+		t.Fatalf("waiting flock: %v", err)
+	}
+	// Wait gives up after about a second
+	start := time.Now()
+	w := lk(b, f.Ino, 1, 0, 0, rpc.LockWrite)
+	w.Wait = true
+	wantErrno(t, setlk(b, w), syscall.EAGAIN, "bounded wait")
+	if d := time.Since(start); d < 900*time.Millisecond || d > 3*time.Second {
+		t.Fatalf("wait took %v", d)
+	}
+
+	// SessionClose releases every lock of the session
+	if err := a.call(rpc.MSessionClose, &rpc.SessionCloseReq{ClientID: a.id}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := getlk(t, b, lk(b, f.Ino, 1, 0, ^uint64(0), rpc.LockWrite)); got.Type != rpc.LockUnlock && got.Pid != 1 {
+		t.Fatalf("after session close = %+v", got)
+	}
+	if err := setlk(b, lk(b, f.Ino, 1, 0, 99, rpc.LockWrite)); err != nil {
+		t.Fatalf("lock after holder's session closed: %v", err)
+	}
+	wantErrno(t, setlk(a, lk(a, f.Ino, 1, 0, 1, rpc.LockRead)), syscall.ESTALE, "lock from closed session")
+	wantErrno(t, a.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: a.id}, nil), syscall.ESTALE, "heartbeat of closed session")
+}
+
+func TestSessionExpiryReleasesLocks(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.SessionLease = 300 * time.Millisecond
+	s := openService(t, cfg)
+	a := newClient(t, s.Addr())
+	b := newClient(t, s.Addr())
+	if err := a.call(rpc.MSetLk, lk(a, 1, 1, 0, 10, rpc.LockWrite), nil); err != nil {
+		t.Fatal(err)
+	}
+	// b keeps heartbeating, a goes silent
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if err := b.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: b.id}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.call(rpc.MSetLk, lk(b, 1, 1, 0, 10, rpc.LockWrite), nil); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("lock of an expired session was never released")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wantErrno(t, a.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: a.id}, nil), syscall.ESTALE, "heartbeat after expiry")
+}
+
+func TestRegistry(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	cfg.ServerTimeout = 400 * time.Millisecond
+	s := openService(t, cfg)
+	c := newClient(t, s.Addr())
+	r1 := c.registerTargets("10.0.0.1:7000", "uuid-a", "uuid-b")
+	r2 := c.registerTargets("10.0.0.2:7000", "uuid-c")
+	if r1.ServerID == r2.ServerID || len(r1.TargetIDs) != 2 || r2.TargetIDs[0] == r1.TargetIDs[0] {
+		t.Fatalf("registrations %+v %+v", r1, r2)
+	}
+	if again := c.registerTargets("10.0.0.1:7000", "uuid-b", "uuid-a"); again.ServerID != r1.ServerID || again.TargetIDs[0] != r1.TargetIDs[1] || again.TargetIDs[1] != r1.TargetIDs[0] {
+		t.Fatalf("re-registration = %+v, first %+v", again, r1)
+	}
+	wantErrno(t, c.call(rpc.MServerHeartbeat, &rpc.ServerHeartbeatReq{ServerID: 99}, nil), syscall.ESTALE, "heartbeat of unknown server")
+	var lt rpc.ListTargetsResp
+	if err := c.call(rpc.MListTargets, &rpc.Empty{}, &lt); err != nil || len(lt.Targets) != 3 {
+		t.Fatalf("list targets = %+v %v", lt, err)
+	}
+	for _, tg := range lt.Targets {
+		if !tg.Alive || tg.Addr == "" || tg.TotalBytes == 0 {
+			t.Fatalf("target %+v", tg)
+		}
+	}
+	// server 2 keeps beating, server 1 goes silent
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if err := c.call(rpc.MServerHeartbeat, &rpc.ServerHeartbeatReq{ServerID: r2.ServerID, Targets: []rpc.TargetUsage{{ID: r2.TargetIDs[0], TotalBytes: 10, FreeBytes: 5}}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.call(rpc.MListTargets, &rpc.Empty{}, &lt); err != nil {
+			t.Fatal(err)
+		}
+		alive := map[uint32]bool{}
+		for _, tg := range lt.Targets {
+			alive[tg.ID] = tg.Alive
+		}
+		if !alive[r1.TargetIDs[0]] && !alive[r1.TargetIDs[1]] && alive[r2.TargetIDs[0]] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("silent server still alive: %+v", lt.Targets)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// new files only go to live targets
+	if f := c.mustCreate(1, "f", fileMode); len(f.Layout.Targets) != 1 || f.Layout.Targets[0] != r2.TargetIDs[0] {
+		t.Fatalf("file on dead targets: %+v", f.Layout)
+	}
+
+	s.Close()
+	s2 := openService(t, testConfig(t, dir))
+	c2 := newClient(t, s2.Addr())
+	if again := c2.registerTargets("10.0.0.9:7000", "uuid-a", "uuid-b"); again.ServerID != r1.ServerID || again.TargetIDs[0] != r1.TargetIDs[0] || again.TargetIDs[1] != r1.TargetIDs[1] {
+		t.Fatalf("after restart (new address) = %+v, first %+v", again, r1)
+	}
+	if again := c2.registerTargets("10.0.0.2:7000", "uuid-c"); again.ServerID != r2.ServerID || again.TargetIDs[0] != r2.TargetIDs[0] {
+		t.Fatalf("after restart = %+v, first %+v", again, r2)
+	}
+}
+
+func TestOrphanReaping(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.OrphanGrace = 200 * time.Millisecond
+	s := openService(t, cfg)
+	store := newFakeStore(t)
+	c := newClient(t, s.Addr())
+	reg := c.registerTargets(store.addr, "t1", "t2")
+	f := c.mustCreate(1, "f", fileMode)
+	g := c.mustCreate(1, "g", fileMode)
+
+	// the client holds f open; g is closed
+	beat := func() {
+		if err := c.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.id, OpenInodes: []uint64{f.Ino}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat()
+	c.unlink(1, "f")
+	c.unlink(1, "g")
+	waitFor(t, "g's chunks removed", func() bool { return len(store.removed()) == 2 })
+	time.Sleep(300 * time.Millisecond)
+	for _, ch := range store.removed() {
+		if ch.Ino != g.Ino {
+			t.Fatalf("removed chunks of open file: %+v", ch)
+		}
+	}
+	_, err := c.getattr(g.Ino)
+	wantErrno(t, err, syscall.ENOENT, "reaped inode")
+	if a := c.mustGetattr(f.Ino); a.Nlink != 0 {
+		t.Fatalf("open orphan = %+v", a)
+	}
+	// the client closes f
+	if err := c.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.id}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "f's chunks removed", func() bool { return len(store.removed()) == 4 })
+	seen := map[uint32]bool{}
+	for _, ch := range store.removed()[2:] {
+		if ch.Ino != f.Ino {
+			t.Fatalf("unexpected removal %+v", ch)
+		}
+		seen[ch.Target] = true
+	}
+	if !seen[reg.TargetIDs[0]] || !seen[reg.TargetIDs[1]] {
+		t.Fatalf("removals on targets %v, want %v", seen, reg.TargetIDs)
+	}
+	waitFor(t, "f reaped", func() bool { _, err := c.getattr(f.Ino); return err != nil })
+}
+
+func TestOrphanWaitsForStore(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.OrphanGrace = 100 * time.Millisecond
+	s := openService(t, cfg)
+	c := newClient(t, s.Addr())
+	c.registerTargets("127.0.0.1:1", "t1") // nothing listens there
+	f := c.mustCreate(1, "f", fileMode)
+	c.unlink(1, "f")
+	time.Sleep(time.Second)
+	if a, err := c.getattr(f.Ino); err != nil || a.Nlink != 0 {
+		t.Fatalf("orphan reaped without its store: %+v %v", a, err)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+var _ sync.Mutex

@@ -1,0 +1,240 @@
+package meta
+
+import (
+	"fmt"
+
+	"github.com/stratafs/strata/internal/layout"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// op identifies a state-machine command. Numbers are part of the raft log
+// format: never reuse or renumber one.
+type op uint8
+
+const (
+	opInit op = iota + 1
+	opCreate
+	opSetAttr
+	opUnlink
+	opRmdir
+	opRename
+	opLink
+	opSetXattr
+	opRemoveXattr
+	opCommitSize
+	opSetDirLayout
+	opSessionOpen
+	opSessionClose
+	opRegister
+	opReap
+)
+
+// command is one state-machine command. The leader fills in everything that
+// is not a pure function of the state — the time, the live targets a new
+// file may be placed on and the round-robin start — before proposing, so
+// that Apply is deterministic.
+//
+// Raft log command format, version 1:
+//
+//	byte 0   format version (1)
+//	byte 1   op
+//	then     Now (varint ns), Hdr (client, seq), then the op's fields in
+//	         rpc.Enc encoding, in the order of encodeFields.
+type command struct {
+	Op  op
+	Now int64
+	Hdr rpc.ReqHeader
+
+	// namespace operands (meaning per op, see apply*)
+	Ino, Parent, NewParent uint64
+	Name, NewName          string
+	Mode, Uid, Gid, Rdev   uint32
+	Flags, Valid           uint32
+	Size                   uint64
+	Atime, Mtime, Ctime    int64
+	Symlink                string
+	Value                  []byte
+	ClearSuid              bool
+
+	// file placement (create)
+	Cands   []layout.Candidate
+	RRStart uint64
+
+	// sessions and registry
+	Host, MountPoint, Addr string
+	Pid                    uint32
+	LeaseMs                uint32
+	Targets                []rpc.TargetReg
+}
+
+const commandFormatV1 = 1
+
+func (c *command) encode(b []byte) []byte {
+	e := &rpc.Enc{B: b}
+	e.U8(commandFormatV1)
+	e.U8(uint8(c.Op))
+	e.I64(c.Now)
+	c.Hdr.Encode(e)
+	switch c.Op {
+	case opInit, opSessionClose, opReap:
+		e.U64(c.Ino)
+	case opCreate:
+		e.U64(c.Parent)
+		e.String(c.Name)
+		e.U32(c.Mode)
+		e.U32(c.Uid)
+		e.U32(c.Gid)
+		e.U32(c.Rdev)
+		e.String(c.Symlink)
+		e.U64(uint64(len(c.Cands)))
+		for _, x := range c.Cands {
+			e.U32(x.ID)
+			e.U64(x.FreeBytes)
+		}
+		e.U64(c.RRStart)
+	case opSetAttr:
+		e.U64(c.Ino)
+		e.U32(c.Valid)
+		e.U32(c.Mode)
+		e.U32(c.Uid)
+		e.U32(c.Gid)
+		e.U64(c.Size)
+		e.I64(c.Atime)
+		e.I64(c.Mtime)
+		e.I64(c.Ctime)
+	case opUnlink, opRmdir:
+		e.U64(c.Parent)
+		e.String(c.Name)
+	case opRename:
+		e.U64(c.Parent)
+		e.String(c.Name)
+		e.U64(c.NewParent)
+		e.String(c.NewName)
+		e.U32(c.Flags)
+	case opLink:
+		e.U64(c.Ino)
+		e.U64(c.NewParent)
+		e.String(c.NewName)
+	case opSetXattr, opRemoveXattr:
+		e.U64(c.Ino)
+		e.String(c.Name)
+		e.Bytes(c.Value)
+		e.U32(c.Flags)
+	case opCommitSize:
+		e.U64(c.Ino)
+		e.U64(c.Size)
+		e.I64(c.Mtime)
+		e.Bool(c.ClearSuid)
+	case opSetDirLayout:
+		e.U64(c.Ino)
+		e.U64(c.Size)
+		e.U32(c.Flags) // stripe count
+	case opSessionOpen:
+		e.String(c.Host)
+		e.String(c.MountPoint)
+		e.U32(c.Pid)
+		e.U32(c.LeaseMs)
+	case opRegister:
+		e.String(c.Addr)
+		e.String(c.Host)
+		e.U64(uint64(len(c.Targets)))
+		for _, t := range c.Targets {
+			e.String(t.UUID)
+			e.String(t.Path)
+		}
+	}
+	return e.B
+}
+
+// decodeCommand is the inverse of encode. Strings are copies; Value aliases b.
+func decodeCommand(b []byte, c *command) error {
+	d := rpc.NewDec(b)
+	if v := d.U8(); d.Err() == nil && v != commandFormatV1 {
+		return fmt.Errorf("command format version %d, want %d", v, commandFormatV1)
+	}
+	*c = command{}
+	c.Op = op(d.U8())
+	c.Now = d.I64()
+	c.Hdr.Decode(d)
+	switch c.Op {
+	case opInit, opSessionClose, opReap:
+		c.Ino = d.U64()
+	case opCreate:
+		c.Parent = d.U64()
+		c.Name = d.String()
+		c.Mode = d.U32()
+		c.Uid = d.U32()
+		c.Gid = d.U32()
+		c.Rdev = d.U32()
+		c.Symlink = d.String()
+		n := d.Count()
+		if n > 0 {
+			c.Cands = make([]layout.Candidate, n)
+			for i := range c.Cands {
+				c.Cands[i].ID = d.U32()
+				c.Cands[i].FreeBytes = d.U64()
+			}
+		}
+		c.RRStart = d.U64()
+	case opSetAttr:
+		c.Ino = d.U64()
+		c.Valid = d.U32()
+		c.Mode = d.U32()
+		c.Uid = d.U32()
+		c.Gid = d.U32()
+		c.Size = d.U64()
+		c.Atime = d.I64()
+		c.Mtime = d.I64()
+		c.Ctime = d.I64()
+	case opUnlink, opRmdir:
+		c.Parent = d.U64()
+		c.Name = d.String()
+	case opRename:
+		c.Parent = d.U64()
+		c.Name = d.String()
+		c.NewParent = d.U64()
+		c.NewName = d.String()
+		c.Flags = d.U32()
+	case opLink:
+		c.Ino = d.U64()
+		c.NewParent = d.U64()
+		c.NewName = d.String()
+	case opSetXattr, opRemoveXattr:
+		c.Ino = d.U64()
+		c.Name = d.String()
+		c.Value = d.Bytes()
+		c.Flags = d.U32()
+	case opCommitSize:
+		c.Ino = d.U64()
+		c.Size = d.U64()
+		c.Mtime = d.I64()
+		c.ClearSuid = d.Bool()
+	case opSetDirLayout:
+		c.Ino = d.U64()
+		c.Size = d.U64()
+		c.Flags = d.U32()
+	case opSessionOpen:
+		c.Host = d.String()
+		c.MountPoint = d.String()
+		c.Pid = d.U32()
+		c.LeaseMs = d.U32()
+	case opRegister:
+		c.Addr = d.String()
+		c.Host = d.String()
+		n := d.Count()
+		c.Targets = make([]rpc.TargetReg, n)
+		for i := range c.Targets {
+			c.Targets[i].UUID = d.String()
+			c.Targets[i].Path = d.String()
+		}
+	default:
+		return fmt.Errorf("unknown command op %d", c.Op)
+	}
+	if err := d.Err(); err != nil {
+		return fmt.Errorf("command op %d: %w", c.Op, err)
+	}
+	if len(d.B) != 0 {
+		return fmt.Errorf("command op %d: %d trailing bytes", c.Op, len(d.B))
+	}
+	return nil
+}

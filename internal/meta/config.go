@@ -1,0 +1,223 @@
+package meta
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// Config configures the metadata service. Zero fields take the defaults of
+// DefaultConfig when passed to Open.
+type Config struct {
+	// DataDir holds everything the service keeps: meta.json (effective
+	// config and format version), fsm/ (the namespace store) and raft/ (the
+	// raft log and snapshots). Required.
+	DataDir string
+	// ListenAddr is the rpc address (host:port; port 0 picks a free one).
+	ListenAddr string
+	// RaftAddr is the raft transport address. Default: 127.0.0.1:0 when
+	// ListenAddr's host is loopback, else ListenAddr's host with port+1. On a
+	// restart with a port-0 RaftAddr the previously bound port is tried first.
+	RaftAddr string
+	// NodeID is the raft server id; default: the id saved in DataDir, or a
+	// new random one on first start. It cannot change for a data dir.
+	NodeID string
+	// ClusterKey authenticates rpc peers (both directions).
+	ClusterKey []byte
+	// ServerTimeout: a storage server without a heartbeat for this long is
+	// considered dead (its targets get no new files). Default 10 s.
+	ServerTimeout time.Duration
+	// SessionLease: a client session without a heartbeat for this long is
+	// expired and its locks released. Default 15 s.
+	SessionLease time.Duration
+	// OrphanGrace: after becoming leader, wait this long before deleting
+	// the data of unlinked files, so that clients that still hold them open
+	// can report so. Default: SessionLease.
+	OrphanGrace time.Duration
+	// MetricsAddr, if set, serves Prometheus metrics at http://ADDR/metrics.
+	MetricsAddr string
+}
+
+// DefaultConfig returns the defaults; DataDir must still be set.
+func DefaultConfig() Config {
+	return Config{
+		ListenAddr:    "127.0.0.1:7700",
+		ServerTimeout: 10 * time.Second,
+		SessionLease:  15 * time.Second,
+		OrphanGrace:   15 * time.Second,
+	}
+}
+
+// withDefaults fills zero fields.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.ListenAddr == "" {
+		c.ListenAddr = d.ListenAddr
+	}
+	if c.ServerTimeout == 0 {
+		c.ServerTimeout = d.ServerTimeout
+	}
+	if c.SessionLease == 0 {
+		c.SessionLease = d.SessionLease
+	}
+	if c.OrphanGrace == 0 {
+		c.OrphanGrace = c.SessionLease
+	}
+	if c.RaftAddr == "" {
+		c.RaftAddr = defaultRaftAddr(c.ListenAddr)
+	}
+	return c
+}
+
+func defaultRaftAddr(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return net.JoinHostPort(host, "0")
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p == 0 {
+		return net.JoinHostPort(host, "0")
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p+1))
+}
+
+// Validate reports every problem of the (defaulted) config at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("data dir is not set"))
+	}
+	check := func(name, addr string, optional bool) {
+		if addr == "" {
+			if !optional {
+				errs = append(errs, fmt.Errorf("%s is not set", name))
+			}
+			return
+		}
+		if _, port, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: %v", name, addr, err))
+		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+			errs = append(errs, fmt.Errorf("%s %q: bad port", name, addr))
+		}
+	}
+	check("listen address", c.ListenAddr, false)
+	check("raft address", c.RaftAddr, true)
+	check("metrics address", c.MetricsAddr, true)
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"server timeout", c.ServerTimeout}, {"session lease", c.SessionLease}, {"orphan grace", c.OrphanGrace}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %v is negative", d.name, d.v))
+		}
+	}
+	if c.SessionLease > 0 && c.SessionLease < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("session lease %v is shorter than 100ms", c.SessionLease))
+	}
+	return errors.Join(errs...)
+}
+
+// FormatVersion is the on-disk format of a metadata data dir (meta.json,
+// the fsm store's schema, the raft log's command format).
+//
+// Version history: 1 — initial.
+const FormatVersion = 1
+
+const stateFileName = "meta.json"
+
+// savedState is meta.json: the format version and the effective config.
+type savedState struct {
+	FormatVersion int    `json:"format_version"`
+	NodeID        string `json:"node_id"`
+	ListenAddr    string `json:"listen_addr"`
+	RaftAddr      string `json:"raft_addr"` // as bound
+	ServerTimeout string `json:"server_timeout"`
+	SessionLease  string `json:"session_lease"`
+	OrphanGrace   string `json:"orphan_grace"`
+	MetricsAddr   string `json:"metrics_addr,omitempty"`
+	Saved         string `json:"saved"`
+}
+
+// loadState reads meta.json; (nil, nil) for a new data dir.
+func loadState(dir string) (*savedState, error) {
+	b, err := os.ReadFile(filepath.Join(dir, stateFileName))
+	if errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(dir, "fsm")); err == nil {
+			return nil, fmt.Errorf("data dir %s has a metadata store but no %s: refusing to guess its format", dir, stateFileName)
+		}
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", stateFileName, err)
+	}
+	var s savedState
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("data dir %s: %s is corrupt: %w", dir, stateFileName, err)
+	}
+	if s.FormatVersion != FormatVersion {
+		return nil, fmt.Errorf("data dir %s has metadata format version %d, but this strata reads version %d only", dir, s.FormatVersion, FormatVersion)
+	}
+	return &s, nil
+}
+
+func saveState(dir string, c Config, raftAddr string) error {
+	s := savedState{
+		FormatVersion: FormatVersion, NodeID: c.NodeID, ListenAddr: c.ListenAddr, RaftAddr: raftAddr,
+		ServerTimeout: c.ServerTimeout.String(), SessionLease: c.SessionLease.String(),
+		OrphanGrace: c.OrphanGrace.String(), MetricsAddr: c.MetricsAddr,
+		Saved: time.Now().UTC().Format(time.RFC3339),
+	}
+	b, err := json.MarshalIndent(&s, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, stateFileName+".tmp")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("save %s: %w", stateFileName, err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, stateFileName))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("save %s: %w", stateFileName, err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func newNodeID() string {
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return "meta-" + hex.EncodeToString(b)
+}

@@ -1,0 +1,88 @@
+// Package meta is Strata's metadata service: the namespace (inodes,
+// directory entries, layouts, xattrs), client sessions and locks, and the
+// registry of storage servers and targets, kept as a deterministic state
+// machine over package kv and replicated by package consensus (raft).
+//
+// # Concepts
+//
+// Every mutating rpc becomes a command (command.go). The leader first fixes
+// everything that is not a function of the state — the time, the live
+// targets a new file may use and the round-robin start — then proposes the
+// command; raft group-commits concurrent proposals (one fsync) and the FSM
+// applies the group in one kv batch (fsm.go, ops.go). Apply is a pure
+// function of (state, command), so replay and snapshots rebuild identical
+// state on every node. Inode numbers come from a counter in the state and
+// are never reused.
+//
+// Reads (lookup, getattr, readdir, readlink, statfs, xattr get/list,
+// status) are served from the FSM's store on the leader without going
+// through the log. With one voter that is linearizable: the leader is the
+// only writer and an acknowledged write is applied before its answer. A
+// multi-voter group must first confirm leadership per read (raft ReadIndex
+// or a leader lease: VerifyLeader, or reads gated on a lease renewed by
+// heartbeats) — the HA issue adds this in readFrom().
+//
+// Deduplication: a command with a ReqHeader from a client with a session
+// stores its answer under (ClientID, Seq) in the same batch as its effects;
+// a retry returns the stored answer (also across restarts and leader
+// changes). Records older than the client's last 512 are dropped, and all
+// of a client's records go with its session.
+//
+// Orphans: unlinking the last link of a regular file leaves the inode with
+// nlink 0 and an orphan record. The leader's reaper removes the chunks on
+// every target of the layout (rpc.SRemove) and then the inode, through raft
+// — only when no live session reports the inode in its heartbeat's
+// OpenInodes, and not before OrphanGrace after gaining leadership (so
+// clients of a restarted service can report first). A store that is down
+// leaves the orphan for a later pass.
+//
+// Locks (locks.go) live in the leader's memory per (ClientID, Owner): POSIX
+// record locks with range split/merge (OFD locks are the same at this
+// level) and flock locks in a separate table. They are released on
+// SessionClose and session expiry. They are not replicated: after a leader
+// change clients must re-acquire (the HA issue adds lock reclaim).
+//
+// Keyspace: see package schema.
+//
+// # Errors
+//
+// Handlers answer rpc.Errorf(errno, context). A node that is not the ready
+// leader answers ENOTCONN (ErrNotLeader) with the leader's raft id/address
+// in the message; clients retry there. Names: ENAMETOOLONG over 255 bytes,
+// EINVAL for "", ".", ".." and names with '/' or NUL. Unknown sessions and
+// servers get ESTALE (reopen / re-register). Creating a regular file with no
+// live target with free space gives ENOSPC.
+//
+// Answers per method: Create, Link, SetAttr, Unlink, CommitSize,
+// SetDirLayout → AttrResp; Rmdir, Rename, SetXattr, RemoveXattr, SetLk,
+// heartbeats, SessionClose → Empty.
+//
+// # Locking
+//
+// No lock is held across a raft Apply. fsm.mu serialises applies, snapshots
+// and restores (raft already does; tests' applyLocal relies on it). The
+// lock table, session table and liveness table each have their own mutex
+// and never call out while holding it.
+//
+// # Goroutines
+//
+//   - rpc server: accept loop plus one goroutine per connection and per
+//     request (package rpc); handlers propose and wait.
+//   - watchLeadership: owns the leader loop's lifetime; on gaining
+//     leadership it runs a barrier, creates the root on the first start,
+//     loads sessions and marks the service ready.
+//   - leaderLoop (leader only): session expiry and the orphan reaper; owns
+//     the rpc clients to storage servers.
+//   - metrics HTTP server (if MetricsAddr is set).
+//   - raft's goroutines (package consensus).
+//
+// # Pitfalls
+//
+//   - Apply must stay deterministic: no time.Now, no map iteration order,
+//     no I/O besides the batch. Add new inputs to the command instead.
+//   - An apply function checks everything before it writes anything: the
+//     batch is shared by the whole raft group of commands.
+//   - Heartbeat state (server liveness, capacity, session leases, open
+//     inodes) is leader memory and is rebuilt from heartbeats after a
+//     leader change.
+package meta

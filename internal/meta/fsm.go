@@ -1,0 +1,362 @@
+package meta
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/hashicorp/raft"
+	"github.com/stratafs/strata/internal/consensus"
+	"github.com/stratafs/strata/internal/kv"
+	"github.com/stratafs/strata/internal/meta/schema"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// fsm is the metadata state machine: the namespace, sessions, dedupe
+// records and registry, in one kv.Store, changed only by ApplyBatch.
+//
+// Invariants (checked by tests):
+//   - Apply is a pure function of (store contents, command): no clocks, no
+//     randomness, no map iteration order, no network.
+//   - The counters record, including the last applied raft index, is written
+//     in the same kv batch as the effects of the entries it covers, so a
+//     replay after a restart skips exactly the entries already applied.
+//   - FSM writes are not synced: the raft log is. Snapshot syncs first.
+type fsm struct {
+	db kv.Store
+
+	// mu serialises ApplyBatch, Snapshot, Restore and applyLocal (raft never
+	// calls them concurrently; applyLocal is for tests and bulk loads).
+	mu  sync.Mutex
+	ctr schema.Counters // guarded by mu
+	x   opCtx           // scratch for one command; guarded by mu
+
+	// Published after each batch for readers outside the FSM goroutine.
+	applied atomic.Uint64
+	inodes  atomic.Uint64
+
+	// onBatch, if set, observes the number of entries in each applied batch.
+	onBatch func(n int)
+}
+
+var _ consensus.StateMachine = (*fsm)(nil)
+
+func newFSM(db kv.Store) (*fsm, error) {
+	f := &fsm{db: db}
+	if err := f.loadCounters(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *fsm) loadCounters() error {
+	v, err := f.db.Get(schema.CountersKey())
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		f.ctr = schema.Counters{}
+	case err != nil:
+		return fmt.Errorf("load counters: %w", err)
+	default:
+		if f.ctr, err = schema.DecodeCounters(v); err != nil {
+			return fmt.Errorf("load counters: %w", err)
+		}
+	}
+	f.applied.Store(f.ctr.AppliedIndex)
+	f.inodes.Store(f.ctr.Inodes)
+	return nil
+}
+
+// AppliedIndex is the last raft index whose effects are in the store.
+func (f *fsm) AppliedIndex() uint64 { return f.applied.Load() }
+
+// result is the answer of one applied command.
+type result struct {
+	errno syscall.Errno
+	msg   string
+	body  []byte // encoded response message when errno is 0
+}
+
+func (r *result) err() error {
+	if r.errno == 0 {
+		return nil
+	}
+	return &rpc.Error{Errno: r.errno, Msg: r.msg}
+}
+
+func errResult(err error) *result {
+	errno := rpc.ErrnoOf(err)
+	if errno == 0 {
+		errno = syscall.EIO
+	}
+	return &result{errno: errno, msg: err.Error()}
+}
+
+func (f *fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
+
+// ApplyBatch applies a group of committed entries in one kv batch: the
+// state-machine half of group commit.
+func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]any, len(logs))
+	b := f.db.NewBatch()
+	defer b.Close()
+	n := 0
+	for i, l := range logs {
+		if l.Index <= f.ctr.AppliedIndex {
+			out[i] = &result{errno: syscall.EALREADY, msg: "entry already applied"}
+			continue
+		}
+		if l.Type == raft.LogCommand {
+			out[i] = f.applyOne(b, l.Data)
+			n++
+		}
+		f.ctr.AppliedIndex, f.ctr.AppliedTerm = l.Index, l.Term
+	}
+	f.commitLocked(b)
+	if f.onBatch != nil && n > 0 {
+		f.onBatch(n)
+	}
+	return out
+}
+
+// applyLocal applies commands without a raft log: for bulk loads in tests.
+// The applied index does not move.
+func (f *fsm) applyLocal(cmds [][]byte) []*result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := f.db.NewBatch()
+	defer b.Close()
+	out := make([]*result, len(cmds))
+	for i, c := range cmds {
+		out[i] = f.applyOne(b, c)
+	}
+	f.commitLocked(b)
+	return out
+}
+
+func (f *fsm) commitLocked(b kv.Batch) {
+	if err := b.Set(schema.CountersKey(), schema.AppendCounters(nil, &f.ctr)); err != nil {
+		panic(fmt.Sprintf("meta: kv batch set counters: %v", err))
+	}
+	// A failed write leaves the replicas' states unknown; the only safe
+	// answer is to stop and let the restart replay the log.
+	if err := b.Apply(false); err != nil {
+		panic(fmt.Sprintf("meta: applying raft batch to the metadata store failed: %v", err))
+	}
+	f.applied.Store(f.ctr.AppliedIndex)
+	f.inodes.Store(f.ctr.Inodes)
+}
+
+// mutating reports whether op carries a ReqHeader worth deduplicating.
+func (o op) deduped() bool {
+	switch o {
+	case opInit, opSessionOpen, opSessionClose, opRegister, opReap:
+		return false
+	}
+	return true
+}
+
+// dedupeKeep is how many answers are kept per client: a client retries
+// only its few outstanding requests, so a few hundred is plenty.
+const dedupeKeep = 512
+
+func (f *fsm) applyOne(b kv.Batch, data []byte) *result {
+	var c command
+	if err := decodeCommand(data, &c); err != nil {
+		return &result{errno: syscall.EINVAL, msg: err.Error()}
+	}
+	record := false
+	if c.Op.deduped() && c.Hdr.ClientID != 0 {
+		key := schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq)
+		if v, err := b.Get(key); err == nil {
+			r, err := schema.DecodeResult(v)
+			if err != nil {
+				return errResult(fmt.Errorf("dedupe record of client %d seq %d: %w", c.Hdr.ClientID, c.Hdr.Seq, err))
+			}
+			return &result{errno: syscall.Errno(r.Errno), msg: r.Msg, body: r.Body}
+		}
+		// Only sessions' requests are remembered: their records are
+		// dropped with the session, so the table stays bounded.
+		if _, err := b.Get(schema.SessionKey(c.Hdr.ClientID)); err == nil {
+			record = true
+		}
+	}
+	x := &f.x
+	x.reset(f, b, c.Now)
+	var res *result
+	body, err := x.apply(&c)
+	if err != nil {
+		res = errResult(err)
+	} else {
+		if err := x.flush(); err != nil {
+			panic(fmt.Sprintf("meta: kv batch write: %v", err))
+		}
+		res = &result{body: body}
+	}
+	if record {
+		rec := schema.Result{Errno: uint32(res.errno), Msg: res.msg, Body: res.body}
+		if err := b.Set(schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq), schema.AppendResult(nil, &rec)); err != nil {
+			panic(fmt.Sprintf("meta: kv batch write: %v", err))
+		}
+		if c.Hdr.Seq > dedupeKeep {
+			if err := b.Delete(schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq-dedupeKeep)); err != nil {
+				panic(fmt.Sprintf("meta: kv batch write: %v", err))
+			}
+		}
+	}
+	return res
+}
+
+// Snapshot makes the store durable and captures a consistent view of it.
+// Persist streams the view; it runs concurrently with later applies.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.db.Sync(); err != nil {
+		return nil, fmt.Errorf("snapshot: sync metadata store: %w", err)
+	}
+	return &fsmSnapshot{snap: f.db.NewSnapshot()}, nil
+}
+
+// Snapshot stream format, version 1:
+//
+//	magic "STRATAMS" (8 bytes), version (1 byte, 1)
+//	records: uvarint key length (> 0), key, uvarint value length, value
+//	end: uvarint 0, then uvarint record count
+var snapMagic = []byte("STRATAMS")
+
+const snapFormatV1 = 1
+
+type fsmSnapshot struct{ snap kv.Snapshot }
+
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := writeSnapshot(s.snap, sink); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (s *fsmSnapshot) Release() { s.snap.Close() }
+
+func writeSnapshot(r kv.Reader, w io.Writer) error {
+	bw := bufio.NewWriterSize(w, 1<<20)
+	bw.Write(snapMagic)
+	bw.WriteByte(snapFormatV1)
+	it, err := r.NewIter([]byte{0}, []byte{0xff})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	var n uint64
+	var hdr []byte
+	for ok := it.First(); ok; ok = it.Next() {
+		hdr = binary.AppendUvarint(hdr[:0], uint64(len(it.Key())))
+		bw.Write(hdr)
+		bw.Write(it.Key())
+		hdr = binary.AppendUvarint(hdr[:0], uint64(len(it.Value())))
+		bw.Write(hdr)
+		if _, err := bw.Write(it.Value()); err != nil {
+			return fmt.Errorf("write snapshot: %w", err)
+		}
+		n++
+	}
+	if err := it.Error(); err != nil {
+		return fmt.Errorf("read store for snapshot: %w", err)
+	}
+	bw.Write(binary.AppendUvarint(nil, 0))
+	bw.Write(binary.AppendUvarint(nil, n))
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("write snapshot: %w", err)
+	}
+	return nil
+}
+
+// Restore replaces the whole store with a snapshot. The counters record
+// (which carries the applied index) is written last, in the final synced
+// batch, so a crash mid-restore leaves a store that knows it is incomplete
+// (applied index 0) and is restored again at the next start.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	br := bufio.NewReaderSize(rc, 1<<20)
+	head := make([]byte, len(snapMagic)+1)
+	if _, err := io.ReadFull(br, head); err != nil {
+		return fmt.Errorf("restore: read snapshot header: %w", err)
+	}
+	if string(head[:len(snapMagic)]) != string(snapMagic) || head[len(snapMagic)] != snapFormatV1 {
+		return fmt.Errorf("restore: not a metadata snapshot of format %d", snapFormatV1)
+	}
+	b := f.db.NewBatch()
+	if err := b.DeleteRange([]byte{0}, []byte{0xff}); err != nil {
+		b.Close()
+		return err
+	}
+	var counters []byte
+	var n uint64
+	readField := func(max uint64) ([]byte, error) {
+		ln, err := binary.ReadUvarint(br)
+		if err != nil {
+			return nil, err
+		}
+		if ln > max {
+			return nil, fmt.Errorf("field of %d bytes", ln)
+		}
+		v := make([]byte, ln)
+		_, err = io.ReadFull(br, v)
+		return v, err
+	}
+	for {
+		k, err := readField(1 << 20)
+		if err != nil {
+			b.Close()
+			return fmt.Errorf("restore: read key: %w", err)
+		}
+		if len(k) == 0 {
+			break
+		}
+		v, err := readField(256 << 20)
+		if err != nil {
+			b.Close()
+			return fmt.Errorf("restore: read value: %w", err)
+		}
+		n++
+		if string(k) == string(schema.CountersKey()) {
+			counters = v
+			continue
+		}
+		if err := b.Set(k, v); err != nil {
+			b.Close()
+			return err
+		}
+		if b.Count() >= 50000 {
+			if err := b.Apply(false); err != nil {
+				b.Close()
+				return fmt.Errorf("restore: %w", err)
+			}
+			b.Close()
+			b = f.db.NewBatch()
+		}
+	}
+	defer b.Close()
+	want, err := binary.ReadUvarint(br)
+	if err != nil || want != n {
+		return fmt.Errorf("restore: snapshot has %d records, trailer says %d (%v)", n, want, err)
+	}
+	if counters != nil {
+		if err := b.Set(schema.CountersKey(), counters); err != nil {
+			return err
+		}
+	}
+	if err := b.Apply(true); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	return f.loadCounters()
+}

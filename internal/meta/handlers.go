@@ -1,0 +1,415 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"math"
+	"syscall"
+	"time"
+
+	"github.com/stratafs/strata/internal/kv"
+	"github.com/stratafs/strata/internal/meta/schema"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// rawMsg is a response already encoded by the state machine.
+type rawMsg []byte
+
+func (m rawMsg) Encode(e *rpc.Enc) { e.B = append(e.B, m...) }
+func (rawMsg) Decode(*rpc.Dec)     {}
+
+var empty = &rpc.Empty{}
+
+// handle registers fn behind the leadership check.
+func handle[Req any, PReq interface {
+	*Req
+	rpc.Message
+}](s *Service, m rpc.Method, fn func(context.Context, PReq) (rpc.Message, error)) {
+	rpc.Handle(s.srv, m, func(ctx context.Context, req PReq) (rpc.Message, error) {
+		if !s.ready.Load() {
+			return nil, s.notLeader()
+		}
+		return fn(ctx, req)
+	})
+}
+
+// mutate proposes c and turns the answer into an rpc answer.
+func (s *Service) mutate(c *command) (rpc.Message, error) {
+	r, err := s.propose(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.err(); err != nil {
+		return nil, err
+	}
+	if r.body == nil {
+		return empty, nil
+	}
+	return rawMsg(r.body), nil
+}
+
+func now() int64 { return time.Now().UnixNano() }
+
+func (s *Service) kickReaper() {
+	select {
+	case s.reapKick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Service) register() {
+	handle(s, rpc.MSessionOpen, func(_ context.Context, r *rpc.SessionOpenReq) (rpc.Message, error) {
+		lease := uint32(min(s.cfg.SessionLease.Milliseconds(), math.MaxUint32))
+		res, err := s.propose(&command{Op: opSessionOpen, Now: now(), Host: r.Host, MountPoint: r.MountPoint, Pid: r.Pid, LeaseMs: lease})
+		if err != nil {
+			return nil, err
+		}
+		if err := res.err(); err != nil {
+			return nil, err
+		}
+		var resp rpc.SessionOpenResp
+		if err := rpc.Unmarshal(res.body, &resp); err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "session open answer: %v", err)
+		}
+		s.sess.add(resp.ClientID, time.Now())
+		s.log.Info("session opened", "client", resp.ClientID, "host", r.Host, "mount", r.MountPoint, "pid", r.Pid)
+		return &resp, nil
+	})
+	handle(s, rpc.MSessionHeartbeat, func(_ context.Context, r *rpc.SessionHeartbeatReq) (rpc.Message, error) {
+		if !s.sess.heartbeat(r.ClientID, r.OpenInodes, time.Now()) {
+			return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d (expired or closed): open a new one", r.ClientID)
+		}
+		return empty, nil
+	})
+	handle(s, rpc.MSessionClose, func(_ context.Context, r *rpc.SessionCloseReq) (rpc.Message, error) {
+		if err := s.closeSession(r.ClientID); err != nil {
+			return nil, err
+		}
+		s.log.Info("session closed", "client", r.ClientID)
+		return empty, nil
+	})
+	handle(s, rpc.MLookup, s.lookup)
+	handle(s, rpc.MGetAttr, func(_ context.Context, r *rpc.GetAttrReq) (rpc.Message, error) {
+		a, err := s.getAttr(r.Ino)
+		if err != nil {
+			return nil, err
+		}
+		return &rpc.AttrResp{Attr: a}, nil
+	})
+	handle(s, rpc.MSetAttr, func(_ context.Context, r *rpc.SetAttrReq) (rpc.Message, error) {
+		return s.mutate(&command{Op: opSetAttr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Valid: r.Valid, Mode: r.Mode,
+			Uid: r.Uid, Gid: r.Gid, Size: r.Size, Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime})
+	})
+	handle(s, rpc.MCreate, func(_ context.Context, r *rpc.CreateReq) (rpc.Message, error) {
+		c := &command{Op: opCreate, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name, Mode: r.Mode,
+			Uid: r.Uid, Gid: r.Gid, Rdev: r.Rdev, Symlink: r.SymlinkTarget}
+		if r.Mode&modeType == modeReg || r.Mode&modeType == 0 {
+			c.Cands = s.live.candidates(time.Now())
+			c.RRStart = s.rr.Add(1)
+		}
+		return s.mutate(c)
+	})
+	handle(s, rpc.MUnlink, func(_ context.Context, r *rpc.EntryReq) (rpc.Message, error) {
+		m, err := s.mutate(&command{Op: opUnlink, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name})
+		if err == nil {
+			s.kickReaper()
+		}
+		return m, err
+	})
+	handle(s, rpc.MRmdir, func(_ context.Context, r *rpc.EntryReq) (rpc.Message, error) {
+		return s.mutate(&command{Op: opRmdir, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name})
+	})
+	handle(s, rpc.MRename, func(_ context.Context, r *rpc.RenameReq) (rpc.Message, error) {
+		m, err := s.mutate(&command{Op: opRename, Now: now(), Hdr: r.Hdr, Parent: r.OldParent, Name: r.OldName,
+			NewParent: r.NewParent, NewName: r.NewName, Flags: r.Flags})
+		if err == nil {
+			s.kickReaper()
+		}
+		return m, err
+	})
+	handle(s, rpc.MLink, func(_ context.Context, r *rpc.LinkReq) (rpc.Message, error) {
+		return s.mutate(&command{Op: opLink, Now: now(), Hdr: r.Hdr, Ino: r.Ino, NewParent: r.NewParent, NewName: r.NewName})
+	})
+	handle(s, rpc.MReadlink, func(_ context.Context, r *rpc.GetAttrReq) (rpc.Message, error) {
+		in, err := s.readInode(r.Ino)
+		if err != nil {
+			return nil, err
+		}
+		if in.Mode&modeType != modeLink {
+			return nil, rpc.Errorf(syscall.EINVAL, "inode %d is not a symlink", r.Ino)
+		}
+		return &rpc.ReadlinkResp{Target: in.Symlink}, nil
+	})
+	handle(s, rpc.MReadDir, s.readDir)
+	handle(s, rpc.MStatFS, func(_ context.Context, _ *rpc.Empty) (rpc.Message, error) {
+		total, free := s.live.capacity()
+		used := s.fsm.inodes.Load()
+		const maxInodes = 1 << 40
+		return &rpc.StatFSResp{TotalBytes: total, FreeBytes: free, AvailBytes: free,
+			Inodes: maxInodes, FreeInodes: maxInodes - min(used, maxInodes)}, nil
+	})
+	handle(s, rpc.MGetXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
+		v, err := s.db.Get(schema.XattrKey(r.Ino, r.Name))
+		if errors.Is(err, kv.ErrNotFound) {
+			if _, err := s.readInode(r.Ino); err != nil {
+				return nil, err
+			}
+			return nil, rpc.Errorf(syscall.ENODATA, "no xattr %q on inode %d", r.Name, r.Ino)
+		}
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "read xattr %q of inode %d: %v", r.Name, r.Ino, err)
+		}
+		return &rpc.XattrResp{Value: v}, nil
+	})
+	handle(s, rpc.MSetXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
+		return s.mutate(&command{Op: opSetXattr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Name: r.Name, Value: r.Value, Flags: r.Flags})
+	})
+	handle(s, rpc.MListXattr, s.listXattr)
+	handle(s, rpc.MRemoveXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
+		return s.mutate(&command{Op: opRemoveXattr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Name: r.Name})
+	})
+	handle(s, rpc.MCommitSize, func(_ context.Context, r *rpc.CommitSizeReq) (rpc.Message, error) {
+		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid})
+	})
+	handle(s, rpc.MGetLk, func(_ context.Context, r *rpc.LockReq) (rpc.Message, error) {
+		if !s.sess.known(r.ClientID) {
+			return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d: open a new one", r.ClientID)
+		}
+		return s.locks.get(r)
+	})
+	handle(s, rpc.MSetLk, func(ctx context.Context, r *rpc.LockReq) (rpc.Message, error) {
+		if !s.sess.known(r.ClientID) {
+			return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d: open a new one", r.ClientID)
+		}
+		if err := s.locks.set(ctx, r); err != nil {
+			return nil, err
+		}
+		return empty, nil
+	})
+	handle(s, rpc.MSetDirLayout, func(_ context.Context, r *rpc.SetDirLayoutReq) (rpc.Message, error) {
+		return s.mutate(&command{Op: opSetDirLayout, Now: now(), Hdr: r.Hdr, Ino: r.Dir, Size: uint64(r.StripeSize), Flags: r.StripeCount})
+	})
+	handle(s, rpc.MRegisterServer, func(_ context.Context, r *rpc.RegisterServerReq) (rpc.Message, error) {
+		res, err := s.propose(&command{Op: opRegister, Now: now(), Addr: r.Addr, Host: r.Host, Targets: r.Targets})
+		if err != nil {
+			return nil, err
+		}
+		if err := res.err(); err != nil {
+			return nil, err
+		}
+		var resp rpc.RegisterServerResp
+		if err := rpc.Unmarshal(res.body, &resp); err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "register answer: %v", err)
+		}
+		s.live.registered(resp.ServerID, resp.TargetIDs, r.Targets, time.Now())
+		s.log.Info("storage server registered", "server", resp.ServerID, "addr", r.Addr, "host", r.Host, "targets", resp.TargetIDs)
+		return &resp, nil
+	})
+	handle(s, rpc.MServerHeartbeat, func(_ context.Context, r *rpc.ServerHeartbeatReq) (rpc.Message, error) {
+		if _, err := s.db.Get(schema.ServerKey(r.ServerID)); errors.Is(err, kv.ErrNotFound) {
+			return nil, rpc.Errorf(syscall.ESTALE, "unknown storage server %d: register again", r.ServerID)
+		} else if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "read server %d: %v", r.ServerID, err)
+		}
+		s.live.heartbeat(r.ServerID, r.Targets, time.Now())
+		return empty, nil
+	})
+	handle(s, rpc.MClusterStatus, s.clusterStatus)
+	handle(s, rpc.MListTargets, func(_ context.Context, _ *rpc.Empty) (rpc.Message, error) {
+		_, targets, err := s.registry()
+		if err != nil {
+			return nil, err
+		}
+		return &rpc.ListTargetsResp{Targets: targets}, nil
+	})
+}
+
+func (s *Service) readInode(ino uint64) (*schema.Inode, error) {
+	v, err := s.db.Get(schema.InodeKey(ino))
+	if errors.Is(err, kv.ErrNotFound) {
+		return nil, rpc.Errorf(syscall.ENOENT, "inode %d does not exist", ino)
+	}
+	if err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "read inode %d: %v", ino, err)
+	}
+	in := new(schema.Inode)
+	if err := schema.DecodeInode(v, in); err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "inode %d: %v", ino, err)
+	}
+	return in, nil
+}
+
+func (s *Service) getAttr(ino uint64) (rpc.Attr, error) {
+	in, err := s.readInode(ino)
+	if err != nil {
+		return rpc.Attr{}, err
+	}
+	return toAttr(ino, in), nil
+}
+
+func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, error) {
+	if err := checkName(r.Name); err != nil {
+		return nil, err
+	}
+	v, err := s.db.Get(schema.DentryKey(r.Parent, r.Name))
+	if errors.Is(err, kv.ErrNotFound) {
+		in, err := s.readInode(r.Parent)
+		if err != nil {
+			return nil, err
+		}
+		if in.Mode&modeType != modeDir {
+			return nil, rpc.Errorf(syscall.ENOTDIR, "inode %d is not a directory", r.Parent)
+		}
+		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", r.Name, r.Parent)
+	}
+	if err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "lookup %d/%q: %v", r.Parent, r.Name, err)
+	}
+	de, err := schema.DecodeDentry(v)
+	if err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "entry %d/%q: %v", r.Parent, r.Name, err)
+	}
+	a, err := s.getAttr(de.Ino)
+	if err != nil {
+		// The entry was removed between the two reads.
+		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", r.Name, r.Parent)
+	}
+	return &rpc.AttrResp{Attr: a}, nil
+}
+
+const (
+	readDirDefault = 1024
+	readDirMax     = 8192
+)
+
+// readDir lists a directory from the cursor name onwards. Entries come from
+// one iterator (a consistent view), so a page never mixes states; across
+// pages the name cursor guarantees that an entry present throughout is
+// listed exactly once.
+func (s *Service) readDir(_ context.Context, r *rpc.ReadDirReq) (rpc.Message, error) {
+	dir, err := s.readInode(r.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if dir.Mode&modeType != modeDir {
+		return nil, rpc.Errorf(syscall.ENOTDIR, "inode %d is not a directory", r.Dir)
+	}
+	limit := int(r.Limit)
+	if limit == 0 {
+		limit = readDirDefault
+	}
+	limit = min(limit, readDirMax)
+	prefix := schema.DentryPrefix(r.Dir)
+	lower := prefix
+	if r.After != "" {
+		lower = append(schema.DentryKey(r.Dir, r.After), 0) // first name after the cursor
+	}
+	it, err := s.db.NewIter(lower, kv.PrefixEnd(prefix))
+	if err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "list directory %d: %v", r.Dir, err)
+	}
+	defer it.Close()
+	resp := &rpc.ReadDirResp{Entries: make([]rpc.DirEntry, 0, min(limit, 256))}
+	ok := it.First()
+	for ; ok && len(resp.Entries) < limit; ok = it.Next() {
+		de, err := schema.DecodeDentry(it.Value())
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "entry %x: %v", it.Key(), err)
+		}
+		e := rpc.DirEntry{Name: string(schema.DentryName(it.Key())), Ino: de.Ino, Mode: de.Type}
+		if r.Plus {
+			in, err := s.readInode(de.Ino)
+			if err != nil {
+				continue // removed since the iterator was opened
+			}
+			e.Attr = toAttr(de.Ino, in)
+			e.Mode = in.Mode
+		}
+		resp.Entries = append(resp.Entries, e)
+	}
+	if err := it.Error(); err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "list directory %d: %v", r.Dir, err)
+	}
+	resp.EOF = !ok
+	return resp, nil
+}
+
+func (s *Service) listXattr(_ context.Context, r *rpc.GetAttrReq) (rpc.Message, error) {
+	if _, err := s.readInode(r.Ino); err != nil {
+		return nil, err
+	}
+	p := schema.XattrPrefix(r.Ino)
+	it, err := s.db.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "list xattrs of %d: %v", r.Ino, err)
+	}
+	defer it.Close()
+	resp := &rpc.ListXattrResp{}
+	for ok := it.First(); ok; ok = it.Next() {
+		_, name, err := schema.DecodeXattrKey(it.Key())
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "%v", err)
+		}
+		resp.Names = append(resp.Names, name)
+	}
+	return resp, it.Error()
+}
+
+// registry lists the registered servers and targets with their health.
+func (s *Service) registry() ([]rpc.ServerInfo, []rpc.TargetInfo, error) {
+	now := time.Now()
+	var servers []rpc.ServerInfo
+	addrs := map[uint32]string{}
+	p := schema.ServerPrefix()
+	it, err := s.db.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return nil, nil, err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		sv, err := schema.DecodeServer(it.Value())
+		if err != nil {
+			it.Close()
+			return nil, nil, rpc.Errorf(syscall.EIO, "server record: %v", err)
+		}
+		alive, seen := s.live.alive(sv.ID, now)
+		info := rpc.ServerInfo{ID: sv.ID, Addr: sv.Addr, Host: sv.Host, Alive: alive, LastSeenMs: -1}
+		if !seen.IsZero() {
+			info.LastSeenMs = now.Sub(seen).Milliseconds()
+		}
+		servers = append(servers, info)
+		addrs[sv.ID] = sv.Addr
+	}
+	it.Close()
+	var targets []rpc.TargetInfo
+	p = schema.TargetPrefix()
+	if it, err = s.db.NewIter(p, kv.PrefixEnd(p)); err != nil {
+		return nil, nil, err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		t, err := schema.DecodeTarget(it.Value())
+		if err != nil {
+			return nil, nil, rpc.Errorf(syscall.EIO, "target record: %v", err)
+		}
+		alive, _ := s.live.alive(t.ServerID, now)
+		u, _ := s.live.usage(t.ID)
+		targets = append(targets, rpc.TargetInfo{ID: t.ID, ServerID: t.ServerID, Addr: addrs[t.ServerID], Path: t.Path,
+			TotalBytes: u.total, FreeBytes: u.free, Alive: alive})
+	}
+	return servers, targets, it.Error()
+}
+
+func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, error) {
+	st := s.node.Stats()
+	leader, _ := s.node.Leader()
+	servers, targets, err := s.registry()
+	if err != nil {
+		return nil, err
+	}
+	return &rpc.ClusterStatusResp{
+		MetaAddr: s.Addr(), RaftState: st.State, Leader: leader, Term: st.Term,
+		CommitIndex: st.CommitIndex, AppliedIndex: s.fsm.AppliedIndex(),
+		Inodes: s.fsm.inodes.Load(), Sessions: uint32(s.sess.count()),
+		Servers: servers, Targets: targets,
+	}, nil
+}

@@ -1,0 +1,187 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+var testKey = []byte("test-cluster-key")
+
+func testConfig(t testing.TB, dir string) Config {
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	return Config{DataDir: dir, ListenAddr: "127.0.0.1:0", ClusterKey: testKey}
+}
+
+func openService(t testing.TB, cfg Config) *Service {
+	t.Helper()
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// client is a test client with a session and a request sequence.
+type client struct {
+	t   testing.TB
+	c   *rpc.Client
+	id  uint64
+	seq atomic.Uint64
+}
+
+func newClient(t testing.TB, addr string) *client {
+	t.Helper()
+	c := &client{t: t, c: rpc.NewClient(addr, rpc.ClientConfig{Key: testKey, Conns: 4})}
+	t.Cleanup(func() { c.c.Close() })
+	var resp rpc.SessionOpenResp
+	if err := c.call(rpc.MSessionOpen, &rpc.SessionOpenReq{Host: "test", MountPoint: "/t", Pid: 1}, &resp); err != nil {
+		t.Fatalf("session open: %v", err)
+	}
+	c.id = resp.ClientID
+	return c
+}
+
+func (c *client) call(m rpc.Method, req, resp rpc.Message) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return c.c.Call(ctx, m, req, resp)
+}
+
+func (c *client) hdr() rpc.ReqHeader { return rpc.ReqHeader{ClientID: c.id, Seq: c.seq.Add(1)} }
+
+func (c *client) create(parent uint64, name string, mode uint32) (rpc.Attr, error) {
+	var r rpc.AttrResp
+	err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: parent, Name: name, Mode: mode}, &r)
+	return r.Attr, err
+}
+
+func (c *client) mustCreate(parent uint64, name string, mode uint32) rpc.Attr {
+	c.t.Helper()
+	a, err := c.create(parent, name, mode)
+	if err != nil {
+		c.t.Fatalf("create %d/%q: %v", parent, name, err)
+	}
+	return a
+}
+
+func (c *client) lookup(parent uint64, name string) (rpc.Attr, error) {
+	var r rpc.AttrResp
+	err := c.call(rpc.MLookup, &rpc.LookupReq{Parent: parent, Name: name}, &r)
+	return r.Attr, err
+}
+
+func (c *client) getattr(ino uint64) (rpc.Attr, error) {
+	var r rpc.AttrResp
+	err := c.call(rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &r)
+	return r.Attr, err
+}
+
+func (c *client) mustGetattr(ino uint64) rpc.Attr {
+	c.t.Helper()
+	a, err := c.getattr(ino)
+	if err != nil {
+		c.t.Fatalf("getattr %d: %v", ino, err)
+	}
+	return a
+}
+
+func (c *client) unlink(parent uint64, name string) (rpc.Attr, error) {
+	var r rpc.AttrResp
+	err := c.call(rpc.MUnlink, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &r)
+	return r.Attr, err
+}
+
+func (c *client) rmdir(parent uint64, name string) error {
+	return c.call(rpc.MRmdir, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, nil)
+}
+
+func (c *client) rename(op uint64, on string, np uint64, nn string, flags uint32) error {
+	return c.call(rpc.MRename, &rpc.RenameReq{Hdr: c.hdr(), OldParent: op, OldName: on, NewParent: np, NewName: nn, Flags: flags}, nil)
+}
+
+func (c *client) readdirAll(dir uint64, limit uint32, plus bool) ([]rpc.DirEntry, error) {
+	var out []rpc.DirEntry
+	after := ""
+	for {
+		var r rpc.ReadDirResp
+		if err := c.call(rpc.MReadDir, &rpc.ReadDirReq{Dir: dir, After: after, Limit: limit, Plus: plus}, &r); err != nil {
+			return out, err
+		}
+		out = append(out, r.Entries...)
+		if len(r.Entries) > 0 {
+			after = r.Entries[len(r.Entries)-1].Name
+		}
+		if r.EOF {
+			return out, nil
+		}
+		if len(r.Entries) == 0 {
+			return out, fmt.Errorf("empty page without EOF")
+		}
+	}
+}
+
+func wantErrno(t testing.TB, err error, want syscall.Errno, what string) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Fatalf("%s: got %v, want %v", what, err, want)
+	}
+}
+
+// fakeStore is a peer double for a storage server: it answers SRemove and
+// records the calls.
+type fakeStore struct {
+	srv  *rpc.Server
+	addr string
+	mu   sync.Mutex
+	rm   []rpc.ChunkID
+}
+
+func newFakeStore(t testing.TB) *fakeStore {
+	f := &fakeStore{srv: rpc.NewServer(testKey)}
+	rpc.Handle(f.srv, rpc.SRemove, func(_ context.Context, r *rpc.ChunkReq) (*rpc.Empty, error) {
+		f.mu.Lock()
+		f.rm = append(f.rm, r.Chunk)
+		f.mu.Unlock()
+		return &rpc.Empty{}, nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.addr = ln.Addr().String()
+	go f.srv.Serve(ln)
+	t.Cleanup(func() { f.srv.Close() })
+	return f
+}
+
+func (f *fakeStore) removed() []rpc.ChunkID {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]rpc.ChunkID(nil), f.rm...)
+}
+
+// registerTargets registers a server with n targets and returns their ids.
+func (c *client) registerTargets(addr string, uuids ...string) rpc.RegisterServerResp {
+	c.t.Helper()
+	req := &rpc.RegisterServerReq{Addr: addr, Host: "h"}
+	for _, u := range uuids {
+		req.Targets = append(req.Targets, rpc.TargetReg{UUID: u, Path: "/t/" + u, TotalBytes: 1 << 40, FreeBytes: 1 << 39})
+	}
+	var resp rpc.RegisterServerResp
+	if err := c.call(rpc.MRegisterServer, req, &resp); err != nil {
+		c.t.Fatalf("register: %v", err)
+	}
+	return resp
+}

@@ -1,0 +1,410 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/stratafs/strata/internal/kv"
+	"github.com/stratafs/strata/internal/layout"
+	"github.com/stratafs/strata/internal/meta/schema"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// sessions is the leader's view of client sessions: lease renewal times and
+// the inodes each client reports open. The set of sessions mirrors the
+// replicated session records (loaded when leadership starts, changed with
+// each SessionOpen/Close); times and open inodes live only in memory.
+type sessions struct {
+	mu struct {
+		sync.Mutex
+		m map[uint64]*sessionState
+	}
+}
+
+type sessionState struct {
+	lastSeen time.Time
+	open     []uint64 // as last reported
+}
+
+func newSessions() *sessions {
+	s := &sessions{}
+	s.mu.m = map[uint64]*sessionState{}
+	return s
+}
+
+// load replaces the table with the replicated sessions, all freshly renewed:
+// a new leader gives every client a full lease to find it.
+func (s *sessions) load(db kv.Reader, now time.Time) error {
+	p := schema.SessionPrefix()
+	it, err := db.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	m := map[uint64]*sessionState{}
+	for ok := it.First(); ok; ok = it.Next() {
+		id, err := schema.DecodeSessionKey(it.Key())
+		if err != nil {
+			return err
+		}
+		m[id] = &sessionState{lastSeen: now}
+	}
+	if err := it.Error(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.mu.m = m
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *sessions) add(id uint64, now time.Time) {
+	s.mu.Lock()
+	s.mu.m[id] = &sessionState{lastSeen: now}
+	s.mu.Unlock()
+}
+
+func (s *sessions) remove(id uint64) {
+	s.mu.Lock()
+	delete(s.mu.m, id)
+	s.mu.Unlock()
+}
+
+func (s *sessions) known(id uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.mu.m[id]
+	return ok
+}
+
+func (s *sessions) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.mu.m)
+}
+
+// heartbeat renews a lease; false if the session is unknown.
+func (s *sessions) heartbeat(id uint64, open []uint64, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.mu.m[id]
+	if !ok {
+		return false
+	}
+	st.lastSeen = now
+	st.open = append(st.open[:0], open...)
+	return true
+}
+
+// expired lists sessions whose lease ran out.
+func (s *sessions) expired(now time.Time, lease time.Duration) []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []uint64
+	for id, st := range s.mu.m {
+		if now.Sub(st.lastSeen) > lease {
+			out = append(out, id)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// openSet is every inode some live session reports open.
+func (s *sessions) openSet() map[uint64]struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[uint64]struct{}{}
+	for _, st := range s.mu.m {
+		for _, ino := range st.open {
+			out[ino] = struct{}{}
+		}
+	}
+	return out
+}
+
+// liveness tracks storage servers' heartbeats and their targets' capacity
+// (leader memory; not replicated — a new leader learns it from the next
+// heartbeats).
+type liveness struct {
+	timeout time.Duration
+	mu      struct {
+		sync.Mutex
+		servers map[uint32]time.Time // last heartbeat or registration
+		targets map[uint32]targetUsage
+		cands   []layout.Candidate // cached candidates for new files
+		candsAt time.Time
+	}
+}
+
+type targetUsage struct {
+	server      uint32
+	total, free uint64
+}
+
+// candidateTTL bounds how stale the cached placement candidates may be.
+const candidateTTL = 200 * time.Millisecond
+
+func newLiveness(timeout time.Duration) *liveness {
+	l := &liveness{timeout: timeout}
+	l.mu.servers = map[uint32]time.Time{}
+	l.mu.targets = map[uint32]targetUsage{}
+	return l
+}
+
+func (l *liveness) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.mu.servers = map[uint32]time.Time{}
+	l.mu.targets = map[uint32]targetUsage{}
+	l.mu.cands, l.mu.candsAt = nil, time.Time{}
+}
+
+func (l *liveness) aliveLocked(server uint32, now time.Time) bool {
+	t, ok := l.mu.servers[server]
+	return ok && now.Sub(t) < l.timeout
+}
+
+func (l *liveness) alive(server uint32, now time.Time) (bool, time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.aliveLocked(server, now), l.mu.servers[server]
+}
+
+func (l *liveness) usage(target uint32) (targetUsage, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u, ok := l.mu.targets[target]
+	return u, ok
+}
+
+// registered records a registration as a heartbeat.
+func (l *liveness) registered(server uint32, ids []uint32, regs []rpc.TargetReg, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.mu.servers[server] = now
+	for i, id := range ids {
+		l.mu.targets[id] = targetUsage{server: server, total: regs[i].TotalBytes, free: regs[i].FreeBytes}
+	}
+	l.mu.candsAt = time.Time{}
+}
+
+func (l *liveness) heartbeat(server uint32, usage []rpc.TargetUsage, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.aliveLocked(server, now) {
+		l.mu.candsAt = time.Time{}
+	}
+	l.mu.servers[server] = now
+	for _, u := range usage {
+		old, ok := l.mu.targets[u.ID]
+		if !ok || (old.free == 0) != (u.FreeBytes == 0) {
+			l.mu.candsAt = time.Time{}
+		}
+		l.mu.targets[u.ID] = targetUsage{server: server, total: u.TotalBytes, free: u.FreeBytes}
+	}
+}
+
+// candidates lists live targets with free space, by id. The slice is
+// shared: callers must not modify it.
+func (l *liveness) candidates(now time.Time) []layout.Candidate {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.mu.candsAt.IsZero() && now.Sub(l.mu.candsAt) < candidateTTL {
+		return l.mu.cands
+	}
+	out := make([]layout.Candidate, 0, len(l.mu.targets))
+	for id, u := range l.mu.targets {
+		if u.free > 0 && l.aliveLocked(u.server, now) {
+			out = append(out, layout.Candidate{ID: id, FreeBytes: u.free})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	l.mu.cands, l.mu.candsAt = out, now
+	return out
+}
+
+// capacity sums the last reported capacity of every known target.
+func (l *liveness) capacity() (total, free uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, u := range l.mu.targets {
+		total += u.total
+		free += u.free
+	}
+	return total, free
+}
+
+// leaderLoop runs while this node leads: it expires sessions and reaps
+// orphans. It owns nothing but its timers; state changes go through raft.
+func (s *Service) leaderLoop(ctx context.Context) {
+	sessTick := clampDur(s.cfg.SessionLease/4, 25*time.Millisecond, time.Second)
+	reapTick := clampDur(s.cfg.OrphanGrace/4, 50*time.Millisecond, time.Second)
+	st := time.NewTicker(sessTick)
+	defer st.Stop()
+	rt := time.NewTicker(reapTick)
+	defer rt.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-st.C:
+			s.expireSessions()
+		case <-rt.C:
+			s.reapOrphans(ctx)
+		case <-s.reapKick:
+			s.reapOrphans(ctx)
+		}
+	}
+}
+
+func clampDur(d, lo, hi time.Duration) time.Duration {
+	return max(lo, min(d, hi))
+}
+
+func (s *Service) expireSessions() {
+	for _, id := range s.sess.expired(time.Now(), s.cfg.SessionLease) {
+		if err := s.closeSession(id); err != nil {
+			s.log.Warn("expire session", "client", id, "err", err)
+			return
+		}
+		s.log.Info("session expired", "client", id, "lease", s.cfg.SessionLease)
+	}
+}
+
+// closeSession removes a session through raft, then frees its locks.
+func (s *Service) closeSession(id uint64) error {
+	r, err := s.propose(&command{Op: opSessionClose, Now: time.Now().UnixNano(), Ino: id})
+	if err != nil {
+		return err
+	}
+	if err := r.err(); err != nil {
+		return err
+	}
+	s.sess.remove(id)
+	if n := s.locks.releaseClient(id); n > 0 {
+		s.log.Info("released locks of closed session", "client", id, "locks", n)
+	}
+	return nil
+}
+
+// reapBatch bounds the orphans handled per pass.
+const reapBatch = 256
+
+// reapOrphans deletes the chunks of unlinked files that no session holds
+// open and then the orphan records. A store that cannot be reached leaves
+// its orphans for a later pass.
+func (s *Service) reapOrphans(ctx context.Context) {
+	if time.Since(time.Unix(0, s.leaderSince.Load())) < s.cfg.OrphanGrace {
+		return
+	}
+	open := s.sess.openSet()
+	p := schema.OrphanPrefix()
+	it, err := s.db.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		s.log.Warn("scan orphans", "err", err)
+		return
+	}
+	var inos []uint64
+	for ok := it.First(); ok && len(inos) < reapBatch; ok = it.Next() {
+		ino, err := schema.DecodeOrphanKey(it.Key())
+		if err != nil {
+			s.log.Error("bad orphan record", "key", it.Key(), "err", err)
+			continue
+		}
+		if _, isOpen := open[ino]; !isOpen {
+			inos = append(inos, ino)
+		}
+	}
+	it.Close()
+	for _, ino := range inos {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := s.removeChunks(ctx, ino); err != nil {
+			s.log.Warn("orphan data not removed yet; will retry", "ino", ino, "err", err)
+			continue
+		}
+		r, err := s.propose(&command{Op: opReap, Now: time.Now().UnixNano(), Ino: ino})
+		if err == nil {
+			err = r.err()
+		}
+		if err != nil {
+			s.log.Warn("reap orphan", "ino", ino, "err", err)
+			return
+		}
+		s.m.reaped.Inc()
+	}
+}
+
+func (s *Service) removeChunks(ctx context.Context, ino uint64) error {
+	v, err := s.db.Get(schema.InodeKey(ino))
+	if errors.Is(err, kv.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var in schema.Inode
+	if err := schema.DecodeInode(v, &in); err != nil {
+		return err
+	}
+	var errs []error
+	for _, tid := range in.Layout.Targets {
+		addr, err := s.targetAddr(tid)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if addr == "" {
+			continue // target unknown to the registry: nothing to contact
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = s.peer(addr).Call(cctx, rpc.SRemove, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: tid, Ino: ino}}, nil)
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// targetAddr is the data address of the server owning target tid ("" when
+// the target is not registered).
+func (s *Service) targetAddr(tid uint32) (string, error) {
+	v, err := s.db.Get(schema.TargetKey(tid))
+	if errors.Is(err, kv.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	t, err := schema.DecodeTarget(v)
+	if err != nil {
+		return "", err
+	}
+	sv, err := s.db.Get(schema.ServerKey(t.ServerID))
+	if err != nil {
+		return "", err
+	}
+	srv, err := schema.DecodeServer(sv)
+	if err != nil {
+		return "", err
+	}
+	return srv.Addr, nil
+}
+
+// peer returns a cached rpc client for a storage server.
+func (s *Service) peer(addr string) *rpc.Client {
+	s.peers.Lock()
+	defer s.peers.Unlock()
+	c := s.peers.m[addr]
+	if c == nil {
+		c = rpc.NewClient(addr, rpc.ClientConfig{Key: s.cfg.ClusterKey, Conns: 1, DialTimeout: 2 * time.Second})
+		s.peers.m[addr] = c
+	}
+	return c
+}

@@ -1,0 +1,94 @@
+package meta
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// metrics are the service's Prometheus collectors, in a registry of their
+// own so that several services can run in one process (tests, strata up).
+type metrics struct {
+	reg     *prometheus.Registry
+	ops     *prometheus.CounterVec
+	latency *prometheus.HistogramVec
+	batch   prometheus.Histogram
+	reaped  prometheus.Counter
+}
+
+var methodNames = map[rpc.Method]string{
+	rpc.MSessionOpen: "session_open", rpc.MSessionHeartbeat: "session_heartbeat", rpc.MSessionClose: "session_close",
+	rpc.MLookup: "lookup", rpc.MGetAttr: "getattr", rpc.MSetAttr: "setattr", rpc.MCreate: "create",
+	rpc.MUnlink: "unlink", rpc.MRmdir: "rmdir", rpc.MRename: "rename", rpc.MLink: "link",
+	rpc.MReadlink: "readlink", rpc.MReadDir: "readdir", rpc.MStatFS: "statfs", rpc.MGetXattr: "getxattr",
+	rpc.MSetXattr: "setxattr", rpc.MListXattr: "listxattr", rpc.MRemoveXattr: "removexattr",
+	rpc.MCommitSize: "commit_size", rpc.MGetLk: "getlk", rpc.MSetLk: "setlk", rpc.MSetDirLayout: "set_dir_layout",
+	rpc.MRegisterServer: "register_server", rpc.MServerHeartbeat: "server_heartbeat",
+	rpc.MClusterStatus: "cluster_status", rpc.MListTargets: "list_targets",
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "strata_meta_ops_total", Help: "Metadata rpc requests by method and result (ok or errno name).",
+		}, []string{"method", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "strata_meta_op_seconds", Help: "Metadata rpc latency by method.",
+			Buckets: prometheus.ExponentialBuckets(20e-6, 2, 18),
+		}, []string{"method"}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "strata_meta_apply_batch_entries", Help: "Commands per raft apply batch (group commit size).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}),
+		reaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "strata_meta_orphans_reaped_total", Help: "Unlinked files whose data was removed.",
+		}),
+	}
+	m.reg.MustRegister(m.ops, m.latency, m.batch, m.reaped,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+func methodName(m rpc.Method) string {
+	if n, ok := methodNames[m]; ok {
+		return n
+	}
+	return strconv.Itoa(int(m))
+}
+
+// observe is the rpc server's hook.
+func (m *metrics) observe(method rpc.Method, d time.Duration, err error) {
+	name := methodName(method)
+	result := "ok"
+	if err != nil {
+		result = rpc.ErrnoOf(err).Error()
+	}
+	m.ops.WithLabelValues(name, result).Inc()
+	m.latency.WithLabelValues(name).Observe(d.Seconds())
+}
+
+func (s *Service) serveMetrics(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listen on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
+	s.web = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.web.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	return nil
+}

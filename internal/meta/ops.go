@@ -1,0 +1,993 @@
+package meta
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+
+	"github.com/stratafs/strata/internal/kv"
+	"github.com/stratafs/strata/internal/layout"
+	"github.com/stratafs/strata/internal/meta/schema"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// File type and permission bits (as in stat(2)).
+const (
+	modeType   = 0o170000
+	modeDir    = 0o040000
+	modeReg    = 0o100000
+	modeLink   = 0o120000
+	modeChr    = 0o020000
+	modeBlk    = 0o060000
+	modeFifo   = 0o010000
+	modeSock   = 0o140000
+	modeSetuid = 0o4000
+	modeSetgid = 0o2000
+	modePerm   = 0o7777
+	modeGrpX   = 0o0010
+)
+
+const (
+	rootIno        = 1
+	maxNameBytes   = 255
+	maxSymlinkLen  = 4096
+	maxXattrName   = 255
+	maxXattrValue  = 64 << 10
+	maxDirNlink    = 1<<31 - 1
+	opCacheEntries = 6
+)
+
+// opCtx applies one command. Inodes are read through a small per-command
+// cache and written back by flush only when the command succeeds, so a
+// command that fails halfway leaves no trace: every apply function checks
+// everything before it changes anything, and only dentry/xattr writes go
+// straight to the batch, after the checks.
+type opCtx struct {
+	f   *fsm
+	b   kv.Batch
+	now int64
+	n   int
+	c   [opCacheEntries]struct {
+		ino     uint64
+		in      schema.Inode
+		dirty   bool
+		deleted bool
+	}
+	buf []byte
+}
+
+func (x *opCtx) reset(f *fsm, b kv.Batch, now int64) {
+	x.f, x.b, x.now, x.n = f, b, now, 0
+}
+
+// inode returns the cached inode ino, loading it; ENOENT if absent.
+func (x *opCtx) inode(ino uint64) (*schema.Inode, error) {
+	for i := 0; i < x.n; i++ {
+		if x.c[i].ino == ino {
+			if x.c[i].deleted {
+				return nil, rpc.Errorf(syscall.ENOENT, "inode %d does not exist", ino)
+			}
+			return &x.c[i].in, nil
+		}
+	}
+	v, err := x.b.Get(schema.InodeKey(ino))
+	if errors.Is(err, kv.ErrNotFound) {
+		return nil, rpc.Errorf(syscall.ENOENT, "inode %d does not exist", ino)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read inode %d: %w", ino, err)
+	}
+	if x.n == len(x.c) {
+		panic("meta: opCtx inode cache overflow") // an op touching > 6 inodes is a bug
+	}
+	s := &x.c[x.n]
+	*s = struct {
+		ino     uint64
+		in      schema.Inode
+		dirty   bool
+		deleted bool
+	}{ino: ino}
+	if err := schema.DecodeInode(v, &s.in); err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "inode %d: %v", ino, err)
+	}
+	x.n++
+	return &s.in, nil
+}
+
+// put adds a new inode to the cache, dirty.
+func (x *opCtx) put(ino uint64, in schema.Inode) {
+	x.c[x.n].ino, x.c[x.n].in, x.c[x.n].dirty, x.c[x.n].deleted = ino, in, true, false
+	x.n++
+}
+
+func (x *opCtx) mark(ino uint64) {
+	for i := 0; i < x.n; i++ {
+		if x.c[i].ino == ino {
+			x.c[i].dirty = true
+		}
+	}
+}
+
+func (x *opCtx) drop(ino uint64) {
+	for i := 0; i < x.n; i++ {
+		if x.c[i].ino == ino {
+			x.c[i].deleted = true
+		}
+	}
+}
+
+// dir loads ino and checks it is a directory.
+func (x *opCtx) dir(ino uint64) (*schema.Inode, error) {
+	in, err := x.inode(ino)
+	if err != nil {
+		return nil, err
+	}
+	if in.Mode&modeType != modeDir {
+		return nil, rpc.Errorf(syscall.ENOTDIR, "inode %d is not a directory", ino)
+	}
+	return in, nil
+}
+
+func (x *opCtx) dentry(parent uint64, name string) (schema.Dentry, bool, error) {
+	x.buf = schema.AppendDentryKey(x.buf[:0], parent, name)
+	v, err := x.b.Get(x.buf)
+	if errors.Is(err, kv.ErrNotFound) {
+		return schema.Dentry{}, false, nil
+	}
+	if err != nil {
+		return schema.Dentry{}, false, fmt.Errorf("read entry %d/%q: %w", parent, name, err)
+	}
+	de, err := schema.DecodeDentry(v)
+	if err != nil {
+		return schema.Dentry{}, false, rpc.Errorf(syscall.EIO, "entry %d/%q: %v", parent, name, err)
+	}
+	return de, true, nil
+}
+
+func (x *opCtx) setDentry(parent uint64, name string, de schema.Dentry) error {
+	return x.b.Set(schema.DentryKey(parent, name), schema.AppendDentry(nil, de))
+}
+
+func (x *opCtx) delDentry(parent uint64, name string) error {
+	return x.b.Delete(schema.DentryKey(parent, name))
+}
+
+func (x *opCtx) flush() error {
+	for i := 0; i < x.n; i++ {
+		s := &x.c[i]
+		switch {
+		case s.deleted:
+			start, end := schema.InodeRange(s.ino)
+			if err := x.b.DeleteRange(start, end); err != nil {
+				return err
+			}
+		case s.dirty:
+			x.buf = schema.AppendInode(x.buf[:0], &s.in)
+			if err := x.b.Set(schema.InodeKey(s.ino), x.buf); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkName enforces the rules for one path component.
+func checkName(name string) error {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return rpc.Errorf(syscall.EINVAL, "invalid name %q", name)
+	case len(name) > maxNameBytes:
+		return rpc.Errorf(syscall.ENAMETOOLONG, "name of %d bytes is longer than %d", len(name), maxNameBytes)
+	case strings.ContainsAny(name, "/\x00"):
+		return rpc.Errorf(syscall.EINVAL, "name %q contains '/' or NUL", name)
+	}
+	return nil
+}
+
+func toAttr(ino uint64, in *schema.Inode) rpc.Attr {
+	return rpc.Attr{Ino: ino, Mode: in.Mode, Nlink: in.Nlink, Uid: in.Uid, Gid: in.Gid, Rdev: in.Rdev,
+		Size: in.Size, Atime: in.Atime, Mtime: in.Mtime, Ctime: in.Ctime, Layout: in.Layout}
+}
+
+func attrBody(ino uint64, in *schema.Inode) []byte {
+	r := rpc.AttrResp{Attr: toAttr(ino, in)}
+	return rpc.Marshal(&r)
+}
+
+// apply runs one command; the answer is the encoded response body.
+func (x *opCtx) apply(c *command) ([]byte, error) {
+	switch c.Op {
+	case opInit:
+		return x.init()
+	case opCreate:
+		return x.create(c)
+	case opSetAttr:
+		return x.setAttr(c)
+	case opUnlink:
+		return x.unlink(c)
+	case opRmdir:
+		return x.rmdir(c)
+	case opRename:
+		return x.rename(c)
+	case opLink:
+		return x.link(c)
+	case opSetXattr:
+		return x.setXattr(c)
+	case opRemoveXattr:
+		return x.removeXattr(c)
+	case opCommitSize:
+		return x.commitSize(c)
+	case opSetDirLayout:
+		return x.setDirLayout(c)
+	case opSessionOpen:
+		return x.sessionOpen(c)
+	case opSessionClose:
+		return x.sessionClose(c)
+	case opRegister:
+		return x.register(c)
+	case opReap:
+		return x.reap(c)
+	}
+	return nil, rpc.Errorf(syscall.EINVAL, "unknown command op %d", c.Op)
+}
+
+// init creates the root directory; the first command of every namespace.
+func (x *opCtx) init() ([]byte, error) {
+	ctr := &x.f.ctr
+	if ctr.NextIno != 0 {
+		return nil, nil // already initialised
+	}
+	x.put(rootIno, schema.Inode{Mode: modeDir | 0o755, Nlink: 2, Atime: x.now, Mtime: x.now, Ctime: x.now, Parent: rootIno})
+	ctr.NextIno, ctr.NextClient, ctr.NextServer, ctr.NextTarget, ctr.Inodes = rootIno+1, 1, 1, 1, 1
+	return nil, nil
+}
+
+func (x *opCtx) touchDir(ino uint64, in *schema.Inode) {
+	in.Mtime, in.Ctime = x.now, x.now
+	x.mark(ino)
+}
+
+func (x *opCtx) create(c *command) ([]byte, error) {
+	if err := checkName(c.Name); err != nil {
+		return nil, err
+	}
+	parent, err := x.dir(c.Parent)
+	if err != nil {
+		return nil, err
+	}
+	if parent.Nlink == 0 {
+		return nil, rpc.Errorf(syscall.ENOENT, "directory %d was removed", c.Parent)
+	}
+	if _, ok, err := x.dentry(c.Parent, c.Name); err != nil {
+		return nil, err
+	} else if ok {
+		return nil, rpc.Errorf(syscall.EEXIST, "%q exists in directory %d", c.Name, c.Parent)
+	}
+	mode := c.Mode
+	if mode&modeType == 0 {
+		mode |= modeReg
+	}
+	in := schema.Inode{Mode: mode, Nlink: 1, Uid: c.Uid, Gid: c.Gid, Atime: x.now, Mtime: x.now, Ctime: x.now}
+	if parent.Mode&modeSetgid != 0 {
+		in.Gid = parent.Gid
+		if mode&modeType == modeDir {
+			in.Mode |= modeSetgid
+		}
+	}
+	switch mode & modeType {
+	case modeReg:
+		l, err := placeFile(parent.Layout, c.Cands, c.RRStart)
+		if err != nil {
+			return nil, err
+		}
+		in.Layout = l
+	case modeDir:
+		if parent.Nlink >= maxDirNlink {
+			return nil, rpc.Errorf(syscall.EMLINK, "directory %d has too many subdirectories", c.Parent)
+		}
+		in.Nlink = 2
+		in.Parent = c.Parent
+		in.Layout = layout.Layout{StripeSize: parent.Layout.StripeSize, StripeCount: parent.Layout.StripeCount}
+	case modeLink:
+		if c.Symlink == "" {
+			return nil, rpc.Errorf(syscall.ENOENT, "empty symlink target")
+		}
+		if len(c.Symlink) > maxSymlinkLen {
+			return nil, rpc.Errorf(syscall.ENAMETOOLONG, "symlink target of %d bytes is longer than %d", len(c.Symlink), maxSymlinkLen)
+		}
+		in.Symlink = c.Symlink
+		in.Size = uint64(len(c.Symlink))
+		in.Mode = modeLink | 0o777
+	case modeChr, modeBlk:
+		in.Rdev = c.Rdev
+	case modeFifo, modeSock:
+	default:
+		return nil, rpc.Errorf(syscall.EINVAL, "unknown file type %o", mode&modeType)
+	}
+	ctr := &x.f.ctr
+	ino := ctr.NextIno
+	ctr.NextIno++
+	ctr.Inodes++
+	x.put(ino, in)
+	parent.Entries++
+	if mode&modeType == modeDir {
+		parent.Nlink++
+	}
+	x.touchDir(c.Parent, parent)
+	if err := x.setDentry(c.Parent, c.Name, schema.Dentry{Ino: ino, Type: in.Mode & modeType}); err != nil {
+		return nil, err
+	}
+	return attrBody(ino, &in), nil
+}
+
+// placeFile chooses a new file's layout: the directory default (zero fields
+// mean system default) over the live targets the leader listed.
+func placeFile(def layout.Layout, cands []layout.Candidate, start uint64) (layout.Layout, error) {
+	if len(cands) == 0 {
+		return layout.Layout{}, rpc.Errorf(syscall.ENOSPC, "no storage target is registered, alive and has free space: start a storage server (strata store)")
+	}
+	size := def.StripeSize
+	if size == 0 {
+		size = layout.DefaultStripeSize
+	}
+	count := def.StripeCount
+	if count == 0 {
+		count = layout.DefaultCount(len(cands))
+	}
+	if int(count) > len(cands) {
+		count = uint32(len(cands)) // degrade rather than fail while targets are down
+	}
+	ts, err := layout.Choose(cands, int(count), start)
+	if err != nil {
+		return layout.Layout{}, rpc.Errorf(syscall.ENOSPC, "choose targets: %v", err)
+	}
+	return layout.Layout{StripeSize: size, StripeCount: count, Targets: ts}, nil
+}
+
+func (x *opCtx) setAttr(c *command) ([]byte, error) {
+	in, err := x.inode(c.Ino)
+	if err != nil {
+		return nil, err
+	}
+	typ := in.Mode & modeType
+	if c.Valid&rpc.SetSize != 0 {
+		switch typ {
+		case modeReg:
+		case modeDir:
+			return nil, rpc.Errorf(syscall.EISDIR, "inode %d is a directory", c.Ino)
+		default:
+			return nil, rpc.Errorf(syscall.EINVAL, "size of inode %d (type %o) cannot change", c.Ino, typ)
+		}
+	}
+	if c.Valid&(rpc.SetUid|rpc.SetGid) != 0 && typ != modeDir {
+		// POSIX chown: clear setuid, and setgid when it means "set group
+		// id on execution" (with group-execute; without, it marks mandatory
+		// locking and stays).
+		in.Mode &^= modeSetuid
+		if in.Mode&modeGrpX != 0 {
+			in.Mode &^= modeSetgid
+		}
+	}
+	if c.Valid&rpc.SetMode != 0 {
+		in.Mode = in.Mode&^modePerm | c.Mode&modePerm
+	}
+	if c.Valid&rpc.SetUid != 0 {
+		in.Uid = c.Uid
+	}
+	if c.Valid&rpc.SetGid != 0 {
+		in.Gid = c.Gid
+	}
+	if c.Valid&rpc.SetSize != 0 {
+		in.Size = c.Size
+		if c.Valid&(rpc.SetMtime|rpc.SetMtimeNow) == 0 {
+			in.Mtime = x.now
+		}
+	}
+	switch {
+	case c.Valid&rpc.SetAtimeNow != 0:
+		in.Atime = x.now
+	case c.Valid&rpc.SetAtime != 0:
+		in.Atime = c.Atime
+	}
+	switch {
+	case c.Valid&rpc.SetMtimeNow != 0:
+		in.Mtime = x.now
+	case c.Valid&rpc.SetMtime != 0:
+		in.Mtime = c.Mtime
+	}
+	if c.Valid&rpc.SetCtime != 0 {
+		in.Ctime = c.Ctime
+	} else {
+		in.Ctime = x.now
+	}
+	x.mark(c.Ino)
+	return attrBody(c.Ino, in), nil
+}
+
+// dropLink removes one link to ino (already detached from its entry). A
+// regular file left without links becomes an orphan, which the reaper
+// deletes once its data is removed from the targets; other types go at once.
+func (x *opCtx) dropLink(ino uint64, in *schema.Inode) error {
+	in.Nlink--
+	in.Ctime = x.now
+	x.mark(ino)
+	if in.Nlink > 0 {
+		return nil
+	}
+	if in.Mode&modeType == modeReg {
+		return x.b.Set(schema.OrphanKey(ino), schema.AppendOrphan(nil, schema.Orphan{Since: x.now}))
+	}
+	x.drop(ino)
+	x.f.ctr.Inodes--
+	return nil
+}
+
+func (x *opCtx) unlink(c *command) ([]byte, error) {
+	if err := checkName(c.Name); err != nil {
+		return nil, err
+	}
+	parent, err := x.dir(c.Parent)
+	if err != nil {
+		return nil, err
+	}
+	de, ok, err := x.dentry(c.Parent, c.Name)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", c.Name, c.Parent)
+	}
+	if de.Type == modeDir {
+		return nil, rpc.Errorf(syscall.EISDIR, "%q in directory %d is a directory (use rmdir)", c.Name, c.Parent)
+	}
+	in, err := x.inode(de.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if err := x.delDentry(c.Parent, c.Name); err != nil {
+		return nil, err
+	}
+	parent.Entries--
+	x.touchDir(c.Parent, parent)
+	if err := x.dropLink(de.Ino, in); err != nil {
+		return nil, err
+	}
+	return attrBody(de.Ino, in), nil
+}
+
+func (x *opCtx) rmdir(c *command) ([]byte, error) {
+	if err := checkName(c.Name); err != nil {
+		return nil, err
+	}
+	parent, err := x.dir(c.Parent)
+	if err != nil {
+		return nil, err
+	}
+	de, ok, err := x.dentry(c.Parent, c.Name)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", c.Name, c.Parent)
+	}
+	if de.Type != modeDir {
+		return nil, rpc.Errorf(syscall.ENOTDIR, "%q in directory %d is not a directory", c.Name, c.Parent)
+	}
+	in, err := x.inode(de.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if in.Entries != 0 {
+		return nil, rpc.Errorf(syscall.ENOTEMPTY, "directory %q (inode %d) has %d entries", c.Name, de.Ino, in.Entries)
+	}
+	if err := x.delDentry(c.Parent, c.Name); err != nil {
+		return nil, err
+	}
+	in.Nlink = 0
+	x.drop(de.Ino)
+	x.f.ctr.Inodes--
+	parent.Entries--
+	parent.Nlink--
+	x.touchDir(c.Parent, parent)
+	return nil, nil
+}
+
+// isAncestor reports whether directory anc is dir or one of dir's ancestors.
+func (x *opCtx) isAncestor(anc, dir uint64) (bool, error) {
+	for depth := 0; ; depth++ {
+		if dir == anc {
+			return true, nil
+		}
+		if dir == rootIno {
+			return false, nil
+		}
+		if depth > 1<<16 {
+			return false, rpc.Errorf(syscall.ELOOP, "directory chain from %d does not reach the root", dir)
+		}
+		// Read without the op cache: walking a deep path must not fill it.
+		v, err := x.b.Get(schema.InodeKey(dir))
+		if err != nil {
+			return false, rpc.Errorf(syscall.EIO, "walk up from directory %d: %v", dir, err)
+		}
+		var in schema.Inode
+		if err := schema.DecodeInode(v, &in); err != nil {
+			return false, rpc.Errorf(syscall.EIO, "inode %d: %v", dir, err)
+		}
+		if in.Parent == 0 {
+			return false, rpc.Errorf(syscall.EIO, "directory %d has no parent", dir)
+		}
+		dir = in.Parent
+	}
+}
+
+func (x *opCtx) rename(c *command) ([]byte, error) {
+	if c.Flags&^(rpc.RenameNoReplace|rpc.RenameExchange) != 0 || c.Flags == rpc.RenameNoReplace|rpc.RenameExchange {
+		return nil, rpc.Errorf(syscall.EINVAL, "invalid rename flags %#x", c.Flags)
+	}
+	if err := checkName(c.Name); err != nil {
+		return nil, err
+	}
+	if err := checkName(c.NewName); err != nil {
+		return nil, err
+	}
+	op, err := x.dir(c.Parent)
+	if err != nil {
+		return nil, err
+	}
+	np, err := x.dir(c.NewParent)
+	if err != nil {
+		return nil, err
+	}
+	src, ok, err := x.dentry(c.Parent, c.Name)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", c.Name, c.Parent)
+	}
+	dst, dstOK, err := x.dentry(c.NewParent, c.NewName)
+	if err != nil {
+		return nil, err
+	}
+	if c.Parent == c.NewParent && c.Name == c.NewName {
+		if c.Flags&rpc.RenameNoReplace != 0 {
+			return nil, rpc.Errorf(syscall.EEXIST, "%q exists in directory %d", c.NewName, c.NewParent)
+		}
+		return nil, nil
+	}
+	if src.Type == modeDir && c.Parent != c.NewParent {
+		if in, err := x.isAncestor(src.Ino, c.NewParent); err != nil {
+			return nil, err
+		} else if in {
+			return nil, rpc.Errorf(syscall.EINVAL, "cannot move directory %q (inode %d) into its own subtree", c.Name, src.Ino)
+		}
+	}
+	srcIn, err := x.inode(src.Ino)
+	if err != nil {
+		return nil, err
+	}
+
+	if c.Flags&rpc.RenameExchange != 0 {
+		if !dstOK {
+			return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d to exchange with", c.NewName, c.NewParent)
+		}
+		if dst.Type == modeDir && c.Parent != c.NewParent {
+			if in, err := x.isAncestor(dst.Ino, c.Parent); err != nil {
+				return nil, err
+			} else if in {
+				return nil, rpc.Errorf(syscall.EINVAL, "cannot move directory %q (inode %d) into its own subtree", c.NewName, dst.Ino)
+			}
+		}
+		dstIn, err := x.inode(dst.Ino)
+		if err != nil {
+			return nil, err
+		}
+		if err := x.setDentry(c.Parent, c.Name, dst); err != nil {
+			return nil, err
+		}
+		if err := x.setDentry(c.NewParent, c.NewName, src); err != nil {
+			return nil, err
+		}
+		if c.Parent != c.NewParent {
+			x.moveDir(src.Ino, srcIn, op, np, c.NewParent)
+			x.moveDir(dst.Ino, dstIn, np, op, c.Parent)
+		}
+		srcIn.Ctime, dstIn.Ctime = x.now, x.now
+		x.mark(src.Ino)
+		x.mark(dst.Ino)
+		x.touchDir(c.Parent, op)
+		x.touchDir(c.NewParent, np)
+		return nil, nil
+	}
+
+	if dstOK {
+		if c.Flags&rpc.RenameNoReplace != 0 {
+			return nil, rpc.Errorf(syscall.EEXIST, "%q exists in directory %d", c.NewName, c.NewParent)
+		}
+		if dst.Ino == src.Ino {
+			return nil, nil // two links to one inode: POSIX says do nothing
+		}
+		dstIn, err := x.inode(dst.Ino)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case src.Type == modeDir && dst.Type != modeDir:
+			return nil, rpc.Errorf(syscall.ENOTDIR, "cannot replace non-directory %q with a directory", c.NewName)
+		case src.Type != modeDir && dst.Type == modeDir:
+			return nil, rpc.Errorf(syscall.EISDIR, "cannot replace directory %q with a non-directory", c.NewName)
+		case dst.Type == modeDir && dstIn.Entries != 0:
+			return nil, rpc.Errorf(syscall.ENOTEMPTY, "directory %q (inode %d) is not empty", c.NewName, dst.Ino)
+		}
+		if dst.Type == modeDir {
+			dstIn.Nlink = 0
+			x.drop(dst.Ino)
+			x.f.ctr.Inodes--
+			np.Nlink--
+		} else if err := x.dropLink(dst.Ino, dstIn); err != nil {
+			return nil, err
+		}
+		np.Entries--
+	}
+	if err := x.delDentry(c.Parent, c.Name); err != nil {
+		return nil, err
+	}
+	if err := x.setDentry(c.NewParent, c.NewName, src); err != nil {
+		return nil, err
+	}
+	op.Entries--
+	np.Entries++
+	if c.Parent != c.NewParent {
+		x.moveDir(src.Ino, srcIn, op, np, c.NewParent)
+	}
+	srcIn.Ctime = x.now
+	x.mark(src.Ino)
+	x.touchDir(c.Parent, op)
+	x.touchDir(c.NewParent, np)
+	return nil, nil
+}
+
+// moveDir fixes link counts and the parent pointer when directory ino moves
+// from directory from to directory to (no-op for non-directories).
+func (x *opCtx) moveDir(ino uint64, in, from, to *schema.Inode, toIno uint64) {
+	if in.Mode&modeType != modeDir {
+		return
+	}
+	from.Nlink--
+	to.Nlink++
+	in.Parent = toIno
+	x.mark(ino)
+}
+
+func (x *opCtx) link(c *command) ([]byte, error) {
+	if err := checkName(c.NewName); err != nil {
+		return nil, err
+	}
+	in, err := x.inode(c.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if in.Mode&modeType == modeDir {
+		return nil, rpc.Errorf(syscall.EPERM, "cannot hard-link directory %d", c.Ino)
+	}
+	if in.Nlink == 0 {
+		return nil, rpc.Errorf(syscall.ENOENT, "inode %d was unlinked", c.Ino)
+	}
+	parent, err := x.dir(c.NewParent)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok, err := x.dentry(c.NewParent, c.NewName); err != nil {
+		return nil, err
+	} else if ok {
+		return nil, rpc.Errorf(syscall.EEXIST, "%q exists in directory %d", c.NewName, c.NewParent)
+	}
+	if in.Nlink >= maxDirNlink {
+		return nil, rpc.Errorf(syscall.EMLINK, "inode %d has too many links", c.Ino)
+	}
+	in.Nlink++
+	in.Ctime = x.now
+	x.mark(c.Ino)
+	parent.Entries++
+	x.touchDir(c.NewParent, parent)
+	if err := x.setDentry(c.NewParent, c.NewName, schema.Dentry{Ino: c.Ino, Type: in.Mode & modeType}); err != nil {
+		return nil, err
+	}
+	return attrBody(c.Ino, in), nil
+}
+
+func checkXattrName(name string) error {
+	if name == "" {
+		return rpc.Errorf(syscall.EINVAL, "empty xattr name")
+	}
+	if len(name) > maxXattrName {
+		return rpc.Errorf(syscall.ERANGE, "xattr name of %d bytes is longer than %d", len(name), maxXattrName)
+	}
+	return nil
+}
+
+func (x *opCtx) setXattr(c *command) ([]byte, error) {
+	if err := checkXattrName(c.Name); err != nil {
+		return nil, err
+	}
+	if len(c.Value) > maxXattrValue {
+		return nil, rpc.Errorf(syscall.E2BIG, "xattr value of %d bytes is larger than %d", len(c.Value), maxXattrValue)
+	}
+	if c.Flags&^(rpc.XattrCreate|rpc.XattrReplace) != 0 {
+		return nil, rpc.Errorf(syscall.EINVAL, "invalid xattr flags %#x", c.Flags)
+	}
+	in, err := x.inode(c.Ino)
+	if err != nil {
+		return nil, err
+	}
+	key := schema.XattrKey(c.Ino, c.Name)
+	_, err = x.b.Get(key)
+	exists := err == nil
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return nil, err
+	}
+	if exists && c.Flags&rpc.XattrCreate != 0 {
+		return nil, rpc.Errorf(syscall.EEXIST, "xattr %q of inode %d exists", c.Name, c.Ino)
+	}
+	if !exists && c.Flags&rpc.XattrReplace != 0 {
+		return nil, rpc.Errorf(syscall.ENODATA, "no xattr %q on inode %d", c.Name, c.Ino)
+	}
+	if err := x.b.Set(key, c.Value); err != nil {
+		return nil, err
+	}
+	in.Ctime = x.now
+	x.mark(c.Ino)
+	return nil, nil
+}
+
+func (x *opCtx) removeXattr(c *command) ([]byte, error) {
+	if err := checkXattrName(c.Name); err != nil {
+		return nil, err
+	}
+	in, err := x.inode(c.Ino)
+	if err != nil {
+		return nil, err
+	}
+	key := schema.XattrKey(c.Ino, c.Name)
+	if _, err := x.b.Get(key); errors.Is(err, kv.ErrNotFound) {
+		return nil, rpc.Errorf(syscall.ENODATA, "no xattr %q on inode %d", c.Name, c.Ino)
+	} else if err != nil {
+		return nil, err
+	}
+	if err := x.b.Delete(key); err != nil {
+		return nil, err
+	}
+	in.Ctime = x.now
+	x.mark(c.Ino)
+	return nil, nil
+}
+
+func (x *opCtx) commitSize(c *command) ([]byte, error) {
+	in, err := x.inode(c.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if in.Mode&modeType != modeReg {
+		return nil, rpc.Errorf(syscall.EINVAL, "inode %d is not a regular file", c.Ino)
+	}
+	if c.Size > in.Size {
+		in.Size = c.Size
+	}
+	if c.Mtime != 0 {
+		in.Mtime, in.Ctime = c.Mtime, c.Mtime
+	}
+	if c.ClearSuid {
+		in.Mode &^= modeSetuid
+		if in.Mode&modeGrpX != 0 {
+			in.Mode &^= modeSetgid
+		}
+	}
+	x.mark(c.Ino)
+	return attrBody(c.Ino, in), nil
+}
+
+func (x *opCtx) setDirLayout(c *command) ([]byte, error) {
+	in, err := x.dir(c.Ino)
+	if err != nil {
+		return nil, err
+	}
+	size, count := uint32(c.Size), c.Flags
+	if c.Size > 1<<32-1 {
+		return nil, rpc.Errorf(syscall.EINVAL, "stripe size %d too large", c.Size)
+	}
+	check := layout.Layout{StripeSize: size, StripeCount: count}
+	if size == 0 {
+		check.StripeSize = layout.DefaultStripeSize
+	}
+	if count == 0 {
+		check.StripeCount = 1
+	}
+	check.Targets = make([]uint32, 0, check.StripeCount)
+	for i := uint32(0); i < check.StripeCount && i < layout.MaxStripeCount+1; i++ {
+		check.Targets = append(check.Targets, i)
+	}
+	if err := check.Validate(); err != nil {
+		return nil, rpc.Errorf(syscall.EINVAL, "directory layout: %v", err)
+	}
+	if targets := x.f.ctr.NextTarget - 1; x.f.ctr.NextTarget > 0 && count > targets {
+		return nil, rpc.Errorf(syscall.EINVAL, "stripe count %d exceeds the %d registered targets", count, targets)
+	}
+	in.Layout = layout.Layout{StripeSize: size, StripeCount: count}
+	in.Ctime = x.now
+	x.mark(c.Ino)
+	return attrBody(c.Ino, in), nil
+}
+
+func (x *opCtx) sessionOpen(c *command) ([]byte, error) {
+	ctr := &x.f.ctr
+	id := ctr.NextClient
+	ctr.NextClient++
+	s := schema.Session{Host: c.Host, MountPoint: c.MountPoint, Pid: c.Pid, Opened: x.now}
+	if err := x.b.Set(schema.SessionKey(id), schema.AppendSession(nil, &s)); err != nil {
+		return nil, err
+	}
+	return rpc.Marshal(&rpc.SessionOpenResp{ClientID: id, LeaseMs: c.LeaseMs}), nil
+}
+
+// sessionClose drops a session and its dedupe records (idempotent).
+func (x *opCtx) sessionClose(c *command) ([]byte, error) {
+	if err := x.b.Delete(schema.SessionKey(c.Ino)); err != nil {
+		return nil, err
+	}
+	p := schema.DedupePrefix(c.Ino)
+	if err := x.b.DeleteRange(p, kv.PrefixEnd(p)); err != nil {
+		return nil, err
+	}
+	return nil, nil
+}
+
+// register records a storage server and its targets. A target's identity
+// is its UUID: a known UUID keeps its id. The server keeps its id when any
+// of its targets was already registered under it, or when its address is
+// known; otherwise it gets a new one.
+func (x *opCtx) register(c *command) ([]byte, error) {
+	if c.Addr == "" {
+		return nil, rpc.Errorf(syscall.EINVAL, "server registration without an address")
+	}
+	seen := map[string]bool{}
+	for _, t := range c.Targets {
+		if t.UUID == "" {
+			return nil, rpc.Errorf(syscall.EINVAL, "target %q has no UUID", t.Path)
+		}
+		if seen[t.UUID] {
+			return nil, rpc.Errorf(syscall.EINVAL, "target UUID %s listed twice", t.UUID)
+		}
+		seen[t.UUID] = true
+	}
+	ctr := &x.f.ctr
+	existing := make([]*schema.Target, len(c.Targets))
+	var serverID uint32
+	for i, t := range c.Targets {
+		v, err := x.b.Get(schema.TargetUUIDKey(t.UUID))
+		if errors.Is(err, kv.ErrNotFound) {
+			continue
+		} else if err != nil {
+			return nil, err
+		}
+		ref, err := schema.DecodeTargetRef(v)
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "target ref %s: %v", t.UUID, err)
+		}
+		tv, err := x.b.Get(schema.TargetKey(ref.ID))
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "target %d: %v", ref.ID, err)
+		}
+		tg, err := schema.DecodeTarget(tv)
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "target %d: %v", ref.ID, err)
+		}
+		existing[i] = &tg
+		if serverID == 0 {
+			serverID = tg.ServerID
+		}
+	}
+	servers, err := x.servers()
+	if err != nil {
+		return nil, err
+	}
+	if serverID == 0 {
+		for _, s := range servers {
+			if s.Addr == c.Addr {
+				serverID = s.ID
+				break
+			}
+		}
+	}
+	if serverID == 0 {
+		serverID = ctr.NextServer
+		ctr.NextServer++
+	}
+	// A target that moved to this server leaves its old one.
+	for _, s := range servers {
+		if s.ID == serverID {
+			continue
+		}
+		kept := s.Targets[:0:0]
+		for _, id := range s.Targets {
+			moved := false
+			for _, e := range existing {
+				if e != nil && e.ID == id {
+					moved = true
+				}
+			}
+			if !moved {
+				kept = append(kept, id)
+			}
+		}
+		if len(kept) != len(s.Targets) {
+			s.Targets = kept
+			if err := x.b.Set(schema.ServerKey(s.ID), schema.AppendServer(nil, &s)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	resp := rpc.RegisterServerResp{ServerID: serverID, TargetIDs: make([]uint32, len(c.Targets))}
+	for i, t := range c.Targets {
+		tg := existing[i]
+		if tg == nil {
+			tg = &schema.Target{ID: ctr.NextTarget, UUID: t.UUID}
+			ctr.NextTarget++
+			if err := x.b.Set(schema.TargetUUIDKey(t.UUID), schema.AppendTargetRef(nil, schema.TargetRef{ID: tg.ID})); err != nil {
+				return nil, err
+			}
+		}
+		tg.ServerID, tg.Path = serverID, t.Path
+		if err := x.b.Set(schema.TargetKey(tg.ID), schema.AppendTarget(nil, tg)); err != nil {
+			return nil, err
+		}
+		resp.TargetIDs[i] = tg.ID
+	}
+	srv := schema.Server{ID: serverID, Addr: c.Addr, Host: c.Host, Targets: resp.TargetIDs}
+	if err := x.b.Set(schema.ServerKey(serverID), schema.AppendServer(nil, &srv)); err != nil {
+		return nil, err
+	}
+	return rpc.Marshal(&resp), nil
+}
+
+func (x *opCtx) servers() ([]schema.Server, error) {
+	p := schema.ServerPrefix()
+	it, err := x.b.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []schema.Server
+	for ok := it.First(); ok; ok = it.Next() {
+		s, err := schema.DecodeServer(it.Value())
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "server record %x: %v", it.Key(), err)
+		}
+		out = append(out, s)
+	}
+	return out, it.Error()
+}
+
+// reap deletes an orphan whose data the leader removed from the targets.
+func (x *opCtx) reap(c *command) ([]byte, error) {
+	if _, err := x.b.Get(schema.OrphanKey(c.Ino)); errors.Is(err, kv.ErrNotFound) {
+		return nil, nil // already reaped
+	} else if err != nil {
+		return nil, err
+	}
+	in, err := x.inode(c.Ino)
+	if err != nil && !errors.Is(err, syscall.ENOENT) {
+		return nil, err
+	}
+	if err := x.b.Delete(schema.OrphanKey(c.Ino)); err != nil {
+		return nil, err
+	}
+	if in != nil {
+		if in.Nlink != 0 {
+			return nil, nil // relinked: not an orphan any more
+		}
+		x.drop(c.Ino)
+		x.f.ctr.Inodes--
+	}
+	return nil, nil
+}

@@ -1,0 +1,533 @@
+package meta
+
+import (
+	"bytes"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+const (
+	fileMode = modeReg | 0o644
+	dirMode  = modeDir | 0o755
+)
+
+func newNamespace(t *testing.T) (*Service, *client) {
+	s := openService(t, testConfig(t, ""))
+	c := newClient(t, s.Addr())
+	c.registerTargets("127.0.0.1:1", "u1", "u2", "u3")
+	return s, c
+}
+
+func TestRootAndCreate(t *testing.T) {
+	_, c := newNamespace(t)
+	root := c.mustGetattr(rootIno)
+	if root.Mode != dirMode || root.Uid != 0 || root.Gid != 0 || root.Nlink != 2 {
+		t.Fatalf("root = %+v", root)
+	}
+	f := c.mustCreate(1, "f", fileMode)
+	if f.Nlink != 1 || f.Mode != fileMode || f.Layout.StripeCount != 3 || f.Layout.StripeSize != 1<<20 || len(f.Layout.Targets) != 3 {
+		t.Fatalf("file = %+v", f)
+	}
+	if err := f.Layout.Validate(); err != nil {
+		t.Fatalf("layout: %v", err)
+	}
+	d := c.mustCreate(1, "d", dirMode)
+	if d.Nlink != 2 {
+		t.Fatalf("dir nlink = %d", d.Nlink)
+	}
+	if r := c.mustGetattr(1); r.Nlink != 3 || r.Mtime < d.Ctime {
+		t.Fatalf("root after mkdir = %+v", r)
+	}
+	if got, err := c.lookup(1, "f"); err != nil || got.Ino != f.Ino {
+		t.Fatalf("lookup f = %+v, %v", got, err)
+	}
+	// mode 0000 is stored as given; no umask applies
+	z := c.mustCreate(1, "zero", modeReg)
+	if z.Mode != modeReg {
+		t.Fatalf("mode 0000 file has mode %o", z.Mode)
+	}
+
+	_, err := c.lookup(1, "nope")
+	wantErrno(t, err, syscall.ENOENT, "lookup missing")
+	_, err = c.create(1, "f", fileMode)
+	wantErrno(t, err, syscall.EEXIST, "create existing")
+	_, err = c.create(1, strings.Repeat("x", 256), fileMode)
+	wantErrno(t, err, syscall.ENAMETOOLONG, "256-byte name")
+	c.mustCreate(1, strings.Repeat("x", 255), fileMode)
+	for _, bad := range []string{"", ".", "..", "a/b", "a\x00b"} {
+		_, err = c.create(1, bad, fileMode)
+		wantErrno(t, err, syscall.EINVAL, "create "+bad)
+		_, err = c.lookup(1, bad)
+		wantErrno(t, err, syscall.EINVAL, "lookup "+bad)
+	}
+	_, err = c.create(f.Ino, "x", fileMode)
+	wantErrno(t, err, syscall.ENOTDIR, "create in file")
+	_, err = c.lookup(f.Ino, "x")
+	wantErrno(t, err, syscall.ENOTDIR, "lookup in file")
+	_, err = c.create(999, "x", fileMode)
+	wantErrno(t, err, syscall.ENOENT, "create in missing dir")
+	_, err = c.getattr(999)
+	wantErrno(t, err, syscall.ENOENT, "getattr missing")
+}
+
+func TestCreateWithoutTargets(t *testing.T) {
+	s := openService(t, testConfig(t, ""))
+	c := newClient(t, s.Addr())
+	_, err := c.create(1, "f", fileMode)
+	wantErrno(t, err, syscall.ENOSPC, "create without targets")
+	if !strings.Contains(err.Error(), "storage") {
+		t.Errorf("message %q does not explain", err)
+	}
+	c.mustCreate(1, "d", dirMode) // directories need no targets
+}
+
+func TestSpecialFiles(t *testing.T) {
+	_, c := newNamespace(t)
+	f := c.mustCreate(1, "f", fileMode)
+	var sl rpc.AttrResp
+	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: 1, Name: "l", Mode: modeLink | 0o777, SymlinkTarget: "f/../f"}, &sl); err != nil {
+		t.Fatal(err)
+	}
+	if sl.Attr.Size != 6 || sl.Attr.Mode&modeType != modeLink || len(sl.Attr.Layout.Targets) != 0 {
+		t.Fatalf("symlink = %+v", sl.Attr)
+	}
+	var rl rpc.ReadlinkResp
+	if err := c.call(rpc.MReadlink, &rpc.GetAttrReq{Ino: sl.Attr.Ino}, &rl); err != nil || rl.Target != "f/../f" {
+		t.Fatalf("readlink = %q, %v", rl.Target, err)
+	}
+	wantErrno(t, c.call(rpc.MReadlink, &rpc.GetAttrReq{Ino: f.Ino}, &rl), syscall.EINVAL, "readlink of file")
+	var dev rpc.AttrResp
+	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: 1, Name: "null", Mode: modeChr | 0o666, Rdev: 0x103}, &dev); err != nil || dev.Attr.Rdev != 0x103 {
+		t.Fatalf("mknod = %+v, %v", dev.Attr, err)
+	}
+	fifo := c.mustCreate(1, "fifo", modeFifo|0o600)
+	if fifo.Mode != modeFifo|0o600 {
+		t.Fatalf("fifo mode %o", fifo.Mode)
+	}
+	// unlinking a non-file frees the inode at once
+	if a, err := c.unlink(1, "fifo"); err != nil || a.Nlink != 0 {
+		t.Fatalf("unlink fifo = %+v, %v", a, err)
+	}
+	_, err := c.getattr(fifo.Ino)
+	wantErrno(t, err, syscall.ENOENT, "getattr unlinked fifo")
+}
+
+func TestUnlinkRmdir(t *testing.T) {
+	_, c := newNamespace(t)
+	d := c.mustCreate(1, "d", dirMode)
+	f := c.mustCreate(d.Ino, "f", fileMode)
+	wantErrno(t, c.rmdir(1, "d"), syscall.ENOTEMPTY, "rmdir non-empty")
+	wantErrno(t, c.rmdir(d.Ino, "f"), syscall.ENOTDIR, "rmdir file")
+	_, err := c.unlink(1, "d")
+	wantErrno(t, err, syscall.EISDIR, "unlink dir")
+	_, err = c.unlink(1, "nope")
+	wantErrno(t, err, syscall.ENOENT, "unlink missing")
+	a, err := c.unlink(d.Ino, "f")
+	if err != nil || a.Nlink != 0 || a.Ino != f.Ino {
+		t.Fatalf("unlink = %+v, %v", a, err)
+	}
+	// open-but-unlinked: the inode stays readable until reaped
+	if got := c.mustGetattr(f.Ino); got.Nlink != 0 {
+		t.Fatalf("orphan nlink = %d", got.Nlink)
+	}
+	if err := c.rmdir(1, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.mustGetattr(1); r.Nlink != 2 {
+		t.Fatalf("root nlink after rmdir = %d", r.Nlink)
+	}
+	_, err = c.getattr(d.Ino)
+	wantErrno(t, err, syscall.ENOENT, "getattr removed dir")
+	_, err = c.create(d.Ino, "x", fileMode)
+	wantErrno(t, err, syscall.ENOENT, "create in removed dir")
+}
+
+func TestRename(t *testing.T) {
+	_, c := newNamespace(t)
+	a := c.mustCreate(1, "a", dirMode)
+	b := c.mustCreate(1, "b", dirMode)
+	sub := c.mustCreate(a.Ino, "sub", dirMode)
+	f := c.mustCreate(a.Ino, "f", fileMode)
+
+	// across directories: dir link counts follow
+	if err := c.rename(a.Ino, "sub", b.Ino, "sub2", 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.mustGetattr(a.Ino); got.Nlink != 2 {
+		t.Errorf("old parent nlink = %d, want 2", got.Nlink)
+	}
+	if got := c.mustGetattr(b.Ino); got.Nlink != 3 {
+		t.Errorf("new parent nlink = %d, want 3", got.Nlink)
+	}
+	if got, err := c.lookup(b.Ino, "sub2"); err != nil || got.Ino != sub.Ino {
+		t.Fatalf("lookup moved = %+v %v", got, err)
+	}
+	_, err := c.lookup(a.Ino, "sub")
+	wantErrno(t, err, syscall.ENOENT, "old name after rename")
+
+	// into own subtree
+	wantErrno(t, c.rename(1, "b", sub.Ino, "x", 0), syscall.EINVAL, "move dir into own child")
+	wantErrno(t, c.rename(1, "b", b.Ino, "x", 0), syscall.EINVAL, "move dir into itself")
+
+	// replacing a file: the victim loses its link
+	g := c.mustCreate(b.Ino, "g", fileMode)
+	if err := c.rename(a.Ino, "f", b.Ino, "g", 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.lookup(b.Ino, "g"); got.Ino != f.Ino {
+		t.Fatalf("replace: g is %d, want %d", got.Ino, f.Ino)
+	}
+	if got := c.mustGetattr(g.Ino); got.Nlink != 0 {
+		t.Fatalf("replaced file nlink = %d", got.Nlink)
+	}
+
+	// NOREPLACE
+	c.mustCreate(a.Ino, "h", fileMode)
+	wantErrno(t, c.rename(a.Ino, "h", b.Ino, "g", rpc.RenameNoReplace), syscall.EEXIST, "noreplace")
+	if err := c.rename(a.Ino, "h", b.Ino, "h", rpc.RenameNoReplace); err != nil {
+		t.Fatal(err)
+	}
+
+	// EXCHANGE a file and a directory across parents
+	e := c.mustCreate(a.Ino, "edir", dirMode)
+	if err := c.rename(a.Ino, "edir", b.Ino, "g", rpc.RenameExchange); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.lookup(b.Ino, "g"); got.Ino != e.Ino {
+		t.Fatalf("exchange: b/g = %d, want dir %d", got.Ino, e.Ino)
+	}
+	if got, _ := c.lookup(a.Ino, "edir"); got.Ino != f.Ino {
+		t.Fatalf("exchange: a/edir = %d, want file %d", got.Ino, f.Ino)
+	}
+	if got := c.mustGetattr(a.Ino); got.Nlink != 2 {
+		t.Errorf("exchange: a nlink = %d, want 2", got.Nlink)
+	}
+	if got := c.mustGetattr(b.Ino); got.Nlink != 4 {
+		t.Errorf("exchange: b nlink = %d, want 4", got.Nlink)
+	}
+	wantErrno(t, c.rename(a.Ino, "edir", b.Ino, "absent", rpc.RenameExchange), syscall.ENOENT, "exchange with missing")
+	wantErrno(t, c.rename(a.Ino, "edir", b.Ino, "x", rpc.RenameExchange|rpc.RenameNoReplace), syscall.EINVAL, "both flags")
+
+	// type mismatches and non-empty targets
+	c.mustCreate(e.Ino, "inner", fileMode)
+	c.mustCreate(1, "emptydir", dirMode)
+	c.mustCreate(1, "file2", fileMode)
+	wantErrno(t, c.rename(1, "emptydir", b.Ino, "h", 0), syscall.ENOTDIR, "dir over file")
+	wantErrno(t, c.rename(1, "file2", 1, "emptydir", 0), syscall.EISDIR, "file over dir")
+	wantErrno(t, c.rename(1, "emptydir", b.Ino, "g", 0), syscall.ENOTEMPTY, "dir over non-empty dir")
+	wantErrno(t, c.rename(1, "missing", 1, "x", 0), syscall.ENOENT, "rename missing")
+	// replacing an empty directory
+	c.mustCreate(1, "victim", dirMode)
+	if err := c.rename(1, "emptydir", 1, "victim", 0); err != nil {
+		t.Fatal(err)
+	}
+	// rename onto itself is a no-op
+	if err := c.rename(1, "victim", 1, "victim", 0); err != nil {
+		t.Fatal(err)
+	}
+	root := c.mustGetattr(1)
+	ents, _ := c.readdirAll(1, 0, false)
+	dirs := 0
+	for _, e := range ents {
+		if e.Mode&modeType == modeDir {
+			dirs++
+		}
+	}
+	if int(root.Nlink) != 2+dirs {
+		t.Fatalf("root nlink %d with %d subdirectories", root.Nlink, dirs)
+	}
+}
+
+func TestLink(t *testing.T) {
+	_, c := newNamespace(t)
+	d := c.mustCreate(1, "d", dirMode)
+	f := c.mustCreate(1, "f", fileMode)
+	var r rpc.AttrResp
+	wantErrno(t, c.call(rpc.MLink, &rpc.LinkReq{Hdr: c.hdr(), Ino: d.Ino, NewParent: 1, NewName: "d2"}, &r), syscall.EPERM, "link dir")
+	wantErrno(t, c.call(rpc.MLink, &rpc.LinkReq{Hdr: c.hdr(), Ino: f.Ino, NewParent: 1, NewName: "d"}, &r), syscall.EEXIST, "link over existing")
+	if err := c.call(rpc.MLink, &rpc.LinkReq{Hdr: c.hdr(), Ino: f.Ino, NewParent: d.Ino, NewName: "f2"}, &r); err != nil || r.Attr.Nlink != 2 {
+		t.Fatalf("link = %+v, %v", r.Attr, err)
+	}
+	if a, err := c.unlink(1, "f"); err != nil || a.Nlink != 1 {
+		t.Fatalf("unlink one link = %+v %v", a, err)
+	}
+	if got, err := c.lookup(d.Ino, "f2"); err != nil || got.Ino != f.Ino {
+		t.Fatalf("other link = %+v %v", got, err)
+	}
+	// rename between two links of one inode does nothing
+	c.call(rpc.MLink, &rpc.LinkReq{Hdr: c.hdr(), Ino: f.Ino, NewParent: 1, NewName: "f3"}, &r)
+	if err := c.rename(1, "f3", d.Ino, "f2", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.lookup(1, "f3"); err != nil {
+		t.Fatalf("rename of hard link onto itself removed the source: %v", err)
+	}
+}
+
+func setattr(c *client, req rpc.SetAttrReq) (rpc.Attr, error) {
+	req.Hdr = c.hdr()
+	var r rpc.AttrResp
+	err := c.call(rpc.MSetAttr, &req, &r)
+	return r.Attr, err
+}
+
+func TestSetAttr(t *testing.T) {
+	_, c := newNamespace(t)
+	f := c.mustCreate(1, "f", modeReg|0o6755)
+	a, err := setattr(c, rpc.SetAttrReq{Ino: f.Ino, Valid: rpc.SetMode, Mode: 0o640})
+	if err != nil || a.Mode != modeReg|0o640 || a.Ctime < f.Ctime {
+		t.Fatalf("chmod = %+v %v", a, err)
+	}
+	setattr(c, rpc.SetAttrReq{Ino: f.Ino, Valid: rpc.SetMode, Mode: 0o6755})
+	a, err = setattr(c, rpc.SetAttrReq{Ino: f.Ino, Valid: rpc.SetUid | rpc.SetGid, Uid: 1000, Gid: 100})
+	if err != nil || a.Uid != 1000 || a.Gid != 100 || a.Mode != modeReg|0o755 {
+		t.Fatalf("chown = mode %o %+v %v (want setuid and setgid cleared)", a.Mode, a, err)
+	}
+	// setgid without group-execute survives chown
+	setattr(c, rpc.SetAttrReq{Ino: f.Ino, Valid: rpc.SetMode, Mode: 0o2644})
+	a, _ = setattr(c, rpc.SetAttrReq{Ino: f.Ino, Valid: rpc.SetGid, Gid: 5})
+	if a.Mode != modeReg|0o2644 {
+		t.Fatalf("chown cleared setgid without g+x: %o", a.Mode)
+	}
+	// directories keep setgid on chown
+	d := c.mustCreate(1, "d", modeDir|0o2775)
+	if a, _ := setattr(c, rpc.SetAttrReq{Ino: d.Ino, Valid: rpc.SetUid, Uid: 7}); a.Mode != modeDir|0o2775 {
+		t.Fatalf("dir chown mode %o", a.Mode)
+	}
+	a, err = setattr(c, rpc.SetAttrReq{Ino: f.Ino, Valid: rpc.SetSize, Size: 12345})
+	if err != nil || a.Size != 12345 || a.Mtime != a.Ctime {
+		t.Fatalf("truncate = %+v %v", a, err)
+	}
+	_, err = setattr(c, rpc.SetAttrReq{Ino: d.Ino, Valid: rpc.SetSize, Size: 1})
+	wantErrno(t, err, syscall.EISDIR, "truncate dir")
+	a, err = setattr(c, rpc.SetAttrReq{Ino: f.Ino, Valid: rpc.SetAtime | rpc.SetMtime, Atime: 111, Mtime: 222})
+	if err != nil || a.Atime != 111 || a.Mtime != 222 || a.Ctime <= 222 {
+		t.Fatalf("utimes = %+v %v", a, err)
+	}
+	a, _ = setattr(c, rpc.SetAttrReq{Ino: f.Ino, Valid: rpc.SetAtimeNow | rpc.SetMtimeNow})
+	if a.Atime != a.Ctime || a.Mtime != a.Ctime {
+		t.Fatalf("utimes now = %+v", a)
+	}
+	a, _ = setattr(c, rpc.SetAttrReq{Ino: f.Ino, Valid: rpc.SetCtime, Ctime: 5})
+	if a.Ctime != 5 {
+		t.Fatalf("explicit ctime = %d", a.Ctime)
+	}
+	_, err = setattr(c, rpc.SetAttrReq{Ino: 999, Valid: rpc.SetMode})
+	wantErrno(t, err, syscall.ENOENT, "setattr missing")
+}
+
+func TestSetgidInheritance(t *testing.T) {
+	_, c := newNamespace(t)
+	d := c.mustCreate(1, "d", modeDir|0o2775)
+	setattr(c, rpc.SetAttrReq{Ino: d.Ino, Valid: rpc.SetGid | rpc.SetMode, Gid: 42, Mode: 0o2775})
+	var r rpc.AttrResp
+	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: d.Ino, Name: "f", Mode: fileMode, Uid: 1, Gid: 1}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Attr.Gid != 42 || r.Attr.Mode&modeSetgid != 0 {
+		t.Fatalf("file in setgid dir: gid %d mode %o", r.Attr.Gid, r.Attr.Mode)
+	}
+	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: d.Ino, Name: "sub", Mode: dirMode, Uid: 1, Gid: 1}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Attr.Gid != 42 || r.Attr.Mode&modeSetgid == 0 {
+		t.Fatalf("dir in setgid dir: gid %d mode %o", r.Attr.Gid, r.Attr.Mode)
+	}
+}
+
+func TestXattr(t *testing.T) {
+	_, c := newNamespace(t)
+	f := c.mustCreate(1, "f", fileMode)
+	set := func(name, val string, flags uint32) error {
+		return c.call(rpc.MSetXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: f.Ino, Name: name, Value: []byte(val), Flags: flags}, nil)
+	}
+	get := func(name string) (string, error) {
+		var r rpc.XattrResp
+		err := c.call(rpc.MGetXattr, &rpc.XattrReq{Ino: f.Ino, Name: name}, &r)
+		return string(r.Value), err
+	}
+	_, err := get("user.a")
+	wantErrno(t, err, syscall.ENODATA, "get missing")
+	wantErrno(t, set("user.a", "1", rpc.XattrReplace), syscall.ENODATA, "replace missing")
+	if err := set("user.a", "1", rpc.XattrCreate); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, set("user.a", "2", rpc.XattrCreate), syscall.EEXIST, "create existing")
+	if err := set("user.a", "2", rpc.XattrReplace); err != nil {
+		t.Fatal(err)
+	}
+	if err := set("user.b", "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := get("user.a"); err != nil || v != "2" {
+		t.Fatalf("get = %q %v", v, err)
+	}
+	var l rpc.ListXattrResp
+	if err := c.call(rpc.MListXattr, &rpc.GetAttrReq{Ino: f.Ino}, &l); err != nil || strings.Join(l.Names, ",") != "user.a,user.b" {
+		t.Fatalf("list = %v %v", l.Names, err)
+	}
+	if err := c.call(rpc.MRemoveXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: f.Ino, Name: "user.a"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, c.call(rpc.MRemoveXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: f.Ino, Name: "user.a"}, nil), syscall.ENODATA, "remove missing")
+	var r rpc.XattrResp
+	wantErrno(t, c.call(rpc.MGetXattr, &rpc.XattrReq{Ino: 999, Name: "user.a"}, &r), syscall.ENOENT, "get on missing inode")
+	wantErrno(t, c.call(rpc.MListXattr, &rpc.GetAttrReq{Ino: 999}, &l), syscall.ENOENT, "list on missing inode")
+	// xattrs go with the inode
+	c.unlink(1, "f")
+}
+
+func TestCommitSize(t *testing.T) {
+	_, c := newNamespace(t)
+	f := c.mustCreate(1, "f", modeReg|0o4755)
+	commit := func(size uint64, mtime int64, clear bool) rpc.Attr {
+		var r rpc.AttrResp
+		if err := c.call(rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: c.hdr(), Ino: f.Ino, Size: size, Mtime: mtime, ClearSuid: clear}, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r.Attr
+	}
+	if a := commit(100, 10, false); a.Size != 100 || a.Mtime != 10 || a.Ctime != 10 {
+		t.Fatalf("commit = %+v", a)
+	}
+	if a := commit(50, 20, false); a.Size != 100 || a.Mtime != 20 {
+		t.Fatalf("smaller commit shrank: %+v", a)
+	}
+	if a := commit(5<<30, 30, true); a.Size != 5<<30 || a.Mode != modeReg|0o755 {
+		t.Fatalf("commit with clear suid = %+v (mode %o)", a, a.Mode)
+	}
+}
+
+func TestSetDirLayout(t *testing.T) {
+	_, c := newNamespace(t) // 3 targets
+	d := c.mustCreate(1, "d", dirMode)
+	f := c.mustCreate(1, "f", fileMode)
+	set := func(dir uint64, size, count uint32) (rpc.Attr, error) {
+		var r rpc.AttrResp
+		err := c.call(rpc.MSetDirLayout, &rpc.SetDirLayoutReq{Hdr: c.hdr(), Dir: dir, StripeSize: size, StripeCount: count}, &r)
+		return r.Attr, err
+	}
+	_, err := set(d.Ino, 1<<20, 4)
+	wantErrno(t, err, syscall.EINVAL, "count over targets")
+	_, err = set(d.Ino, 1000, 1)
+	wantErrno(t, err, syscall.EINVAL, "odd stripe size")
+	_, err = set(f.Ino, 1<<20, 1)
+	wantErrno(t, err, syscall.ENOTDIR, "layout on file")
+	if a, err := set(d.Ino, 4<<20, 2); err != nil || a.Layout.StripeSize != 4<<20 || a.Layout.StripeCount != 2 {
+		t.Fatalf("set layout = %+v %v", a.Layout, err)
+	}
+	g := c.mustCreate(d.Ino, "g", fileMode)
+	if g.Layout.StripeSize != 4<<20 || g.Layout.StripeCount != 2 || len(g.Layout.Targets) != 2 {
+		t.Fatalf("inherited layout = %+v", g.Layout)
+	}
+	sub := c.mustCreate(d.Ino, "sub", dirMode)
+	h := c.mustCreate(sub.Ino, "h", fileMode)
+	if h.Layout.StripeCount != 2 || h.Layout.StripeSize != 4<<20 {
+		t.Fatalf("grandchild layout = %+v", h.Layout)
+	}
+	// defaults again
+	set(d.Ino, 0, 0)
+	if k := c.mustCreate(d.Ino, "k", fileMode); k.Layout.StripeCount != 3 || k.Layout.StripeSize != 1<<20 {
+		t.Fatalf("default layout = %+v", k.Layout)
+	}
+	// round-robin spreads first targets
+	firsts := map[uint32]bool{}
+	for i := 0; i < 6; i++ {
+		firsts[c.mustCreate(1, "rr"+string(rune('a'+i)), fileMode).Layout.Targets[0]] = true
+	}
+	if len(firsts) != 3 {
+		t.Fatalf("round robin used first targets %v", firsts)
+	}
+}
+
+func TestDedupe(t *testing.T) {
+	_, c := newNamespace(t)
+	req := &rpc.CreateReq{Hdr: c.hdr(), Parent: 1, Name: "once", Mode: fileMode}
+	var a, b rpc.AttrResp
+	if err := c.call(rpc.MCreate, req, &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.call(rpc.MCreate, req, &b); err != nil {
+		t.Fatalf("retried create: %v (want the original answer)", err)
+	}
+	if a.Attr.Ino != b.Attr.Ino || a.Attr.Ctime != b.Attr.Ctime {
+		t.Fatalf("retry answered %+v, first %+v", b.Attr, a.Attr)
+	}
+	// a retried unlink answers like the first
+	ureq := &rpc.EntryReq{Hdr: c.hdr(), Parent: 1, Name: "once"}
+	if err := c.call(rpc.MUnlink, ureq, &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.call(rpc.MUnlink, ureq, &b); err != nil || b.Attr.Nlink != 0 {
+		t.Fatalf("retried unlink: %+v %v", b.Attr, err)
+	}
+	// a failure is remembered too
+	ereq := &rpc.EntryReq{Hdr: c.hdr(), Parent: 1, Name: "missing"}
+	wantErrno(t, c.call(rpc.MUnlink, ereq, &a), syscall.ENOENT, "unlink missing")
+	c.mustCreate(1, "missing", fileMode)
+	wantErrno(t, c.call(rpc.MUnlink, ereq, &a), syscall.ENOENT, "retried unlink keeps its answer")
+}
+
+func TestStatusAndStatFS(t *testing.T) {
+	s, c := newNamespace(t)
+	c.mustCreate(1, "f", fileMode)
+	var st rpc.StatFSResp
+	if err := c.call(rpc.MStatFS, &rpc.Empty{}, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.TotalBytes != 3<<40 || st.FreeBytes != 3<<39 || st.Inodes-st.FreeInodes != 2 {
+		t.Fatalf("statfs = %+v", st)
+	}
+	var cs rpc.ClusterStatusResp
+	if err := c.call(rpc.MClusterStatus, &rpc.Empty{}, &cs); err != nil {
+		t.Fatal(err)
+	}
+	if cs.RaftState != "Leader" || cs.MetaAddr != s.Addr() || cs.Inodes != 2 || cs.Sessions != 1 || len(cs.Servers) != 1 || len(cs.Targets) != 3 || !cs.Servers[0].Alive {
+		t.Fatalf("status = %+v", cs)
+	}
+}
+
+func TestReadDirPlus(t *testing.T) {
+	_, c := newNamespace(t)
+	d := c.mustCreate(1, "d", dirMode)
+	var names []string
+	for i := 0; i < 25; i++ {
+		n := string(rune('a'+i%26)) + strings.Repeat("z", i)
+		names = append(names, n)
+		c.mustCreate(d.Ino, n, fileMode)
+	}
+	sort.Strings(names)
+	ents, err := c.readdirAll(d.Ino, 7, true)
+	if err != nil || len(ents) != 25 {
+		t.Fatalf("readdir = %d entries, %v", len(ents), err)
+	}
+	for i, e := range ents {
+		if e.Name != names[i] || e.Attr.Ino != e.Ino || e.Attr.Mode != fileMode || e.Attr.Nlink != 1 {
+			t.Fatalf("entry %d = %+v", i, e)
+		}
+	}
+	f, _ := c.lookup(d.Ino, names[0])
+	var r rpc.ReadDirResp
+	wantErrno(t, c.call(rpc.MReadDir, &rpc.ReadDirReq{Dir: f.Ino}, &r), syscall.ENOTDIR, "readdir file")
+	wantErrno(t, c.call(rpc.MReadDir, &rpc.ReadDirReq{Dir: 999}, &r), syscall.ENOENT, "readdir missing")
+	if err := c.call(rpc.MReadDir, &rpc.ReadDirReq{Dir: d.Ino, After: names[24]}, &r); err != nil || len(r.Entries) != 0 || !r.EOF {
+		t.Fatalf("readdir past end = %+v %v", r, err)
+	}
+}
+
+func TestNotLeaderErrno(t *testing.T) {
+	s, c := newNamespace(t)
+	s.ready.Store(false)
+	_, err := c.getattr(1)
+	wantErrno(t, err, ErrNotLeader, "request to a node that is not ready")
+	if !strings.Contains(err.Error(), "leader") {
+		t.Errorf("message %q", err)
+	}
+	s.ready.Store(true)
+}
+
+var _ = bytes.Equal

@@ -1,0 +1,320 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/stratafs/strata/internal/consensus"
+	"github.com/stratafs/strata/internal/kv"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// ErrNotLeader is the errno-carrying error answered by a node that is not
+// the leader: ENOTCONN, with the leader's raft address and id in the text.
+// Clients retry on the leader.
+var ErrNotLeader = syscall.ENOTCONN
+
+const (
+	// openWait bounds how long Open waits for leadership.
+	openWait = 10 * time.Second
+	// applyTimeout bounds one proposal (enqueue + commit + apply).
+	applyTimeout = 10 * time.Second
+)
+
+// Service is a running metadata service: one raft node, its state machine
+// and the rpc server in front of them.
+type Service struct {
+	cfg  Config
+	log  *slog.Logger
+	db   kv.Store
+	fsm  *fsm
+	node *consensus.Node
+	srv  *rpc.Server
+	ln   net.Listener
+	web  *http.Server
+	m    *metrics
+
+	locks *lockTable
+	sess  *sessions
+	live  *liveness
+
+	ready       atomic.Bool  // leader and caught up: serve requests
+	leaderSince atomic.Int64 // ns since epoch when this node became leader
+	rr          atomic.Uint64
+	reapKick    chan struct{}
+
+	peers struct {
+		sync.Mutex
+		m map[string]*rpc.Client
+	}
+
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open starts the metadata service on cfg.DataDir: it opens or creates the
+// store, starts raft (bootstrapping a single voter on first start), waits
+// until this node leads and has replayed its log, and serves rpc.
+func Open(cfg Config) (s *Service, err error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("metadata config: %w", err)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("metadata data dir: %w", err)
+	}
+	saved, err := loadState(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	raftAddr := cfg.RaftAddr
+	if saved != nil {
+		if cfg.NodeID != "" && cfg.NodeID != saved.NodeID {
+			return nil, fmt.Errorf("data dir %s belongs to node %q, not %q", cfg.DataDir, saved.NodeID, cfg.NodeID)
+		}
+		cfg.NodeID = saved.NodeID
+		if _, port, _ := net.SplitHostPort(cfg.RaftAddr); port == "0" && saved.RaftAddr != "" {
+			raftAddr = saved.RaftAddr // keep the address the raft configuration knows
+		}
+	}
+	if cfg.NodeID == "" {
+		cfg.NodeID = newNodeID()
+	}
+	s = &Service{
+		cfg:      cfg,
+		log:      slog.Default().With("svc", "meta", "node", cfg.NodeID),
+		locks:    newLockTable(),
+		sess:     newSessions(),
+		live:     newLiveness(cfg.ServerTimeout),
+		reapKick: make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		m:        newMetrics(),
+	}
+	s.peers.m = map[string]*rpc.Client{}
+	defer func() {
+		if err != nil {
+			s.Close()
+			s = nil
+		}
+	}()
+	if s.db, err = kv.Open(filepath.Join(cfg.DataDir, "fsm"), kv.Options{Logger: s.log}); err != nil {
+		return s, err
+	}
+	if s.fsm, err = newFSM(s.db); err != nil {
+		return s, err
+	}
+	s.fsm.onBatch = func(n int) { s.m.batch.Observe(float64(n)) }
+	if s.ln, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
+		return s, fmt.Errorf("metadata rpc listen on %s: %w", cfg.ListenAddr, err)
+	}
+	rc := consensus.Config{
+		Dir: filepath.Join(cfg.DataDir, "raft"), NodeID: cfg.NodeID, BindAddr: raftAddr,
+		FSM: s.fsm, Bootstrap: true, Logger: s.log,
+	}
+	if s.node, err = consensus.Open(rc); err != nil && raftAddr != cfg.RaftAddr {
+		s.log.Warn("previous raft address unavailable; binding a new one", "addr", raftAddr, "err", err)
+		rc.BindAddr = cfg.RaftAddr
+		s.node, err = consensus.Open(rc)
+	}
+	if err != nil {
+		return s, err
+	}
+	if err := saveState(cfg.DataDir, cfg, s.node.Addr()); err != nil {
+		return s, err
+	}
+
+	s.srv = rpc.NewServer(cfg.ClusterKey)
+	s.srv.Observe = s.m.observe
+	s.register()
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(s.ln); err != nil {
+			s.log.Error("rpc server stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.watchLeadership()
+	}()
+	if cfg.MetricsAddr != "" {
+		if err := s.serveMetrics(cfg.MetricsAddr); err != nil {
+			return s, err
+		}
+	}
+
+	deadline := time.Now().Add(openWait)
+	for !s.ready.Load() {
+		if time.Now().After(deadline) {
+			return s, fmt.Errorf("metadata service did not become leader within %v (raft %s)", openWait, s.node.Stats().State)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.log.Info("metadata service ready", "rpc", s.Addr(), "raft", s.node.Addr(), "data", cfg.DataDir)
+	return s, nil
+}
+
+// Addr is the rpc listen address actually bound.
+func (s *Service) Addr() string { return s.ln.Addr().String() }
+
+// RaftAddr is the raft transport address actually bound.
+func (s *Service) RaftAddr() string { return s.node.Addr() }
+
+// AddVoter adds another metadata node to the raft group (leader only): the
+// join hook for the multi-voter group.
+func (s *Service) AddVoter(nodeID, raftAddr string) error {
+	return s.node.AddVoter(nodeID, raftAddr, applyTimeout)
+}
+
+// Close stops serving, shuts raft down and closes the store. Safe to call
+// more than once and after a failed Open.
+func (s *Service) Close() error {
+	s.closeOnce.Do(func() {
+		s.ready.Store(false)
+		close(s.stop)
+		var errs []error
+		if s.srv != nil {
+			s.srv.Close()
+		} else if s.ln != nil {
+			s.ln.Close()
+		}
+		if s.web != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			s.web.Shutdown(ctx)
+			cancel()
+		}
+		if s.node != nil {
+			if err := s.node.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		s.wg.Wait()
+		s.peers.Lock()
+		for _, c := range s.peers.m {
+			c.Close()
+		}
+		s.peers.Unlock()
+		if s.db != nil {
+			if err := s.db.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		s.closeErr = errors.Join(errs...)
+		s.log.Info("metadata service closed")
+	})
+	return s.closeErr
+}
+
+// watchLeadership reacts to raft leadership changes. It owns the leader
+// loop's lifetime: started on gaining leadership, cancelled on losing it.
+func (s *Service) watchLeadership() {
+	var cancel context.CancelFunc
+	var loop sync.WaitGroup
+	stopLoop := func() {
+		if cancel != nil {
+			cancel()
+			loop.Wait()
+			cancel = nil
+		}
+	}
+	defer stopLoop()
+	startLoop := func() context.CancelFunc {
+		ctx, c := context.WithCancel(context.Background())
+		loop.Add(1)
+		go func() {
+			defer loop.Done()
+			s.leaderLoop(ctx)
+		}()
+		return c
+	}
+	for {
+		select {
+		case <-s.stop:
+			return
+		case leader := <-s.node.LeaderChanges():
+			if !leader {
+				s.ready.Store(false)
+				stopLoop()
+				s.locks.reset()
+				s.live.reset()
+				s.log.Warn("lost metadata leadership")
+				continue
+			}
+			if err := s.becomeLeader(); err != nil {
+				s.log.Error("could not take up leadership", "err", err)
+				continue
+			}
+			stopLoop()
+			cancel = startLoop()
+			s.ready.Store(true)
+		}
+	}
+}
+
+// becomeLeader catches the state machine up with everything committed,
+// creates the root on the very first start, and loads the session table.
+func (s *Service) becomeLeader() error {
+	if err := s.node.Barrier(applyTimeout); err != nil {
+		return err
+	}
+	if !s.fsm.initialized() {
+		r, err := s.propose(&command{Op: opInit, Now: time.Now().UnixNano()})
+		if err != nil {
+			return fmt.Errorf("create root: %w", err)
+		}
+		if err := r.err(); err != nil {
+			return fmt.Errorf("create root: %w", err)
+		}
+		s.log.Info("created new namespace")
+	}
+	if err := s.sess.load(s.db, time.Now()); err != nil {
+		return fmt.Errorf("load sessions: %w", err)
+	}
+	s.leaderSince.Store(time.Now().UnixNano())
+	s.log.Info("metadata leader", "sessions", s.sess.count(), "applied", s.fsm.AppliedIndex())
+	return nil
+}
+
+// initialized reports whether the root exists.
+func (f *fsm) initialized() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ctr.NextIno != 0
+}
+
+// notLeader is the answer of a node that cannot serve: see ErrNotLeader.
+func (s *Service) notLeader() error {
+	addr, id := s.node.Leader()
+	if addr == "" {
+		return rpc.Errorf(ErrNotLeader, "metadata node %s is not the leader (no leader elected yet)", s.cfg.NodeID)
+	}
+	return rpc.Errorf(ErrNotLeader, "metadata node %s is not the leader (leader: id=%s raft=%s)", s.cfg.NodeID, id, addr)
+}
+
+// propose replicates a command and returns the state machine's answer.
+func (s *Service) propose(c *command) (*result, error) {
+	resp, err := s.node.Apply(c.encode(make([]byte, 0, 128)), applyTimeout)
+	if err != nil {
+		if errors.Is(err, consensus.ErrNotLeader) {
+			return nil, s.notLeader()
+		}
+		return nil, rpc.Errorf(syscall.EIO, "metadata commit failed: %v", err)
+	}
+	r, ok := resp.(*result)
+	if !ok {
+		return nil, rpc.Errorf(syscall.EIO, "metadata commit: unexpected answer %T", resp)
+	}
+	return r, nil
+}
