@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"github.com/stratafs/strata/internal/layout"
 	"math"
 	"syscall"
 	"time"
@@ -49,6 +50,32 @@ func (s *Service) mutate(c *command) (rpc.Message, error) {
 }
 
 func now() int64 { return time.Now().UnixNano() }
+
+// placementCandidates returns the live targets with free space. Liveness
+// lives in the leader's memory, so a leader that has just started (a
+// restart of the service) knows of no live target until the storage
+// servers' next heartbeats; rather than fail creates with ENOSPC in that
+// window, it waits for them — at most startupGrace after taking office.
+func (s *Service) placementCandidates(ctx context.Context) []layout.Candidate {
+	cands := s.live.candidates(time.Now())
+	if len(cands) > 0 {
+		return cands
+	}
+	grace := s.cfg.ServerTimeout
+	if grace > startupGrace {
+		grace = startupGrace
+	}
+	until := time.Unix(0, s.leaderSince.Load()).Add(grace)
+	for len(cands) == 0 && time.Now().Before(until) && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+		cands = s.live.candidates(time.Now())
+	}
+	return cands
+}
+
+// startupGrace bounds how long a new leader waits for storage servers to
+// heartbeat before placing files (they heartbeat every second by default).
+const startupGrace = 5 * time.Second
 
 func (s *Service) kickReaper() {
 	select {
@@ -100,11 +127,11 @@ func (s *Service) register() {
 		return s.mutate(&command{Op: opSetAttr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Valid: r.Valid, Mode: r.Mode,
 			Uid: r.Uid, Gid: r.Gid, Size: r.Size, Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime})
 	})
-	handle(s, rpc.MCreate, func(_ context.Context, r *rpc.CreateReq) (rpc.Message, error) {
+	handle(s, rpc.MCreate, func(ctx context.Context, r *rpc.CreateReq) (rpc.Message, error) {
 		c := &command{Op: opCreate, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name, Mode: r.Mode,
 			Uid: r.Uid, Gid: r.Gid, Rdev: r.Rdev, Symlink: r.SymlinkTarget}
 		if r.Mode&modeType == modeReg || r.Mode&modeType == 0 {
-			c.Cands = s.live.candidates(time.Now())
+			c.Cands = s.placementCandidates(ctx)
 			c.RRStart = s.rr.Add(1)
 		}
 		return s.mutate(c)
