@@ -27,6 +27,7 @@ const (
 	opSessionClose
 	opRegister
 	opReap
+	opReapMany // appended: op numbers are part of the log format
 )
 
 // command is one state-machine command. The leader fills in everything that
@@ -65,6 +66,9 @@ type command struct {
 	Pid                    uint32
 	LeaseMs                uint32
 	Targets                []rpc.TargetReg
+
+	// orphan reaping (opReapMany)
+	Inos []uint64
 }
 
 const commandFormatV1 = 1
@@ -78,6 +82,8 @@ func (c *command) encode(b []byte) []byte {
 	switch c.Op {
 	case opInit, opSessionClose, opReap:
 		e.U64(c.Ino)
+	case opReapMany:
+		e.U64s(c.Inos)
 	case opCreate:
 		e.U64(c.Parent)
 		e.String(c.Name)
@@ -159,6 +165,8 @@ func decodeCommand(b []byte, c *command) error {
 	switch c.Op {
 	case opInit, opSessionClose, opReap:
 		c.Ino = d.U64()
+	case opReapMany:
+		c.Inos = d.U64s()
 	case opCreate:
 		c.Parent = d.U64()
 		c.Name = d.String()

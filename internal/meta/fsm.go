@@ -156,7 +156,7 @@ func (f *fsm) commitLocked(b kv.Batch) {
 // mutating reports whether op carries a ReqHeader worth deduplicating.
 func (o op) deduped() bool {
 	switch o {
-	case opInit, opSessionOpen, opSessionClose, opRegister, opReap:
+	case opInit, opSessionOpen, opSessionClose, opRegister, opReap, opReapMany:
 		return false
 	}
 	return true

@@ -99,6 +99,20 @@ func (s *sessions) heartbeat(id uint64, open []uint64, now time.Time) bool {
 	return true
 }
 
+// oldestReport is the time of the least recent open-file report among the
+// live sessions (zero when there are none).
+func (s *sessions) oldestReport() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var oldest time.Time
+	for _, st := range s.mu.m {
+		if oldest.IsZero() || st.lastSeen.Before(oldest) {
+			oldest = st.lastSeen
+		}
+	}
+	return oldest
+}
+
 // expired lists sessions whose lease ran out.
 func (s *sessions) expired(now time.Time, lease time.Duration) []uint64 {
 	s.mu.Lock()
@@ -301,7 +315,12 @@ func (s *Service) reapOrphans(ctx context.Context) {
 	if time.Since(time.Unix(0, s.leaderSince.Load())) < s.cfg.OrphanGrace {
 		return
 	}
+	// An orphan may be reaped once every session has reported its open
+	// files since the orphan appeared, and none reported it: a client that
+	// opened the file just before another client unlinked it has not
+	// necessarily said so yet.
 	open := s.sess.openSet()
+	reportedSince := s.sess.oldestReport()
 	p := schema.OrphanPrefix()
 	it, err := s.db.NewIter(p, kv.PrefixEnd(p))
 	if err != nil {
@@ -315,30 +334,67 @@ func (s *Service) reapOrphans(ctx context.Context) {
 			s.log.Error("bad orphan record", "key", it.Key(), "err", err)
 			continue
 		}
+		o, err := schema.DecodeOrphan(it.Value())
+		if err != nil {
+			s.log.Error("bad orphan record", "ino", ino, "err", err)
+			continue
+		}
+		if !reportedSince.IsZero() && o.Since >= reportedSince.UnixNano() {
+			continue // some session has not reported since the unlink
+		}
 		if _, isOpen := open[ino]; !isOpen {
 			inos = append(inos, ino)
 		}
 	}
 	it.Close()
-	for _, ino := range inos {
-		if ctx.Err() != nil {
-			return
-		}
-		if err := s.removeChunks(ctx, ino); err != nil {
-			s.log.Warn("orphan data not removed yet; will retry", "ino", ino, "err", err)
-			continue
-		}
-		r, err := s.propose(&command{Op: opReap, Now: time.Now().UnixNano(), Ino: ino})
-		if err == nil {
-			err = r.err()
-		}
-		if err != nil {
-			s.log.Warn("reap orphan", "ino", ino, "err", err)
-			return
-		}
-		s.m.reaped.Inc()
+	if len(inos) == 0 {
+		return
 	}
+	// Remove the chunks of all of them at once (bounded fan-out), then drop
+	// every orphan whose data is gone in one Raft command: one log append
+	// per pass instead of one per file, so a remove-heavy workload does not
+	// double its commits.
+	done := make([]bool, len(inos))
+	sem := make(chan struct{}, reapParallel)
+	var wg sync.WaitGroup
+	for i, ino := range inos {
+		if ctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := s.removeChunks(ctx, ino); err != nil {
+				s.log.Warn("orphan data not removed yet; will retry", "ino", ino, "err", err)
+				return
+			}
+			done[i] = true
+		}()
+	}
+	wg.Wait()
+	var reaped []uint64
+	for i, ok := range done {
+		if ok {
+			reaped = append(reaped, inos[i])
+		}
+	}
+	if len(reaped) == 0 {
+		return
+	}
+	r, err := s.propose(&command{Op: opReapMany, Now: time.Now().UnixNano(), Inos: reaped})
+	if err == nil {
+		err = r.err()
+	}
+	if err != nil {
+		s.log.Warn("reap orphans", "count", len(reaped), "err", err)
+		return
+	}
+	s.m.reaped.Add(float64(len(reaped)))
 }
+
+// reapParallel bounds the orphans whose chunks are being removed at once.
+const reapParallel = 16
 
 func (s *Service) removeChunks(ctx context.Context, ino uint64) error {
 	v, err := s.db.Get(schema.InodeKey(ino))

@@ -228,6 +228,13 @@ func (x *opCtx) apply(c *command) ([]byte, error) {
 		return x.register(c)
 	case opReap:
 		return x.reap(c)
+	case opReapMany:
+		for _, ino := range c.Inos {
+			if _, err := x.reap(&command{Ino: ino}); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
 	}
 	return nil, rpc.Errorf(syscall.EINVAL, "unknown command op %d", c.Op)
 }
