@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"syscall"
 	"testing"
@@ -281,3 +282,31 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 var _ sync.Mutex
+
+// TestOrphanReapingMany: a burst of unlinks is reaped in batches (one Raft
+// command for many inodes) and every inode and chunk goes.
+func TestOrphanReapingMany(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.OrphanGrace = 100 * time.Millisecond
+	s := openService(t, cfg)
+	store := newFakeStore(t)
+	c := newClient(t, s.Addr())
+	c.registerTargets(store.addr, "t1", "t2")
+	const n = 40 // more than one opCtx's inode cache
+	var inos []uint64
+	for i := 0; i < n; i++ {
+		inos = append(inos, c.mustCreate(1, fmt.Sprintf("f%d", i), fileMode).Ino)
+	}
+	for i := 0; i < n; i++ {
+		c.unlink(1, fmt.Sprintf("f%d", i))
+	}
+	beat := func() {
+		if err := c.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.id}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "all chunks removed", func() bool { beat(); return len(store.removed()) == 2*n })
+	for _, ino := range inos {
+		waitFor(t, "inode reaped", func() bool { _, err := c.getattr(ino); return err != nil })
+	}
+}

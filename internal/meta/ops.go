@@ -229,10 +229,16 @@ func (x *opCtx) apply(c *command) ([]byte, error) {
 	case opReap:
 		return x.reap(c)
 	case opReapMany:
+		// Each reap is a whole step of its own: flush it and empty the
+		// small inode cache before the next (reaps only fail on kv errors).
 		for _, ino := range c.Inos {
 			if _, err := x.reap(&command{Ino: ino}); err != nil {
 				return nil, err
 			}
+			if err := x.flush(); err != nil {
+				return nil, err
+			}
+			x.reset(x.f, x.b, x.now)
 		}
 		return nil, nil
 	}
