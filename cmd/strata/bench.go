@@ -289,6 +289,7 @@ dropped between phases when root, and every byte read is checked. fio measures t
 	var calSize string
 	var calRounds int
 	var calJSON string
+	var calClients int
 	calibrateCmd := &cobra.Command{
 		Use:   "calibrate DIR",
 		Short: "Compare the harness's seq workload with fio's identical pattern on DIR (overhead check)",
@@ -314,14 +315,14 @@ dropped between phases when root, and every byte read is checked. fio measures t
 			cfg.Progress = os.Stderr
 			ctx, cancel := signalContext()
 			defer cancel()
-			c, err := bench.Calibrate(ctx, cfg, n, calRounds)
+			c, err := bench.Calibrate(ctx, cfg, n, calRounds, calClients)
 			if err != nil {
 				return err
 			}
-			fmt.Printf("seq, %d jobs x %s, 1 MiB, psync, fsync at end, page cache dropped before read (median of %d)\n",
-				c.Jobs, bench.FormatSize(c.BytesPerJob), c.Rounds)
-			fmt.Printf("  write: fio %.1f MiB/s, strata bench %.1f MiB/s, ratio %.3f\n", c.FioWriteMiBps, c.BenchWriteMiBps, c.WriteRatio)
-			fmt.Printf("  read:  fio %.1f MiB/s, strata bench %.1f MiB/s, ratio %.3f\n", c.FioReadMiBps, c.BenchReadMiBps, c.ReadRatio)
+			fmt.Printf("seq, %d jobs x %s, 1 MiB, psync, fsync at end, page cache dropped before every phase; harness in %d process(es); median of %d rounds\n",
+				c.Jobs, bench.FormatSize(c.BytesPerJob), c.Clients, c.Rounds)
+			fmt.Printf("  write: fio %.1f MiB/s, strata bench %.1f MiB/s, ratio %.3f (median of per-round ratios %.3f)\n", c.FioWriteMiBps, c.BenchWriteMiBps, c.WriteRatio, c.WriteRatioPaired)
+			fmt.Printf("  read:  fio %.1f MiB/s, strata bench %.1f MiB/s, ratio %.3f (median of per-round ratios %.3f)\n", c.FioReadMiBps, c.BenchReadMiBps, c.ReadRatio, c.ReadRatioPaired)
 			if calJSON != "" {
 				b, _ := json.MarshalIndent(c, "", "  ")
 				return os.WriteFile(calJSON, append(b, '\n'), 0o644)
@@ -332,6 +333,7 @@ dropped between phases when root, and every byte read is checked. fio measures t
 	calibrateCmd.Flags().StringVar(&calSize, "size", "512M", "file size per job")
 	calibrateCmd.Flags().IntVar(&calRounds, "rounds", 3, "alternating fio/harness rounds; medians are reported")
 	calibrateCmd.Flags().StringVar(&calJSON, "json", "", "also write the calibration as JSON here")
+	calibrateCmd.Flags().IntVar(&calClients, "clients", bench.FioJobs, "harness worker processes for the 4 threads (4 = one per thread, like fio's jobs; 1 = threads in one process)")
 
 	benchCmd.AddCommand(workerCmd, reportCmd, calibrateCmd, peersCommand())
 	rootCmd.AddCommand(benchCmd)

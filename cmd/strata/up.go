@@ -24,6 +24,7 @@ func init() {
 	var (
 		dataDir, mountDir, metaListen, syncPolicy string
 		stores, targetsPerStore                   int
+		pprofAddr                                 string
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -43,6 +44,9 @@ on the same --data it serves the same files.`,
 			if syncPolicy != "sync" && syncPolicy != "async" {
 				return usagef("--sync-policy %q: want sync or async", syncPolicy)
 			}
+			if pprofAddr != "" {
+				startPprof(pprofAddr)
+			}
 			return runUp(cmd.Context(), upOptions{
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore,
@@ -55,6 +59,8 @@ on the same --data it serves the same files.`,
 	cmd.Flags().IntVar(&stores, "stores", 2, "number of storage servers")
 	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
 	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", "sync: close and fsync wait for stable storage; async: scratch-grade, faster")
+	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
+	_ = cmd.Flags().MarkHidden("pprof")
 	rootCmd.AddCommand(cmd)
 }
 

@@ -77,13 +77,6 @@ func (s *Service) placementCandidates(ctx context.Context) []layout.Candidate {
 // heartbeat before placing files (they heartbeat every second by default).
 const startupGrace = 5 * time.Second
 
-func (s *Service) kickReaper() {
-	select {
-	case s.reapKick <- struct{}{}:
-	default:
-	}
-}
-
 func (s *Service) register() {
 	handle(s, rpc.MSessionOpen, func(_ context.Context, r *rpc.SessionOpenReq) (rpc.Message, error) {
 		lease := uint32(min(s.cfg.SessionLease.Milliseconds(), math.MaxUint32))
@@ -136,23 +129,19 @@ func (s *Service) register() {
 		}
 		return s.mutate(c)
 	})
+	// Unlink and rename do not wake the reaper: an orphan only becomes
+	// reapable after every session's next open-file report, and the
+	// reaper's ticker scans for those; a scan per unlink made remove-heavy
+	// workloads quadratic in the number of waiting orphans.
 	handle(s, rpc.MUnlink, func(_ context.Context, r *rpc.EntryReq) (rpc.Message, error) {
-		m, err := s.mutate(&command{Op: opUnlink, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name})
-		if err == nil {
-			s.kickReaper()
-		}
-		return m, err
+		return s.mutate(&command{Op: opUnlink, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name})
 	})
 	handle(s, rpc.MRmdir, func(_ context.Context, r *rpc.EntryReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opRmdir, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name})
 	})
 	handle(s, rpc.MRename, func(_ context.Context, r *rpc.RenameReq) (rpc.Message, error) {
-		m, err := s.mutate(&command{Op: opRename, Now: now(), Hdr: r.Hdr, Parent: r.OldParent, Name: r.OldName,
+		return s.mutate(&command{Op: opRename, Now: now(), Hdr: r.Hdr, Parent: r.OldParent, Name: r.OldName,
 			NewParent: r.NewParent, NewName: r.NewName, Flags: r.Flags})
-		if err == nil {
-			s.kickReaper()
-		}
-		return m, err
 	})
 	handle(s, rpc.MLink, func(_ context.Context, r *rpc.LinkReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opLink, Now: now(), Hdr: r.Hdr, Ino: r.Ino, NewParent: r.NewParent, NewName: r.NewName})

@@ -269,8 +269,6 @@ func (s *Service) leaderLoop(ctx context.Context) {
 			s.expireSessions()
 		case <-rt.C:
 			s.reapOrphans(ctx)
-		case <-s.reapKick:
-			s.reapOrphans(ctx)
 		}
 	}
 }

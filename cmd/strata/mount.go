@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/stratafs/strata/internal/client"
+	"github.com/stratafs/strata/internal/fuse"
+)
+
+func init() {
+	cfg := client.DefaultConfig()
+	var keyFile string
+	var debugFuse bool
+	cmd := &cobra.Command{
+		Use:   "mount --meta ADDR [--key-file FILE] MOUNTPOINT",
+		Short: "mount the Strata file system (FUSE) and serve it until SIGINT/SIGTERM",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("mount: want exactly one MOUNTPOINT, got %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cfg.MetaAddr == "" {
+				cfg.MetaAddr = os.Getenv("STRATA_META")
+			}
+			if keyFile == "" {
+				keyFile = os.Getenv("STRATA_KEY_FILE")
+			}
+			if cfg.MetaAddr == "" {
+				return usagef("mount: --meta ADDR is required (or set STRATA_META)")
+			}
+			if keyFile == "" {
+				return usagef("mount: --key-file FILE is required (or set STRATA_KEY_FILE)")
+			}
+			key, err := readKeyFile(keyFile)
+			if err != nil {
+				return usagef("mount: %v", err)
+			}
+			cfg.ClusterKey = key
+			cfg.MountPoint = args[0]
+			if err := cfg.Validate(); err != nil {
+				return usagef("mount: %v", err)
+			}
+			return runMount(cfg, args[0], fuse.Options{Debug: debugFuse})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.MetaAddr, "meta", "", "metadata service address host:port (default $STRATA_META)")
+	f.StringVar(&keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE)")
+	f.DurationVar(&cfg.IOTimeout, "io-timeout", cfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
+	f.StringVar(&cfg.SyncPolicy, "sync-policy", cfg.SyncPolicy, "sync: close makes data durable like fsync; async: close only hands data to the servers")
+	f.Int64Var(&cfg.WriteBehindBytes, "write-behind-bytes", cfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
+	f.Int64Var(&cfg.ReadAheadBytes, "read-ahead-bytes", cfg.ReadAheadBytes, "how far ahead of a sequential reader to prefetch (0 = off)")
+	f.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics")
+	f.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request")
+	rootCmd.AddCommand(cmd)
+}
+
+// runMount mounts and serves until a signal or an external unmount.
+func runMount(cfg client.Config, mountpoint string, opts fuse.Options) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.IOTimeout)
+	c, err := client.New(ctx, cfg)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	m, err := fuse.Mount(c, mountpoint, opts)
+	if err != nil {
+		return err
+	}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	done := make(chan struct{})
+	go func() { m.Wait(); close(done) }()
+	select {
+	case s := <-sigs:
+		slog.Info("unmounting", "signal", s, "mountpoint", mountpoint)
+		errc := make(chan error, 1)
+		go func() { errc <- m.Unmount() }()
+		select {
+		case err := <-errc:
+			if err != nil {
+				return err
+			}
+		case <-sigs:
+			return fmt.Errorf("unmount of %s interrupted", mountpoint)
+		case <-time.After(cfg.IOTimeout + 10*time.Second):
+			return fmt.Errorf("unmount of %s timed out", mountpoint)
+		}
+	case <-done:
+		slog.Info("file system was unmounted externally", "mountpoint", mountpoint)
+	}
+	return nil
+}
