@@ -43,7 +43,8 @@ type Client struct {
 		openSent bool              // every open inode has been reported in a heartbeat
 		closed   bool
 	}
-	sessionMu sync.Mutex // serialises session reopening
+	sessionMu sync.Mutex    // serialises session reopening
+	kick      chan struct{} // asks the heartbeat loop to report open inodes soon
 
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
@@ -76,6 +77,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.targets.init(c)
 	c.mu.inodes = map[uint64]*inode{}
 	c.mu.openSent = true
+	c.kick = make(chan struct{}, 1)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if err := c.openSession(ctx); err != nil {
 		c.meta.Close()
@@ -180,7 +182,7 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 		cctx, cancel := context.WithDeadline(ctx, deadline)
 		err := c.meta.Call(cctx, m, req, resp)
 		cancel()
-		if err == nil || !errors.Is(err, rpc.ErrUnavailable) {
+		if err == nil || !retryableMeta(err) {
 			c.m.metaOps.Inc()
 			if err != nil {
 				c.m.metaErrors.Inc()
@@ -206,20 +208,40 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 	}
 }
 
+// retryableMeta reports whether a metadata call failed without being
+// applied for sure and may be repeated with the same header: transport
+// trouble, or ENOTCONN — the node is not (yet) the leader, e.g. during an
+// election after a restart (meta.ErrNotLeader).
+func retryableMeta(err error) bool {
+	return errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, syscall.ENOTCONN)
+}
+
 // heartbeatLoop renews the session every lease/3 and reports open inodes.
 // It owns session renewal: on ESTALE (the service forgot the session, e.g.
-// after it expired) it opens a new one.
+// after it expired) it opens a new one. A kick (a newly opened inode)
+// makes it report within kickDelay, so that an unlink elsewhere does not
+// let the service reap a file this client holds open; kicks are coalesced.
 func (c *Client) heartbeatLoop() {
 	defer c.wg.Done()
+	const kickDelay = 50 * time.Millisecond
 	for {
 		interval := time.Duration(c.leaseMs.Load()) * time.Millisecond / 3
 		if interval <= 0 {
 			interval = time.Second
 		}
+		timer := time.NewTimer(interval)
 		select {
 		case <-c.ctx.Done():
+			timer.Stop()
 			return
-		case <-time.After(interval):
+		case <-timer.C:
+		case <-c.kick:
+			timer.Stop()
+			select {
+			case <-time.After(kickDelay):
+			case <-c.ctx.Done():
+				return
+			}
 		}
 		if err := c.heartbeat(c.ctx); err != nil && c.ctx.Err() == nil {
 			c.log.Warn("session heartbeat failed", "addr", c.cfg.MetaAddr, "err", err)

@@ -70,6 +70,21 @@ func (c *Client) mergeLocal(a *rpc.Attr) {
 func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (rpc.Attr, error) {
 	req.Ino = ino
 	req.Mode &= 07777
+	if req.Valid&(rpc.SetSize|rpc.SetMtime|rpc.SetMtimeNow) != 0 {
+		// Commit buffered writes first so that their (older) size and
+		// mtime cannot overwrite what this call sets.
+		c.mu.Lock()
+		in := c.mu.inodes[ino]
+		c.mu.Unlock()
+		if in != nil {
+			if err := in.drain(ctx); err != nil {
+				return rpc.Attr{}, err
+			}
+			if err := in.commit(ctx); err != nil {
+				return rpc.Attr{}, err
+			}
+		}
+	}
 	if req.Valid&rpc.SetSize != 0 {
 		if err := c.truncate(ctx, ino, req.Size); err != nil {
 			return rpc.Attr{}, err
@@ -411,7 +426,7 @@ func (c *Client) ClusterStatus(ctx context.Context) (rpc.ClusterStatusResp, erro
 // metaErr gives a transport failure (the service stayed unreachable for
 // IOTimeout) the errno EIO; errnos answered by the service pass unchanged.
 func metaErr(c *Client, op string, err error) error {
-	if errIs(err, rpc.ErrUnavailable) {
+	if retryableMeta(err) {
 		return fmt.Errorf("%s: metadata service %s unreachable for %v: %w (%w)", op, c.cfg.MetaAddr, c.cfg.IOTimeout, syscall.EIO, err)
 	}
 	return err

@@ -1,0 +1,497 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+var bg = context.Background()
+
+// pattern returns n bytes of a deterministic pattern for (seed, off).
+func pattern(seed byte, off int64, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		x := uint64(off+int64(i)) * 0x9E3779B97F4A7C15
+		b[i] = byte(x>>56) ^ seed
+	}
+	return b
+}
+
+func mkdir(t *testing.T, c *Client, parent uint64, name string) rpc.Attr {
+	t.Helper()
+	a, err := c.Mkdir(bg, parent, name, 0o755, 0, 0)
+	if err != nil {
+		t.Fatalf("mkdir %s: %v", name, err)
+	}
+	return a
+}
+
+func create(t *testing.T, c *Client, parent uint64, name string, flags int) *File {
+	t.Helper()
+	f, err := c.CreateOpen(bg, parent, name, 0o644, 0, 0, flags)
+	if err != nil {
+		t.Fatalf("create %s: %v", name, err)
+	}
+	return f
+}
+
+func readAll(t *testing.T, c *Client, ino uint64, flags int) []byte {
+	t.Helper()
+	f, err := c.Open(bg, ino, flags)
+	if err != nil {
+		t.Fatalf("open %d: %v", ino, err)
+	}
+	defer f.Release(bg)
+	size := int64(f.Size())
+	out := make([]byte, size)
+	// Read in odd-sized sequential pieces (exercises read-ahead).
+	for off := int64(0); off < size; {
+		n := min(int64(777_777), size-off)
+		k, err := f.ReadAt(bg, out[off:off+n], off)
+		if err != nil {
+			t.Fatalf("read %d at %d: %v", ino, off, err)
+		}
+		if int64(k) != n {
+			t.Fatalf("short read %d at %d: %d of %d", ino, off, k, n)
+		}
+		off += n
+	}
+	return out
+}
+
+func TestStripedRoundTrip(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 2, targets: 2})
+	c := tc.client(nil)
+	c2 := tc.client(nil)
+	for _, count := range []uint32{1, 2, 4} {
+		for _, ss := range []uint32{64 << 10, 1 << 20} {
+			for _, direct := range []bool{false, true} {
+				name := fmt.Sprintf("c%d-s%d-d%v", count, ss, direct)
+				t.Run(name, func(t *testing.T) {
+					d := mkdir(t, c, RootIno, name)
+					if _, err := c.SetDirLayout(bg, d.Ino, ss, count); err != nil {
+						t.Fatalf("set layout: %v", err)
+					}
+					flags := syscall.O_RDWR
+					if direct {
+						flags |= syscall.O_DIRECT
+					}
+					f := create(t, c, d.Ino, "f", flags)
+					a := f.Attr()
+					if a.Layout.StripeCount != count || a.Layout.StripeSize != ss || len(a.Layout.Targets) != int(count) {
+						t.Fatalf("layout %+v, want count %d size %d", a.Layout, count, ss)
+					}
+					size := int64(5*ss) + 12345
+					want := make([]byte, size)
+					rng := rand.New(rand.NewSource(int64(count)*int64(ss) + 1))
+					// Random pieces crossing stripe boundaries, in random order.
+					for off := int64(0); off < size; {
+						n := min(int64(rng.Intn(int(ss)*2)+1), size-off)
+						copy(want[off:], pattern(byte(count), off, int(n)))
+						off += n
+					}
+					type piece struct{ off, n int64 }
+					var pieces []piece
+					for off := int64(0); off < size; {
+						n := min(int64(rng.Intn(int(ss)*3/2)+1), size-off)
+						pieces = append(pieces, piece{off, n})
+						off += n
+					}
+					rng.Shuffle(len(pieces), func(i, j int) { pieces[i], pieces[j] = pieces[j], pieces[i] })
+					for _, p := range pieces {
+						if _, err := f.WriteAt(bg, want[p.off:p.off+p.n], p.off); err != nil {
+							t.Fatalf("write: %v", err)
+						}
+					}
+					// Read back through the same handle before close.
+					got := make([]byte, size)
+					if n, err := f.ReadAt(bg, got, 0); err != nil || int64(n) != size {
+						t.Fatalf("read own writes: %d %v", n, err)
+					}
+					if !bytes.Equal(got, want) {
+						t.Fatalf("own read differs: %s", diff(got, want))
+					}
+					if st, err := c.GetAttr(bg, a.Ino); err != nil || int64(st.Size) != size {
+						t.Fatalf("getattr before close: size %d err %v, want %d", st.Size, err, size)
+					}
+					if err := f.Release(bg); err != nil {
+						t.Fatalf("release: %v", err)
+					}
+					// Every target of the layout holds its chunk.
+					for slot, tgt := range a.Layout.Targets {
+						st := chunkStat(t, c, tgt, a.Ino)
+						if wantSz := a.Layout.ChunkSize(size, slot); !st.Exists || int64(st.Size) != wantSz {
+							t.Fatalf("slot %d target %d: chunk %+v, want size %d", slot, tgt, st, wantSz)
+						}
+					}
+					// Another client sees it after close (close-to-open).
+					if got := readAll(t, c2, a.Ino, 0); !bytes.Equal(got, want) {
+						t.Fatalf("other client read differs: %s", diff(got, want))
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestSparseTruncateLarge(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 2, targets: 2})
+	c := tc.client(nil)
+	f := create(t, c, RootIno, "sparse", syscall.O_RDWR)
+	ino := f.Ino()
+	data := []byte("hello, strata")
+	if _, err := f.WriteAt(bg, data, 10<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(bg, data, 0); err != nil {
+		t.Fatal(err)
+	}
+	const big = 5 << 30
+	if _, err := f.WriteAt(bg, data, big); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Fsync(bg); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := c.GetAttr(bg, ino); a.Size != big+uint64(len(data)) {
+		t.Fatalf("size %d, want %d", a.Size, big+len(data))
+	}
+	buf := make([]byte, 64<<10)
+	for _, off := range []int64{1 << 20, 9 << 20, 3 << 30, big - int64(len(buf))} {
+		if n, err := f.ReadAt(bg, buf, off); err != nil || n != len(buf) {
+			t.Fatalf("read hole at %d: %d %v", off, n, err)
+		}
+		if !bytes.Equal(buf, make([]byte, len(buf))) {
+			t.Fatalf("hole at %d not zero", off)
+		}
+	}
+	got := make([]byte, len(data))
+	if _, err := f.ReadAt(bg, got, big); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read at 5 GiB: %q %v", got, err)
+	}
+	f.Release(bg)
+
+	// Truncate down into the middle of the second write, then up.
+	if _, err := c.SetAttr(bg, ino, rpc.SetAttrReq{Valid: rpc.SetSize, Size: 10<<20 + 5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetAttr(bg, ino, rpc.SetAttrReq{Valid: rpc.SetSize, Size: 12 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	all := readAll(t, c, ino, 0)
+	if len(all) != 12<<20 {
+		t.Fatalf("size after truncates %d", len(all))
+	}
+	want := make([]byte, 12<<20)
+	copy(want, data)
+	copy(want[10<<20:], data[:5])
+	if !bytes.Equal(all, want) {
+		t.Fatalf("content after truncate down/up differs")
+	}
+	// Truncate through an open handle with buffered writes.
+	f, err := c.Open(bg, ino, syscall.O_RDWR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(bg, []byte("xyz"), 100)
+	if _, err := c.SetAttr(bg, ino, rpc.SetAttrReq{Valid: rpc.SetSize, Size: 101}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	all = readAll(t, c, ino, 0)
+	if len(all) != 101 || all[100] != 'x' || !bytes.Equal(all[:len(data)], data) {
+		t.Fatalf("after truncate with buffered writes: len %d", len(all))
+	}
+}
+
+func TestNTo1(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 2, targets: 2})
+	clients := []*Client{tc.client(nil), tc.client(nil)}
+	f := create(t, clients[0], RootIno, "shared", syscall.O_RDWR)
+	ino := f.Ino()
+	f.Release(bg)
+	const writers, rounds, region = 8, 4, 1 << 20
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := clients[w%2]
+			f, err := c.Open(bg, ino, syscall.O_WRONLY)
+			if err != nil {
+				errs <- err
+				return
+			}
+			for r := 0; r < rounds; r++ {
+				off := int64(r*writers+w) * region
+				if _, err := f.WriteAt(bg, pattern(byte(w), off, region), off); err != nil {
+					errs <- err
+				}
+			}
+			errs <- f.Release(bg)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := readAll(t, clients[1], ino, 0)
+	if len(got) != writers*rounds*region {
+		t.Fatalf("size %d, want %d", len(got), writers*rounds*region)
+	}
+	for i := 0; i < writers*rounds; i++ {
+		off := int64(i) * region
+		if !bytes.Equal(got[off:off+region], pattern(byte(i%writers), off, region)) {
+			t.Fatalf("region %d differs", i)
+		}
+	}
+}
+
+func TestDeadStoreEIO(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 2, targets: 1})
+	c := tc.client(func(cfg *Config) { cfg.IOTimeout = 2 * time.Second })
+	d := mkdir(t, c, RootIno, "one")
+	if _, err := c.SetDirLayout(bg, d.Ino, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	// One file per store (count 1, round-robin placement).
+	byAddr := map[string]*File{}
+	for i := 0; i < 8 && len(byAddr) < 2; i++ {
+		f := create(t, c, d.Ino, fmt.Sprintf("f%d", i), syscall.O_RDWR)
+		addr := c.Targets()[f.Attr().Layout.Targets[0]].Addr
+		if _, ok := byAddr[addr]; ok {
+			f.Release(bg)
+			continue
+		}
+		if _, err := f.WriteAt(bg, []byte("before"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Fsync(bg); err != nil {
+			t.Fatal(err)
+		}
+		byAddr[addr] = f
+	}
+	dead, live := byAddr[tc.stores[1].Addr()], byAddr[tc.stores[0].Addr()]
+	if dead == nil || live == nil {
+		t.Fatalf("could not place files on both stores: %v", byAddr)
+	}
+	tc.stopStore(1)
+	start := time.Now()
+	dead.WriteAt(bg, []byte("after"), 0)
+	err := dead.Fsync(bg)
+	if !errors.Is(err, syscall.EIO) {
+		t.Fatalf("fsync on dead store: %v, want EIO", err)
+	}
+	if el := time.Since(start); el > 8*time.Second {
+		t.Fatalf("EIO took %v", el)
+	}
+	buf := make([]byte, 6)
+	if _, err := dead.ReadAt(bg, buf, 0); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read on dead store: %v, want EIO", err)
+	}
+	var te *TargetError
+	if !errors.As(err, &te) || te.Addr == "" {
+		t.Fatalf("error does not name the server: %v", err)
+	}
+	// The other file keeps working.
+	if _, err := live.WriteAt(bg, []byte("still"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := live.Fsync(bg); err != nil {
+		t.Fatalf("fsync on live store: %v", err)
+	}
+	if _, err := live.ReadAt(bg, buf[:5], 0); err != nil || string(buf[:5]) != "still" {
+		t.Fatalf("read on live store: %q %v", buf[:5], err)
+	}
+	live.Release(bg)
+	dead.Release(bg)
+}
+
+func TestMetaRestart(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 2})
+	c := tc.client(nil)
+	f := create(t, c, RootIno, "before", syscall.O_RDWR)
+	f.WriteAt(bg, []byte("data"), 0)
+	if err := f.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	tc.meta.Close()
+	restarted := make(chan struct{})
+	go func() {
+		defer close(restarted)
+		time.Sleep(time.Second)
+		tc.startMeta(tc.metaAddr)
+	}()
+	defer func() { <-restarted }()
+	// These run while the service is down and must succeed once it is back.
+	a, err := c.Lookup(bg, RootIno, "before")
+	if err != nil {
+		t.Fatalf("lookup across restart: %v", err)
+	}
+	if a.Size != 4 {
+		t.Fatalf("size after restart %d", a.Size)
+	}
+	f2 := create(t, c, RootIno, "after", syscall.O_RDWR)
+	f2.WriteAt(bg, []byte("more"), 0)
+	if err := f2.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, c, a.Ino, 0); string(got) != "data" {
+		t.Fatalf("read after restart %q", got)
+	}
+}
+
+func TestENOSPC(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1, reserve: 1 << 62})
+	c := tc.client(nil)
+	f := create(t, c, RootIno, "full", syscall.O_RDWR)
+	defer f.Release(bg)
+	f.WriteAt(bg, make([]byte, 1<<20), 0)
+	err := f.Fsync(bg)
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("fsync on a full target: %v, want ENOSPC", err)
+	}
+	fd, err := c.CreateOpen(bg, RootIno, "full-direct", 0o644, 0, 0, syscall.O_RDWR|syscall.O_DIRECT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Release(bg)
+	if _, err := fd.WriteAt(bg, make([]byte, 4096), 0); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("direct write on a full target: %v, want ENOSPC", err)
+	}
+}
+
+func TestOpenUnlinked(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 2})
+	c := tc.client(nil)
+	other := tc.client(nil)
+	f := create(t, c, RootIno, "doomed", syscall.O_RDWR)
+	want := pattern(7, 0, 3<<20)
+	f.WriteAt(bg, want, 0)
+	if err := f.Fsync(bg); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the open set reaches the service
+	a, err := other.Unlink(bg, RootIno, "doomed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Nlink != 0 {
+		t.Fatalf("nlink after unlink %d", a.Nlink)
+	}
+	time.Sleep(3 * time.Second) // several reaper passes (grace 1 s)
+	got := make([]byte, len(want))
+	if n, err := f.ReadAt(bg, got, 0); err != nil || n != len(want) || !bytes.Equal(got, want) {
+		t.Fatalf("read of open unlinked file: %d %v", n, err)
+	}
+	if err := f.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Lookup(bg, RootIno, "doomed"); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("lookup after unlink: %v", err)
+	}
+}
+
+func TestNamespace(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	c := tc.client(nil)
+	long := string(bytes.Repeat([]byte("a"), 256))
+	if _, err := c.Create(bg, RootIno, long, 0o644, 0, 0); !errors.Is(err, syscall.ENAMETOOLONG) {
+		t.Fatalf("create long name: %v", err)
+	}
+	d := mkdir(t, c, RootIno, "dir")
+	for i := 0; i < 2500; i++ {
+		if _, err := c.Create(bg, d.Ino, fmt.Sprintf("e%05d", i), 0o600, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]bool{}
+	after := ""
+	for {
+		ents, eof, err := c.ReadDir(bg, d.Ino, after, 1000, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if seen[e.Name] {
+				t.Fatalf("duplicate %s", e.Name)
+			}
+			seen[e.Name] = true
+			after = e.Name
+		}
+		if eof {
+			break
+		}
+	}
+	if len(seen) != 2500 {
+		t.Fatalf("listed %d entries", len(seen))
+	}
+	if _, err := c.Symlink(bg, d.Ino, "ln", "/target", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.ResolvePath(bg, "/dir/ln")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := c.Readlink(bg, a.Ino); err != nil || s != "/target" {
+		t.Fatalf("readlink %q %v", s, err)
+	}
+	if err := c.SetXattr(bg, a.Ino, "user.k", []byte("v"), 0); err == nil {
+		if v, err := c.GetXattr(bg, a.Ino, "user.k"); err != nil || string(v) != "v" {
+			t.Fatalf("getxattr %q %v", v, err)
+		}
+	}
+	if err := c.Rmdir(bg, RootIno, "dir"); !errors.Is(err, syscall.ENOTEMPTY) {
+		t.Fatalf("rmdir non-empty: %v", err)
+	}
+	// Locks: a second client conflicts; SetLk with wait gets EINTR on cancel.
+	other := tc.client(nil)
+	f := create(t, c, RootIno, "locked", syscall.O_RDWR)
+	defer f.Release(bg)
+	l := Lock{Ino: f.Ino(), Owner: 1, Start: 0, End: ^uint64(0), Type: rpc.LockWrite, Pid: 1}
+	if err := c.SetLk(bg, l, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	l2 := l
+	l2.Owner = 2
+	if err := other.SetLk(bg, l2, false, nil); !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("conflicting lock: %v", err)
+	}
+	cancel := make(chan struct{})
+	time.AfterFunc(300*time.Millisecond, func() { close(cancel) })
+	if err := other.SetLk(bg, l2, true, cancel); !errors.Is(err, syscall.EINTR) {
+		t.Fatalf("waiting lock cancelled: %v", err)
+	}
+}
+
+func diff(got, want []byte) string {
+	if len(got) != len(want) {
+		return fmt.Sprintf("len %d, want %d", len(got), len(want))
+	}
+	first, last, n := -1, -1, 0
+	for i := range got {
+		if got[i] != want[i] {
+			if first < 0 {
+				first = i
+			}
+			last = i
+			n++
+		}
+	}
+	return fmt.Sprintf("%d bytes differ in [%d, %d]", n, first, last)
+}

@@ -1,0 +1,98 @@
+// Package client is the Strata client library: a session with one cluster
+// through which the FUSE mount, the NFS gateway and the benchmark harness
+// reach the namespace (metadata service) and the file data (storage
+// servers). It talks only internal/rpc; it never imports meta or store.
+//
+// # Concepts
+//
+// A Client holds one session (SessionOpen at New, SessionClose at Close)
+// and an inode-level API: Lookup, GetAttr, SetAttr, Create, Mkdir, Mknod,
+// Symlink, Unlink, Rmdir, Rename, Link, Readlink, ReadDir (name cursor,
+// paged), StatFS, xattrs, locks (GetLk/SetLk), SetDirLayout, and
+// ResolvePath for admin tools. Open returns a *File (ReadAt, WriteAt,
+// Flush, Fsync, Release, Punch, Allocate).
+//
+// Every file the client holds open has one inode record shared by all its
+// handles: the write-behind buffers, the size and mtime written but not
+// yet committed, the set of slots written since the last sync, and a
+// generation bumped by every write, truncate and punch. Reads through any
+// handle first push out and wait for buffered writes that overlap them, so
+// a client always reads its own writes.
+//
+// Data path. A byte range is cut with layout.Split; the part of a
+// contiguous range that falls on one slot is contiguous in that slot's
+// chunk, so each slot gets one storage call, and the slots are called in
+// parallel. Reads scatter the answer back; short chunks and holes read as
+// zeros up to the file size.
+//
+// Write-behind. WriteAt copies into a per-slot coalescing buffer (≤ 1 MiB,
+// contiguous in chunk space) and returns; a full buffer (or a
+// non-contiguous write, a read of its bytes, a flush) submits it as one
+// SWrite in the background. Memory is bounded by Config.WriteBehindBytes
+// for the whole client: WriteAt blocks while the budget is used up. A
+// submission waits for in-flight writes overlapping it, so overlapping
+// writes reach the store in program order. O_DIRECT and O_SYNC handles
+// write through (same machinery, the caller waits).
+//
+// Durability. Fsync = drain write-behind, SSync every target written since
+// the last sync, then CommitSize (size = max(committed, ours), mtime).
+// Flush (close) is Fsync under the "sync" policy; under "async" it drains
+// and commits without SSync.
+//
+// Read-ahead. A handle that reads sequentially keeps the next
+// ReadAheadBytes prefetched in 1 MiB blocks read in parallel over the
+// stripes. Blocks are tagged with the inode generation and dropped when it
+// moves; blocks overlapping buffered writes are never prefetched. They
+// draw on the same memory budget but never wait for it.
+//
+// Sessions. A heartbeat every lease/3 reports the open inodes, so that a
+// file unlinked elsewhere keeps its data while open here; opening a new
+// inode triggers a report within 50 ms, and Unlink/Rename report
+// synchronously first if the set changed. An ESTALE heartbeat (session
+// expired) opens a new session.
+//
+// # Errors
+//
+// Errors satisfy errors.Is(err, syscall.Exxx). Errnos answered by a server
+// pass through. Metadata calls that fail in transport (rpc.ErrUnavailable)
+// or with ENOTCONN (node not leader, e.g. during an election) are retried
+// with the same ReqHeader — so they are applied at most once — with
+// backoff until IOTimeout, then fail with EIO. Storage calls are all
+// idempotent and retried likewise (refreshing the target map); the final
+// error is a *TargetError naming target and server, logged once. ENOSPC
+// from a store surfaces as ENOSPC. A write-behind failure is remembered
+// per inode and returned by the next WriteAt, Flush or Fsync (then
+// cleared).
+//
+// # Locking
+//
+// Lock order: Client.mu → inode.mu; readahead.mu → inode.mu. inode.mu is
+// never held across a network call; its cond is broadcast whenever an
+// in-flight write completes. Client.mu guards the open-inode map and
+// inode refcounts only.
+//
+// # Long-lived goroutines
+//
+//   - heartbeatLoop: renews the session, reports open inodes, reopens an
+//     expired session. Ends at Close.
+//   - targetMap.refreshLoop: reloads the target map every
+//     TargetRefreshInterval. Ends at Close.
+//   - the metrics HTTP server when MetricsAddr is set.
+//
+// Short-lived: one goroutine per in-flight storage write (bounded by the
+// budget and maxInflight per inode), per prefetch block, per parallel
+// slot call, and per relatime atime update (one per inode at a time).
+//
+// # Pitfalls
+//
+//   - Release every File: the inode record (and its write-behind) lives
+//     until the last handle of the inode is released; Close does not
+//     flush files.
+//   - Attribute caching belongs to the caller (the kernel, for FUSE);
+//     GetAttr always asks the service, merging this client's uncommitted
+//     size and mtime.
+//   - Locks belong to the session: if the session expires (no heartbeat
+//     for a lease) they are lost; the client logs it.
+//   - SetAttr of mtime or size commits buffered writes first so that an
+//     older write mtime cannot overwrite an explicit utimes (tar, cp -p).
+package client

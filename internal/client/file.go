@@ -1,0 +1,461 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// File is an open handle of a regular file. Its methods are safe for
+// concurrent use (the FUSE kernel module sends concurrent reads and writes
+// on one handle).
+type File struct {
+	c      *Client
+	in     *inode
+	flags  int
+	direct bool // O_DIRECT: no write-behind, no read-ahead
+	sync   bool // O_SYNC/O_DSYNC: every write durable before it returns
+	attr   rpc.Attr
+	ra     readahead
+
+	mu struct {
+		sync.Mutex
+		released bool
+	}
+}
+
+// Open opens regular file ino. flags are open(2) flags: O_DIRECT disables
+// buffering, O_SYNC/O_DSYNC make every write durable, O_TRUNC truncates.
+// The attributes are read fresh from the metadata service (close-to-open).
+func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error) {
+	if c.closed() {
+		return nil, ErrClosed
+	}
+	var resp rpc.AttrResp
+	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
+		return nil, metaErr(c, "open", err)
+	}
+	return c.openAttr(ctx, &resp.Attr, flags)
+}
+
+// CreateOpen creates a regular file and opens it with flags, in one
+// metadata round trip.
+func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mode, uid, gid uint32, flags int) (*File, error) {
+	if c.closed() {
+		return nil, ErrClosed
+	}
+	a, err := c.Create(ctx, parent, name, mode, uid, gid)
+	if err != nil {
+		return nil, err
+	}
+	return c.openAttr(ctx, &a, flags&^syscall.O_TRUNC)
+}
+
+func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int) (*File, error) {
+	a := *ap
+	ino := a.Ino
+	switch a.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
+	case syscall.S_IFDIR:
+		return nil, fmt.Errorf("open inode %d: %w", ino, syscall.EISDIR)
+	default:
+		return nil, fmt.Errorf("open inode %d of type %o: %w", ino, a.Mode&syscall.S_IFMT, syscall.EINVAL)
+	}
+	if len(a.Layout.Targets) == 0 || a.Layout.StripeSize == 0 {
+		return nil, fmt.Errorf("open inode %d: file has no layout: %w", ino, syscall.EIO)
+	}
+	c.mu.Lock()
+	in := c.mu.inodes[ino]
+	if in == nil {
+		in = newInode(c, &a)
+		c.mu.inodes[ino] = in
+		c.mu.openSent = false
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}
+	in.refs++
+	c.mu.Unlock()
+	in.merge(&a)
+	f := &File{c: c, in: in, flags: flags, attr: a,
+		direct: flags&syscall.O_DIRECT != 0,
+		sync:   flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
+	}
+	f.ra.init(f)
+	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY && a.Size > 0 {
+		na, err := c.SetAttr(ctx, ino, rpc.SetAttrReq{Valid: rpc.SetSize | rpc.SetMtimeNow, Size: 0})
+		if err != nil {
+			f.Release(ctx)
+			return nil, err
+		}
+		f.attr = na
+	}
+	c.m.op("open")
+	return f, nil
+}
+
+// Attr returns the attributes read at open (merged with this client's
+// uncommitted writes at that time).
+func (f *File) Attr() rpc.Attr { return f.attr }
+
+// Ino is the file's inode number.
+func (f *File) Ino() uint64 { return f.in.ino }
+
+// Size is this client's view of the file size: the size at open, grown by
+// writes through this client, set by truncates.
+func (f *File) Size() uint64 {
+	f.in.mu.Lock()
+	defer f.in.mu.Unlock()
+	return f.in.mu.size
+}
+
+// Committed returns the attributes the metadata service answered to this
+// client's last open or size commit of the file.
+func (f *File) Committed() rpc.Attr {
+	f.in.mu.Lock()
+	defer f.in.mu.Unlock()
+	return f.in.mu.attr
+}
+
+// ReadAt reads up to len(p) bytes at off. It returns fewer bytes only at the
+// end of the file (then with a nil error: callers treat n < len(p) as EOF).
+// Holes read as zeros.
+func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, syscall.EINVAL
+	}
+	in := f.in
+	in.mu.Lock()
+	size := int64(in.mu.size)
+	if off >= size {
+		in.mu.Unlock()
+		return 0, nil
+	}
+	n := int64(len(p))
+	if off+n > size {
+		n = size - off
+	}
+	in.waitRangeLocked(off, n)
+	gen := in.mu.gen
+	in.mu.Unlock()
+	p = p[:n]
+	f.c.m.opRead.Inc()
+	f.c.m.bytesRead.Add(float64(n))
+	var err error
+	if f.direct || f.c.cfg.ReadAheadBytes == 0 {
+		err = f.c.readRange(ctx, in, p, off)
+	} else {
+		err = f.ra.read(ctx, p, off, size, gen)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if f.flags&syscall.O_NOATIME == 0 {
+		f.c.touchAtime(in)
+	}
+	return int(n), nil
+}
+
+// readRange reads [off, off+len(p)) from the stores, one call per slot in
+// parallel; short chunks and holes read as zeros.
+func (c *Client) readRange(ctx context.Context, in *inode, p []byte, off int64) error {
+	rs := slotRanges(&in.layout, off, int64(len(p)))
+	if len(rs) == 1 {
+		return c.readSlot(ctx, in, &rs[0], p, off)
+	}
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for i := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.readSlot(ctx, in, &rs[i], p, off)
+		}()
+	}
+	wg.Wait()
+	return firstErr(errs)
+}
+
+// readSlot reads one slot's part of a range and scatters it into p (which
+// starts at file offset base).
+func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte, base int64) error {
+	target := in.layout.Targets[r.slot]
+	var resp rpc.ReadResp
+	req := &rpc.ReadReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(r.chunkOff), Len: uint32(r.n)}
+	if err := c.storeCall(ctx, "read", target, rpc.SRead, req, &resp); err != nil {
+		return err
+	}
+	data := resp.Data
+	for _, e := range r.ext {
+		dst := p[e.FileOff-base : e.FileOff-base+e.Len]
+		src := e.ChunkOff - r.chunkOff
+		k := 0
+		if src < int64(len(data)) {
+			k = copy(dst, data[src:])
+		}
+		clear(dst[k:])
+	}
+	return nil
+}
+
+// WriteAt writes p at off. Buffered handles copy p into write-behind
+// buffers and return at once (blocking only while the client's
+// write-behind budget is used up); the data reaches the stores in the
+// background, and a failure is reported by the next WriteAt, Flush, Fsync
+// or Release. O_DIRECT and O_SYNC handles write through before returning.
+func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, syscall.EINVAL
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	in := f.in
+	n := int64(len(p))
+	f.c.m.opWrite.Inc()
+	rs := slotRanges(&in.layout, off, n)
+	through := f.direct || f.sync
+	if !through {
+		f.c.budget.acquire(n)
+	}
+	now := nowNs()
+	in.mu.Lock()
+	if err := in.mu.err; err != nil && !through {
+		in.mu.Unlock()
+		f.c.budget.release(n)
+		return 0, err
+	}
+	var mine []*wbuf
+	for i := range rs {
+		r := &rs[i]
+		if through {
+			w := &wbuf{slot: r.slot, chunkOff: r.chunkOff, sync: f.sync}
+			if len(r.ext) == 1 {
+				w.buf = p[r.ext[0].FileOff-off:][:r.n] // caller's memory: we wait below
+			} else {
+				w.buf = gather(make([]byte, 0, r.n), r, p, off)
+			}
+			// Buffered data of other handles for these bytes goes first.
+			if pw := in.mu.pending[r.slot]; pw != nil && pw.overlaps(r.slot, w.chunkOff, w.end()) {
+				in.mu.pending[r.slot] = nil
+				in.submitLocked(pw)
+			}
+			in.submitLocked(w)
+			mine = append(mine, w)
+			continue
+		}
+		pw := in.mu.pending[r.slot]
+		if pw != nil && (pw.end() != r.chunkOff || len(pw.buf)+int(r.n) > maxWbufBytes) {
+			in.mu.pending[r.slot] = nil
+			in.submitLocked(pw)
+			pw = nil
+		}
+		if pw == nil {
+			pw = &wbuf{slot: r.slot, chunkOff: r.chunkOff, budgeted: true}
+			if r.n >= maxWbufBytes/4 {
+				pw.buf, pw.pooled = getBuf(), true
+			} else {
+				pw.buf = make([]byte, 0, max(r.n, 64<<10))
+			}
+		}
+		pw.buf = gather(pw.buf, r, p, off)
+		if len(pw.buf) >= maxWbufBytes {
+			in.mu.pending[r.slot] = nil
+			in.submitLocked(pw)
+		} else {
+			in.mu.pending[r.slot] = pw
+		}
+	}
+	if end := uint64(off + n); end > in.mu.size {
+		in.mu.size = end
+	}
+	in.mu.mtime = now
+	in.mu.dirty = true
+	in.mu.gen++
+	in.mu.Unlock()
+	if !through {
+		return int(n), nil
+	}
+	for _, w := range mine {
+		<-w.done
+	}
+	for _, w := range mine {
+		if w.err != nil {
+			return 0, w.err
+		}
+	}
+	if f.sync {
+		if err := in.commit(ctx); err != nil {
+			return 0, err
+		}
+	}
+	return int(n), nil
+}
+
+// gather appends the bytes of r's extents (taken from p, which starts at
+// file offset base) to buf.
+func gather(buf []byte, r *slotRange, p []byte, base int64) []byte {
+	for _, e := range r.ext {
+		buf = append(buf, p[e.FileOff-base:e.FileOff-base+e.Len]...)
+	}
+	return buf
+}
+
+// Flush is called on every close of a file descriptor. Under the sync
+// policy it is Fsync; under async it drains write-behind to the stores and
+// commits size and mtime, without asking the stores to sync.
+func (f *File) Flush(ctx context.Context) error {
+	if f.c.cfg.SyncPolicy == SyncPolicySync {
+		return f.Fsync(ctx)
+	}
+	f.c.m.op("flush")
+	in := f.in
+	if err := in.drain(ctx); err != nil {
+		return err
+	}
+	if err := in.takeErr(); err != nil {
+		return err
+	}
+	return in.commit(ctx)
+}
+
+// Fsync drains write-behind, makes every target this client wrote since
+// the last sync durable (SSync), and commits size and mtime. It returns the
+// first write-behind error not reported yet.
+func (f *File) Fsync(ctx context.Context) error {
+	f.c.m.op("fsync")
+	in := f.in
+	if err := in.drain(ctx); err != nil {
+		return err
+	}
+	if err := in.takeErr(); err != nil {
+		return err
+	}
+	if err := in.syncTargets(ctx); err != nil {
+		return err
+	}
+	return in.commit(ctx)
+}
+
+// Release closes the handle: it flushes like Flush (cheap when nothing is
+// dirty), drops read-ahead buffers, and forgets the inode when this was its
+// last handle in this client.
+func (f *File) Release(ctx context.Context) error {
+	f.mu.Lock()
+	if f.mu.released {
+		f.mu.Unlock()
+		return nil
+	}
+	f.mu.released = true
+	f.mu.Unlock()
+	err := f.Flush(ctx)
+	f.ra.drop()
+	c := f.c
+	c.mu.Lock()
+	f.in.refs--
+	if f.in.refs == 0 {
+		// A write through another path could still be buffered only if a
+		// handle was used after release; nothing is lost: Flush drained.
+		delete(c.mu.inodes, f.in.ino)
+	}
+	c.mu.Unlock()
+	return err
+}
+
+// Punch deallocates [off, off+n) (fallocate PUNCH_HOLE|KEEP_SIZE): the
+// range reads as zeros; the size does not change.
+func (f *File) Punch(ctx context.Context, off, n int64) error {
+	if off < 0 || n <= 0 {
+		return syscall.EINVAL
+	}
+	in := f.in
+	if err := in.drain(ctx); err != nil {
+		return err
+	}
+	in.mu.Lock()
+	size := int64(in.mu.size)
+	in.mu.gen++
+	in.mu.Unlock()
+	if off >= size {
+		return nil
+	}
+	if off+n > size {
+		n = size - off
+	}
+	rs := slotRanges(&in.layout, off, n)
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for i := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := in.layout.Targets[rs[i].slot]
+			req := &rpc.PunchReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}, Off: uint64(rs[i].chunkOff), Len: uint64(rs[i].n)}
+			errs[i] = f.c.storeCall(ctx, "punch", t, rpc.SPunch, req, nil)
+		}()
+	}
+	wg.Wait()
+	in.mu.Lock()
+	in.mu.mtime = nowNs()
+	in.mu.dirty = true
+	for _, r := range rs {
+		in.mu.unsynced[r.slot] = true
+	}
+	in.mu.Unlock()
+	f.c.m.op("punch")
+	return firstErr(errs)
+}
+
+// Allocate makes the file at least off+n bytes long (fallocate mode 0).
+// Space is not reserved on the targets: chunks grow sparse.
+func (f *File) Allocate(ctx context.Context, off, n int64) error {
+	if off < 0 || n <= 0 {
+		return syscall.EINVAL
+	}
+	end := uint64(off + n)
+	if end <= f.Size() {
+		return nil
+	}
+	_, err := f.c.SetAttr(ctx, f.in.ino, rpc.SetAttrReq{Valid: rpc.SetSize, Size: end})
+	return err
+}
+
+// touchAtime updates the access time relatime-style: only when atime is
+// not newer than mtime or ctime, or older than a day. The update is sent
+// in the background, one at a time per inode; it does not change ctime.
+func (c *Client) touchAtime(in *inode) {
+	now := nowNs()
+	in.mu.Lock()
+	a := &in.mu.attr
+	need := a.Atime <= a.Mtime || a.Atime <= a.Ctime || now-a.Atime > int64(24*time.Hour)
+	if !need || in.mu.atimeBusy {
+		in.mu.Unlock()
+		return
+	}
+	in.mu.atimeBusy = true
+	a.Atime = now
+	ctime := a.Ctime
+	in.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.IOTimeout)
+		defer cancel()
+		var resp rpc.AttrResp
+		req := &rpc.SetAttrReq{Hdr: c.hdr(), Ino: in.ino, Valid: rpc.SetAtime | rpc.SetCtime, Atime: now, Ctime: ctime}
+		err := c.metaCall(ctx, rpc.MSetAttr, req, &resp)
+		in.mu.Lock()
+		in.mu.atimeBusy = false
+		if err == nil {
+			in.mu.attr.Atime = resp.Attr.Atime
+			in.mu.attr.Ctime = resp.Attr.Ctime
+		}
+		in.mu.Unlock()
+		if err != nil {
+			c.log.Debug("atime update failed", "ino", in.ino, "err", err)
+		}
+	}()
+}

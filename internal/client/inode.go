@@ -1,0 +1,371 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"syscall"
+
+	"github.com/stratafs/strata/internal/layout"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// maxWbufBytes caps one write-behind buffer (one storage write).
+const maxWbufBytes = 1 << 20
+
+// maxInflight caps the storage writes in flight for one inode; it bounds
+// the overlap scans below.
+const maxInflight = 256
+
+// wbuf is one storage write: bytes for one slot's chunk, contiguous in
+// chunk space (it may hold several stripe units that are apart in the file).
+type wbuf struct {
+	slot     int
+	chunkOff int64
+	buf      []byte
+	budgeted bool // len(buf) bytes are held in the client's budget
+	pooled   bool // buf came from bufPool
+	sync     bool // WriteReq.Sync (O_SYNC writes)
+	done     chan struct{}
+	err      error // valid after done
+}
+
+func (w *wbuf) end() int64 { return w.chunkOff + int64(len(w.buf)) }
+
+func (w *wbuf) overlaps(slot int, off, end int64) bool {
+	return w.slot == slot && w.chunkOff < end && off < w.end()
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, maxWbufBytes); return &b }}
+
+func getBuf() []byte { return (*bufPool.Get().(*[]byte))[:0] }
+
+func putBuf(b []byte) {
+	if cap(b) == maxWbufBytes {
+		b = b[:maxWbufBytes]
+		bufPool.Put(&b)
+	}
+}
+
+// inode is the client-side state of a file that this client holds open:
+// the write-behind buffers, the uncommitted size and mtime, and what must
+// be synced. All handles of the file share it, so a read through one handle
+// sees what another handle of the same client wrote.
+type inode struct {
+	c      *Client
+	ino    uint64
+	layout layout.Layout // immutable for a file
+	refs   int           // open handles; guarded by c.mu
+
+	mu struct {
+		sync.Mutex
+		cond      *sync.Cond // broadcast when an in-flight write completes
+		size      uint64     // our view of the size: committed size, grown by our writes, set by truncate
+		mtime     int64      // mtime of our last write, valid when dirty
+		dirty     bool       // writes (size/mtime) not yet committed to metadata
+		unsynced  []bool     // per slot: written since the last SSync
+		pending   []*wbuf    // per slot: coalescing buffer not yet submitted
+		inflight  []*wbuf    // submitted, not yet acknowledged
+		err       error      // first write-behind error, not yet reported by flush/fsync
+		gen       uint64     // bumped by writes, truncates and punches: read-ahead validity
+		attr      rpc.Attr   // attributes from the last open or commit (atime logic, keep-cache)
+		atimeBusy bool       // an atime update is in flight
+	}
+}
+
+func newInode(c *Client, a *rpc.Attr) *inode {
+	in := &inode{c: c, ino: a.Ino, layout: a.Layout}
+	in.mu.cond = sync.NewCond(&in.mu.Mutex)
+	in.mu.size = a.Size
+	in.mu.attr = *a
+	n := len(a.Layout.Targets)
+	in.mu.unsynced = make([]bool, n)
+	in.mu.pending = make([]*wbuf, n)
+	return in
+}
+
+// merge folds uncommitted writes into attributes read from metadata; when
+// nothing is uncommitted it adopts the metadata size.
+func (in *inode) merge(a *rpc.Attr) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.mu.dirty {
+		if in.mu.size > a.Size {
+			a.Size = in.mu.size
+		}
+		if in.mu.mtime > a.Mtime {
+			a.Mtime = in.mu.mtime
+		}
+		if in.mu.mtime > a.Ctime {
+			a.Ctime = in.mu.mtime
+		}
+		return
+	}
+	if len(in.mu.inflight) == 0 && !in.hasPendingLocked() {
+		in.mu.size = a.Size
+	}
+}
+
+// setAttr records the result of a SetAttr made by this client.
+func (in *inode) setAttr(a *rpc.Attr, sizeSet bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if sizeSet {
+		in.mu.size = a.Size
+		in.mu.gen++
+	}
+	in.mu.attr = *a
+}
+
+func (in *inode) hasPendingLocked() bool {
+	for _, w := range in.mu.pending {
+		if w != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// slotRange is the contiguous chunk range of one slot covered by a
+// contiguous file range, with the extents it is made of (in file order).
+type slotRange struct {
+	slot     int
+	chunkOff int64
+	n        int64
+	ext      []layout.Extent
+}
+
+// slotRanges groups the extents of [off, off+n) by slot. Because units of
+// one slot are stored back to back, the part of a contiguous file range on
+// one slot is contiguous in its chunk: one storage call per slot.
+func slotRanges(l *layout.Layout, off, n int64) []slotRange {
+	exts := l.Split(off, n)
+	if len(exts) == 1 {
+		e := exts[0]
+		return []slotRange{{slot: e.Slot, chunkOff: e.ChunkOff, n: e.Len, ext: exts}}
+	}
+	var out []slotRange
+	idx := make(map[int]int, len(l.Targets))
+	for _, e := range exts {
+		i, ok := idx[e.Slot]
+		if !ok {
+			idx[e.Slot] = len(out)
+			out = append(out, slotRange{slot: e.Slot, chunkOff: e.ChunkOff})
+			i = len(out) - 1
+		}
+		r := &out[i]
+		r.n = e.ChunkOff + e.Len - r.chunkOff
+		r.ext = append(r.ext, e)
+	}
+	return out
+}
+
+// submitLocked sends w to its target in the background. It first waits for
+// any in-flight write that overlaps w, so that writes to the same bytes
+// reach the store in the order they were made.
+func (in *inode) submitLocked(w *wbuf) {
+	for {
+		busy := len(in.mu.inflight) >= maxInflight
+		if !busy {
+			for _, x := range in.mu.inflight {
+				if x.overlaps(w.slot, w.chunkOff, w.end()) {
+					busy = true
+					break
+				}
+			}
+		}
+		if !busy {
+			break
+		}
+		in.mu.cond.Wait()
+	}
+	if w.pooled && len(w.buf) < maxWbufBytes/4 {
+		// Do not pin a 1 MiB buffer for a small write.
+		small := append([]byte(nil), w.buf...)
+		putBuf(w.buf)
+		w.buf, w.pooled = small, false
+	}
+	w.done = make(chan struct{})
+	in.mu.inflight = append(in.mu.inflight, w)
+	in.mu.unsynced[w.slot] = true
+	go in.writeOut(w)
+}
+
+// flushPendingLocked submits every coalescing buffer.
+func (in *inode) flushPendingLocked() {
+	for s, w := range in.mu.pending {
+		if w != nil {
+			in.mu.pending[s] = nil
+			in.submitLocked(w)
+		}
+	}
+}
+
+func (in *inode) writeOut(w *wbuf) {
+	c := in.c
+	target := in.layout.Targets[w.slot]
+	req := &rpc.WriteReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(w.chunkOff), Sync: w.sync, Data: w.buf}
+	err := c.storeCall(c.ctxOrBackground(), "write", target, rpc.SWrite, req, nil)
+	n := int64(len(w.buf))
+	c.m.bytesWrite.Add(float64(n))
+	in.mu.Lock()
+	w.err = err
+	for i, x := range in.mu.inflight {
+		if x == w {
+			last := len(in.mu.inflight) - 1
+			in.mu.inflight[i] = in.mu.inflight[last]
+			in.mu.inflight[last] = nil
+			in.mu.inflight = in.mu.inflight[:last]
+			break
+		}
+	}
+	if err != nil && w.budgeted && in.mu.err == nil {
+		in.mu.err = err
+	}
+	in.mu.cond.Broadcast()
+	in.mu.Unlock()
+	close(w.done)
+	if w.budgeted {
+		c.budget.release(n)
+	}
+	if w.pooled {
+		putBuf(w.buf)
+	}
+}
+
+// waitRangeLocked makes the bytes of [off, off+n) that this client wrote
+// readable from the stores: overlapping coalescing buffers are submitted
+// and overlapping in-flight writes awaited.
+func (in *inode) waitRangeLocked(off, n int64) {
+	if len(in.mu.inflight) == 0 && !in.hasPendingLocked() {
+		return
+	}
+	for _, r := range slotRanges(&in.layout, off, n) {
+		if w := in.mu.pending[r.slot]; w != nil && w.overlaps(r.slot, r.chunkOff, r.chunkOff+r.n) {
+			in.mu.pending[r.slot] = nil
+			in.submitLocked(w)
+		}
+		for {
+			busy := false
+			for _, x := range in.mu.inflight {
+				if x.overlaps(r.slot, r.chunkOff, r.chunkOff+r.n) {
+					busy = true
+					break
+				}
+			}
+			if !busy {
+				break
+			}
+			in.mu.cond.Wait()
+		}
+	}
+}
+
+// drain submits all buffered writes and waits until none is in flight.
+func (in *inode) drain(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.flushPendingLocked()
+	for len(in.mu.inflight) > 0 {
+		in.mu.cond.Wait()
+	}
+	return nil
+}
+
+// invalidate makes prefetched data of every handle stale.
+func (in *inode) invalidate() {
+	in.mu.Lock()
+	in.mu.gen++
+	in.mu.Unlock()
+}
+
+// takeErr returns and clears the remembered write-behind error.
+func (in *inode) takeErr() error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	err := in.mu.err
+	in.mu.err = nil
+	return err
+}
+
+// syncTargets makes every slot written since the last sync durable.
+func (in *inode) syncTargets(ctx context.Context) error {
+	in.mu.Lock()
+	var slots []int
+	for s, u := range in.mu.unsynced {
+		if u {
+			slots = append(slots, s)
+			in.mu.unsynced[s] = false
+		}
+	}
+	in.mu.Unlock()
+	if len(slots) == 0 {
+		return nil
+	}
+	errs := make([]error, len(slots))
+	var wg sync.WaitGroup
+	for i, s := range slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := in.layout.Targets[s]
+			errs[i] = in.c.storeCall(ctx, "sync", t, rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}}, nil)
+		}()
+	}
+	wg.Wait()
+	err := errors.Join(errs...)
+	if err != nil {
+		in.mu.Lock()
+		for i, s := range slots {
+			if errs[i] != nil {
+				in.mu.unsynced[s] = true
+			}
+		}
+		in.mu.Unlock()
+		return firstErr(errs)
+	}
+	return nil
+}
+
+// commit reports our size and mtime to the metadata service (CommitSize
+// takes the max of sizes, so N-to-1 writers converge on the right size).
+func (in *inode) commit(ctx context.Context) error {
+	in.mu.Lock()
+	if !in.mu.dirty {
+		in.mu.Unlock()
+		return nil
+	}
+	size, mtime := in.mu.size, in.mu.mtime
+	in.mu.dirty = false
+	in.mu.Unlock()
+	var resp rpc.AttrResp
+	err := in.c.metaCall(ctx, rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: in.c.hdr(), Ino: in.ino, Size: size, Mtime: mtime}, &resp)
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if err != nil {
+		in.mu.dirty = true
+		return metaErr(in.c, "commit size", err)
+	}
+	in.mu.attr = resp.Attr
+	if !in.mu.dirty && len(in.mu.inflight) == 0 && !in.hasPendingLocked() {
+		in.mu.size = resp.Attr.Size
+	}
+	return nil
+}
+
+func firstErr(errs []error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+func errIs(err, target error) bool { return errors.Is(err, target) }
+
+var _ = syscall.EIO
+
+// ctxOrBackground is the context of background storage writes: they are
+// bounded by IOTimeout, not by the caller that buffered them.
+func (c *Client) ctxOrBackground() context.Context { return context.Background() }

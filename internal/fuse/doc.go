@@ -1,0 +1,55 @@
+// Package fuse serves a Strata file system to the Linux kernel with
+// go-fuse's raw API (fuse.RawFileSystem). It is the one place where errors
+// become errno values: every failure is logged with its real cause (debug
+// for expected outcomes like ENOENT, warn for the rest) and then answered
+// as the syscall.Errno it wraps, EIO otherwise.
+//
+// # Concepts
+//
+// NodeId is the Strata inode number (root = 1). Inode numbers are never
+// reused while a client may hold them, so the kernel's lookup counts need
+// no bookkeeping and Forget is a no-op. File handles map to client.File;
+// directory handles hold a listing cursor.
+//
+// Mount options: fsname and subtype "strata" (type fuse.strata),
+// allow_other + default_permissions (the kernel checks permissions for
+// every user; modes are reported exactly as stored, 0000 stays 0000; the
+// kernel applies the caller's umask before create and we never apply one),
+// 1 MiB reads and writes (MaxWrite, MaxPages follow), 1 MiB kernel
+// read-ahead, POSIX and flock locks forwarded, MaxBackground 64, direct
+// mount(2) when root.
+//
+// Caching and consistency: entries and attributes are cached by the
+// kernel for 1 s. Open asks the metadata service for fresh attributes; the
+// page cache is kept (FOPEN_KEEP_CACHE) only if size and mtime equal what
+// the kernel last got from us, otherwise the kernel's cached attributes
+// are invalidated too (close-to-open across mounts). O_DIRECT opens get
+// FOPEN_DIRECT_IO.
+//
+// Directory offsets: '.' = 1, '..' = 2, then a per-handle counter; the
+// handle remembers the name behind each of the last 16,384 offsets it
+// emitted, and every page continues after a name (the service's cursor),
+// so listings are complete and duplicate-free under concurrent change and
+// for any directory size.
+//
+// Locks: GetLk/SetLk/SetLkw map to the service's locks (flock when
+// FUSE_LK_FLOCK is set). SetLkw asks repeatedly (each ask waits a bounded
+// time in the service) until granted or the request is interrupted
+// (EINTR). POSIX locks of an owner are released on FLUSH (any close by the
+// process), OFD locks on RELEASE of their open file description, flock
+// locks on RELEASE with FUSE_RELEASE_FLOCK_UNLOCK.
+//
+// The virtual xattr user.strata.layout (not listed) reads a file's layout
+// as JSON and sets a directory's default ("stripe_count=N,stripe_size=S"):
+// `strata stripe` uses it.
+//
+// # Pitfalls
+//
+//   - Never call into a mount from the process serving it while holding a
+//     lock the server needs: tests that use the mount in-process must not
+//     outlive its server.
+//   - The kernel asks security.capability before every write; the answer
+//     "absent" is cached per inode for one attribute timeout.
+//   - setuid/setgid clearing on write is done by the kernel with a SETATTR
+//     of the mode (HANDLE_KILLPRIV is not negotiated).
+package fuse

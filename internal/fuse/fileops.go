@@ -1,0 +1,268 @@
+package fuse
+
+import (
+	"math"
+	"sync"
+	"syscall"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/stratafs/strata/internal/client"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// fileHandle is one open file description of the kernel.
+type fileHandle struct {
+	f *client.File
+
+	mu     sync.Mutex
+	owners map[uint64]struct{} // lock owners that took record locks through this handle (OFD)
+}
+
+func (fs *fileSystem) handle(fh uint64) *fileHandle {
+	v, ok := fs.files.Load(fh)
+	if !ok {
+		return nil
+	}
+	return v.(*fileHandle)
+}
+
+func (fs *fileSystem) addHandle(f *client.File) uint64 {
+	fh := fs.nextFh.Add(1)
+	fs.files.Store(fh, &fileHandle{f: f})
+	return fh
+}
+
+// openFlags decides the kernel's caching for a fresh open (close-to-open):
+// the page cache is kept only if size and mtime are what the kernel last
+// got from us; otherwise it is dropped and the kernel's cached attributes
+// are invalidated so that the new size is seen at once.
+func (fs *fileSystem) openFlags(f *client.File, flags uint32) uint32 {
+	if flags&syscall.O_DIRECT != 0 {
+		return gofuse.FOPEN_DIRECT_IO
+	}
+	a := f.Attr()
+	prev, ok := fs.reported.Load(a.Ino)
+	if ok && prev.(reportedAttr) == (reportedAttr{size: a.Size, mtime: a.Mtime}) {
+		return gofuse.FOPEN_KEEP_CACHE
+	}
+	fs.reported.Store(a.Ino, reportedAttr{size: a.Size, mtime: a.Mtime})
+	if ok && fs.server != nil {
+		fs.server.InodeNotify(a.Ino, -1, 0) // attributes only; pages go with !KEEP_CACHE
+	}
+	return 0
+}
+
+func (fs *fileSystem) Open(cancel <-chan struct{}, in *gofuse.OpenIn, out *gofuse.OpenOut) gofuse.Status {
+	// The kernel truncates with a separate SETATTR (no atomic_o_trunc).
+	flags := int(in.Flags) &^ syscall.O_TRUNC
+	f, err := fs.c.Open(fs.ctx(), in.NodeId, flags)
+	if err != nil {
+		return fs.errno("open", in.NodeId, err)
+	}
+	out.Fh = fs.addHandle(f)
+	out.OpenFlags = fs.openFlags(f, in.Flags)
+	return gofuse.OK
+}
+
+func (fs *fileSystem) Create(cancel <-chan struct{}, in *gofuse.CreateIn, name string, out *gofuse.CreateOut) gofuse.Status {
+	flags := int(in.Flags) &^ (syscall.O_TRUNC | syscall.O_CREAT | syscall.O_EXCL)
+	f, err := fs.c.CreateOpen(fs.ctx(), in.NodeId, name, in.Mode, in.Uid, in.Gid, flags)
+	if err != nil {
+		return fs.errno("create", in.NodeId, err)
+	}
+	a := f.Attr()
+	fs.fillEntry(&a, &out.EntryOut)
+	out.Fh = fs.addHandle(f)
+	if in.Flags&syscall.O_DIRECT != 0 {
+		out.OpenFlags = gofuse.FOPEN_DIRECT_IO
+	}
+	return gofuse.OK
+}
+
+func (fs *fileSystem) Read(cancel <-chan struct{}, in *gofuse.ReadIn, buf []byte) (gofuse.ReadResult, gofuse.Status) {
+	h := fs.handle(in.Fh)
+	if h == nil {
+		return nil, gofuse.EBADF
+	}
+	n, err := h.f.ReadAt(fs.ctx(), buf[:min(len(buf), int(in.Size))], int64(in.Offset))
+	if err != nil {
+		return nil, fs.errno("read", in.NodeId, err)
+	}
+	return gofuse.ReadResultData(buf[:n]), gofuse.OK
+}
+
+func (fs *fileSystem) Write(cancel <-chan struct{}, in *gofuse.WriteIn, data []byte) (uint32, gofuse.Status) {
+	h := fs.handle(in.Fh)
+	if h == nil {
+		return 0, gofuse.EBADF
+	}
+	n, err := h.f.WriteAt(fs.ctx(), data, int64(in.Offset))
+	if err != nil {
+		return 0, fs.errno("write", in.NodeId, err)
+	}
+	return uint32(n), gofuse.OK
+}
+
+func (fs *fileSystem) Flush(cancel <-chan struct{}, in *gofuse.FlushIn) gofuse.Status {
+	h := fs.handle(in.Fh)
+	if h == nil {
+		return gofuse.EBADF
+	}
+	fs.releasePosixLocks(in.NodeId, in.LockOwner)
+	err := h.f.Flush(fs.ctx())
+	if err == nil {
+		// The kernel's page cache holds what we wrote: keep it valid for
+		// the next open if nobody else changes the file.
+		a := h.f.Committed()
+		if a.Ino != 0 {
+			fs.reported.Store(a.Ino, reportedAttr{size: a.Size, mtime: a.Mtime})
+		}
+	}
+	return fs.errno("flush", in.NodeId, err)
+}
+
+func (fs *fileSystem) Fsync(cancel <-chan struct{}, in *gofuse.FsyncIn) gofuse.Status {
+	h := fs.handle(in.Fh)
+	if h == nil {
+		return gofuse.EBADF
+	}
+	return fs.errno("fsync", in.NodeId, h.f.Fsync(fs.ctx()))
+}
+
+func (fs *fileSystem) Release(cancel <-chan struct{}, in *gofuse.ReleaseIn) {
+	v, ok := fs.files.LoadAndDelete(in.Fh)
+	if !ok {
+		return
+	}
+	h := v.(*fileHandle)
+	ino := h.f.Ino()
+	ctx := fs.ctx()
+	if in.ReleaseFlags&gofuse.FUSE_RELEASE_FLOCK_UNLOCK != 0 {
+		l := client.Lock{Ino: ino, Owner: in.LockOwner, Start: 0, End: math.MaxUint64, Type: rpc.LockUnlock, Flock: true}
+		if err := fs.c.SetLk(ctx, l, false, nil); err != nil {
+			fs.log.Warn("flock release failed", "ino", ino, "err", err)
+		}
+	}
+	h.mu.Lock()
+	owners := h.owners
+	h.owners = nil
+	h.mu.Unlock()
+	for o := range owners { // OFD locks die with their open file description
+		l := client.Lock{Ino: ino, Owner: o, Start: 0, End: math.MaxUint64, Type: rpc.LockUnlock}
+		if err := fs.c.SetLk(ctx, l, false, nil); err != nil {
+			fs.log.Warn("lock release failed", "ino", ino, "err", err)
+		}
+	}
+	if err := h.f.Release(ctx); err != nil {
+		fs.errno("release", ino, err)
+	}
+}
+
+// Linux fallocate modes.
+const (
+	fallocKeepSize  = 0x1
+	fallocPunchHole = 0x2
+)
+
+func (fs *fileSystem) Fallocate(cancel <-chan struct{}, in *gofuse.FallocateIn) gofuse.Status {
+	h := fs.handle(in.Fh)
+	if h == nil {
+		return gofuse.EBADF
+	}
+	off, n := int64(in.Offset), int64(in.Length)
+	switch in.Mode {
+	case 0:
+		return fs.errno("fallocate", in.NodeId, h.f.Allocate(fs.ctx(), off, n))
+	case fallocKeepSize:
+		return gofuse.OK // nothing to reserve: chunks are sparse
+	case fallocPunchHole | fallocKeepSize:
+		return fs.errno("punch", in.NodeId, h.f.Punch(fs.ctx(), off, n))
+	default:
+		return gofuse.Status(syscall.EOPNOTSUPP)
+	}
+}
+
+// lockOf converts a kernel lock request.
+func lockOf(ino uint64, in *gofuse.LkIn) client.Lock {
+	l := client.Lock{Ino: ino, Owner: in.Owner, Start: in.Lk.Start, End: in.Lk.End, Type: in.Lk.Typ,
+		Pid: in.Lk.Pid, Flock: in.LkFlags&gofuse.FUSE_LK_FLOCK != 0}
+	if l.End >= math.MaxInt64 {
+		l.End = math.MaxUint64
+	}
+	if l.Flock {
+		l.Start, l.End = 0, math.MaxUint64
+	}
+	return l
+}
+
+func (fs *fileSystem) GetLk(cancel <-chan struct{}, in *gofuse.LkIn, out *gofuse.LkOut) gofuse.Status {
+	r, err := fs.c.GetLk(fs.ctx(), lockOf(in.NodeId, in))
+	if err != nil {
+		return fs.errno("getlk", in.NodeId, err)
+	}
+	out.Lk = gofuse.FileLock{Start: r.Start, End: r.End, Typ: r.Type, Pid: r.Pid}
+	if r.End == math.MaxUint64 {
+		out.Lk.End = math.MaxInt64
+	}
+	return gofuse.OK
+}
+
+func (fs *fileSystem) SetLk(cancel <-chan struct{}, in *gofuse.LkIn) gofuse.Status {
+	return fs.setLk(cancel, in, false)
+}
+
+func (fs *fileSystem) SetLkw(cancel <-chan struct{}, in *gofuse.LkIn) gofuse.Status {
+	return fs.setLk(cancel, in, true)
+}
+
+func (fs *fileSystem) setLk(cancel <-chan struct{}, in *gofuse.LkIn, wait bool) gofuse.Status {
+	l := lockOf(in.NodeId, in)
+	if !l.Flock && l.Type != rpc.LockUnlock {
+		fs.noteOwner(in.NodeId, in.Fh, l.Owner)
+	}
+	return fs.errno("setlk", in.NodeId, fs.c.SetLk(fs.ctx(), l, wait, cancel))
+}
+
+// noteOwner records that owner took a record lock on ino through handle fh.
+func (fs *fileSystem) noteOwner(ino, fh, owner uint64) {
+	fs.lockMu.Lock()
+	m := fs.lockOwners[ino]
+	if m == nil {
+		m = map[uint64]struct{}{}
+		fs.lockOwners[ino] = m
+	}
+	m[owner] = struct{}{}
+	fs.lockMu.Unlock()
+	if h := fs.handle(fh); h != nil {
+		h.mu.Lock()
+		if h.owners == nil {
+			h.owners = map[uint64]struct{}{}
+		}
+		h.owners[owner] = struct{}{}
+		h.mu.Unlock()
+	}
+}
+
+// releasePosixLocks drops owner's record locks on ino when the owner took
+// any through this mount (POSIX: closing any descriptor of a file releases
+// the process's locks on it).
+func (fs *fileSystem) releasePosixLocks(ino, owner uint64) {
+	fs.lockMu.Lock()
+	m := fs.lockOwners[ino]
+	_, held := m[owner]
+	if held {
+		delete(m, owner)
+		if len(m) == 0 {
+			delete(fs.lockOwners, ino)
+		}
+	}
+	fs.lockMu.Unlock()
+	if !held {
+		return
+	}
+	l := client.Lock{Ino: ino, Owner: owner, Start: 0, End: math.MaxUint64, Type: rpc.LockUnlock}
+	if err := fs.c.SetLk(fs.ctx(), l, false, nil); err != nil {
+		fs.log.Warn("lock release at close failed", "ino", ino, "err", err)
+	}
+}

@@ -1,0 +1,59 @@
+package fuse
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// layoutXattr is the virtual extended attribute through which `strata
+// stripe` reads a file's layout (JSON) and sets a directory's default
+// ("stripe_count=N,stripe_size=S"). It is not listed by listxattr.
+const layoutXattr = "user.strata.layout"
+
+type layoutJSON struct {
+	StripeSize  uint32   `json:"stripe_size"`
+	StripeCount uint32   `json:"stripe_count"`
+	Targets     []uint32 `json:"targets"`
+}
+
+func (fs *fileSystem) getLayoutXattr(ino uint64, dest []byte) (uint32, gofuse.Status) {
+	a, err := fs.c.GetAttr(fs.ctx(), ino)
+	if err != nil {
+		return 0, fs.errno("get layout", ino, err)
+	}
+	l := layoutJSON{StripeSize: a.Layout.StripeSize, StripeCount: a.Layout.StripeCount, Targets: a.Layout.Targets}
+	if l.Targets == nil {
+		l.Targets = []uint32{}
+	}
+	v, _ := json.Marshal(l)
+	if len(dest) < len(v) {
+		return uint32(len(v)), gofuse.ERANGE
+	}
+	return uint32(copy(dest, v)), gofuse.OK
+}
+
+func (fs *fileSystem) setLayoutXattr(ino uint64, value []byte) gofuse.Status {
+	var count, size uint64
+	for _, kv := range strings.Split(strings.TrimSpace(string(value)), ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+		if !ok || err != nil {
+			return fs.errno("set layout", ino, fmt.Errorf("bad layout %q: %w", value, syscall.EINVAL))
+		}
+		switch strings.TrimSpace(k) {
+		case "stripe_count":
+			count = n
+		case "stripe_size":
+			size = n
+		default:
+			return fs.errno("set layout", ino, fmt.Errorf("bad layout key %q: %w", k, syscall.EINVAL))
+		}
+	}
+	_, err := fs.c.SetDirLayout(fs.ctx(), ino, uint32(size), uint32(count))
+	return fs.errno("set layout", ino, err)
+}
