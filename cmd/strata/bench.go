@@ -29,6 +29,7 @@ type benchFlags struct {
 	limitDir, fioSize, label               string
 	seed                                   uint64
 	jsonPath, outDir                       string
+	strataData                             string
 }
 
 func (f *benchFlags) register(cmd *cobra.Command) {
@@ -54,6 +55,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of random offsets and stat order")
 	fl.StringVar(&f.label, "label", "", "system label of the results (default: the path's base name)")
 	fl.StringVar(&f.jsonPath, "json", "", "write the JSON results here (default OUT/results.json)")
+	fl.StringVar(&f.strataData, "strata-data", "", "on a Strata mount: the `strata up` --data directory, so the shared file is striped over every live target `strata status` lists (default: stripe count 0, all targets up to 8)")
 	fl.StringVar(&f.outDir, "out", "", "directory for plots and report.html (default: the JSON file's directory, else ./bench-results)")
 }
 
@@ -135,6 +137,7 @@ func (f *benchFlags) configFrom(cmd *cobra.Command, c bench.Config) (bench.Confi
 		bad("find own executable: %v", err)
 	}
 	c.WorkerCommand = []string{exe, "bench", "worker"}
+	c.Striper = bench.DefaultStriper{Binary: exe, DataDir: f.strataData}
 	if len(errs) > 0 {
 		return c, usagef("%s", strings.Join(errs, "; "))
 	}
@@ -323,6 +326,8 @@ dropped between phases when root, and every byte read is checked. fio measures t
 				c.Jobs, bench.FormatSize(c.BytesPerJob), c.Clients, c.Rounds)
 			fmt.Printf("  write: fio %.1f MiB/s, strata bench %.1f MiB/s, ratio %.3f (median of per-round ratios %.3f)\n", c.FioWriteMiBps, c.BenchWriteMiBps, c.WriteRatio, c.WriteRatioPaired)
 			fmt.Printf("  read:  fio %.1f MiB/s, strata bench %.1f MiB/s, ratio %.3f (median of per-round ratios %.3f)\n", c.FioReadMiBps, c.BenchReadMiBps, c.ReadRatio, c.ReadRatioPaired)
+			fmt.Printf("  CPU s per GiB (user+sys): write fio %.3f, strata bench %.3f; read fio %.3f, strata bench %.3f\n",
+				c.FioWriteCPUPerGiB, c.BenchWriteCPUPerGiB, c.FioReadCPUPerGiB, c.BenchReadCPUPerGiB)
 			if calJSON != "" {
 				b, _ := json.MarshalIndent(c, "", "  ")
 				return os.WriteFile(calJSON, append(b, '\n'), 0o644)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -107,27 +108,97 @@ func TestRateArithmetic(t *testing.T) {
 }
 
 func TestPattern(t *testing.T) {
-	buf := make([]byte, 10000)
-	fillPattern(buf, 9, 12345)
-	if err := checkPattern(buf, 9, 12345, "f"); err != nil {
+	buf := make([]byte, 3*blockBytes+1000)
+	fillPattern(buf, 9, 5, 12345)
+	if err := checkPattern(buf, 9, 5, 12345, "f"); err != nil {
 		t.Fatal(err)
 	}
 	// Pieces at odd offsets agree with the whole.
 	part := make([]byte, 333)
-	fillPattern(part, 9, 12345+101)
+	fillPattern(part, 9, 5, 12345+101)
 	if !bytes.Equal(part, buf[101:434]) {
 		t.Fatal("pattern depends on how the range is cut")
 	}
-	if err := checkPattern(buf, 10, 12345, "f"); !errors.Is(err, ErrCorrupt) {
+	if err := checkPattern(buf, 10, 5, 12345, "f"); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("other file's pattern accepted: %v", err)
 	}
-	if err := checkPattern(buf, 9, 12345+8, "f"); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("shifted pattern accepted: %v", err)
+	if err := checkPattern(buf, 9, 6, 12345, "f"); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("an earlier run's data (other nonce) accepted: %v", err)
+	}
+	for _, shift := range []int64{8, 512, blockBytes} {
+		if err := checkPattern(buf, 9, 5, 12345+shift, "f"); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("pattern shifted by %d accepted: %v", shift, err)
+		}
 	}
 	buf[4321] ^= 0x10
-	err := checkPattern(buf, 9, 12345, "f")
+	err := checkPattern(buf, 9, 5, 12345, "f")
 	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "offset 16666") {
 		t.Fatalf("flipped bit: %v, want corruption at offset 16666", err)
+	}
+}
+
+// TestPatternStamp checks the writers' fast path: a primed buffer whose
+// headers are re-stamped is the full pattern at every aligned offset, and
+// every byte of a block (header or body) is checked.
+func TestPatternStamp(t *testing.T) {
+	p := newPattern(3, 77)
+	const rec = 16 * blockBytes
+	buf := alignedBuf(rec)
+	p.prime(buf)
+	want := make([]byte, rec)
+	for _, off := range []int64{0, rec, 5 * rec, 1 << 40} {
+		p.stamp(buf, off)
+		p.fill(want, off)
+		if !bytes.Equal(buf, want) {
+			t.Fatalf("stamp at %d differs from fill", off)
+		}
+		if err := p.check(buf, off, "f"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A short last record falls back to a full fill.
+	short := buf[:blockBytes+100]
+	p.stamp(short, 7*rec)
+	if err := p.check(short, 7*rec, "f"); err != nil {
+		t.Fatal(err)
+	}
+	// Every position of a block is covered by the check.
+	p.fill(buf, 0)
+	for _, i := range []int{0, 7, 8, 15, 16, 100, blockBytes - 1, 9*blockBytes + 3} {
+		buf[i] ^= 0x80
+		err := p.check(buf, 0, "f")
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), fmt.Sprintf("offset %d:", i)) {
+			t.Errorf("flip at %d: %v", i, err)
+		}
+		buf[i] ^= 0x80
+	}
+	// A zeroed block fails.
+	clear(buf[2*blockBytes : 3*blockBytes])
+	if err := p.check(buf, 0, "f"); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("zeroed block accepted: %v", err)
+	}
+}
+
+// The check must stay far cheaper than the copy a read costs.
+func BenchmarkPatternCheck(b *testing.B) {
+	p := newPattern(1, 1)
+	buf := alignedBuf(1 << 20)
+	p.fill(buf, 0)
+	b.SetBytes(int64(len(buf)))
+	for b.Loop() {
+		if err := p.check(buf, 0, "f"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPatternStamp(b *testing.B) {
+	p := newPattern(1, 1)
+	buf := alignedBuf(1 << 20)
+	p.prime(buf)
+	b.SetBytes(int64(len(buf)))
+	for i := 0; b.Loop(); i++ {
+		p.stamp(buf, int64(i)<<20)
 	}
 }
 
@@ -321,4 +392,46 @@ func TestValidateReportsAll(t *testing.T) {
 			t.Errorf("error %q does not mention %q", err, s)
 		}
 	}
+}
+
+func TestStriperCommands(t *testing.T) {
+	if got := stripeSetArgs(4, 4<<20, "/m/d"); !reflect.DeepEqual(got, []string{"stripe", "set", "--count", "4", "--size", "4194304", "/m/d"}) {
+		t.Errorf("stripe set: %q", got)
+	}
+	if got := statusArgs("/w/strata-data"); !reflect.DeepEqual(got, []string{"status", "--json", "--data", "/w/strata-data"}) {
+		t.Errorf("status: %q", got)
+	}
+	n, err := liveTargets([]byte(`{"MetaAddr":"127.0.0.1:1","Targets":[{"ID":1,"Alive":true},{"ID":2,"Alive":true},{"ID":3,"Alive":false},{"ID":4,"Alive":true}]}`))
+	if err != nil || n != 3 {
+		t.Errorf("liveTargets = %d, %v; want 3", n, err)
+	}
+	for _, bad := range []string{`{"Targets":[]}`, `not json`, `{"Targets":[{"ID":1,"Alive":false}]}`} {
+		if _, err := liveTargets([]byte(bad)); err == nil {
+			t.Errorf("liveTargets(%s) succeeded", bad)
+		}
+	}
+	// Off Strata the striper does nothing.
+	if note, err := (DefaultStriper{Binary: "/nonexistent"}).StripeAll(context.Background(), t.TempDir(), 4<<20); note != "" || err != nil {
+		t.Errorf("striping a local dir: %q, %v", note, err)
+	}
+}
+
+func TestGoLine(t *testing.T) {
+	for line, want := range map[string]int64{"go\n": 0, "go 123456789\n": 123456789} {
+		if got, err := parseGo(line); err != nil || got != want {
+			t.Errorf("parseGo(%q) = %d, %v", line, got, err)
+		}
+	}
+	for _, bad := range []string{"", "stop\n", "go x\n", "go 1 2\n"} {
+		if _, err := parseGo(bad); err == nil {
+			t.Errorf("parseGo(%q) accepted", bad)
+		}
+	}
+	// sleepUntil waits for the instant and returns at once for a past one.
+	at := monotonicNow() + 20e6
+	sleepUntil(at)
+	if now := monotonicNow(); now < at {
+		t.Errorf("woke %d ns early", at-now)
+	}
+	sleepUntil(1)
 }

@@ -29,20 +29,24 @@ type Report struct {
 
 // Result is one data point: one phase of one workload at one sweep point.
 type Result struct {
-	System   string    `json:"system"` // label of the file system or run, e.g. "local", "glusterfs"
-	Path     string    `json:"path,omitempty"`
-	FSType   string    `json:"fstype,omitempty"`
-	Workload string    `json:"workload"` // seq, random, shared, meta
-	Phase    string    `json:"phase"`    // write, read, create, stat, remove
-	Threads  int       `json:"threads"`  // total threads over all clients
-	Clients  int       `json:"clients"`  // client processes
-	Value    float64   `json:"value"`    // median over repeats
-	Unit     string    `json:"unit"`
-	Verified bool      `json:"verified"` // every byte read back matched (reads), or the data was read back in a later phase (writes)
-	Bytes    int64     `json:"bytes,omitempty"`
-	Ops      int64     `json:"ops,omitempty"`
-	Seconds  float64   `json:"seconds"` // of the median sample
-	Samples  []float64 `json:"samples,omitempty"`
+	System   string  `json:"system"` // label of the file system or run, e.g. "local", "glusterfs"
+	Path     string  `json:"path,omitempty"`
+	FSType   string  `json:"fstype,omitempty"`
+	Workload string  `json:"workload"` // seq, random, shared, meta
+	Phase    string  `json:"phase"`    // write, read, create, stat, remove
+	Threads  int     `json:"threads"`  // total threads over all clients
+	Clients  int     `json:"clients"`  // client processes
+	Value    float64 `json:"value"`    // median over repeats
+	Unit     string  `json:"unit"`
+	Verified bool    `json:"verified"` // every byte read back matched (reads), or the data was read back in a later phase (writes)
+	Bytes    int64   `json:"bytes,omitempty"`
+	Ops      int64   `json:"ops,omitempty"`
+	Seconds  float64 `json:"seconds"` // of the median sample
+	// CPUSeconds is the user+system CPU time of the phase's worker
+	// processes (whole processes: start-up and set-up included) in the
+	// median sample: the client-side cost of moving Bytes.
+	CPUSeconds float64   `json:"cpu_seconds,omitempty"`
+	Samples    []float64 `json:"samples,omitempty"`
 	// RecordBytes is the I/O size (1 MiB for seq, 4 KiB random, transfer size shared).
 	RecordBytes int64 `json:"record_bytes,omitempty"`
 	ODirect     *bool `json:"odirect,omitempty"`

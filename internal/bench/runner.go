@@ -8,12 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +30,11 @@ type Runner struct {
 	dropped bool // page cache dropped at least once
 	notes   []string
 	striped bool
+	// nonce seeds the data pattern of this run (see pattern.go), so data
+	// left by an earlier run never passes verification; passes counts the
+	// write passes that got a nonce of their own.
+	nonce  uint64
+	passes uint64
 }
 
 // NewRunner validates cfg and creates the run's work directory.
@@ -45,7 +52,7 @@ func NewRunner(cfg Config) (*Runner, error) {
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return nil, fmt.Errorf("make work directory: %w", err)
 	}
-	r := &Runner{cfg: cfg, work: work, prog: newProgress(cfg.Progress)}
+	r := &Runner{cfg: cfg, work: work, prog: newProgress(cfg.Progress), nonce: rand.Uint64()}
 	if os.Geteuid() != 0 {
 		r.note("not root: page cache not dropped between phases; reads may be served from memory")
 	}
@@ -161,6 +168,7 @@ func (r *Runner) Workload(ctx context.Context, name string) ([]Result, error) {
 type sample struct {
 	bytes, ops int64
 	seconds    float64
+	cpuSeconds float64 // user+system of the worker processes
 	odirect    bool
 	notes      []string
 }
@@ -177,7 +185,10 @@ func (s sample) value(unit string) float64 {
 // point runs every phase of one workload at one sweep point, Repeat times.
 func (r *Runner) point(ctx context.Context, name string, threads, clients int) ([]Result, error) {
 	c := &r.cfg
-	base := task{Workload: name, Dir: r.work, TotalThreads: threads, Seed: c.Seed}
+	// Random's files are written once and reused by every point, so
+	// they keep the run's nonce; the other workloads write afresh every
+	// repeat and get a nonce per write pass.
+	base := task{Workload: name, Dir: r.work, TotalThreads: threads, Seed: c.Seed, Nonce: r.nonce}
 	var phases []string
 	unit := UnitMiBps
 	var rec int64
@@ -217,6 +228,11 @@ func (r *Runner) point(ctx context.Context, name string, threads, clients int) (
 
 	samples := make([][]sample, len(phases))
 	for rep := 0; rep < c.Repeat; rep++ {
+		nonce := base.Nonce
+		if name != "random" {
+			r.passes++
+			nonce = mix64(r.nonce + r.passes)
+		}
 		if name == "shared" {
 			// A fresh file per repeat, created before the clock starts.
 			f, err := os.OpenFile(sharedName(base.Dir), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
@@ -229,6 +245,7 @@ func (r *Runner) point(ctx context.Context, name string, threads, clients int) (
 			t := base
 			t.Phase = ph
 			t.Seed = c.Seed + uint64(rep)*7919
+			t.Nonce = nonce
 			s, err := r.phase(ctx, t, threads, clients, unit)
 			if err != nil {
 				return r.results(name, phases[:i], samples, threads, clients, unit, rec), err
@@ -278,7 +295,7 @@ func (r *Runner) results(name string, phases []string, samples [][]sample, threa
 			// following phase (a failed check aborts the run before
 			// any result is returned for the point).
 			Verified: true,
-			Bytes:    best.bytes, Ops: best.ops, Seconds: best.seconds,
+			Bytes:    best.bytes, Ops: best.ops, Seconds: best.seconds, CPUSeconds: best.cpuSeconds,
 			Samples: vals, RecordBytes: rec, Notes: best.notes,
 		}
 		if name == "random" {
@@ -343,6 +360,9 @@ func (r *Runner) phase(ctx context.Context, t task, threads, clients int, unit s
 	return s, err
 }
 
+// startLead is how far ahead of the go lines the common start instant is.
+const startLead = 30 * time.Millisecond
+
 // phaseThreads starts one worker per element of split, runs the
 // ready/go barrier and aggregates the per-thread times.
 func (r *Runner) phaseThreads(ctx context.Context, t task, split [][]int, unit, label string, total float64, byTime bool) (sample, error) {
@@ -371,7 +391,7 @@ func (r *Runner) phaseThreads(ctx context.Context, t task, split [][]int, unit, 
 		}
 		wg.Wait()
 		for _, w := range ws {
-			if w != nil && w.cmd.Process != nil {
+			if w != nil && w.cmd.Process != nil && w.cmd.ProcessState == nil {
 				w.cmd.Wait()
 			}
 		}
@@ -480,8 +500,12 @@ func (r *Runner) phaseThreads(ctx context.Context, t task, split [][]int, unit, 
 			return sample{}, workerErr(i, fmt.Sprintf("unexpected %q", line))
 		}
 	}
+	// One start instant for every thread of every worker (see the start
+	// barrier in worker.go): far enough ahead that every worker has read
+	// its go line on a busy machine.
+	goLine := []byte(fmt.Sprintf("go %d\n", monotonicNow()+int64(startLead)))
 	for i, w := range ws {
-		if _, err := w.stdin.Write([]byte("go\n")); err != nil {
+		if _, err := w.stdin.Write(goLine); err != nil {
 			return sample{}, workerErr(i, "send go: "+err.Error())
 		}
 	}
@@ -501,6 +525,24 @@ func (r *Runner) phaseThreads(ctx context.Context, t task, split [][]int, unit, 
 		}
 	}
 	var s sample
+	// The workers exit after their result; their rusage is the phase's
+	// client-side CPU cost. Bounded: on a timeout the deferred kill and
+	// wait run instead.
+	for _, w := range ws {
+		w.stdin.Close()
+	}
+	readersDone := make(chan struct{})
+	go func() { wg.Wait(); close(readersDone) }()
+	select {
+	case <-readersDone: // every worker closed its stdout: exiting or gone
+		for _, w := range ws {
+			w.cmd.Wait()
+			if ru, ok := w.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+				s.cpuSeconds += rusageSeconds(ru)
+			}
+		}
+	case <-time.After(10 * time.Second):
+	}
 	s.odirect = true
 	var start, end int64 = math.MaxInt64, 0
 	for _, res := range results {
@@ -521,6 +563,11 @@ func (r *Runner) phaseThreads(ctx context.Context, t task, split [][]int, unit, 
 		s.seconds = float64(end-start) / 1e9
 	}
 	return s, nil
+}
+
+// rusageSeconds is user+system time.
+func rusageSeconds(ru *syscall.Rusage) float64 {
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
 // failure wraps a worker's error, marking verification failures loudly.

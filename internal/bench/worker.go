@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,9 @@ type task struct {
 	DirsPerThread int           `json:"dirs_per_thread"`
 	MetaSync      bool          `json:"meta_sync"`
 	Seed          uint64        `json:"seed"`
+	// Nonce is the data pattern's run nonce: the writer's, passed on to
+	// the readers of the same data (see pattern.go).
+	Nonce uint64 `json:"nonce"`
 }
 
 type threadResult struct {
@@ -91,6 +95,21 @@ func WorkerMain(in io.Reader, out io.Writer) error {
 	if err := json.Unmarshal([]byte(line), &t); err != nil {
 		return fmt.Errorf("parse task: %w", err)
 	}
+	// One P per benchmark thread (plus one for the protocol): a thread
+	// that returns from a blocking pwrite must get its P back at once, as
+	// a fio job process would. With GOMAXPROCS = cores (2 here) and 4
+	// threads, half the returning threads parked until sysmon retook a P
+	// from a thread still in its system call (see doc.go, Pitfalls).
+	if n := len(t.Threads) + 1; n > runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(n)
+	}
+	if dir := os.Getenv(ProfileEnv); dir != "" {
+		stop, err := startProfile(dir, &t)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	var outMu sync.Mutex
 	send := func(format string, args ...any) {
 		outMu.Lock()
@@ -104,6 +123,48 @@ func WorkerMain(in io.Reader, out io.Writer) error {
 		return errors.New(res.Err)
 	}
 	return nil
+}
+
+// The start barrier. Sending "go" to the workers one after another and
+// letting each wake up, spawn its threads and start would spread the start
+// of a phase over milliseconds on a busy machine, and the rate's span (from
+// the earliest start) would count that spread: with 4 worker processes on
+// tmpfs it cost up to half of a 120 ms read phase. Instead every thread
+// waits, on its own OS thread, for one start instant on the machine-wide
+// monotonic clock that the runner puts in the go line ("go T", T in
+// CLOCK_MONOTONIC nanoseconds, a few tens of milliseconds ahead), with an
+// absolute clock_nanosleep; the kernel wakes them all at T. A plain "go"
+// (or a T already past) starts at once.
+
+// parseGo reads "go" or "go T" and returns T (0 = now).
+func parseGo(line string) (int64, error) {
+	f := strings.Fields(line)
+	if len(f) == 0 || f[0] != "go" || len(f) > 2 {
+		return 0, fmt.Errorf("not a go line")
+	}
+	if len(f) == 1 {
+		return 0, nil
+	}
+	return strconv.ParseInt(f[1], 10, 64)
+}
+
+// monotonicNow is CLOCK_MONOTONIC in nanoseconds, the same in every process.
+func monotonicNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return ts.Nano()
+}
+
+// sleepUntil blocks the calling OS thread until CLOCK_MONOTONIC reaches at.
+func sleepUntil(at int64) {
+	if at <= 0 {
+		return
+	}
+	ts := unix.NsecToTimespec(at)
+	for unix.ClockNanosleep(unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME, &ts, nil) == unix.EINTR {
+	}
 }
 
 // threadFunc runs one thread's timed part and returns its byte and op counts.
@@ -136,13 +197,46 @@ func runTask(t *task, in *bufio.Reader, send func(string, ...any)) (res workerRe
 		}
 		fns[k] = fn
 	}
+	// Every benchmark thread gets its OS thread now, before the barrier,
+	// and waits there for the start time.
+	res.Threads = make([]threadResult, len(t.Threads))
+	errs := make([]error, len(t.Threads))
+	var c counters
+	var startAt atomic.Int64 // CLOCK_MONOTONIC ns; < 0: abort
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for k := range t.Threads {
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			// One OS thread per benchmark thread: the blocking system
+			// calls of different threads must not share a kernel thread.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			<-release
+			at := startAt.Load()
+			if at < 0 {
+				return
+			}
+			sleepUntil(at)
+			tr := &res.Threads[k]
+			tr.Thread = t.Threads[k]
+			tr.StartNs = time.Now().UnixNano()
+			errs[k] = fns[k](tr, &c)
+			tr.EndNs = time.Now().UnixNano()
+		}(k)
+	}
 	send("ready")
 	line, err := in.ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != "go" {
-		return fail(fmt.Errorf("waiting for go: %q %v", line, err))
+	at, perr := parseGo(line)
+	if err != nil || perr != nil {
+		startAt.Store(-1)
+		close(release)
+		wg.Wait()
+		return fail(fmt.Errorf("waiting for go: %q %v %v", line, err, perr))
 	}
+	startAt.Store(at)
 
-	var c counters
 	stop := make(chan struct{})
 	var tick sync.WaitGroup
 	tick.Add(1)
@@ -159,25 +253,7 @@ func runTask(t *task, in *bufio.Reader, send func(string, ...any)) (res workerRe
 			}
 		}
 	}()
-
-	res.Threads = make([]threadResult, len(t.Threads))
-	errs := make([]error, len(t.Threads))
-	var wg sync.WaitGroup
-	for k := range t.Threads {
-		wg.Add(1)
-		go func(k int) {
-			defer wg.Done()
-			// One OS thread per benchmark thread: the blocking system
-			// calls of different threads must not share a kernel thread.
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			tr := &res.Threads[k]
-			tr.Thread = t.Threads[k]
-			tr.StartNs = time.Now().UnixNano()
-			errs[k] = fns[k](tr, &c)
-			tr.EndNs = time.Now().UnixNano()
-		}(k)
-	}
+	close(release)
 	wg.Wait()
 	close(stop)
 	tick.Wait()
@@ -192,23 +268,23 @@ func runTask(t *task, in *bufio.Reader, send func(string, ...any)) (res workerRe
 // part and a cleanup that runs when the worker ends (closing files a failed
 // run left open).
 func prepareThread(t *task, th int, res *workerResult) (threadFunc, func(), error) {
+	const create = unix.O_RDWR | unix.O_CREAT | unix.O_TRUNC
 	switch t.Workload + "/" + t.Phase {
 	case "seq/write":
-		return prepareStream(seqName(t.Dir, th), seqFileBase+uint64(th), 0, t.FileBytes, t.RecordBytes, true, os.O_WRONLY|os.O_CREATE|os.O_TRUNC)
+		return prepareStream(seqName(t.Dir, th), newPattern(seqFileBase+uint64(th), t.Nonce), 0, t.FileBytes, t.RecordBytes, true, create)
 	case "seq/read":
-		return prepareStream(seqName(t.Dir, th), seqFileBase+uint64(th), 0, t.FileBytes, t.RecordBytes, false, os.O_RDONLY)
+		return prepareStream(seqName(t.Dir, th), newPattern(seqFileBase+uint64(th), t.Nonce), 0, t.FileBytes, t.RecordBytes, false, unix.O_RDONLY)
 	case "shared/write":
-		return prepareStream(sharedName(t.Dir), sharedFileID, int64(th)*t.FileBytes, t.FileBytes, t.RecordBytes, true, os.O_WRONLY)
+		return prepareStream(sharedName(t.Dir), newPattern(sharedFileID, t.Nonce), int64(th)*t.FileBytes, t.FileBytes, t.RecordBytes, true, unix.O_WRONLY)
 	case "shared/read":
 		// Read a block another thread wrote (IOR's task reordering).
 		b := th
 		if t.TotalThreads > 1 {
 			b = (th + 1) % t.TotalThreads
 		}
-		return prepareStream(sharedName(t.Dir), sharedFileID, int64(b)*t.FileBytes, t.FileBytes, t.RecordBytes, false, os.O_RDONLY)
+		return prepareStream(sharedName(t.Dir), newPattern(sharedFileID, t.Nonce), int64(b)*t.FileBytes, t.FileBytes, t.RecordBytes, false, unix.O_RDONLY)
 	case "random/layout":
-		fn, cl, err := prepareStream(randomName(t.Dir, th), randomFileBase+uint64(th), 0, t.FileBytes, 1<<20, true, os.O_WRONLY|os.O_CREATE|os.O_TRUNC)
-		return fn, cl, err
+		return prepareStream(randomName(t.Dir, th), newPattern(randomFileBase+uint64(th), t.Nonce), 0, t.FileBytes, 1<<20, true, create)
 	case "random/write", "random/read":
 		return prepareRandom(t, th, res)
 	case "meta/create", "meta/stat", "meta/remove":
@@ -219,20 +295,34 @@ func prepareThread(t *task, th int, res *workerResult) (threadFunc, func(), erro
 
 // prepareStream opens a file for a sequential pass over [off, off+n) in
 // records of rec bytes; writes end with fsync and close inside the timing.
-func prepareStream(name string, id uint64, off, n, rec int64, write bool, flags int) (threadFunc, func(), error) {
-	f, err := os.OpenFile(name, flags, 0o644)
+//
+// The system calls are fio's psync engine's, call for call (checked with
+// strace against fio 3.33): open (O_RDWR|O_CREAT for writes, O_RDONLY for
+// reads), posix_fadvise DONTNEED (fio's invalidate=1: the file starts cold
+// even when the harness cannot drop the whole page cache) and SEQUENTIAL
+// (fio's fadvise_hint=1, which doubles the readahead window), then one
+// pwrite or pread of a full record per step into one reused, page-aligned
+// buffer, then fsync for writes. Nothing is allocated in the timed loop.
+func prepareStream(name string, pat *pattern, off, n, rec int64, write bool, flags int) (threadFunc, func(), error) {
+	fd, err := unix.Open(name, flags|unix.O_CLOEXEC, 0o644)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("open %s: %w", name, err)
 	}
 	closed := false
 	cleanup := func() {
 		if !closed {
-			f.Close()
+			unix.Close(fd)
 		}
 	}
+	advise(fd, off, n, unix.FADV_DONTNEED)
+	advise(fd, off, n, unix.FADV_SEQUENTIAL)
 	buf := alignedBuf(int(rec))
-	fd := int(f.Fd())
-	pat := newPattern(id)
+	// Whole-block records from a block-aligned start: prime once, then
+	// patch headers only (the last, shorter record may fill in full).
+	fast := aligned(int(rec), off)
+	if write && fast {
+		pat.prime(buf)
+	}
 	fn := func(tr *threadResult, c *counters) error {
 		for pos := off; pos < off+n; {
 			l := rec
@@ -241,7 +331,11 @@ func prepareStream(name string, id uint64, off, n, rec int64, write bool, flags 
 			}
 			b := buf[:l]
 			if write {
-				pat.fill(b, pos)
+				if fast {
+					pat.stamp(b, pos)
+				} else {
+					pat.fill(b, pos)
+				}
 				if err := pwriteFull(fd, b, pos); err != nil {
 					return fmt.Errorf("write %s at %d: %w", name, pos, err)
 				}
@@ -260,12 +354,12 @@ func prepareStream(name string, id uint64, off, n, rec int64, write bool, flags 
 			c.ops.Add(1)
 		}
 		if write {
-			if err := f.Sync(); err != nil {
+			if err := unix.Fsync(fd); err != nil {
 				return fmt.Errorf("fsync %s: %w", name, err)
 			}
 		}
 		closed = true
-		if err := f.Close(); err != nil {
+		if err := unix.Close(fd); err != nil {
 			return fmt.Errorf("close %s: %w", name, err)
 		}
 		return nil
@@ -273,11 +367,13 @@ func prepareStream(name string, id uint64, off, n, rec int64, write bool, flags 
 	return fn, cleanup, nil
 }
 
+// advise is posix_fadvise, ignoring file systems that do not support it.
+func advise(fd int, off, n int64, how int) { _ = unix.Fadvise(fd, off, n, how) }
+
 // prepareRandom opens a laid-out file for random 4 KiB records with
 // O_DIRECT when the file system accepts it.
 func prepareRandom(t *task, th int, res *workerResult) (threadFunc, func(), error) {
 	name := randomName(t.Dir, th)
-	id := randomFileBase + uint64(th)
 	write := t.Phase == "write"
 	flags := os.O_RDONLY
 	if write {
@@ -309,9 +405,15 @@ func prepareRandom(t *task, th int, res *workerResult) (threadFunc, func(), erro
 	if blocks < 1 {
 		return nil, cleanup, fmt.Errorf("random file %s smaller than one record", name)
 	}
+	advise(fd, 0, 0, unix.FADV_DONTNEED)
+	advise(fd, 0, 0, unix.FADV_RANDOM)
 	buf := alignedBuf(int(rec))
 	rng := rand.New(rand.NewPCG(t.Seed, uint64(th)+1))
-	pat := newPattern(id)
+	pat := newPattern(randomFileBase+uint64(th), t.Nonce)
+	fast := aligned(int(rec), 0) // then every offset (a multiple of rec) is aligned
+	if write && fast {
+		pat.prime(buf)
+	}
 	fn := func(tr *threadResult, c *counters) error {
 		deadline := time.Now().Add(t.Runtime)
 		for i := 0; ; i++ {
@@ -320,7 +422,11 @@ func prepareRandom(t *task, th int, res *workerResult) (threadFunc, func(), erro
 			}
 			pos := rng.Int64N(blocks) * rec
 			if write {
-				pat.fill(buf, pos)
+				if fast {
+					pat.stamp(buf, pos)
+				} else {
+					pat.fill(buf, pos)
+				}
 				if err := pwriteFull(fd, buf, pos); err != nil {
 					return fmt.Errorf("write %s at %d: %w", name, pos, err)
 				}

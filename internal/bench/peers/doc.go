@@ -5,7 +5,7 @@
 //	passthrough  `strata passthrough` (go-fuse loopback, data through the daemon)
 //	glusterfs    glusterd + 2 bricks (distribute volume), FUSE mount
 //	moosefs      mfsmaster + 2 mfschunkservers, mfsmount
-//	strata       `strata up` (meta + stores + FUSE mount), when the core exists
+//	strata       `strata up` (meta + stores + FUSE mount, fuse.strata), shared dir striped over all live targets
 //
 // # Isolation and cleanup
 //

@@ -54,7 +54,10 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
 		return nil, err
 	}
-	e := &env{dir: dir, self: cfg.Self, logf: logf}
+	e := &env{dir: dir, self: cfg.Self, logf: logf, pkgs: newInstaller(logf)}
+	if err := e.pkgs.ensure(ctx, basePackages...); err != nil {
+		logf("%v (continuing: no fio limit, unmounting without fusermount3)", err)
+	}
 	all := map[string]system{
 		"local":       &localFS{env: e},
 		"passthrough": &passthroughFS{env: e},
@@ -111,6 +114,9 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		}
 		bc := cfg.Bench
 		bc.Path, bc.System, bc.Fio = path, name, false
+		if c, ok := s.(configurer); ok {
+			c.configure(&bc)
+		}
 		r, err := bench.NewRunner(bc)
 		if err != nil {
 			return rep, err
@@ -175,10 +181,12 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 }
 
 // Cleanup removes what an earlier (crashed) run left behind, recognised by
-// the names this package uses: mounts under dir, our network namespaces
-// and the processes in them, our GlusterFS volume definition.
+// the names this package uses: host daemons whose command line names our
+// paths (see leftovers.go), mounts under dir, our network namespaces and
+// the processes in them, our GlusterFS volume definition.
 func Cleanup(dir string, logf func(string, ...any)) {
 	ctx := context.Background()
+	stopLeftovers(dir, 30*time.Second, logf)
 	if err := unmountUnder(dir); err != nil {
 		logf("cleanup: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -20,6 +21,9 @@ func run(ctx context.Context, timeout time.Duration, name string, args ...string
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.WaitDelay = 5 * time.Second
+	if name == "apt-get" {
+		cmd.Env = append(os.Environ(), aptEnv...)
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(lastLines(string(out), 6)))
@@ -72,15 +76,16 @@ func (d *daemon) exited() bool {
 	}
 }
 
-// stop sends SIGTERM, waits up to grace, then SIGKILL.
-func (d *daemon) stop(grace time.Duration) {
+// stop sends SIGTERM, waits up to grace, then SIGKILL; it reports whether
+// the kill was needed.
+func (d *daemon) stop(grace time.Duration) (killed bool) {
 	if d == nil || d.exited() {
-		return
+		return false
 	}
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-d.done:
-		return
+		return false
 	case <-time.After(grace):
 	}
 	d.cmd.Process.Kill()
@@ -88,6 +93,7 @@ func (d *daemon) stop(grace time.Duration) {
 	case <-d.done:
 	case <-time.After(5 * time.Second):
 	}
+	return true
 }
 
 // logTail returns the end of the daemon's log for error messages.
@@ -150,13 +156,34 @@ func waitMount(ctx context.Context, dir, want string, d *daemon, timeout time.Du
 	}
 }
 
+// waitFile waits until path exists, or the daemon dies, or timeout.
+func waitFile(ctx context.Context, path string, d *daemon, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		if d != nil && d.exited() {
+			return fmt.Errorf("%s exited before writing %s: %s", d.name, path, d.logTail())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not written after %v", path, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // unmount detaches dir if it is a mount point (lazily when busy).
 func unmount(dir string) error {
 	if mountFSType(dir) == "" {
 		return nil
 	}
 	var errs []error
-	for _, argv := range [][]string{{"fusermount3", "-u", dir}, {"umount", dir}, {"umount", "-l", dir}} {
+	for _, argv := range unmountArgvs(dir) {
 		if _, err := run(context.Background(), 30*time.Second, argv[0], argv[1:]...); err != nil {
 			errs = append(errs, err)
 			continue
@@ -166,6 +193,13 @@ func unmount(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// unmountArgvs are the ways to detach dir, gentlest first: a FUSE unmount,
+// a plain one, then lazy ones (a daemon that died leaves a mount that only
+// a lazy unmount removes: "Transport endpoint is not connected").
+func unmountArgvs(dir string) [][]string {
+	return [][]string{{"fusermount3", "-u", dir}, {"umount", dir}, {"fusermount3", "-u", "-z", dir}, {"umount", "-l", dir}}
 }
 
 // unmountUnder detaches every mount below root, deepest first.
@@ -186,14 +220,54 @@ func unmountUnder(root string) error {
 // installed reports whether a Debian package is installed.
 func installed(pkg string) bool {
 	out, err := exec.Command("dpkg-query", "-W", "-f=${Status}", pkg).Output()
-	return err == nil && bytes.Contains(out, []byte("install ok installed"))
+	return err == nil && dpkgInstalled(out)
 }
 
-// ensurePackages installs the missing packages with apt-get (bounded).
-func ensurePackages(ctx context.Context, logf func(string, ...any), pkgs ...string) error {
+// dpkgInstalled reads dpkg-query's ${Status}: "install ok installed" only
+// (not "deinstall ok config-files", "install ok half-configured", …).
+func dpkgInstalled(status []byte) bool {
+	return strings.TrimSpace(string(status)) == "install ok installed"
+}
+
+// installer installs Debian packages: the missing ones among those asked
+// for, with `apt-get update` run at most once per peers run (a fresh
+// machine or container has no package lists; a stale one has lists whose
+// versions are gone from the mirror).
+type installer struct {
+	mu        sync.Mutex
+	updated   bool
+	installed func(pkg string) bool                          // dpkg check
+	run       func(ctx context.Context, argv []string) error // runs one command
+	logf      func(string, ...any)
+}
+
+func newInstaller(logf func(string, ...any)) *installer {
+	return &installer{
+		installed: installed,
+		run: func(ctx context.Context, argv []string) error {
+			_, err := run(ctx, 10*time.Minute, argv[0], argv[1:]...)
+			return err
+		},
+		logf: logf,
+	}
+}
+
+// aptEnv keeps apt-get and dpkg from asking questions.
+var aptEnv = []string{"DEBIAN_FRONTEND=noninteractive", "NEEDRESTART_MODE=a"}
+
+// installArgv is the install command for exactly these package names.
+func installArgv(pkgs []string) []string {
+	return append([]string{"apt-get", "install", "-y", "--no-install-recommends",
+		"-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"}, pkgs...)
+}
+
+// ensure installs the packages that dpkg does not report installed.
+func (in *installer) ensure(ctx context.Context, pkgs ...string) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	var missing []string
 	for _, p := range pkgs {
-		if !installed(p) {
+		if !in.installed(p) {
 			missing = append(missing, p)
 		}
 	}
@@ -203,15 +277,26 @@ func ensurePackages(ctx context.Context, logf func(string, ...any), pkgs ...stri
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("packages %v missing and not root to install them", missing)
 	}
-	logf("installing %s with apt-get", strings.Join(missing, " "))
-	os.Setenv("DEBIAN_FRONTEND", "noninteractive")
-	if _, err := run(ctx, 10*time.Minute, "apt-get", append([]string{"install", "-y", "--no-install-recommends"}, missing...)...); err != nil {
-		if _, uerr := run(ctx, 5*time.Minute, "apt-get", "update"); uerr != nil {
-			return err
+	if !in.updated {
+		in.updated = true
+		in.logf("apt-get update (once per run)")
+		if err := in.run(ctx, []string{"apt-get", "update"}); err != nil {
+			// Cached lists may still do; the install says if not.
+			in.logf("apt-get update failed: %v", err)
 		}
-		if _, err := run(ctx, 10*time.Minute, "apt-get", append([]string{"install", "-y", "--no-install-recommends"}, missing...)...); err != nil {
-			return err
+	}
+	in.logf("installing %s with apt-get", strings.Join(missing, " "))
+	if err := in.run(ctx, installArgv(missing)); err != nil {
+		return fmt.Errorf("install %s: %w", strings.Join(missing, " "), err)
+	}
+	var still []string
+	for _, p := range missing {
+		if !in.installed(p) {
+			still = append(still, p)
 		}
+	}
+	if len(still) > 0 {
+		return fmt.Errorf("apt-get succeeded but %s not installed", strings.Join(still, " "))
 	}
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/stratafs/strata/internal/bench"
 )
 
 // system is one file system under test. setup returns the directory to
@@ -20,11 +22,18 @@ type system interface {
 	teardown() error
 }
 
+// configurer is a system that adjusts the suite run on it (striping and
+// cache hooks of Strata).
+type configurer interface {
+	configure(c *bench.Config)
+}
+
 // env is what every system needs.
 type env struct {
 	dir  string // work directory of this peers run
 	self string // the strata binary
 	logf func(string, ...any)
+	pkgs *installer
 }
 
 func (e *env) logPath(name string) string { return filepath.Join(e.dir, "logs", name+".log") }
@@ -77,42 +86,83 @@ func (s *passthroughFS) teardown() error {
 		return nil
 	}
 	s.d.stop(20 * time.Second) // unmounts on SIGTERM
-	return unmount(s.mnt)
+	err := unmount(s.mnt)
+	s.mnt = ""
+	return err
 }
 
-// ---- Strata local cluster (strata up), when the core exists ----
+// ---- Strata local cluster (strata up) ----
 
+// strataFS is `strata up` run by this binary in the foreground: metadata
+// service, storage servers and FUSE mount in one process, data under
+// strata-data. It is ready when its mount point shows in mountinfo with
+// type fuse.strata and cluster.json (which `strata status --data` reads) is
+// written. It stops on SIGTERM, unmounting itself; the teardown waits a
+// bounded time, then kills it and unmounts lazily.
 type strataFS struct {
-	env *env
-	d   *daemon
-	mnt string
+	env       *env
+	d         *daemon
+	data, mnt string
 }
+
+const (
+	strataFSType    = "fuse.strata"
+	strataStopGrace = 60 * time.Second
+)
 
 func (s *strataFS) name() string { return "strata" }
+
+// upArgv is the command line of the cluster.
+func upArgv(self, data, mnt string) []string {
+	return []string{self, "up", "--data", data, "--mount", mnt}
+}
+
 func (s *strataFS) setup(ctx context.Context) (string, error) {
-	// The hook: use `strata up` if this binary has it.
 	if out, err := exec.CommandContext(ctx, s.env.self, "up", "--help").CombinedOutput(); err != nil || !strings.Contains(string(out), "--mount") {
-		return "", errSkip{"`strata up` is not available in this build (core not merged yet)"}
+		return "", errSkip{"`strata up` is not available in this build"}
 	}
-	data := filepath.Join(s.env.dir, "strata-data")
+	s.data = filepath.Join(s.env.dir, "strata-data")
 	s.mnt = filepath.Join(s.env.dir, "strata-mnt")
-	for _, d := range []string{data, s.mnt} {
+	for _, d := range []string{s.data, s.mnt} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return "", err
 		}
 	}
 	var err error
-	if s.d, err = start("strata up", s.env.logPath("strata-up"), s.env.self, "up", "--data", data, "--mount", s.mnt); err != nil {
+	if s.d, err = start("strata up", s.env.logPath("strata-up"), upArgv(s.env.self, s.data, s.mnt)...); err != nil {
 		return "", err
 	}
-	return s.mnt, waitMount(ctx, s.mnt, "fuse", s.d, 90*time.Second)
+	if err := waitMount(ctx, s.mnt, strataFSType, s.d, 90*time.Second); err != nil {
+		return "", err
+	}
+	if t := mountFSType(s.mnt); t != strataFSType {
+		return "", fmt.Errorf("%s mounted as %q, want %q", s.mnt, t, strataFSType)
+	}
+	if err := waitFile(ctx, filepath.Join(s.data, "cluster.json"), s.d, 30*time.Second); err != nil {
+		return "", err
+	}
+	return s.mnt, nil
 }
+
+// configure points the striping hook at this cluster, so that the shared
+// file's directory is striped over every live target `strata status`
+// lists.
+func (s *strataFS) configure(c *bench.Config) {
+	c.Striper = bench.DefaultStriper{Binary: s.env.self, DataDir: s.data}
+	c.Caches = bench.NoCaches{} // no server cache API yet; the page cache is dropped
+}
+
 func (s *strataFS) teardown() error {
 	if s.mnt == "" {
 		return nil
 	}
-	s.d.stop(60 * time.Second)
-	return unmount(s.mnt)
+	var errs []error
+	if s.d.stop(strataStopGrace) {
+		errs = append(errs, fmt.Errorf("strata up did not stop within %v of SIGTERM and was killed: %s", strataStopGrace, s.d.logTail()))
+	}
+	errs = append(errs, unmount(s.mnt))
+	s.mnt = ""
+	return errors.Join(errs...)
 }
 
 // errSkip marks a system that is not available (a note, not a failure).
@@ -123,6 +173,15 @@ func (e errSkip) Error() string { return e.why }
 // ---- GlusterFS: one node, distribute volume over 2 bricks ----
 
 const glusterVolume = "strata-bench"
+
+// The Debian packages each peer needs, by their exact names.
+var (
+	glusterPackages = []string{"glusterfs-server", "glusterfs-client"}
+	moosePackages   = []string{"moosefs-master", "moosefs-chunkserver", "moosefs-client"}
+	// basePackages serve every peer: fio for the raw limit, fuse3 for
+	// fusermount3 (unmounting FUSE file systems).
+	basePackages = []string{"fio", "fuse3"}
+)
 
 type glusterFS struct {
 	env              *env
@@ -140,7 +199,7 @@ func (s *glusterFS) cli(ctx context.Context, args ...string) (string, error) {
 }
 
 func (s *glusterFS) setup(ctx context.Context) (string, error) {
-	if err := ensurePackages(ctx, s.env.logf, "glusterfs-server", "glusterfs-client"); err != nil {
+	if err := s.env.pkgs.ensure(ctx, glusterPackages...); err != nil {
 		return "", err
 	}
 	// A volume of ours left by a crashed run.
@@ -218,7 +277,7 @@ type mooseFS struct {
 func (s *mooseFS) name() string { return "moosefs" }
 
 func (s *mooseFS) setup(ctx context.Context) (string, error) {
-	if err := ensurePackages(ctx, s.env.logf, "moosefs-master", "moosefs-chunkserver", "moosefs-client"); err != nil {
+	if err := s.env.pkgs.ensure(ctx, moosePackages...); err != nil {
 		return "", err
 	}
 	base := filepath.Join(s.env.dir, "moosefs")

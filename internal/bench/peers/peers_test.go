@@ -1,0 +1,157 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestDpkgInstalled(t *testing.T) {
+	for status, want := range map[string]bool{
+		"install ok installed":       true,
+		"install ok installed\n":     true,
+		"deinstall ok config-files":  false,
+		"install ok half-configured": false,
+		"unknown ok not-installed":   false,
+		"":                           false,
+	} {
+		if got := dpkgInstalled([]byte(status)); got != want {
+			t.Errorf("dpkgInstalled(%q) = %v, want %v", status, got, want)
+		}
+	}
+}
+
+// fakeInstaller records the commands an installer would run.
+func fakeInstaller(have map[string]bool, fail map[string]error) (*installer, *[][]string) {
+	var ran [][]string
+	in := &installer{
+		installed: func(p string) bool { return have[p] },
+		run: func(_ context.Context, argv []string) error {
+			ran = append(ran, argv)
+			if err := fail[argv[1]]; err != nil {
+				return err
+			}
+			if argv[1] == "install" {
+				for _, a := range argv[2:] {
+					if !strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "Dpkg::") {
+						have[a] = true
+					}
+				}
+			}
+			return nil
+		},
+		logf: func(string, ...any) {},
+	}
+	return in, &ran
+}
+
+func TestInstallerUpdatesOnceAndInstallsExactNames(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the installer refuses to run apt-get when not root")
+	}
+	have := map[string]bool{"glusterfs-client": true}
+	in, ran := fakeInstaller(have, nil)
+	ctx := context.Background()
+	if err := in.ensure(ctx, glusterPackages...); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.ensure(ctx, moosePackages...); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.ensure(ctx, moosePackages...); err != nil { // all present now: nothing runs
+		t.Fatal(err)
+	}
+	want := [][]string{
+		{"apt-get", "update"},
+		installArgv([]string{"glusterfs-server"}),
+		installArgv(moosePackages),
+	}
+	if !reflect.DeepEqual(*ran, want) {
+		t.Fatalf("ran %q\nwant %q", *ran, want)
+	}
+	argv := installArgv([]string{"moosefs-master"})
+	if argv[0] != "apt-get" || argv[1] != "install" || argv[2] != "-y" || argv[len(argv)-1] != "moosefs-master" {
+		t.Errorf("install command %q", argv)
+	}
+}
+
+func TestInstallerReportsFailures(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the installer refuses to run apt-get when not root")
+	}
+	// A failed update is not fatal; a failed install is, naming the packages.
+	in, ran := fakeInstaller(map[string]bool{}, map[string]error{"update": errors.New("offline"), "install": errors.New("E: Unable to locate package")})
+	err := in.ensure(context.Background(), "fio")
+	if err == nil || !strings.Contains(err.Error(), "fio") {
+		t.Fatalf("err = %v", err)
+	}
+	if len(*ran) != 2 {
+		t.Errorf("ran %q, want update then install", *ran)
+	}
+	// apt-get that "succeeds" without installing is caught by the dpkg check.
+	in, _ = fakeInstaller(map[string]bool{}, nil)
+	in.run = func(context.Context, []string) error { return nil }
+	if err := in.ensure(context.Background(), "fuse3"); err == nil || !strings.Contains(err.Error(), "not installed") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestLeftoverPIDs(t *testing.T) {
+	proc := t.TempDir()
+	dir := "/var/tmp/strata-bench-peers"
+	for pid, argv := range map[string][]string{
+		"100":  {"/usr/local/bin/strata", "up", "--data", dir + "/strata-data", "--mount", dir + "/strata-mnt"},
+		"101":  {"/tmp/strata", "passthrough", dir + "/passthrough-src", dir + "/passthrough-mnt"},
+		"102":  {"/tmp/strata", "up", "--data", "/home/u/strata-data", "--mount", "/mnt"}, // someone else's cluster
+		"103":  {"vim", dir + "/strata-data/notes"},                                       // a path below ours is not ours
+		"104":  {"bash"},
+		"105":  {"/tmp/strata", "up", "--data", dir + "/strata-data"}, // self, excluded
+		"self": {"x"},
+	} {
+		os.MkdirAll(filepath.Join(proc, pid), 0o755)
+		os.WriteFile(filepath.Join(proc, pid, "cmdline"), []byte(strings.Join(argv, "\x00")+"\x00"), 0o644)
+	}
+	os.MkdirAll(filepath.Join(proc, "106"), 0o755) // exited: no cmdline
+	got := leftoverPIDs(proc, dir, 105)
+	if !reflect.DeepEqual(got, []int{100, 101}) {
+		t.Errorf("leftovers %v, want [100 101]", got)
+	}
+}
+
+func TestCommandLines(t *testing.T) {
+	if got := upArgv("/bin/strata", "/w/strata-data", "/w/strata-mnt"); !reflect.DeepEqual(got, []string{"/bin/strata", "up", "--data", "/w/strata-data", "--mount", "/w/strata-mnt"}) {
+		t.Errorf("up: %q", got)
+	}
+	// The up command line is recognised as a leftover by its paths.
+	if !argvHasAny(bytesArgs(upArgv("/bin/strata", "/w/strata-data", "/w/strata-mnt")), hostDaemonPaths("/w")) {
+		t.Error("up's command line does not carry the leftover marks")
+	}
+	um := unmountArgvs("/w/m")
+	if len(um) < 3 || !reflect.DeepEqual(um[0], []string{"fusermount3", "-u", "/w/m"}) {
+		t.Errorf("unmount ladder %q", um)
+	}
+	lazy := false
+	for _, a := range um {
+		lazy = lazy || reflect.DeepEqual(a, []string{"fusermount3", "-u", "-z", "/w/m"})
+	}
+	if !lazy {
+		t.Errorf("unmount ladder lacks fusermount3 -u -z: %q", um)
+	}
+	for _, ns := range []string{nsHub, inNS("strata-bench-x", "ls")[1]} {
+		if !strings.Contains(ns, nsPrefix) {
+			t.Errorf("%q lacks the namespace prefix", ns)
+		}
+	}
+}
+
+func bytesArgs(ss []string) [][]byte {
+	out := make([][]byte, len(ss))
+	for i, s := range ss {
+		out[i] = []byte(s)
+	}
+	return out
+}
