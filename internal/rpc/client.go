@@ -20,6 +20,9 @@ type ClientConfig struct {
 	Conns       int           // connections per peer; default 2
 	DialTimeout time.Duration // default 3 s
 	CallTimeout time.Duration // used when the context has no deadline; default 30 s
+	// NoLocal forces the network path even when the peer serves in this
+	// process (see local.go); for tests of the transport itself.
+	NoLocal bool
 }
 
 // Client calls one peer address over a small pool of multiplexed
@@ -70,6 +73,9 @@ func (c *Client) Close() error {
 // (wrapped with the address and the cause).
 func (c *Client) Call(ctx context.Context, m Method, req, resp Message) error {
 	deadline := deadlineOf(ctx, c.cfg.CallTimeout)
+	if s := lookupLocal(c.addr); s != nil && !c.cfg.NoLocal {
+		return c.callLocal(ctx, s, deadline, m, req, resp)
+	}
 	cc, err := c.conn(ctx, deadline)
 	if err != nil {
 		return err

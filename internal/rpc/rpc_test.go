@@ -40,7 +40,7 @@ func startServer(t *testing.T, key []byte) (*Server, string) {
 
 func TestCallRoundTripAndPipelining(t *testing.T) {
 	_, addr := startServer(t, []byte("k"))
-	c := NewClient(addr, ClientConfig{Key: []byte("k")})
+	c := NewClient(addr, ClientConfig{Key: []byte("k"), NoLocal: true})
 	defer c.Close()
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -78,7 +78,7 @@ func TestCallRoundTripAndPipelining(t *testing.T) {
 
 func TestReadIntoTooSmall(t *testing.T) {
 	_, addr := startServer(t, nil)
-	c := NewClient(addr, ClientConfig{})
+	c := NewClient(addr, ClientConfig{NoLocal: true})
 	defer c.Close()
 	resp := ReadResp{Into: make([]byte, 3)}
 	err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 7}, Data: []byte("too long")}, &resp)
@@ -89,7 +89,7 @@ func TestReadIntoTooSmall(t *testing.T) {
 
 func TestErrnoAndUnknownMethod(t *testing.T) {
 	_, addr := startServer(t, nil)
-	c := NewClient(addr, ClientConfig{})
+	c := NewClient(addr, ClientConfig{NoLocal: true})
 	defer c.Close()
 	err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{3, 0}}, &ReadResp{})
 	if !errors.Is(err, syscall.ENOENT) || !bytes.Contains([]byte(err.Error()), []byte("target 3")) {
@@ -102,7 +102,7 @@ func TestErrnoAndUnknownMethod(t *testing.T) {
 
 func TestMalformedRequestGetsEINVAL(t *testing.T) {
 	_, addr := startServer(t, nil)
-	c := NewClient(addr, ClientConfig{})
+	c := NewClient(addr, ClientConfig{NoLocal: true})
 	defer c.Close()
 	// A ChunkReq body is too short to be a GetAttrReq? No: send garbage as a raw message.
 	err := c.Call(context.Background(), MGetAttr, rawMsg{0xff, 0xff}, &AttrResp{})
@@ -122,7 +122,7 @@ func (r rawMsg) Decode(d *Dec) {}
 
 func TestWrongKeyRejected(t *testing.T) {
 	_, addr := startServer(t, []byte("right"))
-	c := NewClient(addr, ClientConfig{Key: []byte("wrong")})
+	c := NewClient(addr, ClientConfig{Key: []byte("wrong"), NoLocal: true})
 	defer c.Close()
 	err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 1}, &AttrResp{})
 	if !errors.Is(err, ErrAuth) {
@@ -134,13 +134,13 @@ func TestDeadPeerAndTimeoutAreUnavailable(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	c := NewClient(addr, ClientConfig{DialTimeout: time.Second})
+	c := NewClient(addr, ClientConfig{DialTimeout: time.Second, NoLocal: true})
 	err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 1}, &AttrResp{})
 	if !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("dead peer: %v", err)
 	}
 	_, addr2 := startServer(t, nil)
-	c2 := NewClient(addr2, ClientConfig{})
+	c2 := NewClient(addr2, ClientConfig{NoLocal: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if err := c2.Call(ctx, MGetAttr, &GetAttrReq{Ino: 42}, &AttrResp{}); !errors.Is(err, ErrUnavailable) {
@@ -150,7 +150,7 @@ func TestDeadPeerAndTimeoutAreUnavailable(t *testing.T) {
 
 func TestServerRestartRedials(t *testing.T) {
 	s, addr := startServer(t, nil)
-	c := NewClient(addr, ClientConfig{Conns: 1})
+	c := NewClient(addr, ClientConfig{Conns: 1, NoLocal: true})
 	if err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 1}, &AttrResp{}); err != nil {
 		t.Fatal(err)
 	}
@@ -240,4 +240,58 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestInProcessPath: a client whose peer serves in this process calls the
+// handler directly, with the network path's semantics: encoded messages,
+// errno answers, key check, deadlines, and dialling once the server closed.
+func TestInProcessPath(t *testing.T) {
+	s, addr := startServer(t, []byte("k"))
+	if err := waitLocal(addr); err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(addr, ClientConfig{Key: []byte("k")})
+	defer c.Close()
+	data := bytes.Repeat([]byte("x"), 1<<20)
+	resp := ReadResp{Into: make([]byte, 1<<20)}
+	if err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 7}, Data: data}, &resp); err != nil || !bytes.Equal(resp.Data, data) {
+		t.Fatalf("local round trip: %v", err)
+	}
+	data[0] = 'y' // the handler got a copy, and so did we
+	if resp.Data[0] != 'x' {
+		t.Fatal("response aliases the request")
+	}
+	err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{3, 0}}, &ReadResp{})
+	if !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("errno: %v", err)
+	}
+	if err := c.Call(context.Background(), MRename, &RenameReq{}, &Empty{}); !errors.Is(err, syscall.ENOSYS) {
+		t.Fatalf("unknown method: %v", err)
+	}
+	bad := NewClient(addr, ClientConfig{Key: []byte("other")})
+	if err := bad.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 1}, &AttrResp{}); !errors.Is(err, ErrAuth) {
+		t.Fatalf("wrong key: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := c.Call(ctx, MGetAttr, &GetAttrReq{Ino: 42}, &AttrResp{}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("deadline: %v", err)
+	}
+	s.Close()
+	if lookupLocal(addr) != nil {
+		t.Fatal("closed server still registered")
+	}
+	if err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 1}, &AttrResp{}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("after close: %v", err)
+	}
+}
+
+func waitLocal(addr string) error {
+	for i := 0; i < 200; i++ {
+		if lookupLocal(addr) != nil {
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return errors.New("server never registered")
 }

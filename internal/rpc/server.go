@@ -83,6 +83,8 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.mu.ln = ln
 	s.mu.Unlock()
+	registerLocal(ln.Addr().String(), s)
+	defer unregisterLocal(ln.Addr().String(), s)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -124,6 +126,7 @@ func (s *Server) Close() error {
 	s.mu.Lock()
 	s.mu.closed = true
 	if s.mu.ln != nil {
+		unregisterLocal(s.mu.ln.Addr().String(), s)
 		s.mu.ln.Close()
 	}
 	for c := range s.mu.conns {
