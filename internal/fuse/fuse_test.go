@@ -189,25 +189,11 @@ func TestMount(t *testing.T) {
 		}
 	})
 
-	t.Run("mmap", func(t *testing.T) {
-		p := filepath.Join(a, "mapped")
-		f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
-		must(t, err)
-		const size = 2 << 20
-		must(t, f.Truncate(size))
-		m, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-		must(t, err)
-		want := pattern(9, size)
-		copy(m, want)
-		must(t, unix.Msync(m, unix.MS_SYNC))
-		must(t, unix.Munmap(m))
-		must(t, f.Close())
-		got, err := os.ReadFile(filepath.Join(b, "mapped"))
-		must(t, err)
-		if !bytes.Equal(got, want) {
-			t.Fatal("mmap-written data differs on the other mount")
-		}
-	})
+	// No mmap here: a goroutine faulting on a page of a file served by this
+	// very process cannot be stopped by the garbage collector, and the
+	// collector's stop-the-world then keeps the serving goroutine from
+	// answering the fault — a deadlock (seen under -race). mmap through a
+	// mount served by another process is covered by test/posix_test.go.
 
 	t.Run("direct", func(t *testing.T) {
 		p := filepath.Join(a, "direct")
