@@ -5,15 +5,18 @@
 // # Concepts
 //
 // A Node is one raft member. Open binds the transport (Config.BindAddr),
-// opens Dir/log (a pebble store written with synced batches) and
+// opens Dir/wal (the raft log: preallocated segment files, see wal.go),
+// Dir/log (a pebble store with synced writes for raft's term and vote;
+// log entries an older build kept there are migrated into the WAL) and
 // Dir/snapshots, and on a node with no raft state and Bootstrap set writes
 // the initial configuration: Peers, or this node alone. Later members start
 // without Bootstrap and are added by the leader with AddVoter; nothing here
 // assumes a single node.
 //
 // Group commit: raft gathers every Apply waiting on its channel (up to
-// MaxAppendEntries) into one StoreLogs call, which is one synced kv batch —
-// one fsync for many clients' operations. The state machine implements
+// MaxAppendEntries) into one StoreLogs call, which is one write and one
+// fdatasync of the WAL — one flush for many clients' operations, and an
+// overwrite of preallocated blocks, so no file-size journal commit. The state machine implements
 // raft.BatchingFSM, so the same group is applied in one kv batch.
 //
 // The state machine is persistent: it records the last applied index with

@@ -80,7 +80,8 @@ type Config struct {
 type Node struct {
 	cfg    Config
 	raft   *raft.Raft
-	logs   *logStore
+	logs   *logStore // stable store (term, vote); legacy log entries are migrated out
+	wal    *wal      // the raft log
 	trans  *raft.NetworkTransport
 	snaps  *raft.FileSnapshotStore
 	notify chan bool
@@ -129,6 +130,12 @@ func Open(cfg Config) (n *Node, err error) {
 	if n.logs, err = openLogStore(filepath.Join(cfg.Dir, "log")); err != nil {
 		return nil, err
 	}
+	if n.wal, err = openWAL(filepath.Join(cfg.Dir, "wal"), DefaultSegmentBytes, lg); err != nil {
+		return nil, err
+	}
+	if err := migrateLog(n.logs, n.wal); err != nil {
+		return nil, err
+	}
 	out := &logWriter{log: lg}
 	if n.snaps, err = raft.NewFileSnapshotStore(cfg.Dir, 2, out); err != nil {
 		return nil, fmt.Errorf("raft snapshot store: %w", err)
@@ -162,7 +169,7 @@ func Open(cfg Config) (n *Node, err error) {
 	rc.LogLevel = "INFO"
 
 	if cfg.Bootstrap {
-		has, err := raft.HasExistingState(n.logs, n.logs, n.snaps)
+		has, err := raft.HasExistingState(n.wal, n.logs, n.snaps)
 		if err != nil {
 			return nil, fmt.Errorf("raft state check: %w", err)
 		}
@@ -174,13 +181,13 @@ func Open(cfg Config) (n *Node, err error) {
 			for _, p := range cfg.Peers {
 				conf.Servers = append(conf.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
 			}
-			if err := raft.BootstrapCluster(rc, n.logs, n.logs, n.snaps, n.trans, conf); err != nil {
+			if err := raft.BootstrapCluster(rc, n.wal, n.logs, n.snaps, n.trans, conf); err != nil {
 				return nil, fmt.Errorf("raft bootstrap: %w", err)
 			}
 			lg.Info("bootstrapped raft group", "voters", len(conf.Servers), "addr", n.trans.LocalAddr())
 		}
 	}
-	if n.raft, err = raft.NewRaft(rc, cfg.FSM, n.logs, n.logs, n.snaps, n.trans); err != nil {
+	if n.raft, err = raft.NewRaft(rc, cfg.FSM, n.wal, n.logs, n.snaps, n.trans); err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	return n, nil
@@ -316,6 +323,11 @@ func (n *Node) Close() error {
 				errs = append(errs, fmt.Errorf("raft transport close: %w", err))
 			}
 		}
+		if n.wal != nil {
+			if err := n.wal.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		if n.logs != nil {
 			if err := n.logs.Close(); err != nil {
 				errs = append(errs, err)
@@ -357,3 +369,30 @@ func (w *logWriter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = (*logWriter)(nil)
+
+// migrateLog moves log entries kept by an older build in the pebble store
+// (before the WAL existed) into the WAL, then deletes them there.
+func migrateLog(old *logStore, w *wal) error {
+	first, _ := old.FirstIndex()
+	last, _ := old.LastIndex()
+	if first == 0 {
+		return nil
+	}
+	if wl, _ := w.LastIndex(); wl != 0 {
+		return fmt.Errorf("raft log in both the pebble store (%d..%d) and the wal (..%d)", first, last, wl)
+	}
+	for i := first; i <= last; i += 512 {
+		var batch []*raft.Log
+		for j := i; j <= last && j < i+512; j++ {
+			l := new(raft.Log)
+			if err := old.GetLog(j, l); err != nil {
+				return fmt.Errorf("migrate raft log entry %d: %w", j, err)
+			}
+			batch = append(batch, l)
+		}
+		if err := w.StoreLogs(batch); err != nil {
+			return fmt.Errorf("migrate raft log: %w", err)
+		}
+	}
+	return old.DeleteRange(first, last)
+}

@@ -1,0 +1,246 @@
+package consensus
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+func walEntries(from, to uint64) []*raft.Log {
+	var out []*raft.Log
+	for i := from; i <= to; i++ {
+		out = append(out, &raft.Log{Index: i, Term: 1 + i/100, Type: raft.LogCommand, Data: bytes.Repeat([]byte{byte(i)}, int(i%300))})
+	}
+	return out
+}
+
+func checkRange(t *testing.T, w *wal, first, last uint64) {
+	t.Helper()
+	f, _ := w.FirstIndex()
+	l, _ := w.LastIndex()
+	if f != first || l != last {
+		t.Fatalf("bounds %d..%d, want %d..%d", f, l, first, last)
+	}
+	for i := first; i <= last && first != 0; i++ {
+		var got raft.Log
+		if err := w.GetLog(i, &got); err != nil {
+			t.Fatalf("GetLog(%d): %v", i, err)
+		}
+		want := walEntries(i, i)[0]
+		if got.Index != i || got.Term != want.Term || !bytes.Equal(got.Data, want.Data) {
+			t.Fatalf("entry %d: %+v", i, got)
+		}
+	}
+	var l2 raft.Log
+	if err := w.GetLog(last+1, &l2); !errors.Is(err, raft.ErrLogNotFound) {
+		t.Fatalf("GetLog past the end: %v", err)
+	}
+}
+
+func TestWALStoreRotateRecover(t *testing.T) {
+	dir := t.TempDir()
+	const seg = 64 << 10 // small segments: many rotations
+	w, err := openWAL(dir, seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 2000; i += 50 {
+		if err := w.StoreLogs(walEntries(i, i+49)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkRange(t, w, 1, 2000)
+	if err := w.StoreLogs(walEntries(3000, 3000)); err == nil {
+		t.Fatal("non-contiguous append accepted")
+	}
+	// An entry larger than a segment gets a segment of its own.
+	big := &raft.Log{Index: 2001, Term: 9, Data: bytes.Repeat([]byte("B"), 3*seg)}
+	if err := w.StoreLogs([]*raft.Log{big}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	segs, _ := filepath.Glob(filepath.Join(dir, "seg-*.wal"))
+	if len(segs) < 5 {
+		t.Fatalf("only %d segments", len(segs))
+	}
+	w, err = openWAL(dir, seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	var got raft.Log
+	if err := w.GetLog(2001, &got); err != nil || len(got.Data) != 3*seg {
+		t.Fatalf("big entry after restart: %v %d", err, len(got.Data))
+	}
+	l, _ := w.LastIndex()
+	if l != 2001 {
+		t.Fatalf("last after restart %d", l)
+	}
+	for i := uint64(1); i <= 2000; i += 97 {
+		var e raft.Log
+		if err := w.GetLog(i, &e); err != nil || !bytes.Equal(e.Data, walEntries(i, i)[0].Data) {
+			t.Fatalf("entry %d after restart: %v", i, err)
+		}
+	}
+}
+
+func TestWALTornTailIsDropped(t *testing.T) {
+	dir := t.TempDir()
+	w, err := openWAL(dir, 1<<20, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.StoreLogs(walEntries(1, 100)); err != nil {
+		t.Fatal(err)
+	}
+	w.mu.RLock()
+	s := w.mu.segs[0]
+	end := s.end
+	w.mu.RUnlock()
+	w.Close()
+	// A crash in the middle of the next append: a record head and half a payload.
+	f, _ := os.OpenFile(s.path, os.O_RDWR, 0)
+	rec := encodeRecord(nil, walEntries(101, 101)[0])
+	f.WriteAt(rec[:len(rec)/2+4], end)
+	f.Close()
+	w, err = openWAL(dir, 1<<20, slog.Default())
+	if err != nil {
+		t.Fatalf("open after torn write: %v", err)
+	}
+	checkRange(t, w, 1, 100)
+	// The log continues over the torn bytes.
+	if err := w.StoreLogs(walEntries(101, 120)); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	w, _ = openWAL(dir, 1<<20, slog.Default())
+	defer w.Close()
+	checkRange(t, w, 1, 120)
+}
+
+func TestWALCorruptionInsideRefused(t *testing.T) {
+	dir := t.TempDir()
+	w, _ := openWAL(dir, 64<<10, slog.Default())
+	for i := uint64(1); i <= 1000; i += 100 {
+		if err := w.StoreLogs(walEntries(i, i+99)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.mu.RLock()
+	first := w.mu.segs[0]
+	off := first.offs[3]
+	w.mu.RUnlock()
+	w.Close()
+	f, _ := os.OpenFile(first.path, os.O_RDWR, 0)
+	f.WriteAt([]byte{0xff}, off+12) // flip a payload byte of a sealed segment
+	f.Close()
+	if _, err := openWAL(dir, 64<<10, slog.Default()); !errors.Is(err, errWALCorrupt) {
+		t.Fatalf("want errWALCorrupt, got %v", err)
+	}
+}
+
+func TestWALTruncation(t *testing.T) {
+	dir := t.TempDir()
+	const seg = 32 << 10
+	w, _ := openWAL(dir, seg, slog.Default())
+	if err := w.StoreLogs(walEntries(1, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := filepath.Glob(filepath.Join(dir, "seg-*.wal"))
+	// Head: whole segments below the cut go.
+	if err := w.DeleteRange(1, 600); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := filepath.Glob(filepath.Join(dir, "seg-*.wal"))
+	if len(after) >= len(before) {
+		t.Fatalf("head truncation kept all %d segments", len(before))
+	}
+	checkRange(t, w, 601, 1000)
+	// Tail: a conflicting suffix is cut, and stays cut across a restart.
+	if err := w.DeleteRange(900, 1000); err != nil {
+		t.Fatal(err)
+	}
+	checkRange(t, w, 601, 899)
+	w.Close()
+	w, err := openWAL(dir, seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := w.LastIndex()
+	if l != 899 {
+		t.Fatalf("tail cut resurrected: last %d", l)
+	}
+	if err := w.StoreLogs(walEntries(900, 950)); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := w.FirstIndex()
+	checkRange(t, w, f, 950)
+	// Everything.
+	if err := w.DeleteRange(f, 950); err != nil {
+		t.Fatal(err)
+	}
+	checkRange(t, w, 0, 0)
+	if err := w.StoreLogs(walEntries(951, 960)); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	w, _ = openWAL(dir, seg, slog.Default())
+	defer w.Close()
+	checkRange(t, w, 951, 960)
+}
+
+func TestWALMigratesPebbleLog(t *testing.T) {
+	dir := t.TempDir()
+	old, err := openLogStore(filepath.Join(dir, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.StoreLogs(walEntries(5, 40)); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := openWAL(filepath.Join(dir, "wal"), 1<<20, slog.Default())
+	if err := migrateLog(old, w); err != nil {
+		t.Fatal(err)
+	}
+	checkRange(t, w, 5, 40)
+	if f, _ := old.FirstIndex(); f != 0 {
+		t.Fatalf("old store still has entries from %d", f)
+	}
+	w.Close()
+	old.Close()
+}
+
+func BenchmarkWALStoreLog(b *testing.B) {
+	w, err := openWAL(b.TempDir(), DefaultSegmentBytes, slog.Default())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Close()
+	data := bytes.Repeat([]byte("x"), 200)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := w.StoreLog(&raft.Log{Index: uint64(i + 1), Term: 1, Data: data}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPebbleStoreLog(b *testing.B) {
+	s, err := openLogStore(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	data := bytes.Repeat([]byte("x"), 200)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := s.StoreLog(&raft.Log{Index: uint64(i + 1), Term: 1, Data: data}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
