@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 )
 
 // Options tunes a pebble-backed Store. The zero value is usable.
@@ -44,6 +45,12 @@ func Open(dir string, opts Options) (Store, error) {
 		MemTableSize:       opts.MemTableBytes,
 		FormatMajorVersion: pebble.FormatNewest,
 		Logger:             pebbleLogger{opts.Logger.With("kv", dir)},
+	}
+	// Bloom filters on every level: the metadata service's hot reads are
+	// point lookups, many of them for absent keys (a new name, a dedupe
+	// record), which without a filter touch every level.
+	for i := range po.Levels {
+		po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	db, err := pebble.Open(dir, po)
 	if err != nil {

@@ -158,8 +158,7 @@ func (x *opCtx) flush() error {
 		s := &x.c[i]
 		switch {
 		case s.deleted:
-			start, end := schema.InodeRange(s.ino)
-			if err := x.b.DeleteRange(start, end); err != nil {
+			if err := x.deleteInode(s.ino); err != nil {
 				return err
 			}
 		case s.dirty:
@@ -167,6 +166,36 @@ func (x *opCtx) flush() error {
 			if err := x.b.Set(schema.InodeKey(s.ino), x.buf); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// deleteInode removes an inode record and its xattrs with point deletes.
+// Not a range deletion: pebble checks every range tombstone on each read of
+// the levels that hold it, and a remove-heavy workload would leave one per
+// file, slowing every later lookup until compaction.
+func (x *opCtx) deleteInode(ino uint64) error {
+	if err := x.b.Delete(schema.InodeKey(ino)); err != nil {
+		return err
+	}
+	p := schema.XattrPrefix(ino)
+	it, err := x.b.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return err
+	}
+	var keys [][]byte
+	for ok := it.First(); ok; ok = it.Next() {
+		keys = append(keys, append([]byte(nil), it.Key()...))
+	}
+	if err := it.Error(); err != nil {
+		it.Close()
+		return err
+	}
+	it.Close()
+	for _, k := range keys {
+		if err := x.b.Delete(k); err != nil {
+			return err
 		}
 	}
 	return nil
