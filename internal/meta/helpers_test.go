@@ -156,6 +156,12 @@ func newFakeStore(t testing.TB) *fakeStore {
 		f.mu.Unlock()
 		return &rpc.Empty{}, nil
 	})
+	rpc.Handle(f.srv, rpc.SRemoveMany, func(_ context.Context, r *rpc.ChunksReq) (*rpc.Empty, error) {
+		f.mu.Lock()
+		f.rm = append(f.rm, r.Chunks...)
+		f.mu.Unlock()
+		return &rpc.Empty{}, nil
+	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -303,8 +303,13 @@ func (s *Service) closeSession(id uint64) error {
 	return nil
 }
 
-// reapBatch bounds the orphans handled per pass.
-const reapBatch = 256
+// reapBatch bounds the orphans handled per round of a pass; a pass goes
+// on with further rounds while they come back full, for at most
+// reapPassTime, so a burst of removals is reaped at the rate it arrives.
+const (
+	reapBatch    = 4096
+	reapPassTime = 500 * time.Millisecond
+)
 
 // reapOrphans deletes the chunks of unlinked files that no session holds
 // open and then the orphan records. A store that cannot be reached leaves
@@ -313,6 +318,17 @@ func (s *Service) reapOrphans(ctx context.Context) {
 	if time.Since(time.Unix(0, s.leaderSince.Load())) < s.cfg.OrphanGrace {
 		return
 	}
+	start := time.Now()
+	for ctx.Err() == nil && time.Since(start) < reapPassTime {
+		if n := s.reapRound(ctx); n < reapBatch {
+			return
+		}
+	}
+}
+
+// reapRound reaps up to reapBatch orphans and reports how many it found
+// ready.
+func (s *Service) reapRound(ctx context.Context) int {
 	// An orphan may be reaped once every session has reported its open
 	// files since the orphan appeared, and none reported it: a client that
 	// opened the file just before another client unlinked it has not
@@ -323,7 +339,7 @@ func (s *Service) reapOrphans(ctx context.Context) {
 	it, err := s.db.NewIter(p, kv.PrefixEnd(p))
 	if err != nil {
 		s.log.Warn("scan orphans", "err", err)
-		return
+		return 0
 	}
 	var inos []uint64
 	for ok := it.First(); ok && len(inos) < reapBatch; ok = it.Next() {
@@ -346,84 +362,99 @@ func (s *Service) reapOrphans(ctx context.Context) {
 	}
 	it.Close()
 	if len(inos) == 0 {
-		return
+		return 0
 	}
-	// Remove the chunks of all of them at once (bounded fan-out), then drop
-	// every orphan whose data is gone in one Raft command: one log append
-	// per pass instead of one per file, so a remove-heavy workload does not
-	// double its commits.
-	done := make([]bool, len(inos))
-	sem := make(chan struct{}, reapParallel)
-	var wg sync.WaitGroup
-	for i, ino := range inos {
-		if ctx.Err() != nil {
-			break
+	reaped := s.removeChunks(ctx, inos)
+	// Drop every orphan whose data is gone in one Raft command per
+	// reapCommand inodes: one log append per round, not one per file.
+	for len(reaped) > 0 {
+		n := min(len(reaped), reapCommand)
+		r, err := s.propose(&command{Op: opReapMany, Now: time.Now().UnixNano(), Inos: reaped[:n]})
+		if err == nil {
+			err = r.err()
 		}
-		sem <- struct{}{}
+		if err != nil {
+			s.log.Warn("reap orphans", "count", n, "err", err)
+			return 0
+		}
+		s.m.reaped.Add(float64(n))
+		reaped = reaped[n:]
+	}
+	return len(inos)
+}
+
+// reapCommand bounds the inodes of one opReapMany command.
+const reapCommand = 1024
+
+// removeChunks removes the chunks of the given inodes with one
+// SRemoveMany call per storage server (servers in parallel) and returns
+// the inodes whose chunks are all gone.
+func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
+	type job struct {
+		chunks []rpc.ChunkID
+		inos   map[uint64]bool
+	}
+	jobs := map[string]*job{}
+	failed := map[uint64]bool{}
+	for _, ino := range inos {
+		v, err := s.db.Get(schema.InodeKey(ino))
+		if errors.Is(err, kv.ErrNotFound) {
+			continue
+		}
+		var in schema.Inode
+		if err == nil {
+			err = schema.DecodeInode(v, &in)
+		}
+		if err != nil {
+			s.log.Warn("orphan inode unreadable; will retry", "ino", ino, "err", err)
+			failed[ino] = true
+			continue
+		}
+		for _, tid := range in.Layout.Targets {
+			addr, err := s.targetAddr(tid)
+			if err != nil {
+				failed[ino] = true
+				continue
+			}
+			if addr == "" {
+				continue // target unknown to the registry: nothing to contact
+			}
+			j := jobs[addr]
+			if j == nil {
+				j = &job{inos: map[uint64]bool{}}
+				jobs[addr] = j
+			}
+			j.chunks = append(j.chunks, rpc.ChunkID{Target: tid, Ino: ino})
+			j.inos[ino] = true
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for addr, j := range jobs {
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if err := s.removeChunks(ctx, ino); err != nil {
-				s.log.Warn("orphan data not removed yet; will retry", "ino", ino, "err", err)
-				return
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			err := s.peer(addr).Call(cctx, rpc.SRemoveMany, &rpc.ChunksReq{Chunks: j.chunks}, nil)
+			if err != nil {
+				s.log.Warn("orphan data not removed yet; will retry", "server", addr, "chunks", len(j.chunks), "err", err)
+				mu.Lock()
+				for ino := range j.inos {
+					failed[ino] = true
+				}
+				mu.Unlock()
 			}
-			done[i] = true
 		}()
 	}
 	wg.Wait()
-	var reaped []uint64
-	for i, ok := range done {
-		if ok {
-			reaped = append(reaped, inos[i])
+	var done []uint64
+	for _, ino := range inos {
+		if !failed[ino] {
+			done = append(done, ino)
 		}
 	}
-	if len(reaped) == 0 {
-		return
-	}
-	r, err := s.propose(&command{Op: opReapMany, Now: time.Now().UnixNano(), Inos: reaped})
-	if err == nil {
-		err = r.err()
-	}
-	if err != nil {
-		s.log.Warn("reap orphans", "count", len(reaped), "err", err)
-		return
-	}
-	s.m.reaped.Add(float64(len(reaped)))
-}
-
-// reapParallel bounds the orphans whose chunks are being removed at once.
-const reapParallel = 16
-
-func (s *Service) removeChunks(ctx context.Context, ino uint64) error {
-	v, err := s.db.Get(schema.InodeKey(ino))
-	if errors.Is(err, kv.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var in schema.Inode
-	if err := schema.DecodeInode(v, &in); err != nil {
-		return err
-	}
-	var errs []error
-	for _, tid := range in.Layout.Targets {
-		addr, err := s.targetAddr(tid)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if addr == "" {
-			continue // target unknown to the registry: nothing to contact
-		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = s.peer(addr).Call(cctx, rpc.SRemove, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: tid, Ino: ino}}, nil)
-		cancel()
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return done
 }
 
 // targetAddr is the data address of the server owning target tid ("" when

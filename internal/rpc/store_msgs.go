@@ -12,6 +12,7 @@ const (
 	SSync
 	SRemove
 	SChunkStat
+	SRemoveMany
 )
 
 // ChunkID names one chunk file: the part of inode Ino stored on Target.
@@ -77,6 +78,29 @@ func (m *ReadResp) Decode(d *Dec) {
 	m.Data = m.Into[:copy(m.Into, b)]
 }
 
+// decodeTail is Decode for a body whose Data bytes are held apart (the
+// in-process hand-over, local.go): d holds the length prefix, tail the
+// bytes, which are copied into Into.
+func (m *ReadResp) decodeTail(d *Dec, tail []byte) {
+	n := d.U64()
+	if d.Err() != nil {
+		return
+	}
+	if n != uint64(len(tail)) {
+		d.Fail(fmt.Errorf("%w: read answer length %d but %d bytes handed over", ErrMalformed, n, len(tail)))
+		return
+	}
+	if m.Into == nil {
+		d.Fail(fmt.Errorf("%w: read answer handed over without a destination", ErrMalformed))
+		return
+	}
+	if len(tail) > len(m.Into) {
+		d.Fail(fmt.Errorf("%w: read answer of %d bytes exceeds the %d-byte destination", ErrMalformed, len(tail), len(m.Into)))
+		return
+	}
+	m.Data = m.Into[:copy(m.Into, tail)]
+}
+
 // copiesOut reports that Decode copied the body out of the frame.
 func (m *ReadResp) copiesOut() bool { return m.Into != nil }
 
@@ -114,3 +138,22 @@ type ChunkStatResp struct {
 
 func (m *ChunkStatResp) Encode(e *Enc) { e.U64(m.Size); e.Bool(m.Exists) }
 func (m *ChunkStatResp) Decode(d *Dec) { m.Size = d.U64(); m.Exists = d.Bool() }
+
+// ChunksReq names many chunks; used by RemoveMany (the metadata service's
+// orphan reaper removes the chunks of many deleted files in one call).
+// Answers Empty, or the first error after trying every chunk.
+type ChunksReq struct{ Chunks []ChunkID }
+
+func (m *ChunksReq) Encode(e *Enc) {
+	e.U64(uint64(len(m.Chunks)))
+	for i := range m.Chunks {
+		m.Chunks[i].Encode(e)
+	}
+}
+
+func (m *ChunksReq) Decode(d *Dec) {
+	m.Chunks = make([]ChunkID, d.Count())
+	for i := range m.Chunks {
+		m.Chunks[i].Decode(d)
+	}
+}

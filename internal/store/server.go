@@ -269,6 +269,7 @@ func (s *Server) register() {
 	rpc.Handle(s.rpc, rpc.SPunch, s.handlePunch)
 	rpc.Handle(s.rpc, rpc.SSync, s.handleSync)
 	rpc.Handle(s.rpc, rpc.SRemove, s.handleRemove)
+	rpc.Handle(s.rpc, rpc.SRemoveMany, s.handleRemoveMany)
 	rpc.Handle(s.rpc, rpc.SChunkStat, s.handleChunkStat)
 }
 
