@@ -495,3 +495,107 @@ func diff(got, want []byte) string {
 	}
 	return fmt.Sprintf("%d bytes differ in [%d, %d]", n, first, last)
 }
+
+// TestReadBuffers: sequential reads answered from read-ahead blocks without
+// copying hold the bytes of ReadAt, stay unchanged until Release, and give
+// the memory budget back.
+func TestReadBuffers(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 2, targets: 2})
+	c := tc.client(nil)
+	c2 := tc.client(nil)
+	for _, ss := range []uint32{64 << 10, 1 << 20} {
+		t.Run(fmt.Sprintf("s%d", ss), func(t *testing.T) {
+			d := mkdir(t, c, RootIno, fmt.Sprintf("rb%d", ss))
+			if _, err := c.SetDirLayout(bg, d.Ino, ss, 4); err != nil {
+				t.Fatal(err)
+			}
+			f := create(t, c, d.Ino, "f", syscall.O_RDWR)
+			size := int64(6<<20) + 4321
+			want := pattern(7, 0, int(size))
+			if _, err := f.WriteAt(bg, want, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Release(bg); err != nil {
+				t.Fatal(err)
+			}
+			r, err := c2.Open(bg, f.Ino(), syscall.O_RDONLY)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []byte
+			type heldRead struct {
+				rd  ReadData
+				off int64
+			}
+			var held []heldRead
+			zeroCopy := 0
+			p := make([]byte, 256<<10)
+			for off := int64(0); off < size; off += int64(len(p)) {
+				rd, err := r.ReadBuffers(bg, p, off)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rd.Len() != int(min(int64(len(p)), size-off)) {
+					t.Fatalf("read at %d: %d bytes", off, rd.Len())
+				}
+				n := 0
+				for _, b := range rd.Bufs {
+					got = append(got, b...)
+					n += len(b)
+					if len(b) > 0 && &b[0] != &p[0] {
+						zeroCopy++
+					}
+				}
+				if n != rd.Len() {
+					t.Fatalf("read at %d: Bufs hold %d bytes, Len %d", off, n, rd.Len())
+				}
+				held = append(held, heldRead{rd, off})
+				if len(held) > 3 { // keep a few answers alive while reading on
+					h := held[0]
+					held = held[1:]
+					checkHeld(t, &h.rd, want[h.off:])
+					h.rd.Release()
+				}
+			}
+			for i := range held {
+				checkHeld(t, &held[i].rd, want[held[i].off:])
+				held[i].rd.Release()
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("ReadBuffers differs: %s", diff(got, want))
+			}
+			if zeroCopy == 0 {
+				t.Fatal("no read was answered from read-ahead blocks")
+			}
+			if err := r.Release(bg); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				c2.budget.mu.Lock()
+				avail := c2.budget.avail
+				c2.budget.mu.Unlock()
+				if avail == c2.budget.max {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("budget %d of %d after release", avail, c2.budget.max)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// checkHeld verifies that a held read answer still holds the file's bytes
+// (want starts at the answer's offset).
+func checkHeld(t *testing.T, rd *ReadData, want []byte) {
+	t.Helper()
+	var b []byte
+	for _, s := range rd.Bufs {
+		b = append(b, s...)
+	}
+	if !bytes.Equal(b, want[:len(b)]) {
+		t.Fatal("a held read answer changed before its release")
+	}
+}

@@ -43,7 +43,11 @@
 // ReadAheadBytes prefetched in 1 MiB blocks read in parallel over the
 // stripes. Blocks are tagged with the inode generation and dropped when it
 // moves; blocks overlapping buffered writes are never prefetched. They
-// draw on the same memory budget but never wait for it.
+// draw on the same memory budget but never wait for it. ReadBuffers (used
+// by the FUSE layer) answers a read that the window covers with slices of
+// the blocks themselves instead of a copy; the blocks stay referenced, and
+// so budgeted, until ReadData.Release. A storage read is copied once, by
+// rpc, straight into its destination (ReadResp.Into).
 //
 // Sessions. A heartbeat every lease/3 reports the open inodes, so that a
 // file unlinked elsewhere keeps its data while open here; opening a new

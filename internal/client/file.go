@@ -126,15 +126,56 @@ func (f *File) Committed() rpc.Attr {
 // end of the file (then with a nil error: callers treat n < len(p) as EOF).
 // Holes read as zeros.
 func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	d, err := f.read(ctx, p, off, false)
+	return d.n, err
+}
+
+// ReadData is the answer of ReadBuffers: the bytes read, in order, in Bufs,
+// which may alias the handle's read-ahead buffers. They stay valid and
+// unchanged until Release, which must be called exactly once (and is
+// cheap when Bufs is the caller's own buffer).
+type ReadData struct {
+	Bufs [][]byte
+	n    int
+	ra   *readahead
+	held []*raBlock // read-ahead blocks Bufs aliases, referenced until Release
+}
+
+// Len is the number of bytes read.
+func (d *ReadData) Len() int { return d.n }
+
+// Release gives back the read-ahead buffers the answer aliases.
+func (d *ReadData) Release() {
+	if d.ra != nil && len(d.held) > 0 {
+		d.ra.mu.Lock()
+		for _, b := range d.held {
+			d.ra.unrefLocked(b)
+		}
+		d.ra.mu.Unlock()
+	}
+	d.Bufs, d.held, d.ra = nil, nil, nil
+}
+
+// ReadBuffers reads like ReadAt (same sizes, errors and semantics), but
+// when prefetched read-ahead blocks hold the whole range it answers them
+// instead of copying them into p; otherwise the bytes are read into p and
+// Bufs is p[:n]. The FUSE layer hands Bufs to the kernel and releases them
+// after the reply, which saves one copy per byte on sequential reads.
+func (f *File) ReadBuffers(ctx context.Context, p []byte, off int64) (ReadData, error) {
+	return f.read(ctx, p, off, true)
+}
+
+// read is ReadAt and, with zeroCopy, ReadBuffers.
+func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy bool) (ReadData, error) {
 	if off < 0 {
-		return 0, syscall.EINVAL
+		return ReadData{}, syscall.EINVAL
 	}
 	in := f.in
 	in.mu.Lock()
 	size := int64(in.mu.size)
 	if off >= size {
 		in.mu.Unlock()
-		return 0, nil
+		return ReadData{}, nil
 	}
 	n := int64(len(p))
 	if off+n > size {
@@ -147,18 +188,23 @@ func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	f.c.m.opRead.Inc()
 	f.c.m.bytesRead.Add(float64(n))
 	var err error
+	var d ReadData
 	if f.direct || f.c.cfg.ReadAheadBytes == 0 {
 		err = f.c.readRange(ctx, in, p, off)
 	} else {
-		err = f.ra.read(ctx, p, off, size, gen)
+		d, err = f.ra.read(ctx, p, off, size, gen, zeroCopy)
 	}
 	if err != nil {
-		return 0, err
+		return ReadData{}, err
 	}
+	if d.held == nil {
+		d.Bufs = [][]byte{p}
+	}
+	d.n = int(n)
 	if f.flags&syscall.O_NOATIME == 0 {
 		f.c.touchAtime(in)
 	}
-	return int(n), nil
+	return d, nil
 }
 
 // readRange reads [off, off+len(p)) from the stores, one call per slot in
@@ -186,6 +232,28 @@ func (c *Client) readRange(ctx context.Context, in *inode, p []byte, off int64) 
 func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte, base int64) error {
 	target := in.layout.Targets[r.slot]
 	var resp rpc.ReadResp
+	// The answer is copied once, by the transport, into Into: straight
+	// into p when the slot's part is contiguous there, else into a
+	// scratch buffer scattered below.
+	if len(r.ext) == 1 {
+		e := r.ext[0]
+		dst := p[e.FileOff-base : e.FileOff-base+e.Len]
+		resp.Into = dst
+		req := &rpc.ReadReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(r.chunkOff), Len: uint32(r.n)}
+		if err := c.storeCall(ctx, "read", target, rpc.SRead, req, &resp); err != nil {
+			return err
+		}
+		clear(dst[len(resp.Data):])
+		return nil
+	}
+	var scratch []byte
+	if r.n <= maxWbufBytes {
+		scratch = getBuf()[:r.n]
+		defer putBuf(scratch)
+	} else {
+		scratch = make([]byte, r.n)
+	}
+	resp.Into = scratch
 	req := &rpc.ReadReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(r.chunkOff), Len: uint32(r.n)}
 	if err := c.storeCall(ctx, "read", target, rpc.SRead, req, &resp); err != nil {
 		return err

@@ -38,8 +38,10 @@ type readahead struct {
 func (ra *readahead) init(f *File) { ra.f = f }
 
 // read fills p from offset off (the caller clamped it to size) using the
-// window, and moves the window.
-func (ra *readahead) read(ctx context.Context, p []byte, off, size int64, gen uint64) error {
+// window, and moves the window. With zeroCopy, when window blocks cover
+// the range, it answers them (referenced, in ReadData.held) instead of
+// copying them into p; otherwise it returns a ReadData without held.
+func (ra *readahead) read(ctx context.Context, p []byte, off, size int64, gen uint64, zeroCopy bool) (ReadData, error) {
 	c := ra.f.c
 	end := off + int64(len(p))
 	ra.mu.Lock()
@@ -88,6 +90,10 @@ func (ra *readahead) read(ctx context.Context, p []byte, off, size int64, gen ui
 
 	if use != nil {
 		ok := true
+		var bufs [][]byte
+		if zeroCopy {
+			bufs = make([][]byte, 0, len(use))
+		}
 		for _, b := range use {
 			select {
 			case <-b.done:
@@ -100,7 +106,15 @@ func (ra *readahead) read(ctx context.Context, p []byte, off, size int64, gen ui
 			}
 			lo := max(off, b.off)
 			hi := min(end, b.off+b.n)
-			copy(p[lo-off:hi-off], b.buf[lo-b.off:hi-b.off])
+			if zeroCopy {
+				bufs = append(bufs, b.buf[lo-b.off:hi-b.off])
+			} else {
+				copy(p[lo-off:hi-off], b.buf[lo-b.off:hi-b.off])
+			}
+		}
+		if ok && zeroCopy {
+			c.m.raHits.Inc()
+			return ReadData{Bufs: bufs, ra: ra, held: use}, nil // Release unrefs
 		}
 		ra.mu.Lock()
 		for _, b := range use {
@@ -109,10 +123,10 @@ func (ra *readahead) read(ctx context.Context, p []byte, off, size int64, gen ui
 		ra.mu.Unlock()
 		if ok {
 			c.m.raHits.Inc()
-			return nil
+			return ReadData{}, nil
 		}
 	}
-	return c.readRange(ctx, ra.f.in, p, off)
+	return ReadData{}, c.readRange(ctx, ra.f.in, p, off)
 }
 
 // prefetchLocked starts blocks so that [from, from+ReadAheadBytes) (up to

@@ -85,12 +85,42 @@ func (fs *fileSystem) Read(cancel <-chan struct{}, in *gofuse.ReadIn, buf []byte
 	if h == nil {
 		return nil, gofuse.EBADF
 	}
-	n, err := h.f.ReadAt(fs.ctx(), buf[:min(len(buf), int(in.Size))], int64(in.Offset))
+	d, err := h.f.ReadBuffers(fs.ctx(), buf[:min(len(buf), int(in.Size))], int64(in.Offset))
 	if err != nil {
 		return nil, fs.errno("read", in.NodeId, err)
 	}
-	return gofuse.ReadResultData(buf[:n]), gofuse.OK
+	if d.Len() == 0 {
+		d.Release()
+		return gofuse.ReadResultData(nil), gofuse.OK
+	}
+	if b := d.Bufs; len(b) == 1 && &b[0][0] == &buf[0] {
+		d.Release() // our own buffer: nothing to give back
+		return gofuse.ReadResultData(b[0]), gofuse.OK
+	}
+	return &readResult{d: d}, gofuse.OK
 }
+
+// readResult answers a read with the client's read-ahead buffers, written
+// to /dev/fuse with one writev (go-fuse's vectored path, taken for results
+// with a Slices method) instead of being copied into the request buffer
+// first. go-fuse calls Done after the write; then the buffers go back.
+type readResult struct {
+	d client.ReadData
+}
+
+func (r *readResult) Size() int { return r.d.Len() }
+
+func (r *readResult) Slices() ([][]byte, gofuse.Status) { return r.d.Bufs, gofuse.OK }
+
+func (r *readResult) Bytes(buf []byte) ([]byte, gofuse.Status) {
+	buf = buf[:0]
+	for _, b := range r.d.Bufs {
+		buf = append(buf, b...)
+	}
+	return buf, gofuse.OK
+}
+
+func (r *readResult) Done() { r.d.Release() }
 
 func (fs *fileSystem) Write(cancel <-chan struct{}, in *gofuse.WriteIn, data []byte) (uint32, gofuse.Status) {
 	h := fs.handle(in.Fh)

@@ -26,6 +26,14 @@ import (
 // registered, so calls fall back to dialling and fail as for a dead peer.
 // Processes that host only one role (strata meta, strata store, strata
 // mount) never take this path.
+//
+// Large answers (ReadResp) are not encoded into a fresh buffer: when the
+// answer is a tailer and the caller's resp copies out (ReadResp.Into), only
+// the head is encoded and the caller copies the tail straight from the
+// handler's buffer into its destination, and only then releases the
+// handler's answer (Release). If the caller gives up first, the handler's
+// goroutine releases it. So the caller still never aliases the handler's
+// memory, and one copy and one allocation per MiB are saved.
 
 var localServers sync.Map // listen address (string) -> *Server
 
@@ -42,7 +50,26 @@ func lookupLocal(addr string) *Server {
 
 type localResult struct {
 	body []byte
+	tail []byte  // with a handed-over answer: its tail, in the handler's memory
+	out  Message // handed-over answer, released by whoever consumes the result
 	err  error
+}
+
+// release releases a handed-over answer.
+func (r *localResult) release() {
+	if r.out != nil {
+		if rel, ok := r.out.(interface{ Release() }); ok {
+			rel.Release()
+		}
+		r.out, r.tail = nil, nil
+	}
+}
+
+// tailDecoder is implemented by responses that can decode a body whose
+// tail (the last field's bytes, after its length prefix) is held apart
+// (see tailer). They must copy the tail out: it is the handler's memory.
+type tailDecoder interface {
+	decodeTail(d *Dec, tail []byte)
 }
 
 // callLocal runs method m of s for the client c.
@@ -58,6 +85,13 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	req.Encode(&e)
 	hctx, cancel := context.WithDeadline(context.WithValue(ctx, peerKey{}, "in-process"), deadline)
 	defer cancel()
+	// handOver: the answer's tail may be passed to resp without encoding.
+	td, handOver := resp.(tailDecoder)
+	if co, ok := resp.(interface{ copiesOut() bool }); !handOver || !ok || !co.copiesOut() {
+		handOver = false
+	}
+	var mu sync.Mutex // orders the hand-over against the caller giving up
+	abandoned := false
 	done := make(chan localResult, 1)
 	go func() {
 		start := time.Now()
@@ -71,21 +105,46 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 			r.err = &Error{Errno: en, Msg: err.Error()}
 		} else if out != nil {
 			var oe Enc
-			out.Encode(&oe)
+			if t, ok := out.(tailer); ok && handOver {
+				r.tail = t.EncodeHead(&oe)
+				r.out = out
+			} else {
+				out.Encode(&oe)
+			}
 			r.body = oe.B
 		}
 		if s.Observe != nil {
 			s.Observe(m, time.Since(start), err)
 		}
-		if rel, ok := out.(interface{ Release() }); ok {
-			rel.Release()
+		if r.out == nil {
+			if rel, ok := out.(interface{ Release() }); ok {
+				rel.Release()
+			}
+		}
+		mu.Lock()
+		if abandoned {
+			mu.Unlock()
+			r.release()
+			return
 		}
 		done <- r
+		mu.Unlock()
 	}()
+	giveUp := func() {
+		mu.Lock()
+		abandoned = true
+		mu.Unlock()
+		select {
+		case r := <-done: // sent before we gave up
+			r.release()
+		default:
+		}
+	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {
 	case r := <-done:
+		defer r.release()
 		if r.err != nil {
 			return r.err
 		}
@@ -93,14 +152,20 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 			return nil
 		}
 		d := NewDec(r.body)
-		resp.Decode(d)
+		if r.out != nil {
+			td.decodeTail(d, r.tail)
+		} else {
+			resp.Decode(d)
+		}
 		if d.Err() != nil {
 			return fmt.Errorf("response %d from %s: %w", m, c.addr, d.Err())
 		}
 		return nil
 	case <-ctx.Done():
+		giveUp()
 		return fmt.Errorf("%w: call %d to %s: %v", ErrUnavailable, m, c.addr, ctx.Err())
 	case <-timer.C:
+		giveUp()
 		return fmt.Errorf("%w: call %d to %s timed out", ErrUnavailable, m, c.addr)
 	}
 }

@@ -295,3 +295,82 @@ func waitLocal(addr string) error {
 	}
 	return errors.New("server never registered")
 }
+
+// releasingResp is a handler answer whose buffer is "returned to a pool"
+// (scribbled over) by Release, as the store's read answers are.
+type releasingResp struct {
+	ReadResp
+	released chan struct{}
+}
+
+func (r *releasingResp) Release() {
+	for i := range r.Data {
+		r.Data[i] = 0xEE
+	}
+	close(r.released)
+}
+
+// TestInProcessHandOver: a read answer's bytes are copied straight from the
+// handler's buffer into ReadResp.Into, and the handler's answer is released
+// only afterwards; a caller that gives up leaves the release to the
+// handler's goroutine; without Into the answer is still a copy.
+func TestInProcessHandOver(t *testing.T) {
+	s := NewServer(nil)
+	rels := make(chan chan struct{}, 4)
+	var delay time.Duration
+	Handle(s, SRead, func(ctx context.Context, r *ReadReq) (*releasingResp, error) {
+		time.Sleep(delay)
+		rr := &releasingResp{released: make(chan struct{})}
+		rr.Data = bytes.Repeat([]byte{'d'}, int(r.Len))
+		rels <- rr.released
+		return rr, nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	defer s.Close()
+	addr := ln.Addr().String()
+	if err := waitLocal(addr); err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(addr, ClientConfig{})
+	defer c.Close()
+	want := bytes.Repeat([]byte{'d'}, 1<<20)
+
+	resp := ReadResp{Into: make([]byte, 1<<20)}
+	if err := c.Call(context.Background(), SRead, &ReadReq{Len: 1 << 20}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	<-<-rels // released once the call returned
+	if !bytes.Equal(resp.Data, want) || &resp.Data[0] != &resp.Into[0] {
+		t.Fatal("handed-over answer not copied into Into before the release")
+	}
+
+	var plain ReadResp
+	if err := c.Call(context.Background(), SRead, &ReadReq{Len: 1 << 20}, &plain); err != nil {
+		t.Fatal(err)
+	}
+	<-<-rels
+	if !bytes.Equal(plain.Data, want) {
+		t.Fatal("answer without Into aliases the released handler buffer")
+	}
+
+	delay = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := c.Call(ctx, SRead, &ReadReq{Len: 1 << 20}, &ReadResp{Into: make([]byte, 1<<20)}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("deadline: %v", err)
+	}
+	select {
+	case rel := <-rels:
+		select {
+		case <-rel:
+		case <-time.After(5 * time.Second):
+			t.Fatal("abandoned answer never released")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("handler never ran")
+	}
+}
