@@ -465,20 +465,30 @@ func (x *opCtx) dropLink(ino uint64, in *schema.Inode) error {
 	return nil
 }
 
-func (x *opCtx) unlink(c *command) ([]byte, error) {
+// entryOf loads the directory c.Parent and its existing entry c.Name
+// (ENOENT when absent): the common start of unlink and rmdir.
+func (x *opCtx) entryOf(c *command) (*schema.Inode, schema.Dentry, error) {
 	if err := checkName(c.Name); err != nil {
-		return nil, err
+		return nil, schema.Dentry{}, err
 	}
 	parent, err := x.dir(c.Parent)
 	if err != nil {
-		return nil, err
+		return nil, schema.Dentry{}, err
 	}
 	de, ok, err := x.dentry(c.Parent, c.Name)
 	if err != nil {
-		return nil, err
+		return nil, schema.Dentry{}, err
 	}
 	if !ok {
-		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", c.Name, c.Parent)
+		return nil, schema.Dentry{}, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", c.Name, c.Parent)
+	}
+	return parent, de, nil
+}
+
+func (x *opCtx) unlink(c *command) ([]byte, error) {
+	parent, de, err := x.entryOf(c)
+	if err != nil {
+		return nil, err
 	}
 	if de.Type == modeDir {
 		return nil, rpc.Errorf(syscall.EISDIR, "%q in directory %d is a directory (use rmdir)", c.Name, c.Parent)
@@ -499,19 +509,9 @@ func (x *opCtx) unlink(c *command) ([]byte, error) {
 }
 
 func (x *opCtx) rmdir(c *command) ([]byte, error) {
-	if err := checkName(c.Name); err != nil {
-		return nil, err
-	}
-	parent, err := x.dir(c.Parent)
+	parent, de, err := x.entryOf(c)
 	if err != nil {
 		return nil, err
-	}
-	de, ok, err := x.dentry(c.Parent, c.Name)
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", c.Name, c.Parent)
 	}
 	if de.Type != modeDir {
 		return nil, rpc.Errorf(syscall.ENOTDIR, "%q in directory %d is not a directory", c.Name, c.Parent)
