@@ -1,15 +1,15 @@
-# The two commands of the README:
-#   make up    — install what is missing, build, start the local cluster under
-#                ./strata-data and mount it at ./mnt (Ctrl-C unmounts and stops)
-#   make test  — install what is missing and run the whole test suite
+# Shortcuts for developers. The README's two commands are scripts/up.sh and
+# scripts/test.sh (they need nothing but bash on a fresh machine):
+#   make up    — scripts/up.sh: install, build, run the local cluster at ./mnt
+#   make test  — scripts/test.sh: install and run the whole suite (what CI runs)
 SHELL := /bin/bash
 export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 TEST_TIMEOUT ?= 20m
 
 .PHONY: up test deps build vet unit e2e bench-peers fmt
-up: deps build
-	./strata up --data ./strata-data --mount ./mnt
+up:
+	bash scripts/up.sh
 
 deps:
 	@bash scripts/install-deps.sh
@@ -30,7 +30,8 @@ unit:
 e2e: build
 	STRATA_BIN=$(CURDIR)/strata $(GO) test -timeout $(TEST_TIMEOUT) -count=1 ./test/...
 
-test: deps vet unit e2e
+test:
+	bash scripts/test.sh
 
 bench-peers: build
 	./strata bench peers

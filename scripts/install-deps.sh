@@ -5,6 +5,7 @@
 # which serves toolchains as modules, when the machine has none or an old one).
 # Idempotent: does nothing that is already done. Run as root.
 set -euo pipefail
+export PATH=/usr/local/bin:/usr/local/go/bin:$PATH
 cd "$(dirname "$0")/.."
 
 need_pkgs=()
