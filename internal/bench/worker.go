@@ -329,23 +329,8 @@ func prepareStream(name string, pat *pattern, off, n, rec int64, write bool, fla
 			if rem := off + n - pos; rem < l {
 				l = rem
 			}
-			b := buf[:l]
-			if write {
-				if fast {
-					pat.stamp(b, pos)
-				} else {
-					pat.fill(b, pos)
-				}
-				if err := pwriteFull(fd, b, pos); err != nil {
-					return fmt.Errorf("write %s at %d: %w", name, pos, err)
-				}
-			} else {
-				if err := preadFull(fd, b, pos); err != nil {
-					return fmt.Errorf("read %s at %d: %w", name, pos, err)
-				}
-				if err := pat.check(b, pos, name); err != nil {
-					return err
-				}
+			if err := recordIO(fd, buf[:l], pos, write, fast, pat, name); err != nil {
+				return err
 			}
 			pos += l
 			tr.Bytes += l
@@ -421,22 +406,8 @@ func prepareRandom(t *task, th int, res *workerResult) (threadFunc, func(), erro
 				break
 			}
 			pos := rng.Int64N(blocks) * rec
-			if write {
-				if fast {
-					pat.stamp(buf, pos)
-				} else {
-					pat.fill(buf, pos)
-				}
-				if err := pwriteFull(fd, buf, pos); err != nil {
-					return fmt.Errorf("write %s at %d: %w", name, pos, err)
-				}
-			} else {
-				if err := preadFull(fd, buf, pos); err != nil {
-					return fmt.Errorf("read %s at %d: %w", name, pos, err)
-				}
-				if err := pat.check(buf, pos, name); err != nil {
-					return err
-				}
+			if err := recordIO(fd, buf, pos, write, fast, pat, name); err != nil {
+				return err
 			}
 			tr.Bytes += rec
 			tr.Ops++
@@ -565,4 +536,25 @@ func appendOnce(xs []string, s string) []string {
 		}
 	}
 	return append(xs, s)
+}
+
+// recordIO writes one record — stamping the block headers into the prebuilt
+// buffer when records are block-aligned (fast), else filling the whole
+// pattern — or reads one and checks it.
+func recordIO(fd int, b []byte, pos int64, write, fast bool, pat *pattern, name string) error {
+	if !write {
+		if err := preadFull(fd, b, pos); err != nil {
+			return fmt.Errorf("read %s at %d: %w", name, pos, err)
+		}
+		return pat.check(b, pos, name)
+	}
+	if fast {
+		pat.stamp(b, pos)
+	} else {
+		pat.fill(b, pos)
+	}
+	if err := pwriteFull(fd, b, pos); err != nil {
+		return fmt.Errorf("write %s at %d: %w", name, pos, err)
+	}
+	return nil
 }
