@@ -338,16 +338,8 @@ func prepareStream(name string, pat *pattern, off, n, rec int64, write bool, fla
 			c.bytes.Add(l)
 			c.ops.Add(1)
 		}
-		if write {
-			if err := unix.Fsync(fd); err != nil {
-				return fmt.Errorf("fsync %s: %w", name, err)
-			}
-		}
 		closed = true
-		if err := unix.Close(fd); err != nil {
-			return fmt.Errorf("close %s: %w", name, err)
-		}
-		return nil
+		return finishFile(fd, write, name)
 	}
 	return fn, cleanup, nil
 }
@@ -414,13 +406,8 @@ func prepareRandom(t *task, th int, res *workerResult) (threadFunc, func(), erro
 			c.bytes.Add(rec)
 			c.ops.Add(1)
 		}
-		if write {
-			if err := unix.Fsync(fd); err != nil {
-				return fmt.Errorf("fsync %s: %w", name, err)
-			}
-		}
 		closed = true
-		return unix.Close(fd)
+		return finishFile(fd, write, name)
 	}
 	return fn, cleanup, nil
 }
@@ -555,6 +542,21 @@ func recordIO(fd int, b []byte, pos int64, write, fast bool, pat *pattern, name 
 	}
 	if err := pwriteFull(fd, b, pos); err != nil {
 		return fmt.Errorf("write %s at %d: %w", name, pos, err)
+	}
+	return nil
+}
+
+// finishFile ends a thread's file inside the timing: fsync when it was
+// written (fio's end_fsync), then close.
+func finishFile(fd int, write bool, name string) error {
+	if write {
+		if err := unix.Fsync(fd); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("fsync %s: %w", name, err)
+		}
+	}
+	if err := unix.Close(fd); err != nil {
+		return fmt.Errorf("close %s: %w", name, err)
 	}
 	return nil
 }
