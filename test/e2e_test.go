@@ -184,6 +184,7 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 		{[]string{"mount", "--meta", "127.0.0.1:1"}, "arg"},
 		{[]string{"nosuchcommand"}, "unknown command"},
 		{[]string{"meta", "--data", t.TempDir(), "--listen", "not-an-address"}, "listen"},
+		{[]string{"meta", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--sync-delay", "-1s"}, "sync delay"},
 	}
 	for _, c := range cases {
 		cmd := exec.Command(bin, c.args...)

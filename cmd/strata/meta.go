@@ -16,7 +16,8 @@ func init() {
 	d := meta.DefaultConfig()
 	var (
 		listen, data, raftAddr, keyFile, metricsAddr, nodeID string
-		serverTimeout, sessionLease, orphanGrace             time.Duration
+		serverTimeout, sessionLease, orphanGrace, syncDelay  time.Duration
+		strictSync                                           bool
 	)
 	cmd := &cobra.Command{
 		Use:   "meta --listen ADDR --data DIR",
@@ -32,7 +33,7 @@ func init() {
 			cfg := meta.Config{
 				DataDir: data, ListenAddr: listen, RaftAddr: raftAddr, NodeID: nodeID,
 				ServerTimeout: serverTimeout, SessionLease: sessionLease, OrphanGrace: orphanGrace,
-				MetricsAddr: metricsAddr,
+				MetricsAddr: metricsAddr, StrictSync: strictSync, SyncDelay: syncDelay,
 			}
 			if keyFile != "" {
 				key, err := os.ReadFile(keyFile)
@@ -67,6 +68,8 @@ func init() {
 	f.StringVar(&nodeID, "node-id", "", "raft node id (default: saved in the data dir, or random)")
 	f.DurationVar(&serverTimeout, "server-timeout", d.ServerTimeout, "storage server considered dead after this long without heartbeat")
 	f.DurationVar(&sessionLease, "session-lease", d.SessionLease, "client session lease")
+	f.BoolVar(&strictSync, "strict-sync", false, "answer every namespace change only once it is on stable storage (default: at the client's next fsync/close barrier, or within --sync-delay)")
+	f.DurationVar(&syncDelay, "sync-delay", 5*time.Millisecond, "longest time an answered namespace change stays off stable storage when nobody waits for it")
 	f.DurationVar(&orphanGrace, "orphan-grace", 0, "delay before deleting unlinked files' data after start (default: session lease)")
 	rootCmd.AddCommand(cmd)
 }

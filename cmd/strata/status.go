@@ -101,8 +101,8 @@ func init() {
 
 func printStatus(st *rpc.ClusterStatusResp) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "metadata\t%s\traft %s, term %d, commit %d, applied %d\tinodes %d, sessions %d\n",
-		st.MetaAddr, st.RaftState, st.Term, st.CommitIndex, st.AppliedIndex, st.Inodes, st.Sessions)
+	fmt.Fprintf(w, "metadata\t%s\traft %s, term %d, commit %d, applied %d, durable %d\tinodes %d, sessions %d\n",
+		st.MetaAddr, st.RaftState, st.Term, st.CommitIndex, st.AppliedIndex, st.DurableIndex, st.Inodes, st.Sessions)
 	w.Flush()
 	fmt.Println()
 	fmt.Fprintln(w, "SERVER\tADDRESS\tHOST\tHEALTH\tLAST SEEN")

@@ -23,6 +23,7 @@ import (
 func init() {
 	var (
 		dataDir, mountDir, metaListen, syncPolicy string
+		strictMetaSync                            bool
 		stores, targetsPerStore                   int
 		pprofAddr                                 string
 	)
@@ -49,7 +50,7 @@ on the same --data it serves the same files.`,
 			}
 			return runUp(cmd.Context(), upOptions{
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
-				stores: stores, targetsPerStore: targetsPerStore,
+				stores: stores, targetsPerStore: targetsPerStore, strictMetaSync: strictMetaSync,
 			})
 		},
 	}
@@ -59,6 +60,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().IntVar(&stores, "stores", 2, "number of storage servers")
 	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
 	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", "sync: close and fsync wait for stable storage; async: scratch-grade, faster")
+	cmd.Flags().BoolVar(&strictMetaSync, "strict-meta-sync", false, "answer every namespace change only once it is on stable storage (default: at the next fsync/close barrier, or within 5 ms)")
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
 	rootCmd.AddCommand(cmd)
@@ -67,6 +69,7 @@ on the same --data it serves the same files.`,
 type upOptions struct {
 	dataDir, mountDir, metaListen, syncPolicy string
 	stores, targetsPerStore                   int
+	strictMetaSync                            bool
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -105,6 +108,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	mcfg.DataDir = filepath.Join(dataDir, "meta")
 	mcfg.ListenAddr = o.metaListen
 	mcfg.ClusterKey = key
+	mcfg.StrictSync = o.strictMetaSync
 	msvc, err := meta.Open(mcfg)
 	if err != nil {
 		return fmt.Errorf("start metadata service: %w", err)

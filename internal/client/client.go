@@ -33,6 +33,13 @@ type Client struct {
 	seq      atomic.Uint64 // ReqHeader.Seq source
 	leaseMs  atomic.Uint32
 
+	// Namespace changes are answered before they are durable (see
+	// meta.Config.StrictSync); metaChanged counts this client's calls that
+	// may have made one, metaDurable the count a durable answer or an
+	// MSync barrier covered. Fsync and close barrier when they differ.
+	metaChanged atomic.Uint64
+	metaDurable atomic.Uint64
+
 	budget *budget // write-behind (and read-ahead) memory
 
 	targets targetMap
@@ -178,11 +185,18 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 		deadline = d
 	}
 	backoff := 20 * time.Millisecond
+	changed := c.metaChanged.Load()
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithDeadline(ctx, deadline)
 		err := c.meta.Call(cctx, m, req, resp)
 		cancel()
 		if err == nil || !retryableMeta(err) {
+			switch {
+			case answeredBeforeDurable(m):
+				c.metaChanged.Add(1)
+			case err == nil && answeredDurable(m):
+				c.noteDurable(changed) // the log is sequential: earlier changes are durable too
+			}
 			c.m.metaOps.Inc()
 			if err != nil {
 				c.m.metaErrors.Inc()
@@ -206,6 +220,49 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 		}
 		backoff = min(backoff*2, 500*time.Millisecond)
 	}
+}
+
+// answeredBeforeDurable reports whether the metadata service may answer m
+// before the change is on stable storage (meta's command.answerBeforeDurable).
+func answeredBeforeDurable(m rpc.Method) bool {
+	switch m {
+	case rpc.MCreate, rpc.MSetAttr, rpc.MUnlink, rpc.MRmdir, rpc.MRename, rpc.MLink,
+		rpc.MSetXattr, rpc.MRemoveXattr, rpc.MSetDirLayout:
+		return true
+	}
+	return false
+}
+
+// answeredDurable reports whether the answer to m comes only once m's
+// change — and so every change applied before it — is on stable storage.
+func answeredDurable(m rpc.Method) bool { return m == rpc.MCommitSize || m == rpc.MSync }
+
+func (c *Client) noteDurable(n uint64) {
+	for {
+		cur := c.metaDurable.Load()
+		if n <= cur || c.metaDurable.CompareAndSwap(cur, n) {
+			return
+		}
+	}
+}
+
+// SyncMeta returns once every namespace change this client made is on the
+// metadata service's stable storage (a no-op when an earlier barrier or
+// durable answer already covered them): fsync of a directory, and the end
+// of fsync and close of a file.
+func (c *Client) SyncMeta(ctx context.Context) error {
+	return c.syncMetaUpTo(ctx, c.metaChanged.Load())
+}
+
+// syncMetaUpTo is SyncMeta for the client's changes counted up to seq.
+func (c *Client) syncMetaUpTo(ctx context.Context, seq uint64) error {
+	if c.metaDurable.Load() >= seq {
+		return nil
+	}
+	if err := c.metaCall(ctx, rpc.MSync, &rpc.Empty{}, nil); err != nil {
+		return metaErr(c, "sync", err)
+	}
+	return nil
 }
 
 // retryableMeta reports whether a metadata call failed without being

@@ -599,3 +599,43 @@ func checkHeld(t *testing.T, rd *ReadData, want []byte) {
 		t.Fatal("a held read answer changed before its release")
 	}
 }
+
+// Close of a created file and SyncMeta are the barriers that make namespace
+// changes durable; the changes themselves are answered before.
+func TestMetaBarriers(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	c := tc.client(nil)
+	ctx := context.Background()
+	durable := func() (d, a uint64) {
+		st, err := c.ClusterStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.DurableIndex, st.AppliedIndex
+	}
+	if _, err := c.Mkdir(ctx, 1, "d", 0o755, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d, a := durable(); d >= a {
+		t.Fatalf("mkdir answered with durable %d >= applied %d", d, a)
+	}
+	if err := c.SyncMeta(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, a := durable(); d < a {
+		t.Fatalf("after SyncMeta durable %d < applied %d", d, a)
+	}
+	f, err := c.CreateOpen(ctx, 1, "empty", 0o644, 0, 0, syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, a := durable(); d >= a {
+		t.Fatalf("create answered with durable %d >= applied %d", d, a)
+	}
+	if err := f.Release(ctx); err != nil { // close under the sync policy
+		t.Fatal(err)
+	}
+	if d, a := durable(); d < a {
+		t.Fatalf("after close of a new empty file durable %d < applied %d", d, a)
+	}
+}

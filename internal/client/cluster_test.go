@@ -72,7 +72,10 @@ func (tc *testCluster) startMeta(addr string) {
 	var err error
 	for i := 0; i < 50; i++ {
 		tc.meta, err = meta.Open(meta.Config{DataDir: filepath.Join(tc.dir, "meta"), ListenAddr: addr, ClusterKey: tc.key,
-			SessionLease: 6 * time.Second, OrphanGrace: time.Second})
+			SessionLease: 6 * time.Second, OrphanGrace: time.Second,
+			// Namespace changes become durable only at barriers: what
+			// must be durable has to ask for it.
+			SyncDelay: time.Hour})
 		if err == nil {
 			break
 		}

@@ -52,7 +52,13 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 	if err != nil {
 		return nil, err
 	}
-	return c.openAttr(ctx, &a, flags&^syscall.O_TRUNC)
+	seq := c.metaChanged.Load()
+	f, err := c.openAttr(ctx, &a, flags&^syscall.O_TRUNC)
+	if err != nil {
+		return nil, err
+	}
+	f.in.noteMetaChange(seq) // close must make the creation durable
+	return f, nil
 }
 
 func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int) (*File, error) {
@@ -407,7 +413,13 @@ func (f *File) Fsync(ctx context.Context) error {
 	if err := in.syncTargets(ctx); err != nil {
 		return err
 	}
-	return in.commit(ctx)
+	if err := in.commit(ctx); err != nil {
+		return err
+	}
+	in.mu.Lock()
+	seq := in.mu.metaSeq
+	in.mu.Unlock()
+	return f.c.syncMetaUpTo(ctx, seq) // the file's creation, mode changes…
 }
 
 // Release closes the handle: it flushes like Flush (cheap when nothing is

@@ -70,7 +70,19 @@ type inode struct {
 		gen       uint64     // bumped by writes, truncates and punches: read-ahead validity
 		attr      rpc.Attr   // attributes from the last open or commit (atime logic, keep-cache)
 		atimeBusy bool       // an atime update is in flight
+		// metaSeq is the client's metaChanged count after its last
+		// namespace change of this inode (create, chmod, …): fsync and
+		// close make the metadata log durable at least up to there.
+		metaSeq uint64
 	}
+}
+
+// noteMetaChange records that the client's namespace changes up to seq
+// include one of this inode.
+func (in *inode) noteMetaChange(seq uint64) {
+	in.mu.Lock()
+	in.mu.metaSeq = max(in.mu.metaSeq, seq)
+	in.mu.Unlock()
 }
 
 func newInode(c *Client, a *rpc.Attr) *inode {

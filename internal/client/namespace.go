@@ -95,11 +95,13 @@ func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (r
 	if err := c.metaCall(ctx, rpc.MSetAttr, &req, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "setattr", err)
 	}
+	seq := c.metaChanged.Load()
 	c.mu.Lock()
 	in := c.mu.inodes[ino]
 	c.mu.Unlock()
 	if in != nil {
 		in.setAttr(&resp.Attr, req.Valid&rpc.SetSize != 0)
+		in.noteMetaChange(seq) // fsync of the open file covers its attributes
 	}
 	c.mergeLocal(&resp.Attr)
 	c.m.op("setattr")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -73,7 +74,19 @@ type Config struct {
 	// one; default 16384. TrailingLogs kept after a snapshot; default 10240.
 	SnapshotThreshold uint64
 	TrailingLogs      uint64
-	Logger            *slog.Logger
+	// DeferSync lets a raft batch count as stored once it is written to
+	// the log (page cache), without waiting for stable storage; a
+	// background syncer makes it durable within SyncDelay (default 5 ms),
+	// at once when somebody calls WaitDurable. Commands are then committed
+	// and applied before they are durable: a crash of the process loses
+	// nothing, a crash of the machine may lose the last few milliseconds.
+	// The caller decides which answers wait (WaitDurable with the index
+	// ApplyIndex returned), and must keep its persisted state from running
+	// ahead of the log (SyncLog before persisting). With several voters a
+	// majority is then counted before the entries are durable on it.
+	DeferSync bool
+	SyncDelay time.Duration
+	Logger    *slog.Logger
 }
 
 // Node is one member of a raft group.
@@ -135,6 +148,12 @@ func Open(cfg Config) (n *Node, err error) {
 	}
 	if err := migrateLog(n.logs, n.wal); err != nil {
 		return nil, err
+	}
+	if cfg.DeferSync {
+		if cfg.SyncDelay <= 0 {
+			cfg.SyncDelay = 5 * time.Millisecond
+		}
+		n.wal.setDeferSync(cfg.SyncDelay)
 	}
 	out := &logWriter{log: lg}
 	if n.snaps, err = raft.NewFileSnapshotStore(cfg.Dir, 2, out); err != nil {
@@ -253,15 +272,37 @@ func (n *Node) WaitLeader(ctx context.Context) error {
 
 // Apply proposes cmd and waits until it is committed and applied, returning
 // the FSM's answer. Concurrent Apply calls are group-committed by raft.
+// With DeferSync the entry may not be durable yet: see ApplyIndex.
 func (n *Node) Apply(cmd []byte, timeout time.Duration) (any, error) {
+	resp, _, err := n.ApplyIndex(cmd, timeout)
+	return resp, err
+}
+
+// ApplyIndex is Apply that also returns the entry's log index, for
+// WaitDurable.
+func (n *Node) ApplyIndex(cmd []byte, timeout time.Duration) (any, uint64, error) {
 	f := n.raft.Apply(cmd, timeout)
 	if err := f.Error(); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
-			return nil, fmt.Errorf("%w: %v", ErrNotLeader, err)
+			return nil, 0, fmt.Errorf("%w: %v", ErrNotLeader, err)
 		}
-		return nil, fmt.Errorf("raft apply: %w", err)
+		return nil, 0, fmt.Errorf("raft apply: %w", err)
 	}
-	return f.Response(), nil
+	return f.Response(), f.Index(), nil
+}
+
+// WaitDurable returns once the log is on stable storage up to index (at
+// once without DeferSync, where every stored entry is durable).
+func (n *Node) WaitDurable(index uint64, timeout time.Duration) error {
+	return n.wal.WaitDurable(index, timeout)
+}
+
+// SyncLog makes every entry written to the log so far durable. A state
+// machine calls it before persisting applied state (with DeferSync the
+// log could otherwise be behind the state after a machine crash). After
+// Close it returns nil: closing synced the log.
+func (n *Node) SyncLog(timeout time.Duration) error {
+	return n.wal.WaitDurable(math.MaxUint64, timeout)
 }
 
 // Barrier waits until every entry committed before it is applied to the FSM.
@@ -296,6 +337,9 @@ type Stats struct {
 	CommitIndex  uint64
 	AppliedIndex uint64
 	LastIndex    uint64
+	// DurableIndex: the log is on stable storage up to here (with
+	// DeferSync it may trail LastIndex by the entries of the last few ms).
+	DurableIndex uint64
 }
 
 func (n *Node) Stats() Stats {
@@ -305,6 +349,7 @@ func (n *Node) Stats() Stats {
 		CommitIndex:  n.raft.CommitIndex(),
 		AppliedIndex: n.raft.AppliedIndex(),
 		LastIndex:    n.raft.LastIndex(),
+		DurableIndex: n.wal.durableIndex(),
 	}
 }
 

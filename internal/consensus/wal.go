@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"golang.org/x/sys/unix"
@@ -52,12 +53,36 @@ import (
 // of a partly truncated segment stay readable until the segment goes. After
 // a restart FirstIndex may so be lower than before, which raft tolerates:
 // those entries are committed and consistent with the snapshot.
+//
+// Deferred sync (deferSync): StoreLogs then returns once the entries are
+// written (in the page cache: they survive a crash of the process, not of
+// the machine) and a background syncer makes them durable — at once when
+// somebody waits (WaitDurable), else at most syncDelay after the first
+// unsynced write. One fdatasync then covers every entry written before it
+// started, however many raft batches that was. The caller decides which
+// answers wait for durability; see consensus.Config.DeferSync.
 type wal struct {
 	dir     string
 	segSize int64
 	log     *slog.Logger
 
 	wmu sync.Mutex // serialises StoreLogs and DeleteRange
+	// smu is held around fdatasync of segments and around closing them, so
+	// that the syncer never syncs a closed file.
+	smu sync.Mutex
+
+	deferSync bool
+	syncDelay time.Duration
+	ds        struct {
+		sync.Mutex
+		written, synced uint64            // last index written; last index on stable storage
+		dirty           map[*segment]bool // segments written since their last fdatasync
+		done            chan struct{}     // closed when the next sync ends
+		waiters         int
+		armed           bool  // a delayed sync is scheduled
+		err             error // sticky: after a failed fdatasync nothing is durable
+	}
+	kick chan struct{} // wakes the syncer
 
 	mu struct {
 		sync.RWMutex
@@ -79,6 +104,8 @@ type segment struct {
 	offs  []int64 // offset of each record; entry first+i at offs[i]
 	end   int64   // offset after the last record
 	size  int64   // file size
+
+	closed bool // guarded by wal.smu
 }
 
 type preallocated struct {
@@ -115,14 +142,169 @@ func openWAL(dir string, segSize int64, lg *slog.Logger) (*wal, error) {
 		return nil, fmt.Errorf("raft wal dir: %w", err)
 	}
 	w := &wal{dir: dir, segSize: segSize, log: lg, prealloc: make(chan preallocated, 1),
-		want: make(chan struct{}, 1), stop: make(chan struct{})}
+		want: make(chan struct{}, 1), stop: make(chan struct{}), kick: make(chan struct{}, 1)}
+	w.ds.dirty = make(map[*segment]bool)
+	w.ds.done = make(chan struct{})
 	if err := w.recover(); err != nil {
 		w.closeFiles()
 		return nil, err
 	}
-	w.wg.Add(1)
+	// What a crashed process wrote may still be only in the page cache:
+	// make it durable before anything is built on it.
+	if n := len(w.mu.segs); n > 0 {
+		if err := unix.Fdatasync(int(w.mu.segs[n-1].f.Fd())); err != nil {
+			w.closeFiles()
+			return nil, fmt.Errorf("raft wal sync at open: %w", err)
+		}
+	}
+	w.ds.written, w.ds.synced = w.mu.last, w.mu.last
+	w.wg.Add(2)
 	go w.preallocLoop()
+	go w.syncLoop()
 	return w, nil
+}
+
+// setDeferSync switches deferred sync on (delay: longest wait before an
+// unsynced write is synced when nobody waits for it).
+func (w *wal) setDeferSync(delay time.Duration) {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	w.deferSync, w.syncDelay = true, delay
+}
+
+// syncLoop is the background syncer of deferred mode.
+func (w *wal) syncLoop() {
+	defer w.wg.Done()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-w.kick:
+		}
+		w.syncOnce()
+	}
+}
+
+func (w *wal) kickSync() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// syncOnce makes every entry written so far durable.
+func (w *wal) syncOnce() {
+	w.ds.Lock()
+	w.ds.armed = false
+	target := w.ds.written
+	if target <= w.ds.synced || w.ds.err != nil {
+		w.ds.Unlock()
+		return
+	}
+	segs := make([]*segment, 0, len(w.ds.dirty))
+	for s := range w.ds.dirty {
+		segs = append(segs, s)
+	}
+	clear(w.ds.dirty)
+	w.ds.Unlock()
+	var err error
+	w.smu.Lock()
+	for _, s := range segs {
+		if s.closed {
+			continue // removed: its entries are no longer part of the log
+		}
+		if e := unix.Fdatasync(int(s.f.Fd())); e != nil {
+			err = fmt.Errorf("raft wal sync %s: %w", s.path, e)
+			break
+		}
+	}
+	w.smu.Unlock()
+	w.ds.Lock()
+	if err != nil {
+		w.ds.err = err
+		w.log.Error("raft wal: fdatasync failed; the log can no longer be made durable", "err", err)
+	} else if target > w.ds.synced {
+		w.ds.synced = target
+	}
+	close(w.ds.done)
+	w.ds.done = make(chan struct{})
+	w.ds.Unlock()
+}
+
+// noteWritten records entries written up to last in segs (deferred mode)
+// and schedules their sync.
+func (w *wal) noteWritten(last uint64, segs []*segment) {
+	w.ds.Lock()
+	w.ds.written = last
+	for _, s := range segs {
+		w.ds.dirty[s] = true
+	}
+	now := w.ds.waiters > 0
+	arm := !now && !w.ds.armed
+	if arm {
+		w.ds.armed = true
+	}
+	w.ds.Unlock()
+	switch {
+	case now:
+		w.kickSync()
+	case arm:
+		time.AfterFunc(w.syncDelay, w.kickSync)
+	}
+}
+
+// durableIndex is the last index on stable storage.
+func (w *wal) durableIndex() uint64 {
+	w.ds.Lock()
+	defer w.ds.Unlock()
+	return w.ds.synced
+}
+
+// errWALClosed answers waits on a closed log.
+var errWALClosed = errors.New("raft wal closed")
+
+// WaitDurable returns once every entry up to index is on stable storage,
+// or with an error when the wait exceeds timeout or syncing failed.
+func (w *wal) WaitDurable(index uint64, timeout time.Duration) error {
+	var timer <-chan time.Time
+	w.ds.Lock()
+	defer w.ds.Unlock()
+	for {
+		if index > w.ds.written {
+			index = w.ds.written // entries cut from the tail are not waited for
+		}
+		if w.ds.synced >= index {
+			return nil
+		}
+		if w.ds.err != nil {
+			return w.ds.err
+		}
+		select {
+		case <-w.stop:
+			return errWALClosed
+		default:
+		}
+		ch := w.ds.done
+		w.ds.waiters++
+		w.ds.Unlock()
+		w.kickSync()
+		if timer == nil {
+			t := time.NewTimer(timeout)
+			defer t.Stop()
+			timer = t.C
+		}
+		var timedOut bool
+		select {
+		case <-ch:
+		case <-timer:
+			timedOut = true
+		}
+		w.ds.Lock()
+		w.ds.waiters--
+		if timedOut && w.ds.synced < index {
+			return fmt.Errorf("raft wal: entry %d not durable after %v", index, timeout)
+		}
+	}
 }
 
 func (w *wal) recover() error {
@@ -463,13 +645,36 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 		default:
 		}
 	}
+	if w.deferSync {
+		w.ds.Lock()
+		err := w.ds.err
+		w.ds.Unlock()
+		if err != nil {
+			return err
+		}
+	}
 	for _, x := range writes {
 		if _, err := x.seg.f.WriteAt(x.buf, x.at); err != nil {
 			return fmt.Errorf("raft wal write %s: %w", x.seg.path, err)
 		}
+		if w.deferSync {
+			continue
+		}
 		if err := unix.Fdatasync(int(x.seg.f.Fd())); err != nil {
 			return fmt.Errorf("raft wal sync %s: %w", x.seg.path, err)
 		}
+	}
+	lastIdx := logs[len(logs)-1].Index
+	if w.deferSync {
+		segs := make([]*segment, len(writes))
+		for i, x := range writes {
+			segs[i] = x.seg
+		}
+		w.noteWritten(lastIdx, segs)
+	} else {
+		w.ds.Lock()
+		w.ds.written, w.ds.synced = lastIdx, lastIdx
+		w.ds.Unlock()
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -486,7 +691,7 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 	if w.mu.first == 0 {
 		w.mu.first = logs[0].Index
 	}
-	w.mu.last = logs[len(logs)-1].Index
+	w.mu.last = lastIdx
 	return nil
 }
 
@@ -495,6 +700,8 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 func (w *wal) DeleteRange(min, max uint64) error {
 	w.wmu.Lock()
 	defer w.wmu.Unlock()
+	w.smu.Lock()
+	defer w.smu.Unlock()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.mu.first == 0 || max < w.mu.first || min > w.mu.last {
@@ -503,14 +710,17 @@ func (w *wal) DeleteRange(min, max uint64) error {
 	switch {
 	case min <= w.mu.first && max >= w.mu.last:
 		for _, s := range w.mu.segs {
+			s.closed = true
 			s.f.Close()
 			os.Remove(s.path)
 		}
 		w.mu.segs, w.mu.first, w.mu.last = nil, 0, 0
+		w.cutWritten(0)
 	case min <= w.mu.first: // head
 		keep := w.mu.segs[:0]
 		for _, s := range w.mu.segs {
 			if len(s.offs) > 0 && s.first+uint64(len(s.offs))-1 <= max && s != w.mu.segs[len(w.mu.segs)-1] {
+				s.closed = true
 				s.f.Close()
 				if err := os.Remove(s.path); err != nil {
 					w.log.Warn("raft wal: remove segment", "segment", s.path, "err", err)
@@ -538,6 +748,7 @@ func (w *wal) DeleteRange(min, max uint64) error {
 		keep := w.mu.segs[:0]
 		for _, x := range w.mu.segs {
 			if x.base > s.base {
+				x.closed = true
 				x.f.Close()
 				os.Remove(x.path)
 				continue
@@ -549,13 +760,24 @@ func (w *wal) DeleteRange(min, max uint64) error {
 		if w.mu.last < w.mu.first {
 			w.mu.first, w.mu.last = 0, 0
 		}
+		w.cutWritten(min - 1)
 	default:
 		return fmt.Errorf("raft wal: cannot delete %d..%d inside %d..%d", min, max, w.mu.first, w.mu.last)
 	}
 	return nil
 }
 
-// Close stops the preallocator and closes the segments.
+// cutWritten lowers the written and synced marks after a tail cut (the cut
+// itself was synced).
+func (w *wal) cutWritten(last uint64) {
+	w.ds.Lock()
+	w.ds.written = min(w.ds.written, last)
+	w.ds.synced = min(w.ds.synced, last)
+	w.ds.Unlock()
+}
+
+// Close stops the preallocator and the syncer, makes every written entry
+// durable and closes the segments.
 func (w *wal) Close() error {
 	select {
 	case <-w.stop:
@@ -573,14 +795,21 @@ func (w *wal) Close() error {
 	default:
 	}
 	w.wg.Wait()
+	w.syncOnce()
+	w.ds.Lock()
+	err := w.ds.err
+	w.ds.Unlock()
 	w.closeFiles()
-	return nil
+	return err
 }
 
 func (w *wal) closeFiles() {
+	w.smu.Lock()
+	defer w.smu.Unlock()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, s := range w.mu.segs {
+		s.closed = true
 		s.f.Close()
 	}
 	w.mu.segs = nil

@@ -3,10 +3,13 @@ package consensus
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -242,5 +245,128 @@ func BenchmarkPebbleStoreLog(b *testing.B) {
 		if err := s.StoreLog(&raft.Log{Index: uint64(i + 1), Term: 1, Data: data}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// In deferred mode an append returns before its fdatasync; the entries are
+// readable at once, a waiter gets them durable, the background syncer makes
+// them durable without a waiter, and close leaves nothing unsynced.
+func TestWALDeferredSync(t *testing.T) {
+	dir := t.TempDir()
+	const seg = 64 << 10
+	w, err := openWAL(dir, seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An hour: only waiters (and close) can make entries durable.
+	w.setDeferSync(time.Hour)
+	for i := uint64(1); i <= 500; i += 50 {
+		if err := w.StoreLogs(walEntries(i, i+49)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkRange(t, w, 1, 500) // readable before durable
+	if d := w.durableIndex(); d != 0 {
+		t.Fatalf("durable index %d before anybody waited (sync delay one hour)", d)
+	}
+	if err := w.WaitDurable(120, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d := w.durableIndex(); d != 500 {
+		t.Fatalf("durable index %d after a wait; one sync covers everything written (500)", d)
+	}
+	// A wait beyond the log waits for what exists only.
+	if err := w.WaitDurable(10_000, time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	// Without a waiter, a short delay syncs on its own.
+	w.setDeferSync(5 * time.Millisecond)
+	if err := w.StoreLogs(walEntries(501, 700)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for w.durableIndex() < 700 {
+		if time.Now().After(deadline) {
+			t.Fatalf("durable index %d 10 s after the append; the syncer never ran", w.durableIndex())
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	// A tail cut lowers the marks; waiting for a cut entry does not hang.
+	w.setDeferSync(time.Hour)
+	if err := w.StoreLogs(walEntries(701, 800)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.DeleteRange(751, 800); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WaitDurable(800, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d := w.durableIndex(); d != 750 {
+		t.Fatalf("durable index %d after a cut at 751 and a wait, want 750", d)
+	}
+	if err := w.StoreLogs(walEntries(751, 900)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := w.durableIndex(); d != 900 {
+		t.Fatalf("durable index %d after close, want 900", d)
+	}
+	if err := w.WaitDurable(900, time.Second); err != nil {
+		t.Fatalf("wait after close: %v", err)
+	}
+	w2, err := openWAL(dir, seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	checkRange(t, w2, 1, 900)
+}
+
+// Concurrent appends and waiters: every wait returns with its entry durable.
+func TestWALDeferredSyncConcurrent(t *testing.T) {
+	w, err := openWAL(t.TempDir(), 1<<20, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.setDeferSync(time.Hour)
+	var mu sync.Mutex // raft appends from one goroutine at a time
+	next := uint64(1)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; k < 50; k++ {
+				mu.Lock()
+				i := next
+				next++
+				err := w.StoreLogs(walEntries(i, i))
+				mu.Unlock()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := w.WaitDurable(i, 10*time.Second); err != nil {
+					errs <- err
+					return
+				}
+				if d := w.durableIndex(); d < i {
+					errs <- fmt.Errorf("entry %d not durable after its wait (durable %d)", i, d)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }

@@ -402,7 +402,9 @@ func (fs *fileSystem) StatFs(cancel <-chan struct{}, h *gofuse.InHeader, out *go
 }
 
 func (fs *fileSystem) FsyncDir(cancel <-chan struct{}, in *gofuse.FsyncIn) gofuse.Status {
-	return gofuse.OK // metadata is durable when an operation returns
+	// Namespace changes are durable at the next barrier (as on a local
+	// file system, fsync of the directory is that barrier).
+	return fs.errno("fsyncdir", in.NodeId, fs.c.SyncMeta(fs.ctx()))
 }
 
 // releaseAll releases handles the kernel did not release (after a forced

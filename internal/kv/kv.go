@@ -62,7 +62,8 @@ type Store interface {
 	NewBatch() Batch
 	NewSnapshot() Snapshot
 	// Sync makes every write applied so far durable (a synced, empty WAL
-	// record: the log is sequential, so earlier records reach disk too).
+	// record: the log is sequential, so earlier records reach disk too;
+	// without a WAL, a memtable flush).
 	Sync() error
 	// Flush writes the memtable to a table file.
 	Flush() error

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 )
 
@@ -83,6 +84,60 @@ func TestPrefixEnd(t *testing.T) {
 	for in, want := range map[string]string{"a": "b", "a\xff": "b", "\xff\xff": ""} {
 		if got := string(PrefixEnd([]byte(in))); got != want {
 			t.Errorf("PrefixEnd(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Without its own WAL the store persists through flushes only: the hook
+// runs before each flush writes, Close flushes, and what was applied is
+// there after a reopen.
+func TestNoWALFlushHook(t *testing.T) {
+	dir := t.TempDir()
+	var hooks atomic.Int32
+	s, err := Open(dir, Options{NoWAL: true, BeforeFlush: func() { hooks.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := s.NewBatch()
+	b.Set([]byte("a"), []byte("1"))
+	if err := b.Apply(false); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if hooks.Load() == 0 {
+		t.Fatal("flush ran without the BeforeFlush hook")
+	}
+	n := hooks.Load()
+	b = s.NewBatch()
+	b.Set([]byte("b"), []byte("2"))
+	if err := b.Apply(true); err != nil { // durable: a flush, as there is no log
+		t.Fatalf("Apply(true) without a WAL: %v", err)
+	}
+	b.Close()
+	if hooks.Load() == n {
+		t.Fatal("Apply(true) without a WAL did not flush")
+	}
+	b = s.NewBatch()
+	b.Set([]byte("c"), []byte("3"))
+	if err := b.Apply(false); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if err := s.Close(); err != nil { // flushes "c"
+		t.Fatal(err)
+	}
+	s, err = Open(dir, Options{NoWAL: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for k, want := range map[string]string{"a": "1", "b": "2", "c": "3"} {
+		v, err := s.Get([]byte(k))
+		if err != nil || string(v) != want {
+			t.Fatalf("%s = %q, %v after reopen; want %q", k, v, err, want)
 		}
 	}
 }

@@ -18,11 +18,22 @@ type Options struct {
 	MemTableBytes uint64
 	// Logger receives the engine's messages; default slog.Default().
 	Logger *slog.Logger
+	// NoWAL turns the engine's own write-ahead log off: for a store whose
+	// every write can be replayed from a log kept elsewhere (the metadata
+	// state machine, replayed from the raft log). Writes then reach disk
+	// only when a memtable is flushed; Sync, Close and Apply(true) flush.
+	NoWAL bool
+	// BeforeFlush, when set, runs before each memtable flush starts
+	// writing. The state machine uses it to make the raft log durable up
+	// to everything applied so far, so that the persisted state never runs
+	// ahead of the persisted log. It must not call back into the store.
+	BeforeFlush func()
 }
 
 // pebblekv is the Store over a pebble database.
 type pebblekv struct {
-	db *pebble.DB
+	db    *pebble.DB
+	noWAL bool
 }
 
 var _ Store = (*pebblekv)(nil)
@@ -45,6 +56,10 @@ func Open(dir string, opts Options) (Store, error) {
 		MemTableSize:       opts.MemTableBytes,
 		FormatMajorVersion: pebble.FormatNewest,
 		Logger:             pebbleLogger{opts.Logger.With("kv", dir)},
+		DisableWAL:         opts.NoWAL,
+	}
+	if f := opts.BeforeFlush; f != nil {
+		po.EventListener = &pebble.EventListener{FlushBegin: func(pebble.FlushInfo) { f() }}
 	}
 	// Bloom filters on every level: the metadata service's hot reads are
 	// point lookups, many of them for absent keys (a new name, a dedupe
@@ -56,7 +71,7 @@ func Open(dir string, opts Options) (Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
 	}
-	return &pebblekv{db: db}, nil
+	return &pebblekv{db: db, noWAL: opts.NoWAL}, nil
 }
 
 func (s *pebblekv) Get(key []byte) ([]byte, error) { return get(s.db, key) }
@@ -69,11 +84,16 @@ func (s *pebblekv) NewIter(lower, upper []byte) (Iter, error) {
 	return iter{it}, nil
 }
 
-func (s *pebblekv) NewBatch() Batch { return &batch{b: s.db.NewIndexedBatch()} }
+func (s *pebblekv) NewBatch() Batch {
+	return &batch{b: s.db.NewIndexedBatch(), noWAL: s.noWAL, db: s.db}
+}
 
 func (s *pebblekv) NewSnapshot() Snapshot { return snapshot{s.db.NewSnapshot()} }
 
 func (s *pebblekv) Sync() error {
+	if s.noWAL {
+		return s.Flush()
+	}
 	if err := s.db.LogData(nil, pebble.Sync); err != nil {
 		return fmt.Errorf("kv sync: %w", err)
 	}
@@ -95,10 +115,14 @@ func (s *pebblekv) Checkpoint(dir string) error {
 }
 
 func (s *pebblekv) Close() error {
-	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("kv close: %w", err)
+	var flushErr error
+	if s.noWAL {
+		flushErr = s.Flush()
 	}
-	return nil
+	if err := s.db.Close(); err != nil {
+		return errors.Join(flushErr, fmt.Errorf("kv close: %w", err))
+	}
+	return flushErr
 }
 
 type getter interface {
@@ -121,7 +145,9 @@ func get(g getter, key []byte) ([]byte, error) {
 
 // batch is an indexed pebble batch.
 type batch struct {
-	b *pebble.Batch
+	b     *pebble.Batch
+	noWAL bool
+	db    *pebble.DB
 }
 
 func (b *batch) Get(key []byte) ([]byte, error) { return get(b.b, key) }
@@ -141,11 +167,16 @@ func (b *batch) Count() int                    { return int(b.b.Count()) }
 
 func (b *batch) Apply(sync bool) error {
 	wo := pebble.NoSync
-	if sync {
+	if sync && !b.noWAL {
 		wo = pebble.Sync
 	}
 	if err := b.b.Commit(wo); err != nil {
 		return fmt.Errorf("kv commit batch: %w", err)
+	}
+	if sync && b.noWAL {
+		if err := b.db.Flush(); err != nil { // no log to sync: persist the memtable
+			return fmt.Errorf("kv commit batch: flush: %w", err)
+		}
 	}
 	return nil
 }

@@ -73,6 +73,22 @@ type command struct {
 
 const commandFormatV1 = 1
 
+// answerBeforeDurable reports whether the answer to c may go out before its
+// raft entry is on stable storage: namespace changes, which (as on a local
+// file system) become durable at the client's next fsync or close barrier.
+// Size changes, sessions, registrations and reaping always wait: a lost
+// size change after the chunks were already truncated, or a lost reap
+// after the data was deleted, would contradict what is on the targets.
+func (c *command) answerBeforeDurable() bool {
+	switch c.Op {
+	case opCreate, opUnlink, opRmdir, opRename, opLink, opSetXattr, opRemoveXattr, opSetDirLayout:
+		return true
+	case opSetAttr:
+		return c.Valid&rpc.SetSize == 0
+	}
+	return false
+}
+
 func (c *command) encode(b []byte) []byte {
 	e := &rpc.Enc{B: b}
 	e.U8(commandFormatV1)

@@ -43,6 +43,16 @@ type Config struct {
 	OrphanGrace time.Duration
 	// MetricsAddr, if set, serves Prometheus metrics at http://ADDR/metrics.
 	MetricsAddr string
+	// StrictSync makes every mutation's answer wait until its raft entry is
+	// on stable storage. Default (false): namespace changes (create, mkdir,
+	// unlink, rename, link, setattr without size, xattrs) are answered once
+	// applied, like a local file system's; they reach stable storage at
+	// the client's next fsync or close barrier (MSync), with any later
+	// durable answer, or within SyncDelay. Everything else always waits.
+	StrictSync bool
+	// SyncDelay bounds how long an applied namespace change may stay off
+	// stable storage when nobody waits for it; default 5 ms.
+	SyncDelay time.Duration
 }
 
 // DefaultConfig returns the defaults; DataDir must still be set.
@@ -116,7 +126,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"server timeout", c.ServerTimeout}, {"session lease", c.SessionLease}, {"orphan grace", c.OrphanGrace}} {
+	}{{"server timeout", c.ServerTimeout}, {"session lease", c.SessionLease}, {"orphan grace", c.OrphanGrace}, {"sync delay", c.SyncDelay}} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s %v is negative", d.name, d.v))
 		}

@@ -184,6 +184,12 @@ func (s *Service) register() {
 	handle(s, rpc.MRemoveXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opRemoveXattr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Name: r.Name})
 	})
+	handle(s, rpc.MSync, func(_ context.Context, _ *rpc.Empty) (rpc.Message, error) {
+		if err := s.syncLog(); err != nil {
+			return nil, err
+		}
+		return empty, nil
+	})
 	handle(s, rpc.MCommitSize, func(_ context.Context, r *rpc.CommitSizeReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid})
 	})
@@ -424,7 +430,7 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 	}
 	return &rpc.ClusterStatusResp{
 		MetaAddr: s.Addr(), RaftState: st.State, Leader: leader, Term: st.Term,
-		CommitIndex: st.CommitIndex, AppliedIndex: s.fsm.AppliedIndex(),
+		CommitIndex: st.CommitIndex, AppliedIndex: s.fsm.AppliedIndex(), DurableIndex: st.DurableIndex,
 		Inodes: s.fsm.inodes.Load(), Sessions: uint32(s.sess.count()),
 		Servers: servers, Targets: targets,
 	}, nil

@@ -364,6 +364,11 @@ func (s *Service) reapRound(ctx context.Context) int {
 	if len(inos) == 0 {
 		return 0
 	}
+	// The unlinks must not be lost once the data is gone.
+	if err := s.syncLog(); err != nil {
+		s.log.Warn("reap orphans: metadata log not durable", "err", err)
+		return 0
+	}
 	reaped := s.removeChunks(ctx, inos)
 	// Drop every orphan whose data is gone in one Raft command per
 	// reapCommand inodes: one log append per round, not one per file.

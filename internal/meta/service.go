@@ -40,10 +40,13 @@ type Service struct {
 	db   kv.Store
 	fsm  *fsm
 	node *consensus.Node
-	srv  *rpc.Server
-	ln   net.Listener
-	web  *http.Server
-	m    *metrics
+	// raftNode is node for the store's flush hook, which can run before
+	// node is set.
+	raftNode atomic.Pointer[consensus.Node]
+	srv      *rpc.Server
+	ln       net.Listener
+	web      *http.Server
+	m        *metrics
 
 	locks *lockTable
 	sess  *sessions
@@ -108,7 +111,18 @@ func Open(cfg Config) (s *Service, err error) {
 			s = nil
 		}
 	}()
-	if s.db, err = kv.Open(filepath.Join(cfg.DataDir, "fsm"), kv.Options{Logger: s.log}); err != nil {
+	// The state machine's store keeps no log of its own: the raft log is
+	// its log (entries above the store's applied index are re-applied at
+	// start). Before a memtable is persisted, the raft log is made durable
+	// up to everything applied, so the store never runs ahead of the log.
+	kvOpts := kv.Options{Logger: s.log, NoWAL: true, BeforeFlush: func() {
+		if n := s.raftNode.Load(); n != nil {
+			if err := n.SyncLog(applyTimeout); err != nil {
+				panic(fmt.Sprintf("meta: raft log not durable before persisting state: %v", err))
+			}
+		}
+	}}
+	if s.db, err = kv.Open(filepath.Join(cfg.DataDir, "fsm"), kvOpts); err != nil {
 		return s, err
 	}
 	if s.fsm, err = newFSM(s.db); err != nil {
@@ -121,6 +135,7 @@ func Open(cfg Config) (s *Service, err error) {
 	rc := consensus.Config{
 		Dir: filepath.Join(cfg.DataDir, "raft"), NodeID: cfg.NodeID, BindAddr: raftAddr,
 		FSM: s.fsm, Bootstrap: true, Logger: s.log,
+		DeferSync: true, SyncDelay: cfg.SyncDelay,
 	}
 	if s.node, err = consensus.Open(rc); err != nil && raftAddr != cfg.RaftAddr {
 		s.log.Warn("previous raft address unavailable; binding a new one", "addr", raftAddr, "err", err)
@@ -130,6 +145,7 @@ func Open(cfg Config) (s *Service, err error) {
 	if err != nil {
 		return s, err
 	}
+	s.raftNode.Store(s.node)
 	if err := saveState(cfg.DataDir, cfg, s.node.Addr()); err != nil {
 		return s, err
 	}
@@ -325,9 +341,10 @@ func (s *Service) notLeader() error {
 	return rpc.Errorf(ErrNotLeader, "metadata node %s is not the leader (leader: id=%s raft=%s)", s.cfg.NodeID, id, addr)
 }
 
-// propose replicates a command and returns the state machine's answer.
+// propose replicates a command and returns the state machine's answer,
+// once the entry is on stable storage unless c.answerBeforeDurable.
 func (s *Service) propose(c *command) (*result, error) {
-	resp, err := s.node.Apply(c.encode(make([]byte, 0, 128)), applyTimeout)
+	resp, index, err := s.node.ApplyIndex(c.encode(make([]byte, 0, 128)), applyTimeout)
 	if err != nil {
 		if errors.Is(err, consensus.ErrNotLeader) {
 			return nil, s.notLeader()
@@ -338,5 +355,20 @@ func (s *Service) propose(c *command) (*result, error) {
 	if !ok {
 		return nil, rpc.Errorf(syscall.EIO, "metadata commit: unexpected answer %T", resp)
 	}
+	if s.cfg.StrictSync || !c.answerBeforeDurable() {
+		if err := s.node.WaitDurable(index, applyTimeout); err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "metadata log not durable: %v", err)
+		}
+	}
 	return r, nil
+}
+
+// syncLog waits until everything applied so far is on stable storage: the
+// barrier behind a client's fsync and close (MSync) and before the reaper
+// deletes data.
+func (s *Service) syncLog() error {
+	if err := s.node.WaitDurable(s.fsm.AppliedIndex(), applyTimeout); err != nil {
+		return rpc.Errorf(syscall.EIO, "metadata log not durable: %v", err)
+	}
+	return nil
 }

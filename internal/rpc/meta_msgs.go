@@ -31,6 +31,10 @@ const (
 	MServerHeartbeat
 	MClusterStatus
 	MListTargets
+	// MSync (request and answer Empty) returns once every namespace change
+	// the service has applied is on stable storage: the barrier behind a
+	// client's fsync, fsyncdir and close under the sync policy.
+	MSync
 )
 
 // Empty is the request or response of a method that carries nothing.
@@ -748,6 +752,8 @@ type ClusterStatusResp struct {
 	Sessions     uint32
 	Servers      []ServerInfo
 	Targets      []TargetInfo
+	// DurableIndex: the raft log is on stable storage up to here.
+	DurableIndex uint64
 }
 
 func (m *ClusterStatusResp) Encode(e *Enc) {
@@ -772,6 +778,7 @@ func (m *ClusterStatusResp) Encode(e *Enc) {
 	for i := range m.Targets {
 		m.Targets[i].Encode(e)
 	}
+	e.U64(m.DurableIndex)
 }
 
 func (m *ClusterStatusResp) Decode(d *Dec) {
@@ -796,4 +803,5 @@ func (m *ClusterStatusResp) Decode(d *Dec) {
 	for i := range m.Targets {
 		m.Targets[i].Decode(d)
 	}
+	m.DurableIndex = d.U64()
 }

@@ -1,0 +1,66 @@
+package meta
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// Namespace changes are answered once applied; the log catches up at the
+// client's barrier (MSync). A size commit (fsync, close) is answered only
+// when durable, and with StrictSync everything is.
+func TestDurabilityOfAnswers(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.SyncDelay = time.Hour // nothing becomes durable unless somebody waits
+	s := openService(t, cfg)
+	c := newClient(t, s.Addr())
+	c.registerTargets("127.0.0.1:1", "u1") // registration waits: durable
+	durable := func() uint64 { return s.node.Stats().DurableIndex }
+
+	c.mustCreate(1, "f", fileMode)
+	if d, a := durable(), s.fsm.AppliedIndex(); d >= a {
+		t.Fatalf("create answered with durable index %d >= applied %d: it waited for the disk", d, a)
+	}
+	if _, err := c.unlink(1, "f"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.call(rpc.MSync, &rpc.Empty{}, &rpc.Empty{}); err != nil {
+		t.Fatalf("MSync: %v", err)
+	}
+	if d, a := durable(), s.fsm.AppliedIndex(); d < a {
+		t.Fatalf("after MSync durable index %d < applied %d", d, a)
+	}
+
+	g := c.mustCreate(1, "g", fileMode)
+	var resp rpc.AttrResp
+	if err := c.call(rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: c.hdr(), Ino: g.Ino, Size: 10, Mtime: time.Now().UnixNano()}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if d, a := durable(), s.fsm.AppliedIndex(); d < a {
+		t.Fatalf("size commit answered with durable index %d < applied %d", d, a)
+	}
+	c.mustCreate(1, "late", dirMode) // answered before durable; Close syncs it
+
+	// After a restart the changes are there: Close synced the log and
+	// the store replays what it had not flushed.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.StrictSync = true
+	s = openService(t, cfg)
+	c2 := newClient(t, s.Addr())
+	if _, err := c2.lookup(1, "g"); err != nil {
+		t.Fatalf("g after restart: %v", err)
+	}
+	if _, err := c2.lookup(1, "late"); err != nil {
+		t.Fatalf("late after restart: %v", err)
+	}
+	if _, err := c2.lookup(1, "f"); err == nil {
+		t.Fatal("f is back after restart; its unlink was lost")
+	}
+	c2.mustCreate(1, "strict", dirMode)
+	if d, a := s.node.Stats().DurableIndex, s.fsm.AppliedIndex(); d < a {
+		t.Fatalf("StrictSync: mkdir answered with durable index %d < applied %d", d, a)
+	}
+}
