@@ -64,3 +64,36 @@ func TestDurabilityOfAnswers(t *testing.T) {
 		t.Fatalf("StrictSync: mkdir answered with durable index %d < applied %d", d, a)
 	}
 }
+
+// A retry is answered from its dedupe record also after a restart and out
+// of order (an older seq retried after newer ones applied): the in-memory
+// "highest recorded seq" of each session is rebuilt from the store.
+func TestDedupeAcrossRestart(t *testing.T) {
+	cfg := testConfig(t, "")
+	s := openService(t, cfg)
+	c := newClient(t, s.Addr())
+	first := &rpc.CreateReq{Hdr: c.hdr(), Parent: 1, Name: "a", Mode: dirMode}
+	var a rpc.AttrResp
+	if err := c.call(rpc.MCreate, first, &a); err != nil {
+		t.Fatal(err)
+	}
+	c.mustCreate(1, "b", dirMode) // a newer seq
+	var r rpc.AttrResp
+	if err := c.call(rpc.MCreate, first, &r); err != nil || r.Attr.Ino != a.Attr.Ino {
+		t.Fatalf("out-of-order retry: %+v, %v; want the first answer (ino %d)", r.Attr, err, a.Attr.Ino)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openService(t, cfg)
+	c2 := &client{t: t, c: rpc.NewClient(s.Addr(), rpc.ClientConfig{Key: testKey}), id: c.id}
+	t.Cleanup(func() { c2.c.Close() })
+	if err := c2.call(rpc.MCreate, first, &r); err != nil || r.Attr.Ino != a.Attr.Ino {
+		t.Fatalf("retry after restart: %+v, %v; want the first answer (ino %d)", r.Attr, err, a.Attr.Ino)
+	}
+	// A new seq of the same session is applied, not mistaken for a retry.
+	c2.seq.Store(c.seq.Load())
+	if _, err := c2.create(1, "c", dirMode); err != nil {
+		t.Fatal(err)
+	}
+}

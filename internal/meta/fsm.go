@@ -35,6 +35,12 @@ type fsm struct {
 	mu  sync.Mutex
 	ctr schema.Counters // guarded by mu
 	x   opCtx           // scratch for one command; guarded by mu
+	// sess mirrors the session records: client id → the highest seq with a
+	// dedupe record (0: none). Derived from the store (loaded with the
+	// counters, kept in step by apply), so every replica has the same; it
+	// saves two point reads per mutation: "is this a session?" and, for a
+	// seq above every recorded one, "was it applied already?".
+	sess map[uint64]uint64 // guarded by mu
 
 	// Published after each batch for readers outside the FSM goroutine.
 	applied atomic.Uint64
@@ -68,6 +74,42 @@ func (f *fsm) loadCounters() error {
 	}
 	f.applied.Store(f.ctr.AppliedIndex)
 	f.inodes.Store(f.ctr.Inodes)
+	return f.loadSessions()
+}
+
+// loadSessions rebuilds sess from the session and dedupe records.
+func (f *fsm) loadSessions() error {
+	f.sess = map[uint64]uint64{}
+	p := schema.SessionPrefix()
+	it, err := f.db.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return fmt.Errorf("load sessions: %w", err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		id, err := schema.DecodeSessionKey(it.Key())
+		if err != nil {
+			it.Close()
+			return fmt.Errorf("load sessions: %w", err)
+		}
+		f.sess[id] = 0
+	}
+	it.Close()
+	for id := range f.sess {
+		p := schema.DedupePrefix(id)
+		it, err := f.db.NewIter(p, kv.PrefixEnd(p))
+		if err != nil {
+			return fmt.Errorf("load dedupe records: %w", err)
+		}
+		if it.Last() { // keys end in the big-endian seq: the last is the highest
+			_, seq, err := schema.DecodeDedupeKey(it.Key())
+			if err != nil {
+				it.Close()
+				return fmt.Errorf("load dedupe records: %w", err)
+			}
+			f.sess[id] = seq
+		}
+		it.Close()
+	}
 	return nil
 }
 
@@ -173,19 +215,21 @@ func (f *fsm) applyOne(b kv.Batch, data []byte) *result {
 	}
 	record := false
 	if c.Op.deduped() && c.Hdr.ClientID != 0 {
-		key := schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq)
-		if v, err := b.Get(key); err == nil {
-			r, err := schema.DecodeResult(v)
-			if err != nil {
-				return errResult(fmt.Errorf("dedupe record of client %d seq %d: %w", c.Hdr.ClientID, c.Hdr.Seq, err))
-			}
-			return &result{errno: syscall.Errno(r.Errno), msg: r.Msg, body: r.Body}
-		}
 		// Only sessions' requests are remembered: their records are
-		// dropped with the session, so the table stays bounded.
-		if _, err := b.Get(schema.SessionKey(c.Hdr.ClientID)); err == nil {
-			record = true
+		// dropped with the session, so the table stays bounded. A seq above
+		// the session's highest recorded one has no record.
+		maxSeq, isSession := f.sess[c.Hdr.ClientID]
+		if !isSession || c.Hdr.Seq <= maxSeq {
+			key := schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq)
+			if v, err := b.Get(key); err == nil {
+				r, err := schema.DecodeResult(v)
+				if err != nil {
+					return errResult(fmt.Errorf("dedupe record of client %d seq %d: %w", c.Hdr.ClientID, c.Hdr.Seq, err))
+				}
+				return &result{errno: syscall.Errno(r.Errno), msg: r.Msg, body: r.Body}
+			}
 		}
+		record = isSession
 	}
 	x := &f.x
 	x.reset(f, b, c.Now)
@@ -203,6 +247,9 @@ func (f *fsm) applyOne(b kv.Batch, data []byte) *result {
 		rec := schema.Result{Errno: uint32(res.errno), Msg: res.msg, Body: res.body}
 		if err := b.Set(schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq), schema.AppendResult(nil, &rec)); err != nil {
 			panic(fmt.Sprintf("meta: kv batch write: %v", err))
+		}
+		if _, ok := f.sess[c.Hdr.ClientID]; ok && c.Hdr.Seq > f.sess[c.Hdr.ClientID] {
+			f.sess[c.Hdr.ClientID] = c.Hdr.Seq
 		}
 		if c.Hdr.Seq > dedupeKeep {
 			if err := b.Delete(schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq-dedupeKeep)); err != nil {

@@ -869,6 +869,7 @@ func (x *opCtx) sessionOpen(c *command) ([]byte, error) {
 	if err := x.b.Set(schema.SessionKey(id), schema.AppendSession(nil, &s)); err != nil {
 		return nil, err
 	}
+	x.f.sess[id] = 0
 	return rpc.Marshal(&rpc.SessionOpenResp{ClientID: id, LeaseMs: c.LeaseMs}), nil
 }
 
@@ -881,6 +882,7 @@ func (x *opCtx) sessionClose(c *command) ([]byte, error) {
 	if err := x.b.DeleteRange(p, kv.PrefixEnd(p)); err != nil {
 		return nil, err
 	}
+	delete(x.f.sess, c.Ino)
 	return nil, nil
 }
 

@@ -83,8 +83,19 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	}
 	var e Enc
 	req.Encode(&e)
-	hctx, cancel := context.WithDeadline(context.WithValue(ctx, peerKey{}, "in-process"), deadline)
-	defer cancel()
+	// The handler's context carries the deadline. When the caller's ctx
+	// already ends by then (the usual case: clients set one per call),
+	// ctx serves as both the handler's bound and ours — no second timer.
+	hctx := context.WithValue(ctx, peerKey{}, "in-process")
+	var timeout <-chan time.Time
+	if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
+		var cancel context.CancelFunc
+		hctx, cancel = context.WithDeadline(hctx, deadline)
+		defer cancel()
+		timer := time.NewTimer(time.Until(deadline))
+		defer timer.Stop()
+		timeout = timer.C
+	}
 	// handOver: the answer's tail may be passed to resp without encoding.
 	td, handOver := resp.(tailDecoder)
 	if co, ok := resp.(interface{ copiesOut() bool }); !handOver || !ok || !co.copiesOut() {
@@ -140,8 +151,6 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		default:
 		}
 	}
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
 	select {
 	case r := <-done:
 		defer r.release()
@@ -164,7 +173,7 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	case <-ctx.Done():
 		giveUp()
 		return fmt.Errorf("%w: call %d to %s: %v", ErrUnavailable, m, c.addr, ctx.Err())
-	case <-timer.C:
+	case <-timeout:
 		giveUp()
 		return fmt.Errorf("%w: call %d to %s timed out", ErrUnavailable, m, c.addr)
 	}
