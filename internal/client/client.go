@@ -41,6 +41,7 @@ type Client struct {
 	metaDurable atomic.Uint64
 
 	budget *budget // write-behind (and read-ahead) memory
+	dirs   *dirCache
 
 	targets targetMap
 
@@ -73,6 +74,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		cfg:    cfg,
 		log:    slog.Default().With("pkg", "client"),
 		budget: newBudget(cfg.WriteBehindBytes),
+		dirs:   newDirCache(cfg.DirAttrTTL),
 		m:      newMetrics(),
 	}
 	c.meta = rpc.NewClient(cfg.MetaAddr, rpc.ClientConfig{
@@ -191,6 +193,9 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 		err := c.meta.Call(cctx, m, req, resp)
 		cancel()
 		if err == nil || !retryableMeta(err) {
+			if answeredBeforeDurable(m) && m != rpc.MCreate && m != rpc.MUnlink {
+				c.dirs.reset() // creates and unlinks answer their directory's attributes
+			}
 			switch {
 			case answeredBeforeDurable(m):
 				c.metaChanged.Add(1)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	dto "github.com/prometheus/client_model/go"
 	"math/rand"
 	"sync"
 	"syscall"
@@ -637,5 +638,109 @@ func TestMetaBarriers(t *testing.T) {
 	}
 	if d, a := durable(); d < a {
 		t.Fatalf("after close of a new empty file durable %d < applied %d", d, a)
+	}
+}
+
+// A directory's attributes answered with this client's own create or unlink
+// in it serve GetAttr for DirAttrTTL without a metadata call; they are as
+// fresh as the metadata service's; another client's change shows after the
+// ttl; any other namespace change through this client drops them.
+func TestDirAttrCache(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	const ttl = 300 * time.Millisecond
+	a := tc.client(func(c *Config) { c.DirAttrTTL = ttl })
+	b := tc.client(func(c *Config) { c.DirAttrTTL = 0 })
+	ctx := context.Background()
+	d, err := a.Mkdir(ctx, 1, "d", 0o755, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metaCalls := func() float64 {
+		var m dto.Metric
+		if err := a.m.metaOps.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+
+	if _, err := a.Create(ctx, d.Ino, "f", 0o644, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	n := metaCalls()
+	got, err := a.GetAttr(ctx, d.Ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if metaCalls() != n {
+		t.Fatal("GetAttr of the directory just changed asked the metadata service")
+	}
+	fresh, err := b.GetAttr(ctx, d.Ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Mtime != fresh.Mtime || got.Ctime != fresh.Ctime || got.Nlink != fresh.Nlink || got.Mode != fresh.Mode {
+		t.Fatalf("cached %+v, metadata service says %+v", got, fresh)
+	}
+
+	// Another client's change: visible once the ttl has passed.
+	time.Sleep(5 * time.Millisecond)
+	if _, err := b.Create(ctx, d.Ino, "g", 0o644, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := b.GetAttr(ctx, d.Ino)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err = a.GetAttr(ctx, d.Ino)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Mtime == after.Mtime {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("another client's change not seen 10 s later (ttl %v)", ttl)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A chmod through this client drops the cache at once.
+	if _, err := a.Unlink(ctx, d.Ino, "f"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.SetAttr(ctx, d.Ino, rpc.SetAttrReq{Valid: rpc.SetMode, Mode: 0o700}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = a.GetAttr(ctx, d.Ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Mode&0o777 != 0o700 {
+		t.Fatalf("mode %o after chmod 700 through the same client", got.Mode&0o777)
+	}
+}
+
+// An older answer never replaces a newer one; an answer to a call sent
+// before a reset is not stored.
+func TestDirCacheOrder(t *testing.T) {
+	d := newDirCache(time.Hour)
+	gen, at := d.begin()
+	d.note(rpc.Attr{Ino: 5, Ctime: 20, Mtime: 20}, gen, at)
+	d.note(rpc.Attr{Ino: 5, Ctime: 10, Mtime: 10}, gen, at)
+	if a, ok := d.get(5); !ok || a.Ctime != 20 {
+		t.Fatalf("got %+v %v, want ctime 20", a, ok)
+	}
+	d.note(rpc.Attr{Ino: 5, Ctime: 20, Mtime: 20, Nlink: 3}, gen, at) // same instant, other state
+	if _, ok := d.get(5); ok {
+		t.Fatal("conflicting answers of the same instant kept")
+	}
+	d.reset()
+	d.note(rpc.Attr{Ino: 6, Ctime: 30}, gen, at) // sent before the reset
+	if _, ok := d.get(6); ok {
+		t.Fatal("answer to a call sent before a reset stored")
+	}
+	gen, _ = d.begin()
+	d.note(rpc.Attr{Ino: 7, Ctime: 30}, gen, time.Now().Add(-2*time.Hour))
+	if _, ok := d.get(7); ok {
+		t.Fatal("entry older than the ttl served")
 	}
 }

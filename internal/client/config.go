@@ -49,6 +49,11 @@ type Config struct {
 	// MetricsAddr, when not empty, serves Prometheus metrics at
 	// http://MetricsAddr/metrics.
 	MetricsAddr string
+	// DirAttrTTL is how long a directory's attributes, as answered with
+	// this client's own create or unlink in it, serve GetAttr without a
+	// metadata call. Keep it at most the mount's attribute timeout (the
+	// kernel caches attributes that long anyway); 0 turns it off.
+	DirAttrTTL time.Duration
 	// Host and MountPoint describe this client in its session (shown by
 	// strata status). Host defaults to the hostname.
 	Host       string
@@ -65,6 +70,7 @@ func DefaultConfig() Config {
 		ConnsPerServer:        4,
 		MetaConns:             4,
 		TargetRefreshInterval: 10 * time.Second,
+		DirAttrTTL:            time.Second,
 	}
 }
 
@@ -97,6 +103,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TargetRefreshInterval <= 0 {
 		errs = append(errs, fmt.Errorf("target refresh interval %v must be positive", c.TargetRefreshInterval))
+	}
+	if c.DirAttrTTL < 0 {
+		errs = append(errs, fmt.Errorf("directory attribute ttl %v must not be negative", c.DirAttrTTL))
 	}
 	return errors.Join(errs...)
 }

@@ -45,6 +45,9 @@ func (c *Client) Lookup(ctx context.Context, parent uint64, name string) (rpc.At
 // holds the file open with writes not yet committed, the size and mtime
 // include them (a stat after a write sees it before close).
 func (c *Client) GetAttr(ctx context.Context, ino uint64) (rpc.Attr, error) {
+	if a, ok := c.dirs.get(ino); ok {
+		return a, nil
+	}
 	var resp rpc.AttrResp
 	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "getattr", err)
@@ -185,10 +188,12 @@ func (c *Client) create(ctx context.Context, req *rpc.CreateReq) (rpc.Attr, erro
 		return rpc.Attr{}, err
 	}
 	req.Hdr = c.hdr()
-	var resp rpc.AttrResp
+	var resp rpc.ChangeResp
+	gen, at := c.dirs.begin()
 	if err := c.metaCall(ctx, rpc.MCreate, req, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "create", err)
 	}
+	c.dirs.note(resp.Dir, gen, at)
 	c.m.op("create")
 	return resp.Attr, nil
 }
@@ -200,10 +205,12 @@ func (c *Client) Unlink(ctx context.Context, parent uint64, name string) (rpc.At
 		return rpc.Attr{}, syscall.ENAMETOOLONG
 	}
 	c.reportOpen(ctx)
-	var resp rpc.AttrResp
+	var resp rpc.ChangeResp
+	gen, at := c.dirs.begin()
 	if err := c.metaCall(ctx, rpc.MUnlink, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "unlink", err)
 	}
+	c.dirs.note(resp.Dir, gen, at)
 	c.m.op("unlink")
 	return resp.Attr, nil
 }

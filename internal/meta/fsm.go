@@ -26,7 +26,11 @@ import (
 //   - The counters record, including the last applied raft index, is written
 //     in the same kv batch as the effects of the entries it covers, so a
 //     replay after a restart skips exactly the entries already applied.
-//   - FSM writes are not synced: the raft log is. Snapshot syncs first.
+//   - The store has no WAL of its own: the raft log is its log. Before a
+//     memtable is flushed the raft log is synced (Service's BeforeFlush
+//     hook), so the persisted state never runs ahead of the persisted log;
+//     entries above the persisted applied index are applied again at start.
+//     Snapshot flushes first.
 type fsm struct {
 	db kv.Store
 

@@ -224,6 +224,12 @@ func attrBody(ino uint64, in *schema.Inode) []byte {
 	return rpc.Marshal(&r)
 }
 
+// changeBody answers a change of an entry of directory dir (ChangeResp).
+func changeBody(ino uint64, in *schema.Inode, dir uint64, d *schema.Inode) []byte {
+	r := rpc.ChangeResp{Attr: toAttr(ino, in), Dir: toAttr(dir, d)}
+	return rpc.Marshal(&r)
+}
+
 // apply runs one command; the answer is the encoded response body.
 func (x *opCtx) apply(c *command) ([]byte, error) {
 	switch c.Op {
@@ -360,7 +366,7 @@ func (x *opCtx) create(c *command) ([]byte, error) {
 	if err := x.setDentry(c.Parent, c.Name, schema.Dentry{Ino: ino, Type: in.Mode & modeType}); err != nil {
 		return nil, err
 	}
-	return attrBody(ino, &in), nil
+	return changeBody(ino, &in, c.Parent, parent), nil
 }
 
 // placeFile chooses a new file's layout: the directory default (zero fields
@@ -505,7 +511,7 @@ func (x *opCtx) unlink(c *command) ([]byte, error) {
 	if err := x.dropLink(de.Ino, in); err != nil {
 		return nil, err
 	}
-	return attrBody(de.Ino, in), nil
+	return changeBody(de.Ino, in, c.Parent, parent), nil
 }
 
 func (x *opCtx) rmdir(c *command) ([]byte, error) {

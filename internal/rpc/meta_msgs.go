@@ -118,6 +118,25 @@ type AttrResp struct{ Attr Attr }
 func (m *AttrResp) Encode(e *Enc) { m.Attr.Encode(e) }
 func (m *AttrResp) Decode(d *Dec) { m.Attr.Decode(d) }
 
+// ChangeResp answers MCreate and MUnlink: the entry's attributes after the
+// change, and its directory's. A client serves the directory's attributes
+// from them for a short while instead of asking again (the kernel asks for
+// them after every change in the directory, to check permissions).
+type ChangeResp struct {
+	Attr Attr
+	Dir  Attr
+}
+
+func (m *ChangeResp) Encode(e *Enc) {
+	m.Attr.Encode(e)
+	m.Dir.Encode(e)
+}
+
+func (m *ChangeResp) Decode(d *Dec) {
+	m.Attr.Decode(d)
+	m.Dir.Decode(d)
+}
+
 // SessionOpenReq starts a client session (one per mount or library user).
 // Sessions own locks and the set of open inodes; a session whose heartbeats
 // stop for longer than its lease is expired and its locks released.
