@@ -58,8 +58,8 @@ import (
 // written (in the page cache: they survive a crash of the process, not of
 // the machine) and a background syncer makes them durable — at once when
 // somebody waits (WaitDurable), else at most syncDelay after the first
-// unsynced write. One fdatasync then covers every entry written before it
-// started, however many raft batches that was. The caller decides which
+// unsynced write; after a recent wait, at once. One fdatasync covers every
+// entry written before it started, however many raft batches that was. The caller decides which
 // answers wait for durability; see consensus.Config.DeferSync.
 type wal struct {
 	dir     string
@@ -79,8 +79,11 @@ type wal struct {
 		dirty           map[*segment]bool // segments written since their last fdatasync
 		done            chan struct{}     // closed when the next sync ends
 		waiters         int
-		armed           bool  // a delayed sync is scheduled
-		err             error // sticky: after a failed fdatasync nothing is durable
+		lastWait        time.Time // when somebody last waited for durability
+		cuts            uint64    // tail cuts so far
+		cutAt           uint64    // last index kept by the latest tail cut
+		armed           bool      // a delayed sync is scheduled
+		err             error     // sticky: after a failed fdatasync nothing is durable
 	}
 	kick chan struct{} // wakes the syncer
 
@@ -206,6 +209,7 @@ func (w *wal) syncOnce() {
 		segs = append(segs, s)
 	}
 	clear(w.ds.dirty)
+	cuts := w.ds.cuts
 	w.ds.Unlock()
 	var err error
 	w.smu.Lock()
@@ -223,8 +227,13 @@ func (w *wal) syncOnce() {
 	if err != nil {
 		w.ds.err = err
 		w.log.Error("raft wal: fdatasync failed; the log can no longer be made durable", "err", err)
-	} else if target > w.ds.synced {
-		w.ds.synced = target
+	} else {
+		if w.ds.cuts != cuts {
+			// The tail was cut (and entries perhaps written again) while
+			// we synced: only what the cut kept is known durable.
+			target = min(target, w.ds.cutAt)
+		}
+		w.ds.synced = max(w.ds.synced, target)
 	}
 	close(w.ds.done)
 	w.ds.done = make(chan struct{})
@@ -239,7 +248,11 @@ func (w *wal) noteWritten(last uint64, segs []*segment) {
 	for _, s := range segs {
 		w.ds.dirty[s] = true
 	}
-	now := w.ds.waiters > 0
+	// Sync at once when somebody waits, or waited moments ago: a workload
+	// that barriers (creates, each closed) will ask for these entries
+	// soon, and the sync is then under way before it asks. Otherwise
+	// (unlinks, renames nobody fsyncs) one delayed sync covers many.
+	now := w.ds.waiters > 0 || time.Since(w.ds.lastWait) < 2*w.syncDelay
 	arm := !now && !w.ds.armed
 	if arm {
 		w.ds.armed = true
@@ -286,6 +299,7 @@ func (w *wal) WaitDurable(index uint64, timeout time.Duration) error {
 		}
 		ch := w.ds.done
 		w.ds.waiters++
+		w.ds.lastWait = time.Now()
 		w.ds.Unlock()
 		w.kickSync()
 		if timer == nil {
@@ -773,6 +787,8 @@ func (w *wal) cutWritten(last uint64) {
 	w.ds.Lock()
 	w.ds.written = min(w.ds.written, last)
 	w.ds.synced = min(w.ds.synced, last)
+	w.ds.cuts++
+	w.ds.cutAt = last
 	w.ds.Unlock()
 }
 
