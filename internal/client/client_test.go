@@ -614,6 +614,10 @@ func TestMetaBarriers(t *testing.T) {
 		}
 		return st.DurableIndex, st.AppliedIndex
 	}
+	// The log syncs at once after a recent durability wait (the session
+	// open was one): wait past that window to see a change answered
+	// before its sync.
+	time.Sleep(50 * time.Millisecond)
 	if _, err := c.Mkdir(ctx, 1, "d", 0o755, 0, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -626,6 +630,7 @@ func TestMetaBarriers(t *testing.T) {
 	if d, a := durable(); d < a {
 		t.Fatalf("after SyncMeta durable %d < applied %d", d, a)
 	}
+	time.Sleep(50 * time.Millisecond)
 	f, err := c.CreateOpen(ctx, 1, "empty", 0o644, 0, 0, syscall.O_WRONLY)
 	if err != nil {
 		t.Fatal(err)

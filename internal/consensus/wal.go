@@ -252,7 +252,7 @@ func (w *wal) noteWritten(last uint64, segs []*segment) {
 	// that barriers (creates, each closed) will ask for these entries
 	// soon, and the sync is then under way before it asks. Otherwise
 	// (unlinks, renames nobody fsyncs) one delayed sync covers many.
-	now := w.ds.waiters > 0 || time.Since(w.ds.lastWait) < 2*w.syncDelay
+	now := w.ds.waiters > 0 || time.Since(w.ds.lastWait) < min(2*w.syncDelay, eagerWindow)
 	arm := !now && !w.ds.armed
 	if arm {
 		w.ds.armed = true
@@ -272,6 +272,10 @@ func (w *wal) durableIndex() uint64 {
 	defer w.ds.Unlock()
 	return w.ds.synced
 }
+
+// eagerWindow bounds how recent a durability wait makes the next write
+// sync at once.
+const eagerWindow = 10 * time.Millisecond
 
 // errWALClosed answers waits on a closed log.
 var errWALClosed = errors.New("raft wal closed")
