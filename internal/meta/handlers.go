@@ -78,6 +78,10 @@ func (s *Service) placementCandidates(ctx context.Context) []layout.Candidate {
 const startupGrace = 5 * time.Second
 
 func (s *Service) register() {
+	// Reads of the leader's store: in-process callers (strata up) run them
+	// on their own goroutine.
+	s.srv.Inline(rpc.MLookup, rpc.MGetAttr, rpc.MReadlink, rpc.MReadDir, rpc.MGetXattr,
+		rpc.MListXattr, rpc.MStatFS, rpc.MListTargets)
 	handle(s, rpc.MSessionOpen, func(_ context.Context, r *rpc.SessionOpenReq) (rpc.Message, error) {
 		lease := uint32(min(s.cfg.SessionLease.Milliseconds(), math.MaxUint32))
 		res, err := s.propose(&command{Op: opSessionOpen, Now: now(), Host: r.Host, MountPoint: r.MountPoint, Pid: r.Pid, LeaseMs: lease})

@@ -22,7 +22,9 @@ import (
 // are still encoded and decoded (a handler never sees the caller's memory,
 // a caller never sees the handler's), the cluster key must match, the
 // handler runs in its own goroutine so the caller's deadline and
-// cancellation still bound the wait, and a closed server is no longer
+// cancellation still bound the wait — except for methods the server marked
+// Inline (reads of its own memory or local store, done in microseconds),
+// which run on the caller's goroutine — and a closed server is no longer
 // registered, so calls fall back to dialling and fail as for a dead peer.
 // Processes that host only one role (strata meta, strata store, strata
 // mount) never take this path.
@@ -104,7 +106,7 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	var mu sync.Mutex // orders the hand-over against the caller giving up
 	abandoned := false
 	done := make(chan localResult, 1)
-	goLocal(func() {
+	run := func() {
 		start := time.Now()
 		out, err := h(hctx, NewDec(e.B))
 		var r localResult
@@ -140,7 +142,12 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		}
 		done <- r
 		mu.Unlock()
-	})
+	}
+	if s.inline[m] {
+		run() // a quick read: no goroutine hand-over (Server.Inline)
+	} else {
+		goLocal(run)
+	}
 	giveUp := func() {
 		mu.Lock()
 		abandoned = true

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -372,5 +374,48 @@ func TestInProcessHandOver(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("handler never ran")
+	}
+}
+
+// TestInProcessInline: a method the server marked Inline runs on the
+// caller's goroutine (its stack holds the caller's frames); others run on
+// a goroutine of their own, so that the caller's deadline still bounds them.
+func TestInProcessInline(t *testing.T) {
+	s := NewServer([]byte("k"))
+	onCaller := func() bool {
+		buf := make([]byte, 64<<10)
+		return strings.Contains(string(buf[:runtime.Stack(buf, false)]), ".TestInProcessInline(") // the test function itself, not its closures
+	}
+	Handle(s, MLookup, func(ctx context.Context, r *LookupReq) (*AttrResp, error) {
+		if !onCaller() {
+			return nil, Errorf(syscall.EIO, "inline method ran on another goroutine")
+		}
+		return &AttrResp{Attr: Attr{Ino: r.Parent}}, nil
+	})
+	Handle(s, MGetAttr, func(ctx context.Context, r *GetAttrReq) (*AttrResp, error) {
+		if onCaller() {
+			return nil, Errorf(syscall.EIO, "non-inline method ran on the caller's goroutine")
+		}
+		return &AttrResp{Attr: Attr{Ino: r.Ino}}, nil
+	})
+	s.Inline(MLookup)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close() })
+	addr := ln.Addr().String()
+	if err := waitLocal(addr); err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(addr, ClientConfig{Key: []byte("k")})
+	defer c.Close()
+	var a AttrResp
+	if err := c.Call(context.Background(), MLookup, &LookupReq{Parent: 7, Name: "x"}, &a); err != nil || a.Attr.Ino != 7 {
+		t.Fatalf("inline call: %+v %v", a, err)
+	}
+	if err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 9}, &a); err != nil || a.Attr.Ino != 9 {
+		t.Fatalf("goroutine call: %+v %v", a, err)
 	}
 }

@@ -54,6 +54,7 @@ type Server struct {
 	MaxInflight int                                        // per connection; default 256
 	Observe     func(m Method, d time.Duration, err error) // optional metrics hook
 	handlers    map[Method]HandlerFunc
+	inline      map[Method]bool
 
 	mu struct {
 		sync.Mutex
@@ -73,6 +74,18 @@ func NewServer(key []byte) *Server {
 
 // Register adds an untyped handler.
 func (s *Server) Register(m Method, h HandlerFunc) { s.handlers[m] = h }
+
+// Inline marks methods whose handlers only read the server's own memory or
+// local store and return in microseconds: an in-process caller runs them
+// on its own goroutine (see local.go). Call before Serve.
+func (s *Server) Inline(ms ...Method) {
+	if s.inline == nil {
+		s.inline = map[Method]bool{}
+	}
+	for _, m := range ms {
+		s.inline[m] = true
+	}
+}
 
 // Serve accepts on ln until Close. It returns nil after Close.
 func (s *Server) Serve(ln net.Listener) error {
