@@ -435,3 +435,39 @@ func TestGoLine(t *testing.T) {
 	}
 	sleepUntil(1)
 }
+
+// A run at one thread count is drawn as bars grouped by phase (in workload
+// order), not as a column of single points.
+func TestBarPlotForOneThreadCount(t *testing.T) {
+	var rs []Result
+	for _, sys := range []string{"local", "strata"} {
+		for i, ph := range []string{"remove", "create", "stat"} {
+			rs = append(rs, Result{System: sys, Workload: "meta", Phase: ph, Threads: 4, Clients: 1, Value: float64(100 * (i + 1)), Unit: "ops/s"})
+		}
+	}
+	p, err := workloadPlot("meta", rs, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.X.Label.Text != "4 threads" {
+		t.Fatalf("x label %q", p.X.Label.Text)
+	}
+	var labels []string
+	for _, tk := range p.X.Tick.Marker.Ticks(p.X.Min, p.X.Max) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	if strings.Join(labels, ",") != "create,stat,remove" {
+		t.Fatalf("groups %v, want create,stat,remove", labels)
+	}
+	// Several thread counts keep the line plot.
+	rs = append(rs, Result{System: "local", Workload: "meta", Phase: "create", Threads: 8, Clients: 1, Value: 5, Unit: "ops/s"})
+	p, err = workloadPlot("meta", rs, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.X.Label.Text != "threads" {
+		t.Fatalf("x label %q for a sweep", p.X.Label.Text)
+	}
+}

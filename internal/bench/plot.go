@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -88,6 +89,13 @@ func workloadPlot(workload string, rs []Result, title string) (*plot.Plot, error
 			multiClients = true
 		}
 	}
+	threadSet := map[int]bool{}
+	for _, r := range rs {
+		threadSet[r.Threads] = true
+	}
+	if len(threadSet) == 1 && !multiClients {
+		return barPlot(p, rs)
+	}
 	type series struct {
 		name string
 		pts  plotter.XYs
@@ -144,5 +152,54 @@ func workloadPlot(workload string, rs []Result, title string) (*plot.Plot, error
 	if p.Y.Max == 0 {
 		p.Y.Max = 1
 	}
+	return p, nil
+}
+
+// barPlot draws a run at a single thread count as grouped bars: one group
+// per phase, one bar per system (a line plot of one point per series
+// would be a column of dots).
+func barPlot(p *plot.Plot, rs []Result) (*plot.Plot, error) {
+	var phases, systems []string
+	val := map[[2]string]float64{}
+	for _, r := range rs {
+		k := [2]string{r.System, r.Phase}
+		if _, ok := val[k]; !ok {
+			if !slices.Contains(systems, r.System) {
+				systems = append(systems, r.System)
+			}
+			if !slices.Contains(phases, r.Phase) {
+				phases = append(phases, r.Phase)
+			}
+		}
+		val[k] = math.Max(val[k], r.Value)
+	}
+	sort.SliceStable(phases, func(a, b int) bool {
+		return phaseOrder(rs[0].Workload, phases[a]) < phaseOrder(rs[0].Workload, phases[b])
+	})
+	hi := 0.0
+	for _, v := range val {
+		hi = math.Max(hi, v)
+	}
+	p.X.Label.Text = fmt.Sprintf("%d threads", rs[0].Threads)
+	w := vg.Points(max(6, 60/float64(len(systems))))
+	for i, sys := range systems {
+		vs := make(plotter.Values, len(phases))
+		for j, ph := range phases {
+			vs[j] = val[[2]string{sys, ph}]
+		}
+		b, err := plotter.NewBarChart(vs, w)
+		if err != nil {
+			return nil, err
+		}
+		b.Color = plotutil.Color(i)
+		b.LineStyle.Width = 0
+		b.Offset = w * vg.Length(float64(i)-float64(len(systems)-1)/2)
+		p.Add(b)
+		p.Legend.Add(sys, b)
+	}
+	p.NominalX(phases...)
+	p.X.Min, p.X.Max = -0.5, float64(len(phases))-0.5
+	p.Legend.Left = false
+	p.Y.Min, p.Y.Max = 0, math.Max(hi*1.45, 1) // room for the legend
 	return p, nil
 }
