@@ -240,7 +240,10 @@ func (in *inode) writeOut(w *wbuf) {
 	if w.budgeted {
 		c.budget.release(n)
 	}
-	if w.pooled {
+	if w.pooled && err == nil {
+		// After a failure the call may have been abandoned with the
+		// handler still reading the buffer (an in-process store borrows
+		// it, rpc/local.go): leave it to the garbage collector.
 		putBuf(w.buf)
 	}
 }

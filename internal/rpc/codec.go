@@ -70,6 +70,10 @@ func (e *Enc) Strings(v []string) {
 type Dec struct {
 	B   []byte
 	err error
+	// tail, when set, is the last field's bytes held apart from B (an
+	// in-process request handed over without copying, local.go): Bytes
+	// returns it for the field whose length prefix ends B.
+	tail []byte
 }
 
 // NewDec returns a decoder over b. Byte slices returned by Bytes alias b.
@@ -147,6 +151,15 @@ func (d *Dec) Bytes() []byte {
 	n := d.U64()
 	if d.err != nil {
 		return nil
+	}
+	if len(d.B) == 0 && d.tail != nil {
+		if n != uint64(len(d.tail)) {
+			d.Fail(fmt.Errorf("%w: field length %d but %d bytes handed over", ErrMalformed, n, len(d.tail)))
+			return nil
+		}
+		v := d.tail[:n:n]
+		d.tail = nil
+		return v
 	}
 	if n > maxFieldBytes || n > uint64(len(d.B)) {
 		d.Fail(fmt.Errorf("%w: field length %d exceeds %d remaining", ErrMalformed, n, len(d.B)))

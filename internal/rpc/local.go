@@ -20,7 +20,8 @@ import (
 //
 // Invariant: the semantics are the network path's. Requests and answers
 // are still encoded and decoded (a handler never sees the caller's memory,
-// a caller never sees the handler's), the cluster key must match, the
+// a caller never sees the handler's — except for the two lent byte fields
+// described below), the cluster key must match, the
 // handler runs in its own goroutine so the caller's deadline and
 // cancellation still bound the wait — except for methods the server marked
 // Inline (reads of its own memory or local store, done in microseconds),
@@ -28,6 +29,14 @@ import (
 // registered, so calls fall back to dialling and fail as for a dead peer.
 // Processes that host only one role (strata meta, strata store, strata
 // mount) never take this path.
+//
+// Large requests (WriteReq) lend their data: the handler reads the caller's
+// bytes in place during the call (handlers never keep request bytes after
+// returning: on the network path the frame buffer is recycled then too).
+// So a caller must not change or reuse a request's data until the call has
+// returned, and after a call that failed — which may have been abandoned
+// while the handler still runs — not at all (the client drops such a
+// buffer to the garbage collector instead of its pool).
 //
 // Large answers (ReadResp) are not encoded into a fresh buffer: when the
 // answer is a tailer and the caller's resp copies out (ReadResp.Into), only
@@ -84,7 +93,13 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		return &Error{Errno: syscall.ENOSYS, Msg: fmt.Sprintf("method %d not served here", m)}
 	}
 	var e Enc
-	req.Encode(&e)
+	dec := &Dec{}
+	if t, ok := req.(tailer); ok {
+		dec.tail = t.EncodeHead(&e) // the write's data is lent, not copied
+	} else {
+		req.Encode(&e)
+	}
+	dec.B = e.B
 	// The handler's context carries the deadline. When the caller's ctx
 	// already ends by then (the usual case: clients set one per call),
 	// ctx serves as both the handler's bound and ours — no second timer.
@@ -108,7 +123,7 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	done := make(chan localResult, 1)
 	run := func() {
 		start := time.Now()
-		out, err := h(hctx, NewDec(e.B))
+		out, err := h(hctx, dec)
 		var r localResult
 		if err != nil {
 			en := ErrnoOf(err)

@@ -419,3 +419,48 @@ func TestInProcessInline(t *testing.T) {
 		t.Fatalf("goroutine call: %+v %v", a, err)
 	}
 }
+
+// TestInProcessWriteLendsData: an in-process write's data reaches the
+// handler without a copy (the store reads the caller's bytes during the
+// call); a request whose lent field does not match its length prefix is
+// refused.
+func TestInProcessWriteLendsData(t *testing.T) {
+	s := NewServer([]byte("k"))
+	var seen *byte
+	Handle(s, SWrite, func(ctx context.Context, r *WriteReq) (*Empty, error) {
+		if len(r.Data) > 0 {
+			seen = &r.Data[0]
+		}
+		if string(r.Data) != "payload" || r.Off != 9 {
+			return nil, Errorf(syscall.EINVAL, "got %q at %d", r.Data, r.Off)
+		}
+		return &Empty{}, nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close() })
+	if err := waitLocal(ln.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(ln.Addr().String(), ClientConfig{Key: []byte("k")})
+	defer c.Close()
+	data := []byte("payload")
+	if err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 2}, Off: 9, Data: data}, &Empty{}); err != nil {
+		t.Fatal(err)
+	}
+	if seen != &data[0] {
+		t.Fatal("the handler got a copy of the write's data")
+	}
+	var e Enc
+	req := &WriteReq{Chunk: ChunkID{1, 2}, Data: data}
+	req.EncodeHead(&e)
+	d := &Dec{B: e.B, tail: data[:3]}
+	var got WriteReq
+	got.Decode(d)
+	if d.Err() == nil {
+		t.Fatal("a lent field shorter than its length prefix decoded")
+	}
+}

@@ -31,8 +31,8 @@ func Handle[Req any, PReq interface {
 		if err := d.Err(); err != nil {
 			return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("decode request %d: %v", m, err)}
 		}
-		if len(d.B) != 0 {
-			return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("decode request %d: %d trailing bytes", m, len(d.B))}
+		if len(d.B) != 0 || d.tail != nil {
+			return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("decode request %d: %d trailing bytes", m, len(d.B)+len(d.tail))}
 		}
 		return fn(ctx, req)
 	}
