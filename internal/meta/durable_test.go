@@ -101,3 +101,24 @@ func TestDedupeAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Before the state machine's store persists a memtable, the raft log is made
+// durable up to everything applied: the persisted state never runs ahead of
+// the persisted log.
+func TestStoreFlushSyncsLogFirst(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.SyncDelay = time.Hour
+	s := openService(t, cfg)
+	c := newClient(t, s.Addr())
+	time.Sleep(50 * time.Millisecond) // past the eager-sync window of the session open
+	c.mustCreate(1, "d", dirMode)
+	if d, a := s.node.Stats().DurableIndex, s.fsm.AppliedIndex(); d >= a {
+		t.Fatalf("precondition: mkdir answered with durable %d >= applied %d", d, a)
+	}
+	if err := s.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if d, a := s.node.Stats().DurableIndex, s.fsm.AppliedIndex(); d < a {
+		t.Fatalf("store flushed with the log durable only to %d of %d applied", d, a)
+	}
+}
