@@ -39,6 +39,10 @@ type Client struct {
 	// MSync barrier covered. Fsync and close barrier when they differ.
 	metaChanged atomic.Uint64
 	metaDurable atomic.Uint64
+	// durableIdx is the highest raft index the metadata service said is
+	// durable (MSync answers): a created file's close barriers on the
+	// index its create answered with (ChangeResp.Index).
+	durableIdx atomic.Uint64
 
 	budget *budget // write-behind (and read-ahead) memory
 	dirs   *dirCache
@@ -199,7 +203,7 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 			switch {
 			case answeredBeforeDurable(m):
 				c.metaChanged.Add(1)
-			case err == nil && answeredDurable(m):
+			case err == nil && answeredDurable(m, req):
 				c.noteDurable(changed) // the log is sequential: earlier changes are durable too
 			}
 			c.m.metaOps.Inc()
@@ -239,16 +243,39 @@ func answeredBeforeDurable(m rpc.Method) bool {
 }
 
 // answeredDurable reports whether the answer to m comes only once m's
-// change — and so every change applied before it — is on stable storage.
-func answeredDurable(m rpc.Method) bool { return m == rpc.MCommitSize || m == rpc.MSync }
+// change — and so every change applied before it — is on stable storage
+// (an MSync for one index only covers up to that index).
+func answeredDurable(m rpc.Method, req rpc.Message) bool {
+	if m == rpc.MSync {
+		r, ok := req.(*rpc.SyncReq)
+		return ok && r.Index == 0
+	}
+	return m == rpc.MCommitSize
+}
 
-func (c *Client) noteDurable(n uint64) {
+func (c *Client) noteDurable(n uint64) { storeMax(&c.metaDurable, n) }
+
+func storeMax(v *atomic.Uint64, n uint64) {
 	for {
-		cur := c.metaDurable.Load()
-		if n <= cur || c.metaDurable.CompareAndSwap(cur, n) {
+		cur := v.Load()
+		if n <= cur || v.CompareAndSwap(cur, n) {
 			return
 		}
 	}
+}
+
+// syncMetaIndex returns once the metadata log is durable up to raft index
+// idx (the create of a file this client made).
+func (c *Client) syncMetaIndex(ctx context.Context, idx uint64) error {
+	if idx == 0 || c.durableIdx.Load() >= idx {
+		return nil
+	}
+	var resp rpc.SyncResp
+	if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{Index: idx}, &resp); err != nil {
+		return metaErr(c, "sync", err)
+	}
+	storeMax(&c.durableIdx, resp.Durable)
+	return nil
 }
 
 // SyncMeta returns once every namespace change this client made is on the
@@ -264,9 +291,11 @@ func (c *Client) syncMetaUpTo(ctx context.Context, seq uint64) error {
 	if c.metaDurable.Load() >= seq {
 		return nil
 	}
-	if err := c.metaCall(ctx, rpc.MSync, &rpc.Empty{}, nil); err != nil {
+	var resp rpc.SyncResp
+	if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{}, &resp); err != nil {
 		return metaErr(c, "sync", err)
 	}
+	storeMax(&c.durableIdx, resp.Durable)
 	return nil
 }
 

@@ -48,16 +48,15 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 	if c.closed() {
 		return nil, ErrClosed
 	}
-	a, err := c.Create(ctx, parent, name, mode, uid, gid)
+	a, idx, err := c.createIdx(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid})
 	if err != nil {
 		return nil, err
 	}
-	seq := c.metaChanged.Load()
 	f, err := c.openAttr(ctx, &a, flags&^syscall.O_TRUNC)
 	if err != nil {
 		return nil, err
 	}
-	f.in.noteMetaChange(seq) // close must make the creation durable
+	f.in.noteMetaIndex(idx, c.metaChanged.Load()) // close must make the creation durable
 	return f, nil
 }
 
@@ -417,9 +416,15 @@ func (f *File) Fsync(ctx context.Context) error {
 		return err
 	}
 	in.mu.Lock()
-	seq := in.mu.metaSeq
+	seq, idx, idxSeq := in.mu.metaSeq, in.mu.metaIndex, in.mu.metaIndexSeq
 	in.mu.Unlock()
-	return f.c.syncMetaUpTo(ctx, seq) // the file's creation, mode changes…
+	if err := f.c.syncMetaUpTo(ctx, seq); err != nil { // mode changes…
+		return err
+	}
+	if f.c.metaDurable.Load() >= idxSeq {
+		return nil // a durable answer (the size commit) came after the creation
+	}
+	return f.c.syncMetaIndex(ctx, idx) // the file's creation
 }
 
 // Release closes the handle: it flushes like Flush (cheap when nothing is

@@ -71,10 +71,25 @@ type inode struct {
 		attr      rpc.Attr   // attributes from the last open or commit (atime logic, keep-cache)
 		atimeBusy bool       // an atime update is in flight
 		// metaSeq is the client's metaChanged count after its last
-		// namespace change of this inode (create, chmod, …): fsync and
-		// close make the metadata log durable at least up to there.
-		metaSeq uint64
+		// namespace change of this inode (chmod, utimes, …), metaIndex
+		// the raft index of its creation by this client: fsync and close
+		// make the metadata log durable at least up to there.
+		metaSeq   uint64
+		metaIndex uint64
+		// metaIndexSeq is the metaChanged count after the creation: a
+		// durable answer (a size commit) sent later covers it too.
+		metaIndexSeq uint64
 	}
+}
+
+// noteMetaIndex records the raft index of the inode's creation, made when
+// the client's change count was seq.
+func (in *inode) noteMetaIndex(idx, seq uint64) {
+	in.mu.Lock()
+	if idx > in.mu.metaIndex {
+		in.mu.metaIndex, in.mu.metaIndexSeq = idx, seq
+	}
+	in.mu.Unlock()
 }
 
 // noteMetaChange records that the client's namespace changes up to seq

@@ -184,18 +184,24 @@ func (c *Client) Symlink(ctx context.Context, parent uint64, name, target string
 }
 
 func (c *Client) create(ctx context.Context, req *rpc.CreateReq) (rpc.Attr, error) {
+	a, _, err := c.createIdx(ctx, req)
+	return a, err
+}
+
+// createIdx is create that also returns the change's raft index.
+func (c *Client) createIdx(ctx context.Context, req *rpc.CreateReq) (rpc.Attr, uint64, error) {
 	if err := checkName(req.Name); err != nil {
-		return rpc.Attr{}, err
+		return rpc.Attr{}, 0, err
 	}
 	req.Hdr = c.hdr()
 	var resp rpc.ChangeResp
 	gen, at := c.dirs.begin()
 	if err := c.metaCall(ctx, rpc.MCreate, req, &resp); err != nil {
-		return rpc.Attr{}, metaErr(c, "create", err)
+		return rpc.Attr{}, 0, metaErr(c, "create", err)
 	}
 	c.dirs.note(resp.Dir, gen, at)
 	c.m.op("create")
-	return resp.Attr, nil
+	return resp.Attr, resp.Index, nil
 }
 
 // Unlink removes a non-directory entry and answers the victim's attributes

@@ -297,6 +297,9 @@ func (n *Node) WaitDurable(index uint64, timeout time.Duration) error {
 	return n.wal.WaitDurable(index, timeout)
 }
 
+// DurableIndex is the last log index on stable storage.
+func (n *Node) DurableIndex() uint64 { return n.wal.durableIndex() }
+
 // SyncLog makes every entry written to the log so far durable. A state
 // machine calls it before persisting applied state (with DeferSync the
 // log could otherwise be behind the state after a machine crash). After

@@ -29,7 +29,7 @@ func TestDurabilityOfAnswers(t *testing.T) {
 	if _, err := c.unlink(1, "f"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.call(rpc.MSync, &rpc.Empty{}, &rpc.Empty{}); err != nil {
+	if err := c.call(rpc.MSync, &rpc.SyncReq{}, &rpc.SyncResp{}); err != nil {
 		t.Fatalf("MSync: %v", err)
 	}
 	if d, a := durable(), s.fsm.AppliedIndex(); d < a {
@@ -120,5 +120,35 @@ func TestStoreFlushSyncsLogFirst(t *testing.T) {
 	}
 	if d, a := s.node.Stats().DurableIndex, s.fsm.AppliedIndex(); d < a {
 		t.Fatalf("store flushed with the log durable only to %d of %d applied", d, a)
+	}
+}
+
+// A create answers its raft index; MSync for that index returns once the
+// log is durable at least that far, and says how far.
+func TestSyncToIndex(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.SyncDelay = time.Hour
+	s := openService(t, cfg)
+	c := newClient(t, s.Addr())
+	time.Sleep(50 * time.Millisecond) // past the eager-sync window of the session open
+	var ch rpc.ChangeResp
+	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: 1, Name: "d", Mode: dirMode}, &ch); err != nil {
+		t.Fatal(err)
+	}
+	if ch.Index == 0 || ch.Index != s.fsm.AppliedIndex() {
+		t.Fatalf("create answered index %d, applied %d", ch.Index, s.fsm.AppliedIndex())
+	}
+	if ch.Dir.Ino != 1 || ch.Dir.Nlink != 3 {
+		t.Fatalf("directory attributes in the answer: %+v", ch.Dir)
+	}
+	if d := s.node.DurableIndex(); d >= ch.Index {
+		t.Fatalf("precondition: durable %d >= %d before any wait", d, ch.Index)
+	}
+	var r rpc.SyncResp
+	if err := c.call(rpc.MSync, &rpc.SyncReq{Index: ch.Index}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Durable < ch.Index || s.node.DurableIndex() < ch.Index {
+		t.Fatalf("MSync to %d answered durable %d (node: %d)", ch.Index, r.Durable, s.node.DurableIndex())
 	}
 }

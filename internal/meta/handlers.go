@@ -188,11 +188,11 @@ func (s *Service) register() {
 	handle(s, rpc.MRemoveXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opRemoveXattr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Name: r.Name})
 	})
-	handle(s, rpc.MSync, func(_ context.Context, _ *rpc.Empty) (rpc.Message, error) {
-		if err := s.syncLog(); err != nil {
+	handle(s, rpc.MSync, func(_ context.Context, r *rpc.SyncReq) (rpc.Message, error) {
+		if err := s.syncLogTo(r.Index); err != nil {
 			return nil, err
 		}
-		return empty, nil
+		return &rpc.SyncResp{Durable: s.node.DurableIndex()}, nil
 	})
 	handle(s, rpc.MCommitSize, func(_ context.Context, r *rpc.CommitSizeReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid})

@@ -44,10 +44,11 @@ const (
 // everything before it changes anything, and only dentry/xattr writes go
 // straight to the batch, after the checks.
 type opCtx struct {
-	f   *fsm
-	b   kv.Batch
-	now int64
-	n   int
+	f     *fsm
+	b     kv.Batch
+	now   int64
+	index uint64 // raft index of the command (0 without a log: tests)
+	n     int
 	c   [opCacheEntries]struct {
 		ino     uint64
 		in      schema.Inode
@@ -225,8 +226,8 @@ func attrBody(ino uint64, in *schema.Inode) []byte {
 }
 
 // changeBody answers a change of an entry of directory dir (ChangeResp).
-func changeBody(ino uint64, in *schema.Inode, dir uint64, d *schema.Inode) []byte {
-	r := rpc.ChangeResp{Attr: toAttr(ino, in), Dir: toAttr(dir, d)}
+func (x *opCtx) changeBody(ino uint64, in *schema.Inode, dir uint64, d *schema.Inode) []byte {
+	r := rpc.ChangeResp{Attr: toAttr(ino, in), Dir: toAttr(dir, d), Index: x.index}
 	return rpc.Marshal(&r)
 }
 
@@ -366,7 +367,7 @@ func (x *opCtx) create(c *command) ([]byte, error) {
 	if err := x.setDentry(c.Parent, c.Name, schema.Dentry{Ino: ino, Type: in.Mode & modeType}); err != nil {
 		return nil, err
 	}
-	return changeBody(ino, &in, c.Parent, parent), nil
+	return x.changeBody(ino, &in, c.Parent, parent), nil
 }
 
 // placeFile chooses a new file's layout: the directory default (zero fields
@@ -511,7 +512,7 @@ func (x *opCtx) unlink(c *command) ([]byte, error) {
 	if err := x.dropLink(de.Ino, in); err != nil {
 		return nil, err
 	}
-	return changeBody(de.Ino, in, c.Parent, parent), nil
+	return x.changeBody(de.Ino, in, c.Parent, parent), nil
 }
 
 func (x *opCtx) rmdir(c *command) ([]byte, error) {

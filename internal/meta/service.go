@@ -366,8 +366,15 @@ func (s *Service) propose(c *command) (*result, error) {
 // syncLog waits until everything applied so far is on stable storage: the
 // barrier behind a client's fsync and close (MSync) and before the reaper
 // deletes data.
-func (s *Service) syncLog() error {
-	if err := s.node.WaitDurable(s.fsm.AppliedIndex(), applyTimeout); err != nil {
+func (s *Service) syncLog() error { return s.syncLogTo(0) }
+
+// syncLogTo waits until the log is durable up to index (0 or beyond what
+// was applied: up to everything applied).
+func (s *Service) syncLogTo(index uint64) error {
+	if a := s.fsm.AppliedIndex(); index == 0 || index > a {
+		index = a
+	}
+	if err := s.node.WaitDurable(index, applyTimeout); err != nil {
 		return rpc.Errorf(syscall.EIO, "metadata log not durable: %v", err)
 	}
 	return nil

@@ -31,9 +31,10 @@ const (
 	MServerHeartbeat
 	MClusterStatus
 	MListTargets
-	// MSync (request and answer Empty) returns once every namespace change
-	// the service has applied is on stable storage: the barrier behind a
-	// client's fsync, fsyncdir and close under the sync policy.
+	// MSync (SyncReq, SyncResp) returns once the namespace changes the
+	// service has applied (or those up to a given raft index) are on stable
+	// storage: the barrier behind a client's fsync, fsyncdir and close
+	// under the sync policy.
 	MSync
 )
 
@@ -122,20 +123,40 @@ func (m *AttrResp) Decode(d *Dec) { m.Attr.Decode(d) }
 // change, and its directory's. A client serves the directory's attributes
 // from them for a short while instead of asking again (the kernel asks for
 // them after every change in the directory, to check permissions).
+//
+// Index is the change's raft index: a client that must make the change
+// durable (close of a file it created) asks MSync for exactly that index.
 type ChangeResp struct {
-	Attr Attr
-	Dir  Attr
+	Attr  Attr
+	Dir   Attr
+	Index uint64
 }
 
 func (m *ChangeResp) Encode(e *Enc) {
 	m.Attr.Encode(e)
 	m.Dir.Encode(e)
+	e.U64(m.Index)
 }
 
 func (m *ChangeResp) Decode(d *Dec) {
 	m.Attr.Decode(d)
 	m.Dir.Decode(d)
+	m.Index = d.U64()
 }
+
+// SyncReq asks MSync to return once the raft log is on stable storage up
+// to Index (0: everything applied so far).
+type SyncReq struct{ Index uint64 }
+
+func (m *SyncReq) Encode(e *Enc) { e.U64(m.Index) }
+func (m *SyncReq) Decode(d *Dec) { m.Index = d.U64() }
+
+// SyncResp answers MSync: the log is durable up to Durable (≥ the index
+// asked for).
+type SyncResp struct{ Durable uint64 }
+
+func (m *SyncResp) Encode(e *Enc) { e.U64(m.Durable) }
+func (m *SyncResp) Decode(d *Dec) { m.Durable = d.U64() }
 
 // SessionOpenReq starts a client session (one per mount or library user).
 // Sessions own locks and the set of open inodes; a session whose heartbeats
