@@ -49,7 +49,7 @@ type opCtx struct {
 	now   int64
 	index uint64 // raft index of the command (0 without a log: tests)
 	n     int
-	c   [opCacheEntries]struct {
+	c     [opCacheEntries]struct {
 		ino     uint64
 		in      schema.Inode
 		dirty   bool
