@@ -310,3 +310,42 @@ func TestOrphanReapingMany(t *testing.T) {
 		waitFor(t, "inode reaped", func() bool { _, err := c.getattr(ino); return err != nil })
 	}
 }
+
+// TestCloseWhileReaping: Close stops the reaper before raft, so a reaper
+// that is proposing when Close starts cannot leave Close waiting for an
+// answer raft will never give (hashicorp/raft does not answer a proposal
+// enqueued after its shutdown).
+func TestCloseWhileReaping(t *testing.T) {
+	for round := 0; round < 3; round++ {
+		cfg := testConfig(t, "")
+		cfg.OrphanGrace = 10 * time.Millisecond
+		s, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store := newFakeStore(t)
+		c := newClient(t, s.Addr())
+		c.registerTargets(store.addr, "t1")
+		const n = 300
+		for i := 0; i < n; i++ {
+			c.mustCreate(1, fmt.Sprintf("f%d", i), fileMode)
+		}
+		for i := 0; i < n; i++ {
+			c.unlink(1, fmt.Sprintf("f%d", i))
+		}
+		if err := c.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.id}, nil); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "reaping under way", func() bool { return len(store.removed()) > 0 })
+		done := make(chan error, 1)
+		go func() { done <- s.Close() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("close: %v", err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("Close still waiting 60 s after it was called while orphans were being reaped")
+		}
+	}
+}

@@ -210,13 +210,17 @@ func (s *Service) Close() error {
 			s.web.Shutdown(ctx)
 			cancel()
 		}
+		// Stop the leader loop (and the other service goroutines) while
+		// raft still runs: a proposal enqueued after raft's shutdown is
+		// never answered (hashicorp/raft leaves its future waiting), so a
+		// reaper proposing at that moment would hang Close.
+		s.wg.Wait()
 		if s.node != nil {
 			s.snapshotBeforeClose()
 			if err := s.node.Close(); err != nil {
 				errs = append(errs, err)
 			}
 		}
-		s.wg.Wait()
 		s.peers.Lock()
 		for _, c := range s.peers.m {
 			c.Close()
