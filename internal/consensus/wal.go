@@ -70,6 +70,10 @@ type wal struct {
 	// smu is held around fdatasync of segments and around closing them, so
 	// that the syncer never syncs a closed file.
 	smu sync.Mutex
+	// syncMu serialises syncOnce: a sync takes the dirty set, so a second
+	// one running beside it would find nothing to sync and claim its
+	// target durable too early.
+	syncMu sync.Mutex
 
 	deferSync bool
 	syncDelay time.Duration
@@ -197,6 +201,8 @@ func (w *wal) kickSync() {
 
 // syncOnce makes every entry written so far durable.
 func (w *wal) syncOnce() {
+	w.syncMu.Lock()
+	defer w.syncMu.Unlock()
 	w.ds.Lock()
 	w.ds.armed = false
 	target := w.ds.written
@@ -298,6 +304,17 @@ func (w *wal) WaitDurable(index uint64, timeout time.Duration) error {
 		}
 		select {
 		case <-w.stop:
+			// Closing: the syncer is gone (Close syncs once more). Sync
+			// here rather than fail a wait that Close would satisfy.
+			w.ds.Unlock()
+			w.syncOnce()
+			w.ds.Lock()
+			if w.ds.synced >= min(index, w.ds.written) {
+				return nil
+			}
+			if w.ds.err != nil {
+				return w.ds.err
+			}
 			return errWALClosed
 		default:
 		}
