@@ -197,12 +197,12 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 		err := c.meta.Call(cctx, m, req, resp)
 		cancel()
 		if err == nil || !retryableMeta(err) {
-			if answeredBeforeDurable(m) && m != rpc.MCreate && m != rpc.MUnlink {
-				c.dirs.reset() // creates and unlinks answer their directory's attributes
-			}
 			switch {
 			case answeredBeforeDurable(m):
 				c.metaChanged.Add(1)
+				if m != rpc.MCreate && m != rpc.MUnlink {
+					c.dirs.reset() // creates and unlinks answer their directory's attributes
+				}
 			case err == nil && answeredDurable(m, req):
 				c.noteDurable(changed) // the log is sequential: earlier changes are durable too
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -211,8 +212,7 @@ const localWorkersMax = 64
 
 var (
 	localWork    = make(chan func())
-	localWorkers sync.Mutex
-	localIdleCap = localWorkersMax
+	localWorkers atomic.Int32 // long-lived workers started so far
 )
 
 func goLocal(f func()) {
@@ -221,13 +221,8 @@ func goLocal(f func()) {
 		return
 	default:
 	}
-	localWorkers.Lock()
-	spawn := localIdleCap > 0
-	if spawn {
-		localIdleCap--
-	}
-	localWorkers.Unlock()
-	if !spawn {
+	if localWorkers.Add(1) > localWorkersMax {
+		localWorkers.Add(-1)
 		go f()
 		return
 	}
