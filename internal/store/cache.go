@@ -36,6 +36,11 @@ func newChunkCache(s *Server, max int) *chunkCache {
 	return cc
 }
 
+// maxCreateJoins bounds how often a creator joins another caller's open
+// that then finds no chunk (a reader's, which does not create); each such
+// join means that open finished, so the creator soon opens its own.
+const maxCreateJoins = 64
+
 // get returns a referenced handle for (t, ino), opening the chunk if
 // needed; with create a missing chunk is created, without it errNotExist is
 // returned. The caller must release the handle.
@@ -53,7 +58,7 @@ func (cc *chunkCache) get(t *target, ino uint64, create bool) (*chunk, error) {
 			}
 			cc.release(c)
 			// Another caller's open failed; a creator tries itself.
-			if errors.Is(c.openErr, errNotExist) && create && attempt < 3 {
+			if errors.Is(c.openErr, errNotExist) && create && attempt < maxCreateJoins {
 				continue
 			}
 			return nil, c.openErr
@@ -68,14 +73,18 @@ func (cc *chunkCache) get(t *target, ino uint64, create bool) (*chunk, error) {
 		}
 		err := c.open(create, cc.s)
 		c.openErr = err
-		close(c.ready)
 		if err != nil {
+			// Out of the map before the waiters wake: a creator that
+			// joined this failed open retries with an entry of its own
+			// instead of finding this one again.
 			cc.mu.Lock()
 			cc.dropLocked(c)
 			cc.mu.Unlock()
+			close(c.ready)
 			cc.release(c)
 			return nil, err
 		}
+		close(c.ready)
 		return c, nil
 	}
 }

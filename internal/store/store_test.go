@@ -488,3 +488,44 @@ func FuzzSumHeader(f *testing.F) {
 		}
 	})
 }
+
+// A write that creates a chunk must succeed while readers keep finding the
+// chunk absent: their failed opens may not be mistaken for the creator's.
+func TestCreateWhileReadersFindChunkAbsent(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	for ino := uint64(100); ino < 160; ino++ {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		for i := 0; i < 4; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := 0; n < 100000; n++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if _, err := e.read(1, ino, 0, 4096); err != nil {
+						errs <- fmt.Errorf("read of ino %d: %w", ino, err)
+						return
+					}
+				}
+			}()
+		}
+		err := e.write(1, ino, 0, pattern(int(ino), 3000), false)
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("write creating ino %d beside readers: %v", ino, err)
+		}
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		if got := e.mustRead(1, ino, 0, 4096); !bytes.Equal(got, pattern(int(ino), 3000)) {
+			t.Fatalf("ino %d: read back differs", ino)
+		}
+	}
+}
