@@ -195,7 +195,7 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy bool) (Re
 	var err error
 	var d ReadData
 	if f.direct || f.c.cfg.ReadAheadBytes == 0 {
-		err = f.c.readRange(ctx, in, p, off)
+		err = f.c.readRange(ctx, in, p, off, false)
 	} else {
 		d, err = f.ra.read(ctx, p, off, size, gen, zeroCopy)
 	}
@@ -213,11 +213,13 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy bool) (Re
 }
 
 // readRange reads [off, off+len(p)) from the stores, one call per slot in
-// parallel; short chunks and holes read as zeros.
-func (c *Client) readRange(ctx context.Context, in *inode, p []byte, off int64) error {
+// parallel; short chunks and holes read as zeros. owned says that p is the
+// caller's for good and is dropped, never reused, after a failure: then an
+// in-process store may read straight into it (rpc.ReadResp.Direct).
+func (c *Client) readRange(ctx context.Context, in *inode, p []byte, off int64, owned bool) error {
 	rs := slotRanges(&in.layout, off, int64(len(p)))
 	if len(rs) == 1 {
-		return c.readSlot(ctx, in, &rs[0], p, off)
+		return c.readSlot(ctx, in, &rs[0], p, off, owned)
 	}
 	errs := make([]error, len(rs))
 	var wg sync.WaitGroup
@@ -225,7 +227,7 @@ func (c *Client) readRange(ctx context.Context, in *inode, p []byte, off int64) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = c.readSlot(ctx, in, &rs[i], p, off)
+			errs[i] = c.readSlot(ctx, in, &rs[i], p, off, owned)
 		}()
 	}
 	wg.Wait()
@@ -234,7 +236,7 @@ func (c *Client) readRange(ctx context.Context, in *inode, p []byte, off int64) 
 
 // readSlot reads one slot's part of a range and scatters it into p (which
 // starts at file offset base).
-func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte, base int64) error {
+func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte, base int64, owned bool) error {
 	target := in.layout.Targets[r.slot]
 	var resp rpc.ReadResp
 	// The answer is copied once, by the transport, into Into: straight
@@ -244,6 +246,7 @@ func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte
 		e := r.ext[0]
 		dst := p[e.FileOff-base : e.FileOff-base+e.Len]
 		resp.Into = dst
+		resp.Direct = owned
 		req := &rpc.ReadReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(r.chunkOff), Len: uint32(r.n)}
 		if err := c.storeCall(ctx, "read", target, rpc.SRead, req, &resp); err != nil {
 			return err

@@ -126,7 +126,7 @@ func (ra *readahead) read(ctx context.Context, p []byte, off, size int64, gen ui
 			return ReadData{}, nil
 		}
 	}
-	return ReadData{}, c.readRange(ctx, ra.f.in, p, off)
+	return ReadData{}, c.readRange(ctx, ra.f.in, p, off, false)
 }
 
 // prefetchLocked starts blocks so that [from, from+ReadAheadBytes) (up to
@@ -157,7 +157,7 @@ func (ra *readahead) prefetchLocked(from, size int64, gen uint64) {
 		ra.blocks = append(ra.blocks, b)
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.IOTimeout)
-			b.err = c.readRange(ctx, in, b.buf, b.off)
+			b.err = c.readRange(ctx, in, b.buf, b.off, true)
 			cancel()
 			c.m.bytesRA.Add(float64(b.n))
 			close(b.done)
@@ -175,7 +175,9 @@ func (ra *readahead) unrefLocked(b *raBlock) {
 	c := ra.f.c
 	go func() {
 		<-b.done
-		putBuf(b.buf)
+		if b.err == nil {
+			putBuf(b.buf)
+		} // else a store may still be reading into it (Direct): the GC takes it
 		c.budget.release(raBlockBytes)
 	}()
 }

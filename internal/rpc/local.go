@@ -45,7 +45,20 @@ import (
 // handler's buffer into its destination, and only then releases the
 // handler's answer (Release). If the caller gives up first, the handler's
 // goroutine releases it. So the caller still never aliases the handler's
-// memory, and one copy and one allocation per MiB are saved.
+// memory, and one copy and one allocation per MiB are saved. A caller that
+// owns its destination outright (ReadResp.Direct) lets the handler read
+// into it (LocalReadDest), which saves the remaining copy.
+
+// LocalReadDest returns, inside the handler of an in-process read whose
+// caller allowed it (ReadResp.Direct), the caller's destination buffer; the
+// handler may place the answer's bytes there and answer Data aliasing it.
+// Nil otherwise.
+func LocalReadDest(ctx context.Context) []byte {
+	b, _ := ctx.Value(readDestKey{}).([]byte)
+	return b
+}
+
+type readDestKey struct{}
 
 var localServers sync.Map // listen address (string) -> *Server
 
@@ -105,6 +118,11 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	// already ends by then (the usual case: clients set one per call),
 	// ctx serves as both the handler's bound and ours — no second timer.
 	hctx := context.WithValue(ctx, peerKey{}, "in-process")
+	if dd, ok := resp.(interface{ directDest() []byte }); ok {
+		if b := dd.directDest(); b != nil {
+			hctx = context.WithValue(hctx, readDestKey{}, b)
+		}
+	}
 	var timeout <-chan time.Time
 	if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
 		var cancel context.CancelFunc

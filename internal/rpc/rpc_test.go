@@ -327,18 +327,7 @@ func TestInProcessHandOver(t *testing.T) {
 		rels <- rr.released
 		return rr, nil
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	defer s.Close()
-	addr := ln.Addr().String()
-	if err := waitLocal(addr); err != nil {
-		t.Fatal(err)
-	}
-	c := NewClient(addr, ClientConfig{})
-	defer c.Close()
+	c := serveInProcess(t, s, nil)
 	want := bytes.Repeat([]byte{'d'}, 1<<20)
 
 	resp := ReadResp{Into: make([]byte, 1<<20)}
@@ -399,18 +388,7 @@ func TestInProcessInline(t *testing.T) {
 		return &AttrResp{Attr: Attr{Ino: r.Ino}}, nil
 	})
 	s.Inline(MLookup)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Close() })
-	addr := ln.Addr().String()
-	if err := waitLocal(addr); err != nil {
-		t.Fatal(err)
-	}
-	c := NewClient(addr, ClientConfig{Key: []byte("k")})
-	defer c.Close()
+	c := serveInProcess(t, s, []byte("k"))
 	var a AttrResp
 	if err := c.Call(context.Background(), MLookup, &LookupReq{Parent: 7, Name: "x"}, &a); err != nil || a.Attr.Ino != 7 {
 		t.Fatalf("inline call: %+v %v", a, err)
@@ -436,17 +414,7 @@ func TestInProcessWriteLendsData(t *testing.T) {
 		}
 		return &Empty{}, nil
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Close() })
-	if err := waitLocal(ln.Addr().String()); err != nil {
-		t.Fatal(err)
-	}
-	c := NewClient(ln.Addr().String(), ClientConfig{Key: []byte("k")})
-	defer c.Close()
+	c := serveInProcess(t, s, []byte("k"))
 	data := []byte("payload")
 	if err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 2}, Off: 9, Data: data}, &Empty{}); err != nil {
 		t.Fatal(err)
@@ -463,4 +431,58 @@ func TestInProcessWriteLendsData(t *testing.T) {
 	if d.Err() == nil {
 		t.Fatal("a lent field shorter than its length prefix decoded")
 	}
+}
+
+// TestInProcessDirectRead: with ReadResp.Direct the handler sees the
+// caller's destination (LocalReadDest) and may answer bytes placed there;
+// the caller gets them in Into without a copy. Without Direct the handler
+// sees none, and an answer in the handler's own memory is still copied.
+func TestInProcessDirectRead(t *testing.T) {
+	s := NewServer(nil)
+	Handle(s, SRead, func(ctx context.Context, r *ReadReq) (*ReadResp, error) {
+		if dst := LocalReadDest(ctx); dst != nil {
+			if len(dst) < int(r.Len) {
+				return nil, Errorf(syscall.EINVAL, "destination of %d bytes for %d", len(dst), r.Len)
+			}
+			for i := range dst[:r.Len] {
+				dst[i] = 'x'
+			}
+			return &ReadResp{Data: dst[:r.Len]}, nil
+		}
+		return &ReadResp{Data: bytes.Repeat([]byte{'c'}, int(r.Len))}, nil
+	})
+	c := serveInProcess(t, s, nil)
+	into := make([]byte, 4096)
+	resp := ReadResp{Into: into, Direct: true}
+	if err := c.Call(context.Background(), SRead, &ReadReq{Len: 4000}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Data) != 4000 || &resp.Data[0] != &into[0] || !bytes.Equal(resp.Data, bytes.Repeat([]byte{'x'}, 4000)) {
+		t.Fatalf("direct answer: %d bytes, aliasing Into: %v", len(resp.Data), len(resp.Data) > 0 && &resp.Data[0] == &into[0])
+	}
+	plain := ReadResp{Into: make([]byte, 4096)}
+	if err := c.Call(context.Background(), SRead, &ReadReq{Len: 4096}, &plain); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(plain.Data, bytes.Repeat([]byte{'c'}, 4096)) {
+		t.Fatal("without Direct the handler was given the destination, or the copy failed")
+	}
+}
+
+// serveInProcess serves s on a loopback listener and returns a client that
+// reaches it in-process (the local path), both closed with the test.
+func serveInProcess(t *testing.T, s *Server, key []byte) *Client {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close() })
+	if err := waitLocal(ln.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(ln.Addr().String(), ClientConfig{Key: key})
+	t.Cleanup(func() { c.Close() })
+	return c
 }

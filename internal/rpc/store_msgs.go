@@ -62,6 +62,20 @@ func (m *ReadReq) Decode(d *Dec) { m.Chunk.Decode(d); m.Off = d.U64(); m.Len = d
 type ReadResp struct {
 	Data []byte
 	Into []byte // optional destination, not sent on the wire
+	// Direct (in-process calls only, with Into): the handler may read
+	// straight into Into instead of into a buffer of its own that is then
+	// copied. The caller owns Into for good then: after a call that failed
+	// (it may have been abandoned while the handler still reads), Into may
+	// still be written, so it must be dropped, never reused.
+	Direct bool
+}
+
+// directDest is the destination an in-process handler may fill itself.
+func (m *ReadResp) directDest() []byte {
+	if m.Direct {
+		return m.Into
+	}
+	return nil
 }
 
 func (m *ReadResp) Encode(e *Enc) { e.Bytes(m.Data) }
@@ -96,6 +110,10 @@ func (m *ReadResp) decodeTail(d *Dec, tail []byte) {
 	}
 	if len(tail) > len(m.Into) {
 		d.Fail(fmt.Errorf("%w: read answer of %d bytes exceeds the %d-byte destination", ErrMalformed, len(tail), len(m.Into)))
+		return
+	}
+	if len(tail) > 0 && &tail[0] == &m.Into[0] {
+		m.Data = m.Into[:len(tail)] // the handler read into Into itself (Direct)
 		return
 	}
 	m.Data = m.Into[:copy(m.Into, tail)]

@@ -133,7 +133,7 @@ func benchChunk(b *testing.B, write bool) {
 			err = c.write(e.s, off, buf)
 		} else {
 			var r *readResp
-			r, err = c.read(e.s, off, 4096)
+			r, err = c.read(e.s, off, 4096, nil)
 			r.Release()
 		}
 		if err != nil {

@@ -499,7 +499,12 @@ func (c *chunk) corrupt(s *Server, off int64, got, want uint32) error {
 }
 
 // read returns up to n bytes at off, short only at the end of the chunk.
-func (c *chunk) read(s *Server, off int64, n int) (*readResp, error) {
+// With dest (an in-process caller's own buffer, rpc.LocalReadDest) and an
+// aligned range that fits it, the blocks are read and verified in dest
+// itself and the answer aliases it: one copy of every byte less. A
+// checksum failure then leaves unverified bytes in dest, which the caller
+// drops on the error.
+func (c *chunk) read(s *Server, off int64, n int, dest []byte) (*readResp, error) {
 	mask := stripeMask(off, off+int64(n))
 	c.lock(mask, false)
 	defer c.unlock(mask, false)
@@ -511,8 +516,14 @@ func (c *chunk) read(s *Server, off int64, n int) (*readResp, error) {
 	end := off + int64(n)
 	a0 := off &^ (blockSize - 1)
 	a1 := blocks(end) << blockShift
-	bp := getBuf(int(a1 - a0))
-	buf := *bp
+	var bp *[]byte
+	var buf []byte
+	if off == a0 && int64(len(dest)) >= a1-a0 {
+		buf = dest[:a1-a0]
+	} else {
+		bp = getBuf(int(a1 - a0))
+		buf = *bp
+	}
 	m, err := preadFull(c.dataFd, buf, a0)
 	if err != nil {
 		putBuf(bp)

@@ -348,7 +348,7 @@ func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, err
 	if err != nil {
 		return nil, s.failed(err)
 	}
-	resp, err := c.read(s, int64(r.Off), int(r.Len))
+	resp, err := c.read(s, int64(r.Off), int(r.Len), rpc.LocalReadDest(ctx))
 	s.cache.release(c)
 	if err != nil {
 		return nil, s.failed(err)
