@@ -25,6 +25,7 @@ func init() {
 		dataDir, mountDir, metaListen, syncPolicy string
 		strictMetaSync                            bool
 		stores, targetsPerStore                   int
+		writeThrough                              int64
 		pprofAddr                                 string
 	)
 	cmd := &cobra.Command{
@@ -45,12 +46,16 @@ on the same --data it serves the same files.`,
 			if syncPolicy != "sync" && syncPolicy != "async" {
 				return usagef("--sync-policy %q: want sync or async", syncPolicy)
 			}
+			if writeThrough < 0 {
+				return usagef("--write-through-bytes %d: must not be negative", writeThrough)
+			}
 			if pprofAddr != "" {
 				startPprof(pprofAddr)
 			}
 			return runUp(cmd.Context(), upOptions{
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore, strictMetaSync: strictMetaSync,
+				writeThrough: writeThrough,
 			})
 		},
 	}
@@ -61,6 +66,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
 	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", "sync: close and fsync wait for stable storage; async: scratch-grade, faster")
 	cmd.Flags().BoolVar(&strictMetaSync, "strict-meta-sync", false, "answer every namespace change only once it is on stable storage (default: at the next fsync/close barrier, or within 5 ms)")
+	cmd.Flags().Int64Var(&writeThrough, "write-through-bytes", client.DefaultConfig().WriteThroughBytes, "buffered writes this large go to the servers from the request without a copy (0 = buffer all)")
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
 	rootCmd.AddCommand(cmd)
@@ -70,6 +76,7 @@ type upOptions struct {
 	dataDir, mountDir, metaListen, syncPolicy string
 	stores, targetsPerStore                   int
 	strictMetaSync                            bool
+	writeThrough                              int64
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -143,6 +150,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	ccfg.MetaAddr = msvc.Addr()
 	ccfg.ClusterKey = key
 	ccfg.SyncPolicy = o.syncPolicy
+	ccfg.WriteThroughBytes = o.writeThrough
 	cl, err := client.New(ctx, ccfg)
 	if err != nil {
 		return fmt.Errorf("start client: %w", err)

@@ -45,7 +45,15 @@ type Client struct {
 	durableIdx atomic.Uint64
 
 	budget *budget // write-behind (and read-ahead) memory
-	dirs   *dirCache
+	// recent remembers the last large buffered writes (handle, time): a
+	// large write goes through only when another handle wrote lately
+	// (Config.WriteThroughBytes).
+	recent struct {
+		sync.Mutex
+		w [4]recentWrite
+		i int
+	}
+	dirs *dirCache
 
 	targets targetMap
 
@@ -443,3 +451,29 @@ func (b *budget) release(n int64) {
 	b.mu.Unlock()
 	b.cond.Broadcast()
 }
+
+type recentWrite struct {
+	f  *File
+	at int64 // nowNs
+}
+
+// concurrentWriter notes a large write by f at now and reports whether
+// another handle made one within the last concurrentWindow.
+func (c *Client) concurrentWriter(f *File, now int64) bool {
+	c.recent.Lock()
+	defer c.recent.Unlock()
+	other := false
+	for _, w := range c.recent.w {
+		if w.f != nil && w.f != f && now-w.at < int64(concurrentWindow) {
+			other = true
+			break
+		}
+	}
+	c.recent.w[c.recent.i] = recentWrite{f, now}
+	c.recent.i = (c.recent.i + 1) % len(c.recent.w)
+	return other
+}
+
+// concurrentWindow: two handles writing large pieces within this time of
+// each other count as concurrent writers.
+const concurrentWindow = 20 * time.Millisecond

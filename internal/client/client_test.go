@@ -749,3 +749,120 @@ func TestDirCacheOrder(t *testing.T) {
 		t.Fatal("entry older than the ttl served")
 	}
 }
+
+// TestLargeWriteThrough: beside another handle's large write, a buffered
+// write of at least WriteThroughBytes is on the stores when WriteAt returns
+// (no write-behind budget held, no flush needed), reads back, and a
+// failure is reported by the write itself and again by the next fsync. A
+// lone writer's large writes and small writes are still buffered.
+func TestLargeWriteThrough(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 2, targets: 1})
+	c := tc.client(func(cfg *Config) { cfg.IOTimeout = 2 * time.Second })
+	d := mkdir(t, c, RootIno, "wt")
+	if _, err := c.SetDirLayout(bg, d.Ino, 1<<20, 2); err != nil {
+		t.Fatal(err)
+	}
+	f := create(t, c, d.Ino, "big", syscall.O_RDWR)
+	other := create(t, c, d.Ino, "other", syscall.O_RDWR)
+	defer other.Release(bg)
+	data := pattern(7, 0, 2<<20)
+	c.concurrentWriter(other, nowNs()) // another handle is writing large pieces
+	if n, err := f.WriteAt(bg, data, 0); err != nil || n != len(data) {
+		t.Fatalf("large write: %d %v", n, err)
+	}
+	if avail := c.budget.avail; avail != c.budget.max {
+		t.Fatalf("large write holds %d bytes of write-behind budget", c.budget.max-avail)
+	}
+	// Both stripes are on their targets already: read them straight.
+	lay := f.Attr().Layout
+	for slot := 0; slot < 2; slot++ {
+		var resp rpc.ReadResp
+		req := &rpc.ReadReq{Chunk: rpc.ChunkID{Target: lay.Targets[slot], Ino: f.in.ino}, Off: 0, Len: 1 << 20}
+		if err := c.storeCall(bg, "read", lay.Targets[slot], rpc.SRead, req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(resp.Data, data[slot<<20:(slot+1)<<20]) {
+			t.Fatalf("slot %d: %d bytes on the target before any flush, want the written MiB", slot, len(resp.Data))
+		}
+	}
+	// With the write-behind budget all but used up, a large write beside
+	// another writer does not wait for it; a small write, and a lone
+	// handle's large write, are buffered and wait.
+	c.budget.acquire(c.budget.max - 4096)
+	c.concurrentWriter(other, nowNs())
+	if _, err := f.WriteAt(bg, data[:1<<20], 0); err != nil {
+		t.Fatalf("large write with the budget used up: %v", err)
+	}
+	lone := tc.client(nil)
+	lf, err := lone.Open(bg, f.in.ino, syscall.O_RDWR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lone.budget.acquire(lone.budget.max - 4096)
+	for _, w := range []struct {
+		name string
+		f    *File
+		n    int
+	}{{"an 8 KiB write", f, 8192}, {"a lone handle's large write", lf, 1 << 20}} {
+		done := make(chan error, 1)
+		go func() { _, err := w.f.WriteAt(bg, data[:w.n], 0); done <- err }()
+		select {
+		case err := <-done:
+			t.Fatalf("%s did not wait for write-behind budget: %v", w.name, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		w.f.c.budget.release(w.f.c.budget.max - 4096)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := lf.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Fsync(bg); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, c, f.in.ino, syscall.O_RDONLY); !bytes.Equal(got, data) {
+		t.Fatal("large write reads back wrong")
+	}
+	// Dead stores: the write itself fails, within the bounded wait, and
+	// the next fsync reports it again.
+	for i := range tc.stores {
+		tc.stopStore(i)
+	}
+	start := time.Now()
+	c.concurrentWriter(other, nowNs())
+	if _, err := f.WriteAt(bg, data, 0); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("large write to dead stores: %v, want EIO", err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("EIO took %v", el)
+	}
+	if err := f.Fsync(bg); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("fsync after a failed large write: %v, want EIO", err)
+	}
+	f.Release(bg)
+}
+
+// TestConcurrentWriter: large writes count as concurrent only when another
+// handle wrote within the window.
+func TestConcurrentWriter(t *testing.T) {
+	c := &Client{}
+	f, g := &File{}, &File{}
+	ms := int64(time.Millisecond)
+	for _, s := range []struct {
+		f    *File
+		at   int64
+		want bool
+	}{
+		{f, 0, false},      // first writer
+		{f, 1 * ms, false}, // the same handle again
+		{g, 2 * ms, true},  // another handle, 1 ms later
+		{g, 2*ms + int64(concurrentWindow), false}, // f's writes are too old, g's own do not count
+		{f, 3*ms + int64(concurrentWindow), true},  // g wrote 1 ms ago
+	} {
+		if got := c.concurrentWriter(s.f, s.at); got != s.want {
+			t.Fatalf("write at %v by %p: concurrent %v, want %v", time.Duration(s.at), s.f, got, s.want)
+		}
+	}
+}

@@ -37,6 +37,16 @@ type Config struct {
 	// ReadAheadBytes is how far ahead of a sequential reader a handle
 	// prefetches. 0 disables read-ahead.
 	ReadAheadBytes int64
+	// WriteThroughBytes: a buffered write at least this large, whose
+	// stripes each take one contiguous piece of it, made while another
+	// write is in progress, goes to the stores straight from the caller's
+	// memory and returns when they have it, instead of being copied into
+	// write-behind buffers. Concurrent writers keep the stores busy by
+	// themselves, large writes gain nothing from coalescing, and the copy
+	// is what a host whose memory bandwidth is the limit pays for most. A
+	// lone writer keeps write-behind (it overlaps the writer with the
+	// stores). 0 buffers every write.
+	WriteThroughBytes int64
 	// ConnsPerServer is the number of pooled TCP connections per storage
 	// server.
 	ConnsPerServer int
@@ -67,6 +77,7 @@ func DefaultConfig() Config {
 		SyncPolicy:            SyncPolicySync,
 		WriteBehindBytes:      64 << 20,
 		ReadAheadBytes:        8 << 20,
+		WriteThroughBytes:     1 << 20,
 		ConnsPerServer:        4,
 		MetaConns:             4,
 		TargetRefreshInterval: 10 * time.Second,
@@ -94,6 +105,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReadAheadBytes < 0 {
 		errs = append(errs, fmt.Errorf("read-ahead bytes %d must not be negative", c.ReadAheadBytes))
+	}
+	if c.WriteThroughBytes < 0 {
+		errs = append(errs, fmt.Errorf("write-through bytes %d must not be negative", c.WriteThroughBytes))
 	}
 	if c.ConnsPerServer <= 0 || c.ConnsPerServer > 64 {
 		errs = append(errs, fmt.Errorf("connections per server %d must be 1..64", c.ConnsPerServer))

@@ -283,7 +283,9 @@ func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte
 // buffers and return at once (blocking only while the client's
 // write-behind budget is used up); the data reaches the stores in the
 // background, and a failure is reported by the next WriteAt, Flush, Fsync
-// or Release. O_DIRECT and O_SYNC handles write through before returning.
+// or Release. O_DIRECT and O_SYNC handles write through before returning,
+// and so do large buffered writes (Config.WriteThroughBytes), which are
+// then not made durable before the next fsync or close.
 func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, syscall.EINVAL
@@ -295,22 +297,31 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	n := int64(len(p))
 	f.c.m.opWrite.Inc()
 	rs := slotRanges(&in.layout, off, n)
-	through := f.direct || f.sync
+	// A large buffered write goes through when other handles write too:
+	// concurrent writers keep the stores busy by themselves, and the copy
+	// into write-behind would only burn memory bandwidth. A lone writer
+	// keeps write-behind, which overlaps its next write with the stores'
+	// work on this one.
+	large := !f.direct && !f.sync && f.c.cfg.WriteThroughBytes > 0 && n >= f.c.cfg.WriteThroughBytes &&
+		contiguousSlots(rs) && f.c.concurrentWriter(f, nowNs())
+	through := f.direct || f.sync || large
 	if !through {
 		f.c.budget.acquire(n)
 	}
 	now := nowNs()
 	in.mu.Lock()
-	if err := in.mu.err; err != nil && !through {
+	if err := in.mu.err; err != nil && (!through || large) {
 		in.mu.Unlock()
-		f.c.budget.release(n)
+		if !through {
+			f.c.budget.release(n)
+		}
 		return 0, err
 	}
 	var mine []*wbuf
 	for i := range rs {
 		r := &rs[i]
 		if through {
-			w := &wbuf{slot: r.slot, chunkOff: r.chunkOff, sync: f.sync}
+			w := &wbuf{slot: r.slot, chunkOff: r.chunkOff, sync: f.sync, sticky: large}
 			if len(r.ext) == 1 {
 				w.buf = p[r.ext[0].FileOff-off:][:r.n] // caller's memory: we wait below
 			} else {
@@ -371,6 +382,17 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 		}
 	}
 	return int(n), nil
+}
+
+// contiguousSlots reports that every slot's part of a range is one piece
+// of the caller's buffer (written through without a gather copy).
+func contiguousSlots(rs []slotRange) bool {
+	for i := range rs {
+		if len(rs[i].ext) != 1 {
+			return false
+		}
+	}
+	return true
 }
 
 // gather appends the bytes of r's extents (taken from p, which starts at

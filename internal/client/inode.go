@@ -26,6 +26,7 @@ type wbuf struct {
 	budgeted bool // len(buf) bytes are held in the client's budget
 	pooled   bool // buf came from bufPool
 	sync     bool // WriteReq.Sync (O_SYNC writes)
+	sticky   bool // a failure is also kept for the next Flush/Fsync (large buffered writes)
 	done     chan struct{}
 	err      error // valid after done
 }
@@ -246,7 +247,7 @@ func (in *inode) writeOut(w *wbuf) {
 			break
 		}
 	}
-	if err != nil && w.budgeted && in.mu.err == nil {
+	if err != nil && (w.budgeted || w.sticky) && in.mu.err == nil {
 		in.mu.err = err
 	}
 	in.mu.cond.Broadcast()

@@ -312,6 +312,12 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.Empty, 
 		if err != nil {
 			return nil, err
 		}
+		if err := ctx.Err(); err != nil {
+			// The caller gave up (an in-process caller's lent bytes may
+			// already serve another request): write nothing.
+			s.cache.release(c)
+			return nil, rpc.Errorf(syscall.EIO, "target %s chunk %x: write abandoned by its caller: %v", t.path, r.Chunk.Ino, err)
+		}
 		err = c.write(s, int64(r.Off), r.Data)
 		if err == nil && r.Sync {
 			err = c.sync()
