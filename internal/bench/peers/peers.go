@@ -150,6 +150,19 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 			if failed[p.name] {
 				continue
 			}
+			waited, quiet, serr := settle(ctx)
+			switch {
+			case serr != nil && ctx.Err() != nil:
+				return rep, ctx.Err()
+			case serr != nil:
+				logf("cannot tell whether the machine is quiet: %v", serr)
+			case !quiet:
+				note := fmt.Sprintf("%s %s: the machine was still busy after %v of waiting for the previous system's background work", p.name, w, waited.Round(time.Second))
+				rep.Notes = append(rep.Notes, note)
+				logf("%s", note)
+			case waited > time.Second:
+				logf("%s %s: waited %v for the machine to be quiet", p.name, w, waited.Round(100*time.Millisecond))
+			}
 			res, err := p.runner.Workload(ctx, w)
 			rep.Results = append(rep.Results, res...)
 			if ctx.Err() != nil {

@@ -155,3 +155,25 @@ func bytesArgs(ss []string) [][]byte {
 	}
 	return out
 }
+
+func TestParseCPUAndBusyShare(t *testing.T) {
+	a, err := parseCPU("intr 1 2\ncpu  100 0 100 700 100 0 0 0 0 0\ncpu0 50 0 50 350 50 0 0 0 0 0\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.busy != 200 || a.total != 1000 {
+		t.Fatalf("parsed %+v, want busy 200 of 1000 (idle and iowait not busy)", a)
+	}
+	b := cpuTimes{busy: a.busy + 30, total: a.total + 100}
+	if got := busyShare(a, b); got < 0.299 || got > 0.301 {
+		t.Fatalf("busy share %v, want 0.3", got)
+	}
+	if got := busyShare(b, b); got != 0 {
+		t.Fatalf("busy share of no time %v, want 0", got)
+	}
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5\n", "cpu 1 2 x 4 5\n"} {
+		if _, err := parseCPU(bad); err == nil {
+			t.Fatalf("parseCPU(%q) accepted", bad)
+		}
+	}
+}
