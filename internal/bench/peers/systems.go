@@ -366,12 +366,23 @@ func (s *mooseFS) setup(ctx context.Context) (string, error) {
 		return "", err
 	}
 
-	// The client in a namespace of its own, mounted in the host's mount namespace.
-	if s.client, err = start("mfsmount", s.env.logPath("mfsmount"), inNS(s.nodes[3].ns, "mfsmount", s.mnt, "-f", "-H", master.addr)...); err != nil {
-		return "", err
-	}
-	if err := waitMount(ctx, s.mnt, "fuse", s.client, 60*time.Second); err != nil {
-		return "", err
+	// The client in a namespace of its own, mounted in the host's mount
+	// namespace. mfsmount exits when its first connection to the master
+	// fails (seen once in a fresh namespace: "can't connect to mfsmaster");
+	// a few tries before giving up.
+	for attempt := 1; ; attempt++ {
+		if s.client, err = start("mfsmount", s.env.logPath("mfsmount"), inNS(s.nodes[3].ns, "mfsmount", s.mnt, "-f", "-H", master.addr)...); err != nil {
+			return "", err
+		}
+		err = waitMount(ctx, s.mnt, "fuse", s.client, 60*time.Second)
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !s.client.exited() || ctx.Err() != nil {
+			return "", err
+		}
+		s.env.logf("moosefs: mfsmount attempt %d failed, trying again: %v", attempt, err)
+		time.Sleep(2 * time.Second)
 	}
 	// Writes need both chunkservers registered: probe until a file can be
 	// written and read back, then give late registrations a moment.
