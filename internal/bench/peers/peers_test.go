@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDpkgInstalled(t *testing.T) {
@@ -175,5 +176,20 @@ func TestParseCPUAndBusyShare(t *testing.T) {
 		if _, err := parseCPU(bad); err == nil {
 			t.Fatalf("parseCPU(%q) accepted", bad)
 		}
+	}
+}
+
+func TestDiskTicks(t *testing.T) {
+	stats := " 254 0 vda 1 2 3 4 5 6 7 8 0 1000 9\n 254 1 vda1 1 2 3 4 5 6 7 8 0 999 9\n 7 0 loop0 1 2 3 4 5 6 7 8 0 5000 9\n"
+	a := parseDiskTicks(stats, map[string]bool{"vda": true})
+	if len(a) != 1 || a["vda"] != 1000 {
+		t.Fatalf("parsed %v, want only vda at 1000 ms", a)
+	}
+	b := map[string]uint64{"vda": 1050}
+	if got := diskBusy(a, b, 250*time.Millisecond); got < 0.199 || got > 0.201 {
+		t.Fatalf("disk busy %v, want 0.2 (50 ms of 250)", got)
+	}
+	if got := diskBusy(a, a, 250*time.Millisecond); got != 0 {
+		t.Fatalf("idle disk busy %v", got)
 	}
 }

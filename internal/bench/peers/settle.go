@@ -13,12 +13,14 @@ import (
 // healing, a metadata log compacting) must not be charged to the system
 // measured next. Before each system's turn at a workload the run waits
 // until the machine is quiet: two consecutive settleWindow windows with at
-// most settleBusy of the CPUs busy, for at most settleMax. A system's own
+// most settleBusy of the CPUs busy and no disk busy more than
+// settleDiskBusy of the time, for at most settleMax. A system's own
 // background work inside its turn still counts against it.
 const (
-	settleWindow = 250 * time.Millisecond
-	settleBusy   = 0.15
-	settleMax    = 15 * time.Second
+	settleWindow   = 250 * time.Millisecond
+	settleBusy     = 0.15
+	settleDiskBusy = 0.10
+	settleMax      = 15 * time.Second
 )
 
 // cpuTimes is the aggregate "cpu" line of /proc/stat: busy and total jiffies.
@@ -55,6 +57,57 @@ func busyShare(a, b cpuTimes) float64 {
 	return float64(b.busy-a.busy) / float64(b.total-a.total)
 }
 
+// parseDiskTicks reads the milliseconds each whole disk spent doing I/O
+// (io_ticks) from a /proc/diskstats text; disks is the set of names to
+// keep (whole, physical disks: see wholeDisks).
+func parseDiskTicks(stats string, disks map[string]bool) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, line := range strings.Split(stats, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 13 || !disks[f[2]] {
+			continue
+		}
+		if v, err := strconv.ParseUint(f[12], 10, 64); err == nil {
+			out[f[2]] = v
+		}
+	}
+	return out
+}
+
+// diskBusy is the largest share of the window any disk spent doing I/O.
+func diskBusy(a, b map[string]uint64, window time.Duration) float64 {
+	worst := 0.0
+	for d, tb := range b {
+		if ta, ok := a[d]; ok && tb > ta {
+			worst = max(worst, float64(tb-ta)/float64(window.Milliseconds()))
+		}
+	}
+	return worst
+}
+
+// wholeDisks lists the block devices that are disks (not loop, ram, zram
+// or device-mapper devices).
+func wholeDisks() map[string]bool {
+	out := map[string]bool{}
+	ents, _ := os.ReadDir("/sys/block")
+	for _, e := range ents {
+		n := e.Name()
+		if strings.HasPrefix(n, "loop") || strings.HasPrefix(n, "ram") || strings.HasPrefix(n, "zram") || strings.HasPrefix(n, "dm-") {
+			continue
+		}
+		out[n] = true
+	}
+	return out
+}
+
+func readDisks(disks map[string]bool) map[string]uint64 {
+	b, err := os.ReadFile("/proc/diskstats")
+	if err != nil {
+		return nil // no disk figures: judge by the CPU alone
+	}
+	return parseDiskTicks(string(b), disks)
+}
+
 func readCPU() (cpuTimes, error) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
@@ -71,6 +124,8 @@ func settle(ctx context.Context) (time.Duration, bool, error) {
 	if err != nil {
 		return 0, false, err
 	}
+	disks := wholeDisks()
+	prevDisk := readDisks(disks)
 	quiet := 0
 	for time.Since(start) < settleMax {
 		select {
@@ -82,7 +137,10 @@ func settle(ctx context.Context) (time.Duration, bool, error) {
 		if err != nil {
 			return time.Since(start), false, err
 		}
-		if busyShare(prev, cur) <= settleBusy {
+		curDisk := readDisks(disks)
+		diskQuiet := diskBusy(prevDisk, curDisk, settleWindow) <= settleDiskBusy
+		prevDisk = curDisk
+		if busyShare(prev, cur) <= settleBusy && diskQuiet {
 			quiet++
 			if quiet == 2 {
 				return time.Since(start), true, nil
