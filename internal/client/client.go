@@ -39,10 +39,15 @@ type Client struct {
 	// MSync barrier covered. Fsync and close barrier when they differ.
 	metaChanged atomic.Uint64
 	metaDurable atomic.Uint64
-	// durableIdx is the highest raft index the metadata service said is
-	// durable (MSync answers): a created file's close barriers on the
-	// index its create answered with (ChangeResp.Index).
-	durableIdx atomic.Uint64
+	// durable is the highest raft index the metadata service said is
+	// durable (MSync answers), with the term it said so in: a created
+	// file's close barriers on the index and term its create answered
+	// with (ChangeResp), and needs no call when a report of the same term
+	// covers it.
+	durable struct {
+		sync.Mutex
+		idx, term uint64
+	}
 
 	budget *budget // write-behind (and read-ahead) memory
 	// recent remembers the last large buffered writes (handle, time): a
@@ -273,17 +278,38 @@ func storeMax(v *atomic.Uint64, n uint64) {
 }
 
 // syncMetaIndex returns once the metadata log is durable up to raft index
-// idx (the create of a file this client made).
-func (c *Client) syncMetaIndex(ctx context.Context, idx uint64) error {
-	if idx == 0 || c.durableIdx.Load() >= idx {
+// idx, which holds the create of a file this client made in term: EIO if
+// the metadata service lost that entry (it restarted after a crash before
+// the entry was durable).
+func (c *Client) syncMetaIndex(ctx context.Context, idx, term uint64) error {
+	if idx == 0 {
+		return nil
+	}
+	c.durable.Lock()
+	covered := c.durable.idx >= idx && c.durable.term == term
+	c.durable.Unlock()
+	if covered {
 		return nil
 	}
 	var resp rpc.SyncResp
-	if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{Index: idx}, &resp); err != nil {
+	if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{Index: idx, Term: term}, &resp); err != nil {
 		return metaErr(c, "sync", err)
 	}
-	storeMax(&c.durableIdx, resp.Durable)
+	c.noteDurableIndex(resp)
 	return nil
+}
+
+// noteDurableIndex records an MSync answer: a newer term replaces the
+// record, the same term raises it, an older one is stale.
+func (c *Client) noteDurableIndex(r rpc.SyncResp) {
+	c.durable.Lock()
+	defer c.durable.Unlock()
+	switch {
+	case r.Term > c.durable.term:
+		c.durable.idx, c.durable.term = r.Durable, r.Term
+	case r.Term == c.durable.term:
+		c.durable.idx = max(c.durable.idx, r.Durable)
+	}
 }
 
 // SyncMeta returns once every namespace change this client made is on the
@@ -303,7 +329,7 @@ func (c *Client) syncMetaUpTo(ctx context.Context, seq uint64) error {
 	if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{}, &resp); err != nil {
 		return metaErr(c, "sync", err)
 	}
-	storeMax(&c.durableIdx, resp.Durable)
+	c.noteDurableIndex(resp)
 	return nil
 }
 

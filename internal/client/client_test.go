@@ -866,3 +866,31 @@ func TestConcurrentWriter(t *testing.T) {
 		}
 	}
 }
+
+// TestDurableIndexRecord: an MSync answer of a newer term replaces what
+// the client knows is durable, one of the same term raises it, an older one
+// is ignored; only a record of a create's own term lets its close skip the
+// barrier call.
+func TestDurableIndexRecord(t *testing.T) {
+	c := &Client{}
+	for _, s := range []struct {
+		resp          rpc.SyncResp
+		wantIdx, term uint64
+	}{
+		{rpc.SyncResp{Durable: 100, Term: 2}, 100, 2},
+		{rpc.SyncResp{Durable: 90, Term: 2}, 100, 2}, // same term, lower: kept
+		{rpc.SyncResp{Durable: 95, Term: 3}, 95, 3},  // newer term: replaces (a restart)
+		{rpc.SyncResp{Durable: 200, Term: 2}, 95, 3}, // stale term: ignored
+		{rpc.SyncResp{Durable: 120, Term: 3}, 120, 3},
+	} {
+		c.noteDurableIndex(s.resp)
+		if c.durable.idx != s.wantIdx || c.durable.term != s.term {
+			t.Fatalf("after %+v: durable %d term %d, want %d term %d", s.resp, c.durable.idx, c.durable.term, s.wantIdx, s.term)
+		}
+	}
+	// A create of term 3 at index 100 is covered: no call (this client
+	// has no connection; a call would fail).
+	if err := c.syncMetaIndex(bg, 100, 3); err != nil {
+		t.Fatalf("covered index of the same term made a call: %v", err)
+	}
+}

@@ -48,7 +48,7 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 	if c.closed() {
 		return nil, ErrClosed
 	}
-	a, idx, err := c.createIdx(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid})
+	a, ch, err := c.createIdx(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid})
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +56,7 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 	if err != nil {
 		return nil, err
 	}
-	f.in.noteMetaIndex(idx, c.metaChanged.Load()) // close must make the creation durable
+	f.in.noteMetaIndex(ch.Index, ch.Term, c.metaChanged.Load()) // close must make the creation durable
 	return f, nil
 }
 
@@ -441,7 +441,7 @@ func (f *File) Fsync(ctx context.Context) error {
 		return err
 	}
 	in.mu.Lock()
-	seq, idx, idxSeq := in.mu.metaSeq, in.mu.metaIndex, in.mu.metaIndexSeq
+	seq, idx, term, idxSeq := in.mu.metaSeq, in.mu.metaIndex, in.mu.metaTerm, in.mu.metaIndexSeq
 	in.mu.Unlock()
 	if err := f.c.syncMetaUpTo(ctx, seq); err != nil { // mode changes…
 		return err
@@ -449,7 +449,7 @@ func (f *File) Fsync(ctx context.Context) error {
 	if f.c.metaDurable.Load() >= idxSeq {
 		return nil // a durable answer (the size commit) came after the creation
 	}
-	return f.c.syncMetaIndex(ctx, idx) // the file's creation
+	return f.c.syncMetaIndex(ctx, idx, term) // the file's creation
 }
 
 // Release closes the handle: it flushes like Flush (cheap when nothing is

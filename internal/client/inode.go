@@ -77,6 +77,7 @@ type inode struct {
 		// make the metadata log durable at least up to there.
 		metaSeq   uint64
 		metaIndex uint64
+		metaTerm  uint64 // the raft term of the entry at metaIndex
 		// metaIndexSeq is the metaChanged count after the creation: a
 		// durable answer (a size commit) sent later covers it too.
 		metaIndexSeq uint64
@@ -85,10 +86,10 @@ type inode struct {
 
 // noteMetaIndex records the raft index of the inode's creation, made when
 // the client's change count was seq.
-func (in *inode) noteMetaIndex(idx, seq uint64) {
+func (in *inode) noteMetaIndex(idx, term, seq uint64) {
 	in.mu.Lock()
 	if idx > in.mu.metaIndex {
-		in.mu.metaIndex, in.mu.metaIndexSeq = idx, seq
+		in.mu.metaIndex, in.mu.metaTerm, in.mu.metaIndexSeq = idx, term, seq
 	}
 	in.mu.Unlock()
 }

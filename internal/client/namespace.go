@@ -188,20 +188,21 @@ func (c *Client) create(ctx context.Context, req *rpc.CreateReq) (rpc.Attr, erro
 	return a, err
 }
 
-// createIdx is create that also returns the change's raft index.
-func (c *Client) createIdx(ctx context.Context, req *rpc.CreateReq) (rpc.Attr, uint64, error) {
+// createIdx is create that also returns the whole answer (the change's
+// raft index and term).
+func (c *Client) createIdx(ctx context.Context, req *rpc.CreateReq) (rpc.Attr, *rpc.ChangeResp, error) {
 	if err := checkName(req.Name); err != nil {
-		return rpc.Attr{}, 0, err
+		return rpc.Attr{}, nil, err
 	}
 	req.Hdr = c.hdr()
 	var resp rpc.ChangeResp
 	gen, at := c.dirs.begin()
 	if err := c.metaCall(ctx, rpc.MCreate, req, &resp); err != nil {
-		return rpc.Attr{}, 0, metaErr(c, "create", err)
+		return rpc.Attr{}, nil, metaErr(c, "create", err)
 	}
 	c.dirs.note(resp.Dir, gen, at)
 	c.m.op("create")
-	return resp.Attr, resp.Index, nil
+	return resp.Attr, &resp, nil
 }
 
 // Unlink removes a non-directory entry and answers the victim's attributes

@@ -300,6 +300,41 @@ func (n *Node) WaitDurable(index uint64, timeout time.Duration) error {
 // DurableIndex is the last log index on stable storage.
 func (n *Node) DurableIndex() uint64 { return n.wal.durableIndex() }
 
+// Term is the node's current raft term.
+func (n *Node) Term() uint64 { return n.raft.CurrentTerm() }
+
+// ErrCompacted: the log no longer holds an index because a snapshot covers
+// it. ErrNoEntry: the log does not reach the index.
+var (
+	ErrCompacted = errors.New("raft log entry compacted into a snapshot")
+	ErrNoEntry   = errors.New("raft log has no entry at this index")
+)
+
+// EntryTerm returns the term of the log entry at index: with the index an
+// answer carried, a caller can tell whether the entry it was answered from
+// is still the one in the log (a machine crash before the entry was
+// durable drops it, and later entries may reuse its index with a newer
+// term).
+func (n *Node) EntryTerm(index uint64) (uint64, error) {
+	first, _ := n.wal.FirstIndex()
+	last, _ := n.wal.LastIndex()
+	switch {
+	case index > last:
+		return 0, fmt.Errorf("%w: %d (last is %d)", ErrNoEntry, index, last)
+	case first == 0 || index < first:
+		return 0, fmt.Errorf("%w: %d (first is %d)", ErrCompacted, index, first)
+	}
+	var l raft.Log
+	if err := n.wal.GetLog(index, &l); err != nil {
+		if errors.Is(err, raft.ErrLogNotFound) {
+			// Compacted between the bounds check and the read.
+			return 0, fmt.Errorf("%w: %d", ErrCompacted, index)
+		}
+		return 0, err
+	}
+	return l.Term, nil
+}
+
 // SyncLog makes every entry written to the log so far durable. A state
 // machine calls it before persisting applied state (with DeferSync the
 // log could otherwise be behind the state after a machine crash). After

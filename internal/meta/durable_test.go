@@ -1,6 +1,13 @@
 package meta
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -150,5 +157,116 @@ func TestSyncToIndex(t *testing.T) {
 	}
 	if r.Durable < ch.Index || s.node.DurableIndex() < ch.Index {
 		t.Fatalf("MSync to %d answered durable %d (node: %d)", ch.Index, r.Durable, s.node.DurableIndex())
+	}
+}
+
+// A create (a directory: no targets needed) answered before it was
+// durable, then a crash of the metadata machine that loses it: the close barrier (MSync with the answer's index
+// and term) fails with EIO instead of vouching for the lost file, both
+// while the log is shorter than the index and once other entries (of a
+// newer term) have taken it. Durable changes still pass.
+func TestSyncDetectsLostChange(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	cfg.SyncDelay = time.Hour
+	s := openService(t, cfg)
+	c := newClient(t, s.Addr())
+	var kept rpc.ChangeResp
+	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: 1, Name: "kept", Mode: dirMode}, &kept); err != nil {
+		t.Fatal(err)
+	}
+	if kept.Term == 0 {
+		t.Fatal("create answered without the entry's term")
+	}
+	if err := c.call(rpc.MSync, &rpc.SyncReq{Index: kept.Index, Term: kept.Term}, &rpc.SyncResp{}); err != nil {
+		t.Fatalf("MSync of a durable create: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The disk as a machine crash would leave it: nothing after this point
+	// reaches it.
+	disk := t.TempDir()
+	copyTree(t, dir, disk)
+
+	s = openService(t, cfg)
+	c = newClient(t, s.Addr())
+	time.Sleep(50 * time.Millisecond) // past the eager-sync window of the session open
+	var lost rpc.ChangeResp
+	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: 1, Name: "lost", Mode: dirMode}, &lost); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.node.DurableIndex(); d >= lost.Index {
+		t.Fatalf("precondition: the create is durable (%d >= %d)", d, lost.Index)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The crash: the log and the namespace store are as they were on the
+	// disk before; raft's term and vote, synced when they change (at this
+	// run's election), are as this run left them.
+	stable := t.TempDir()
+	copyTree(t, filepath.Join(dir, "raft", "log"), stable)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	copyTree(t, disk, dir)
+	if err := os.RemoveAll(filepath.Join(dir, "raft", "log")); err != nil {
+		t.Fatal(err)
+	}
+	copyTree(t, stable, filepath.Join(dir, "raft", "log"))
+
+	s = openService(t, cfg)
+	c = newClient(t, s.Addr())
+	if _, err := c.lookup(1, "lost"); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("precondition: the lost file is there after the crash (%v)", err)
+	}
+	check := func(when string) {
+		t.Helper()
+		err := c.call(rpc.MSync, &rpc.SyncReq{Index: lost.Index, Term: lost.Term}, &rpc.SyncResp{})
+		if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), "lost") {
+			t.Fatalf("%s: MSync of the lost create: %v, want EIO naming the loss", when, err)
+		}
+	}
+	if a := s.fsm.AppliedIndex(); a >= lost.Index {
+		t.Fatalf("precondition: the log reaches %d again at once (applied %d)", lost.Index, a)
+	}
+	check("log shorter than the index")
+	for i := 0; ; i++ { // newer entries take the lost one's index
+		if s.fsm.AppliedIndex() >= lost.Index {
+			break
+		}
+		c.mustCreate(1, fmt.Sprintf("filler%d", i), dirMode)
+	}
+	check("index taken by a newer entry")
+	var r rpc.SyncResp
+	if err := c.call(rpc.MSync, &rpc.SyncReq{Index: kept.Index, Term: kept.Term}, &r); err != nil {
+		t.Fatalf("MSync of the durable create after the crash: %v", err)
+	}
+	if r.Term <= lost.Term {
+		t.Fatalf("term after the restart %d, not above the lost entry's %d", r.Term, lost.Term)
+	}
+}
+
+// copyTree copies the regular files and directories under src to dst.
+func copyTree(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		to := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(to, 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(to, b, 0o644)
+	})
+	if err != nil {
+		t.Fatalf("copy %s to %s: %v", src, dst, err)
 	}
 }

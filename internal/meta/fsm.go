@@ -159,7 +159,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 			continue
 		}
 		if l.Type == raft.LogCommand {
-			out[i] = f.applyOne(b, l.Data, l.Index)
+			out[i] = f.applyOne(b, l.Data, l.Index, l.Term)
 			n++
 		}
 		f.ctr.AppliedIndex, f.ctr.AppliedTerm = l.Index, l.Term
@@ -180,7 +180,7 @@ func (f *fsm) applyLocal(cmds [][]byte) []*result {
 	defer b.Close()
 	out := make([]*result, len(cmds))
 	for i, c := range cmds {
-		out[i] = f.applyOne(b, c, 0)
+		out[i] = f.applyOne(b, c, 0, 0)
 	}
 	f.commitLocked(b)
 	return out
@@ -212,7 +212,7 @@ func (o op) deduped() bool {
 // only its few outstanding requests, so a few hundred is plenty.
 const dedupeKeep = 512
 
-func (f *fsm) applyOne(b kv.Batch, data []byte, index uint64) *result {
+func (f *fsm) applyOne(b kv.Batch, data []byte, index, term uint64) *result {
 	var c command
 	if err := decodeCommand(data, &c); err != nil {
 		return &result{errno: syscall.EINVAL, msg: err.Error()}
@@ -237,7 +237,7 @@ func (f *fsm) applyOne(b kv.Batch, data []byte, index uint64) *result {
 	}
 	x := &f.x
 	x.reset(f, b, c.Now)
-	x.index = index
+	x.index, x.term = index, term
 	var res *result
 	body, err := x.apply(&c)
 	if err != nil {

@@ -189,10 +189,16 @@ func (s *Service) register() {
 		return s.mutate(&command{Op: opRemoveXattr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Name: r.Name})
 	})
 	handle(s, rpc.MSync, func(_ context.Context, r *rpc.SyncReq) (rpc.Message, error) {
+		if err := s.checkEntry(r.Index, r.Term); err != nil {
+			return nil, err
+		}
 		if err := s.syncLogTo(r.Index); err != nil {
 			return nil, err
 		}
-		return &rpc.SyncResp{Durable: s.node.DurableIndex()}, nil
+		// The term first: a durable index reported with the term it was
+		// durable in (a client trusts it for changes of that term only).
+		term := s.node.Term()
+		return &rpc.SyncResp{Durable: s.node.DurableIndex(), Term: term}, nil
 	})
 	handle(s, rpc.MCommitSize, func(_ context.Context, r *rpc.CommitSizeReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid})

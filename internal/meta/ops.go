@@ -48,6 +48,7 @@ type opCtx struct {
 	b     kv.Batch
 	now   int64
 	index uint64 // raft index of the command (0 without a log: tests)
+	term  uint64 // raft term of that entry
 	n     int
 	c     [opCacheEntries]struct {
 		ino     uint64
@@ -227,7 +228,7 @@ func attrBody(ino uint64, in *schema.Inode) []byte {
 
 // changeBody answers a change of an entry of directory dir (ChangeResp).
 func (x *opCtx) changeBody(ino uint64, in *schema.Inode, dir uint64, d *schema.Inode) []byte {
-	r := rpc.ChangeResp{Attr: toAttr(ino, in), Dir: toAttr(dir, d), Index: x.index}
+	r := rpc.ChangeResp{Attr: toAttr(ino, in), Dir: toAttr(dir, d), Index: x.index, Term: x.term}
 	return rpc.Marshal(&r)
 }
 

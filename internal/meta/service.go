@@ -367,6 +367,30 @@ func (s *Service) propose(c *command) (*result, error) {
 	return r, nil
 }
 
+// checkEntry fails with EIO when the log no longer holds the entry (index,
+// term) that a change was answered from (ChangeResp): the metadata machine
+// went down before the entry was durable, so the change is lost although
+// it was answered. An entry already compacted into a snapshot was durable
+// (snapshots are built from applied, synced state) and passes; so does
+// index or term 0 (nothing to check).
+func (s *Service) checkEntry(index, term uint64) error {
+	if index == 0 || term == 0 {
+		return nil
+	}
+	got, err := s.node.EntryTerm(index)
+	switch {
+	case errors.Is(err, consensus.ErrCompacted):
+		return nil
+	case errors.Is(err, consensus.ErrNoEntry):
+		return rpc.Errorf(syscall.EIO, "metadata change at log index %d (term %d) was lost: the metadata service restarted without it (a crash before it was on stable storage)", index, term)
+	case err != nil:
+		return rpc.Errorf(syscall.EIO, "check metadata log entry %d: %v", index, err)
+	case got != term:
+		return rpc.Errorf(syscall.EIO, "metadata change at log index %d (term %d) was lost: the metadata service restarted without it and index %d now holds an entry of term %d", index, term, index, got)
+	}
+	return nil
+}
+
 // syncLog waits until everything applied so far is on stable storage: the
 // barrier behind a client's fsync and close (MSync) and before the reaper
 // deletes data.

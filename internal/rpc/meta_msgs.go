@@ -130,33 +130,40 @@ type ChangeResp struct {
 	Attr  Attr
 	Dir   Attr
 	Index uint64
+	Term  uint64 // the raft term of the entry at Index
 }
 
 func (m *ChangeResp) Encode(e *Enc) {
 	m.Attr.Encode(e)
 	m.Dir.Encode(e)
 	e.U64(m.Index)
+	e.U64(m.Term)
 }
 
 func (m *ChangeResp) Decode(d *Dec) {
 	m.Attr.Decode(d)
 	m.Dir.Decode(d)
 	m.Index = d.U64()
+	m.Term = d.U64()
 }
 
 // SyncReq asks MSync to return once the raft log is on stable storage up
-// to Index (0: everything applied so far).
-type SyncReq struct{ Index uint64 }
+// to Index (0: everything applied so far). With Term (the term a change
+// was answered with, ChangeResp), MSync also checks that the log still
+// holds that entry: if the metadata machine crashed before the entry was
+// durable, the entry is gone (or another one took its index) and MSync
+// fails with EIO instead of vouching for a change that was lost.
+type SyncReq struct{ Index, Term uint64 }
 
-func (m *SyncReq) Encode(e *Enc) { e.U64(m.Index) }
-func (m *SyncReq) Decode(d *Dec) { m.Index = d.U64() }
+func (m *SyncReq) Encode(e *Enc) { e.U64(m.Index); e.U64(m.Term) }
+func (m *SyncReq) Decode(d *Dec) { m.Index = d.U64(); m.Term = d.U64() }
 
 // SyncResp answers MSync: the log is durable up to Durable (≥ the index
-// asked for).
-type SyncResp struct{ Durable uint64 }
+// asked for); Term is the service's raft term when it said so.
+type SyncResp struct{ Durable, Term uint64 }
 
-func (m *SyncResp) Encode(e *Enc) { e.U64(m.Durable) }
-func (m *SyncResp) Decode(d *Dec) { m.Durable = d.U64() }
+func (m *SyncResp) Encode(e *Enc) { e.U64(m.Durable); e.U64(m.Term) }
+func (m *SyncResp) Decode(d *Dec) { m.Durable = d.U64(); m.Term = d.U64() }
 
 // SessionOpenReq starts a client session (one per mount or library user).
 // Sessions own locks and the set of open inodes; a session whose heartbeats
