@@ -7,6 +7,15 @@
 //	moosefs      mfsmaster + 2 mfschunkservers, mfsmount
 //	strata       `strata up` (meta + stores + FUSE mount, fuse.strata), shared dir striped over all live targets
 //
+// # Turns
+//
+// Every workload runs on each system in turn (Repeat times per turn, the
+// median reported) before the next workload, so that drift of the machine
+// hits all systems alike; before each turn the run waits until the CPUs
+// and disks are quiet (settle.go), so that background work a system leaves
+// behind (MooseFS deletes chunks after the fact) is not charged to the
+// system measured next.
+//
 // # Isolation and cleanup
 //
 // Network daemons run in network namespaces this package creates, all named
