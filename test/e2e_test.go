@@ -171,6 +171,10 @@ func largestFile(t *testing.T, dir string) int64 {
 // non-zero exit, never a half-started daemon.
 func TestBadFlagsExitNonZero(t *testing.T) {
 	bin := testutil.Binary(t)
+	keyFile := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		args []string
 		want string
@@ -185,6 +189,8 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 		{[]string{"nosuchcommand"}, "unknown command"},
 		{[]string{"meta", "--data", t.TempDir(), "--listen", "not-an-address"}, "listen"},
 		{[]string{"meta", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--sync-delay", "-1s"}, "sync delay"},
+		{[]string{"up", "--data", t.TempDir(), "--mount", t.TempDir(), "--write-through-bytes", "-1"}, "write-through"},
+		{[]string{"mount", "--meta", "127.0.0.1:1", "--key-file", keyFile, "--write-through-bytes", "-1", t.TempDir()}, "write-through"},
 	}
 	for _, c := range cases {
 		cmd := exec.Command(bin, c.args...)

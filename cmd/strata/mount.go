@@ -60,7 +60,7 @@ func init() {
 	f.StringVar(&cfg.SyncPolicy, "sync-policy", cfg.SyncPolicy, "sync: close makes data durable like fsync; async: close only hands data to the servers")
 	f.Int64Var(&cfg.WriteBehindBytes, "write-behind-bytes", cfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
 	f.Int64Var(&cfg.ReadAheadBytes, "read-ahead-bytes", cfg.ReadAheadBytes, "how far ahead of a sequential reader to prefetch (0 = off)")
-	f.Int64Var(&cfg.WriteThroughBytes, "write-through-bytes", cfg.WriteThroughBytes, "buffered writes this large go to the servers from the request without a copy (0 = buffer all)")
+	f.Int64Var(&cfg.WriteThroughBytes, "write-through-bytes", cfg.WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics")
 	f.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request")
 	rootCmd.AddCommand(cmd)

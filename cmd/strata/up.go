@@ -66,7 +66,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
 	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", "sync: close and fsync wait for stable storage; async: scratch-grade, faster")
 	cmd.Flags().BoolVar(&strictMetaSync, "strict-meta-sync", false, "answer every namespace change only once it is on stable storage (default: at the next fsync/close barrier, or within 5 ms)")
-	cmd.Flags().Int64Var(&writeThrough, "write-through-bytes", client.DefaultConfig().WriteThroughBytes, "buffered writes this large go to the servers from the request without a copy (0 = buffer all)")
+	cmd.Flags().Int64Var(&writeThrough, "write-through-bytes", client.DefaultConfig().WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
 	rootCmd.AddCommand(cmd)
