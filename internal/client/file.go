@@ -302,13 +302,13 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	// into write-behind would only burn memory bandwidth. A lone writer
 	// keeps write-behind, which overlaps its next write with the stores'
 	// work on this one.
+	now := nowNs()
 	large := !f.direct && !f.sync && f.c.cfg.WriteThroughBytes > 0 && n >= f.c.cfg.WriteThroughBytes &&
-		contiguousSlots(rs) && f.c.concurrentWriter(f, nowNs())
+		contiguousSlots(rs) && f.c.concurrentWriter(f, now)
 	through := f.direct || f.sync || large
 	if !through {
 		f.c.budget.acquire(n)
 	}
-	now := nowNs()
 	in.mu.Lock()
 	if err := in.mu.err; err != nil && (!through || large) {
 		in.mu.Unlock()

@@ -316,20 +316,15 @@ var (
 // durable drops it, and later entries may reuse its index with a newer
 // term).
 func (n *Node) EntryTerm(index uint64) (uint64, error) {
-	first, _ := n.wal.FirstIndex()
-	last, _ := n.wal.LastIndex()
-	switch {
-	case index > last:
-		return 0, fmt.Errorf("%w: %d (last is %d)", ErrNoEntry, index, last)
-	case first == 0 || index < first:
-		return 0, fmt.Errorf("%w: %d (first is %d)", ErrCompacted, index, first)
-	}
 	var l raft.Log
-	if err := n.wal.GetLog(index, &l); err != nil {
-		if errors.Is(err, raft.ErrLogNotFound) {
-			// Compacted between the bounds check and the read.
-			return 0, fmt.Errorf("%w: %d", ErrCompacted, index)
+	err := n.wal.GetLog(index, &l)
+	if errors.Is(err, raft.ErrLogNotFound) {
+		if last, _ := n.wal.LastIndex(); index > last {
+			return 0, fmt.Errorf("%w: %d (last is %d)", ErrNoEntry, index, last)
 		}
+		return 0, fmt.Errorf("%w: %d", ErrCompacted, index)
+	}
+	if err != nil {
 		return 0, err
 	}
 	return l.Term, nil

@@ -113,11 +113,7 @@ func TestDedupeAcrossRestart(t *testing.T) {
 // durable up to everything applied: the persisted state never runs ahead of
 // the persisted log.
 func TestStoreFlushSyncsLogFirst(t *testing.T) {
-	cfg := testConfig(t, "")
-	cfg.SyncDelay = time.Hour
-	s := openService(t, cfg)
-	c := newClient(t, s.Addr())
-	time.Sleep(50 * time.Millisecond) // past the eager-sync window of the session open
+	s, c := openDeferred(t, testConfig(t, ""))
 	c.mustCreate(1, "d", dirMode)
 	if d, a := s.node.Stats().DurableIndex, s.fsm.AppliedIndex(); d >= a {
 		t.Fatalf("precondition: mkdir answered with durable %d >= applied %d", d, a)
@@ -133,11 +129,7 @@ func TestStoreFlushSyncsLogFirst(t *testing.T) {
 // A create answers its raft index; MSync for that index returns once the
 // log is durable at least that far, and says how far.
 func TestSyncToIndex(t *testing.T) {
-	cfg := testConfig(t, "")
-	cfg.SyncDelay = time.Hour
-	s := openService(t, cfg)
-	c := newClient(t, s.Addr())
-	time.Sleep(50 * time.Millisecond) // past the eager-sync window of the session open
+	s, c := openDeferred(t, testConfig(t, ""))
 	var ch rpc.ChangeResp
 	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: 1, Name: "d", Mode: dirMode}, &ch); err != nil {
 		t.Fatal(err)
@@ -189,9 +181,7 @@ func TestSyncDetectsLostChange(t *testing.T) {
 	disk := t.TempDir()
 	copyTree(t, dir, disk)
 
-	s = openService(t, cfg)
-	c = newClient(t, s.Addr())
-	time.Sleep(50 * time.Millisecond) // past the eager-sync window of the session open
+	s, c = openDeferred(t, cfg)
 	var lost rpc.ChangeResp
 	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: 1, Name: "lost", Mode: dirMode}, &lost); err != nil {
 		t.Fatal(err)
@@ -246,6 +236,19 @@ func TestSyncDetectsLostChange(t *testing.T) {
 	if r.Term <= lost.Term {
 		t.Fatalf("term after the restart %d, not above the lost entry's %d", r.Term, lost.Term)
 	}
+}
+
+// openDeferred opens a service whose log syncs only when somebody waits
+// (SyncDelay an hour) and a client, then waits out the eager-sync window
+// of the client's session open: the next change is answered before it is
+// durable.
+func openDeferred(t *testing.T, cfg Config) (*Service, *client) {
+	t.Helper()
+	cfg.SyncDelay = time.Hour
+	s := openService(t, cfg)
+	c := newClient(t, s.Addr())
+	time.Sleep(50 * time.Millisecond)
+	return s, c
 }
 
 // copyTree copies the regular files and directories under src to dst.
