@@ -297,6 +297,12 @@ func (n *Node) WaitDurable(index uint64, timeout time.Duration) error {
 	return n.wal.WaitDurable(index, timeout)
 }
 
+// WaitDurableCtx is WaitDurable that also returns, with an error, when ctx
+// ends first.
+func (n *Node) WaitDurableCtx(ctx context.Context, index uint64, timeout time.Duration) error {
+	return n.wal.waitDurable(ctx.Done(), index, timeout)
+}
+
 // DurableIndex is the last log index on stable storage.
 func (n *Node) DurableIndex() uint64 { return n.wal.durableIndex() }
 
@@ -316,18 +322,13 @@ var (
 // durable drops it, and later entries may reuse its index with a newer
 // term).
 func (n *Node) EntryTerm(index uint64) (uint64, error) {
-	var l raft.Log
-	err := n.wal.GetLog(index, &l)
-	if errors.Is(err, raft.ErrLogNotFound) {
-		if last, _ := n.wal.LastIndex(); index > last {
-			return 0, fmt.Errorf("%w: %d (last is %d)", ErrNoEntry, index, last)
-		}
-		return 0, fmt.Errorf("%w: %d", ErrCompacted, index)
+	if t, ok := n.wal.termOf(index); ok {
+		return t, nil
 	}
-	if err != nil {
-		return 0, err
+	if last, _ := n.wal.LastIndex(); index > last {
+		return 0, fmt.Errorf("%w: %d (last is %d)", ErrNoEntry, index, last)
 	}
-	return l.Term, nil
+	return 0, fmt.Errorf("%w: %d", ErrCompacted, index)
 }
 
 // SyncLog makes every entry written to the log so far durable. A state

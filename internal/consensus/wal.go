@@ -59,21 +59,19 @@ import (
 // the machine) and a background syncer makes them durable — at once when
 // somebody waits (WaitDurable), else at most syncDelay after the first
 // unsynced write; after a recent wait, at once. One fdatasync covers every
-// entry written before it started, however many raft batches that was. The caller decides which
-// answers wait for durability; see consensus.Config.DeferSync.
+// entry written before it started, however many raft batches that was.
+// Up to maxSyncs run at once: an entry written while one runs gets its own
+// sync at once rather than waiting for the running one to end. The caller
+// decides which answers wait for durability; see consensus.Config.DeferSync.
 type wal struct {
 	dir     string
 	segSize int64
 	log     *slog.Logger
 
 	wmu sync.Mutex // serialises StoreLogs and DeleteRange
-	// smu is held around fdatasync of segments and around closing them, so
-	// that the syncer never syncs a closed file.
-	smu sync.Mutex
-	// syncMu serialises syncOnce: a sync takes the dirty set, so a second
-	// one running beside it would find nothing to sync and claim its
-	// target durable too early.
-	syncMu sync.Mutex
+	// smu is held (shared) around fdatasync of segments and (exclusive)
+	// around closing them, so that a syncer never syncs a closed file.
+	smu sync.RWMutex
 
 	deferSync bool
 	syncDelay time.Duration
@@ -81,6 +79,10 @@ type wal struct {
 		sync.Mutex
 		written, synced uint64            // last index written; last index on stable storage
 		dirty           map[*segment]bool // segments written since their last fdatasync
+		flushing        map[*segment]int  // segments running syncs flush (count of syncs)
+		inflight        int               // syncs running
+		syncing         uint64            // highest target of the running syncs
+		again           bool              // a sync was refused for maxSyncs: start one when one ends
 		done            chan struct{}     // closed when the next sync ends
 		waiters         int
 		lastWait        time.Time // when somebody last waited for durability
@@ -89,7 +91,10 @@ type wal struct {
 		armed           bool      // a delayed sync is scheduled
 		err             error     // sticky: after a failed fdatasync nothing is durable
 	}
-	kick chan struct{} // wakes the syncer
+	kick chan struct{} // wakes a syncer
+	// beforeSync, when set (tests), runs before each deferred-mode
+	// fdatasync of a segment.
+	beforeSync func(*segment)
 
 	mu struct {
 		sync.RWMutex
@@ -109,10 +114,39 @@ type segment struct {
 	base  uint64  // index the segment was created for (file name)
 	first uint64  // index of offs[0]
 	offs  []int64 // offset of each record; entry first+i at offs[i]
-	end   int64   // offset after the last record
-	size  int64   // file size
+	// terms holds each entry's term as runs: entries from terms[i].first
+	// up to the next run's first have terms[i].term. Kept in memory so that
+	// asking for an entry's term (Node.EntryTerm, on every close of a new
+	// file) reads no file.
+	terms []termRun
+	end   int64 // offset after the last record
+	size  int64 // file size
 
 	closed bool // guarded by wal.smu
+}
+
+type termRun struct{ first, term uint64 }
+
+// addTerm records that entry index (the segment's last so far) has term.
+func (s *segment) addTerm(index, term uint64) {
+	if n := len(s.terms); n == 0 || s.terms[n-1].term != term {
+		s.terms = append(s.terms, termRun{index, term})
+	}
+}
+
+// termAt is the term of entry index, which the segment holds.
+func (s *segment) termAt(index uint64) uint64 {
+	i := sort.Search(len(s.terms), func(i int) bool { return s.terms[i].first > index })
+	if i == 0 {
+		return 0
+	}
+	return s.terms[i-1].term
+}
+
+// cutTerms forgets the runs of entries after last.
+func (s *segment) cutTerms(last uint64) {
+	i := sort.Search(len(s.terms), func(i int) bool { return s.terms[i].first > last })
+	s.terms = s.terms[:i]
 }
 
 type preallocated struct {
@@ -151,6 +185,7 @@ func openWAL(dir string, segSize int64, lg *slog.Logger) (*wal, error) {
 	w := &wal{dir: dir, segSize: segSize, log: lg, prealloc: make(chan preallocated, 1),
 		want: make(chan struct{}, 1), stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	w.ds.dirty = make(map[*segment]bool)
+	w.ds.flushing = make(map[*segment]int)
 	w.ds.done = make(chan struct{})
 	if err := w.recover(); err != nil {
 		w.closeFiles()
@@ -165,9 +200,11 @@ func openWAL(dir string, segSize int64, lg *slog.Logger) (*wal, error) {
 		}
 	}
 	w.ds.written, w.ds.synced = w.mu.last, w.mu.last
-	w.wg.Add(2)
+	w.wg.Add(1 + maxSyncs)
 	go w.preallocLoop()
-	go w.syncLoop()
+	for range maxSyncs {
+		go w.syncLoop()
+	}
 	return w, nil
 }
 
@@ -179,7 +216,7 @@ func (w *wal) setDeferSync(delay time.Duration) {
 	w.deferSync, w.syncDelay = true, delay
 }
 
-// syncLoop is the background syncer of deferred mode.
+// syncLoop is one of the background syncers of deferred mode.
 func (w *wal) syncLoop() {
 	defer w.wg.Done()
 	for {
@@ -188,7 +225,7 @@ func (w *wal) syncLoop() {
 			return
 		case <-w.kick:
 		}
-		w.syncOnce()
+		w.syncOnce(false)
 	}
 }
 
@@ -199,37 +236,83 @@ func (w *wal) kickSync() {
 	}
 }
 
-// syncOnce makes every entry written so far durable.
-func (w *wal) syncOnce() {
-	w.syncMu.Lock()
-	defer w.syncMu.Unlock()
+// maxSyncs bounds the fdatasyncs in flight at once. A second one may start
+// while the first runs: entries written meanwhile then wait for one sync,
+// not for the rest of the running one plus a whole next one.
+const maxSyncs = 2
+
+// syncOnce makes every entry written so far durable. It returns at once
+// when a running sync already covers them, or (unless wait) when maxSyncs
+// are running: the first to finish starts the next.
+func (w *wal) syncOnce(wait bool) {
 	w.ds.Lock()
 	w.ds.armed = false
-	target := w.ds.written
-	if target <= w.ds.synced || w.ds.err != nil {
+	for {
+		target := w.ds.written
+		if target <= w.ds.synced || target <= w.ds.syncing || w.ds.err != nil {
+			w.ds.Unlock()
+			return
+		}
+		if w.ds.inflight < maxSyncs {
+			break
+		}
+		w.ds.again = true
+		if !wait {
+			w.ds.Unlock()
+			return
+		}
+		ch := w.ds.done
 		w.ds.Unlock()
-		return
+		<-ch
+		w.ds.Lock()
 	}
-	segs := make([]*segment, 0, len(w.ds.dirty))
+	target := w.ds.written
+	// The segments written since their last sync, and those a running
+	// sync is flushing: fdatasync makes durable what was written before it
+	// was called, whichever call wrote it, so this sync's answer does not
+	// depend on the running one finishing first.
+	segs := make([]*segment, 0, len(w.ds.dirty)+len(w.ds.flushing))
 	for s := range w.ds.dirty {
 		segs = append(segs, s)
 	}
+	for s := range w.ds.flushing {
+		if !w.ds.dirty[s] {
+			segs = append(segs, s)
+		}
+	}
 	clear(w.ds.dirty)
+	for _, s := range segs {
+		w.ds.flushing[s]++
+	}
+	w.ds.inflight++
+	w.ds.syncing = max(w.ds.syncing, target)
 	cuts := w.ds.cuts
 	w.ds.Unlock()
 	var err error
-	w.smu.Lock()
+	w.smu.RLock()
 	for _, s := range segs {
 		if s.closed {
 			continue // removed: its entries are no longer part of the log
+		}
+		if w.beforeSync != nil {
+			w.beforeSync(s)
 		}
 		if e := unix.Fdatasync(int(s.f.Fd())); e != nil {
 			err = fmt.Errorf("raft wal sync %s: %w", s.path, e)
 			break
 		}
 	}
-	w.smu.Unlock()
+	w.smu.RUnlock()
 	w.ds.Lock()
+	for _, s := range segs {
+		if w.ds.flushing[s]--; w.ds.flushing[s] == 0 {
+			delete(w.ds.flushing, s)
+		}
+	}
+	w.ds.inflight--
+	if w.ds.inflight == 0 {
+		w.ds.syncing = 0
+	}
 	if err != nil {
 		w.ds.err = err
 		w.log.Error("raft wal: fdatasync failed; the log can no longer be made durable", "err", err)
@@ -241,9 +324,14 @@ func (w *wal) syncOnce() {
 		}
 		w.ds.synced = max(w.ds.synced, target)
 	}
+	again := w.ds.again && w.ds.written > w.ds.synced
+	w.ds.again = false
 	close(w.ds.done)
 	w.ds.done = make(chan struct{})
 	w.ds.Unlock()
+	if again {
+		w.kickSync()
+	}
 }
 
 // noteWritten records entries written up to last in segs (deferred mode)
@@ -289,6 +377,15 @@ var errWALClosed = errors.New("raft wal closed")
 // WaitDurable returns once every entry up to index is on stable storage,
 // or with an error when the wait exceeds timeout or syncing failed.
 func (w *wal) WaitDurable(index uint64, timeout time.Duration) error {
+	return w.waitDurable(nil, index, timeout)
+}
+
+// errWaitCancelled answers a wait whose caller gave up.
+var errWaitCancelled = errors.New("raft wal: wait for durability cancelled")
+
+// waitDurable is WaitDurable that also ends (errWaitCancelled) when cancel
+// is closed; cancel may be nil.
+func (w *wal) waitDurable(cancel <-chan struct{}, index uint64, timeout time.Duration) error {
 	var timer <-chan time.Time
 	w.ds.Lock()
 	defer w.ds.Unlock()
@@ -307,7 +404,7 @@ func (w *wal) WaitDurable(index uint64, timeout time.Duration) error {
 			// Closing: the syncer is gone (Close syncs once more). Sync
 			// here rather than fail a wait that Close would satisfy.
 			w.ds.Unlock()
-			w.syncOnce()
+			w.syncOnce(true)
 			w.ds.Lock()
 			if w.ds.synced >= min(index, w.ds.written) {
 				return nil
@@ -328,16 +425,24 @@ func (w *wal) WaitDurable(index uint64, timeout time.Duration) error {
 			defer t.Stop()
 			timer = t.C
 		}
-		var timedOut bool
+		var timedOut, cancelled bool
 		select {
 		case <-ch:
 		case <-timer:
 			timedOut = true
+		case <-cancel:
+			cancelled = true
 		}
 		w.ds.Lock()
 		w.ds.waiters--
-		if timedOut && w.ds.synced < index {
+		if w.ds.synced >= min(index, w.ds.written) {
+			return nil
+		}
+		if timedOut {
 			return fmt.Errorf("raft wal: entry %d not durable after %v", index, timeout)
+		}
+		if cancelled {
+			return errWaitCancelled
 		}
 	}
 }
@@ -447,6 +552,7 @@ func (w *wal) openSegment(base, prev uint64, last bool) (*segment, error) {
 			s.first = idx
 		}
 		s.offs = append(s.offs, s.end)
+		s.addTerm(idx, l.Term)
 		s.end += walRecordHead + n
 		prev = idx
 	}
@@ -622,6 +728,18 @@ func (w *wal) GetLog(index uint64, l *raft.Log) error {
 	return nil
 }
 
+// termOf is the term of entry index; ok is false when the log does not
+// hold it.
+func (w *wal) termOf(index uint64) (term uint64, ok bool) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	s, _, _, ok := w.locateLocked(index)
+	if !ok {
+		return 0, false
+	}
+	return s.termAt(index), true
+}
+
 func (w *wal) StoreLog(l *raft.Log) error { return w.StoreLogs([]*raft.Log{l}) }
 
 // StoreLogs appends the entries and makes them durable with one
@@ -650,6 +768,7 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 		buf   []byte
 		first uint64 // index of buf's first record
 		offs  []int64
+		terms []termRun
 	}
 	var writes []*write
 	var wr *write
@@ -671,6 +790,9 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 			writes = append(writes, wr)
 		}
 		wr.offs = append(wr.offs, end)
+		if n := len(wr.terms); n == 0 || wr.terms[n-1].term != l.Term {
+			wr.terms = append(wr.terms, termRun{l.Index, l.Term})
+		}
 		wr.buf = append(wr.buf, rec...)
 		end += int64(len(rec))
 	}
@@ -721,6 +843,9 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 			x.seg.first = x.first
 		}
 		x.seg.offs = append(x.seg.offs, x.offs...)
+		for _, r := range x.terms {
+			x.seg.addTerm(r.first, r.term)
+		}
 		x.seg.end = x.at + int64(len(x.buf))
 	}
 	if w.mu.first == 0 {
@@ -779,6 +904,7 @@ func (w *wal) DeleteRange(min, max uint64) error {
 			return fmt.Errorf("raft wal cut %s: %w", s.path, err)
 		}
 		s.offs = s.offs[:min-s.first]
+		s.cutTerms(min - 1)
 		s.end = start
 		keep := w.mu.segs[:0]
 		for _, x := range w.mu.segs {
@@ -808,6 +934,7 @@ func (w *wal) cutWritten(last uint64) {
 	w.ds.Lock()
 	w.ds.written = min(w.ds.written, last)
 	w.ds.synced = min(w.ds.synced, last)
+	w.ds.syncing = min(w.ds.syncing, last) // rewritten entries are not being synced
 	w.ds.cuts++
 	w.ds.cutAt = last
 	w.ds.Unlock()
@@ -832,7 +959,7 @@ func (w *wal) Close() error {
 	default:
 	}
 	w.wg.Wait()
-	w.syncOnce()
+	w.syncOnce(true)
 	w.ds.Lock()
 	err := w.ds.err
 	w.ds.Unlock()

@@ -370,3 +370,221 @@ func TestWALDeferredSyncConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A second sync may start while one runs; it must flush the running one's
+// segments too, because it may finish first and then claims everything
+// written before it started. At most maxSyncs run at once.
+func TestWALOverlappingSyncs(t *testing.T) {
+	const seg = 16 << 10
+	// Find the first entry that no longer fits the first segment.
+	scratch, err := openWAL(t.TempDir(), seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := uint64(1)
+	for ; len(scratch.mu.segs) < 2; j++ {
+		if err := scratch.StoreLogs(walEntries(j, j)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j-- // entry j opened the second segment
+	scratch.Close()
+
+	w, err := openWAL(t.TempDir(), seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.setDeferSync(time.Hour)
+
+	var mu sync.Mutex
+	var calls []string // segment of each fdatasync, in order
+	running, most := 0, 0
+	first := true
+	blocked := make(chan struct{})
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	defer releaseOnce.Do(func() { close(release) }) // before w.Close, also on failure
+	w.beforeSync = func(s *segment) {
+		mu.Lock()
+		calls = append(calls, s.path)
+		running++
+		most = max(most, running)
+		block := first
+		first = false
+		mu.Unlock()
+		if block {
+			close(blocked)
+			<-release
+		}
+		mu.Lock()
+		running--
+		mu.Unlock()
+	}
+	if err := w.StoreLogs(walEntries(1, j-1)); err != nil {
+		t.Fatal(err)
+	}
+	firstSeg := w.mu.segs[0].path
+	waitA := make(chan error, 1)
+	go func() { waitA <- w.WaitDurable(j-1, 20*time.Second) }()
+	<-blocked // sync 1 is inside its fdatasync of the first segment
+
+	// Written only to the second segment, while sync 1 still runs.
+	if err := w.StoreLogs(walEntries(j, j+50)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(w.mu.segs); n != 2 {
+		t.Fatalf("%d segments, want 2", n)
+	}
+	if err := w.WaitDurable(j+50, 20*time.Second); err != nil {
+		t.Fatalf("second wait while the first sync hangs: %v", err)
+	}
+	if d := w.durableIndex(); d < j+50 {
+		t.Fatalf("durable index %d after the second sync, want %d", d, j+50)
+	}
+	mu.Lock()
+	second := append([]string(nil), calls[1:]...)
+	mu.Unlock()
+	found := false
+	for _, p := range second {
+		found = found || p == firstSeg
+	}
+	if !found {
+		t.Fatalf("the second sync flushed %v, not the first segment %s that the still running first sync had taken", second, firstSeg)
+	}
+	select {
+	case err := <-waitA:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("waiter of the first segment's entries not released by the second sync")
+	}
+	releaseOnce.Do(func() { close(release) })
+
+	// Many waiters at once: never more than maxSyncs fdatasyncs together.
+	next := j + 51
+	var wg sync.WaitGroup
+	for k := 0; k < 8; k++ {
+		if err := w.StoreLogs(walEntries(next, next+9)); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func(i uint64) {
+			defer wg.Done()
+			if err := w.WaitDurable(i, 20*time.Second); err != nil {
+				t.Error(err)
+			}
+		}(next + 9)
+		next += 10
+	}
+	wg.Wait()
+	if d := w.durableIndex(); d < next-1 {
+		t.Fatalf("durable index %d, want %d", d, next-1)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most > maxSyncs {
+		t.Fatalf("%d fdatasyncs ran at once, limit %d", most, maxSyncs)
+	}
+}
+
+// The log knows every entry's term without reading it: after appends
+// across segments, a restart and a tail cut rewritten in a newer term.
+func TestWALTerms(t *testing.T) {
+	dir := t.TempDir()
+	const seg = 16 << 10
+	w, err := openWAL(dir, seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(w *wal, from, to uint64, term func(uint64) uint64) {
+		t.Helper()
+		for i := from; i <= to; i++ {
+			got, ok := w.termOf(i)
+			if !ok || got != term(i) {
+				t.Fatalf("term of %d: %d, %v; want %d", i, got, ok, term(i))
+			}
+		}
+	}
+	orig := func(i uint64) uint64 { return 1 + i/100 }
+	if err := w.StoreLogs(walEntries(1, 350)); err != nil {
+		t.Fatal(err)
+	}
+	check(w, 1, 350, orig)
+	if _, ok := w.termOf(351); ok {
+		t.Fatal("term of an entry past the end")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w, err = openWAL(dir, seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	check(w, 1, 350, orig)
+	// A follower's conflicting suffix: cut 250.. and append term 9 there.
+	if err := w.DeleteRange(250, 350); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := w.termOf(250); ok {
+		t.Fatal("term of a cut entry")
+	}
+	var logs []*raft.Log
+	for i := uint64(250); i <= 260; i++ {
+		logs = append(logs, &raft.Log{Index: i, Term: 9, Type: raft.LogCommand})
+	}
+	if err := w.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	check(w, 1, 249, orig)
+	check(w, 250, 260, func(uint64) uint64 { return 9 })
+	// Head truncation: compacted entries have no term here.
+	if err := w.DeleteRange(1, 120); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := w.termOf(120); ok {
+		t.Fatal("term of a compacted entry")
+	}
+	check(w, 121, 249, orig)
+}
+
+// A waiter whose caller gives up returns at once, not when the (hanging)
+// sync ends or the timeout expires; one that was satisfied meanwhile
+// reports success.
+func TestWALWaitCancelled(t *testing.T) {
+	w, err := openWAL(t.TempDir(), 1<<20, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.setDeferSync(time.Hour)
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	w.beforeSync = func(*segment) { <-release }
+	if err := w.StoreLogs(walEntries(1, 5)); err != nil {
+		t.Fatal(err)
+	}
+	cancel := make(chan struct{})
+	res := make(chan error, 1)
+	go func() { res <- w.waitDurable(cancel, 5, time.Minute) }()
+	time.Sleep(20 * time.Millisecond) // the sync is stuck in beforeSync
+	close(cancel)
+	select {
+	case err := <-res:
+		if !errors.Is(err, errWaitCancelled) {
+			t.Fatalf("cancelled wait: %v, want errWaitCancelled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled wait did not return")
+	}
+	once.Do(func() { close(release) })
+	if err := w.waitDurable(cancel, 5, 10*time.Second); err != nil && !errors.Is(err, errWaitCancelled) {
+		t.Fatal(err)
+	}
+	if err := w.WaitDurable(5, 10*time.Second); err != nil {
+		t.Fatalf("wait after the sync was released: %v", err)
+	}
+}
