@@ -78,10 +78,11 @@ func (s *Service) placementCandidates(ctx context.Context) []layout.Candidate {
 const startupGrace = 5 * time.Second
 
 func (s *Service) register() {
-	// Reads of the leader's store: in-process callers (strata up) run them
-	// on their own goroutine.
+	// Reads of the leader's store, and the durability barrier (it waits
+	// only as long as its caller's context lets it): in-process callers
+	// (strata up) run them on their own goroutine.
 	s.srv.Inline(rpc.MLookup, rpc.MGetAttr, rpc.MReadlink, rpc.MReadDir, rpc.MGetXattr,
-		rpc.MListXattr, rpc.MStatFS, rpc.MListTargets)
+		rpc.MListXattr, rpc.MStatFS, rpc.MListTargets, rpc.MSync)
 	handle(s, rpc.MSessionOpen, func(_ context.Context, r *rpc.SessionOpenReq) (rpc.Message, error) {
 		lease := uint32(min(s.cfg.SessionLease.Milliseconds(), math.MaxUint32))
 		res, err := s.propose(&command{Op: opSessionOpen, Now: now(), Host: r.Host, MountPoint: r.MountPoint, Pid: r.Pid, LeaseMs: lease})
@@ -188,11 +189,11 @@ func (s *Service) register() {
 	handle(s, rpc.MRemoveXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opRemoveXattr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Name: r.Name})
 	})
-	handle(s, rpc.MSync, func(_ context.Context, r *rpc.SyncReq) (rpc.Message, error) {
+	handle(s, rpc.MSync, func(ctx context.Context, r *rpc.SyncReq) (rpc.Message, error) {
 		if err := s.checkEntry(r.Index, r.Term); err != nil {
 			return nil, err
 		}
-		if err := s.syncLogTo(r.Index); err != nil {
+		if err := s.syncLogTo(ctx, r.Index); err != nil {
 			return nil, err
 		}
 		// The term first: a durable index reported with the term it was
@@ -285,12 +286,19 @@ func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, erro
 	}
 	v, err := s.db.Get(schema.DentryKey(r.Parent, r.Name))
 	if errors.Is(err, kv.ErrNotFound) {
-		in, err := s.readInode(r.Parent)
-		if err != nil {
-			return nil, err
-		}
-		if in.Mode&modeType != modeDir {
-			return nil, rpc.Errorf(syscall.ENOTDIR, "inode %d is not a directory", r.Parent)
+		// Absent from a directory, or the parent is no directory: tell
+		// which. A parent once seen as a directory is one for good (inode
+		// numbers are not reused), so it is read once, not per lookup of a
+		// new name (each create starts with one).
+		if !s.dirs.has(r.Parent) {
+			in, err := s.readInode(r.Parent)
+			if err != nil {
+				return nil, err
+			}
+			if in.Mode&modeType != modeDir {
+				return nil, rpc.Errorf(syscall.ENOTDIR, "inode %d is not a directory", r.Parent)
+			}
+			s.dirs.add(r.Parent)
 		}
 		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", r.Name, r.Parent)
 	}

@@ -68,6 +68,24 @@ func TestRootAndCreate(t *testing.T) {
 	wantErrno(t, err, syscall.ENOTDIR, "create in file")
 	_, err = c.lookup(f.Ino, "x")
 	wantErrno(t, err, syscall.ENOTDIR, "lookup in file")
+	// Repeated misses: the service remembers which parents are directories
+	// (knownDirs); the answers must not change.
+	for i := 0; i < 3; i++ {
+		_, err = c.lookup(f.Ino, "y")
+		wantErrno(t, err, syscall.ENOTDIR, "lookup in file again")
+		_, err = c.lookup(1, "missing")
+		wantErrno(t, err, syscall.ENOENT, "lookup missing again")
+		_, err = c.lookup(999, "x")
+		wantErrno(t, err, syscall.ENOENT, "lookup in missing dir")
+	}
+	sub := c.mustCreate(1, "sub", dirMode)
+	_, err = c.lookup(sub.Ino, "x")
+	wantErrno(t, err, syscall.ENOENT, "lookup in new dir")
+	if err := c.rmdir(1, "sub"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.lookup(sub.Ino, "x")
+	wantErrno(t, err, syscall.ENOENT, "lookup in removed dir")
 	_, err = c.create(999, "x", fileMode)
 	wantErrno(t, err, syscall.ENOENT, "create in missing dir")
 	_, err = c.getattr(999)

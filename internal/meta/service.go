@@ -51,6 +51,7 @@ type Service struct {
 	locks *lockTable
 	sess  *sessions
 	live  *liveness
+	dirs  knownDirs
 
 	ready       atomic.Bool  // leader and caught up: serve requests
 	leaderSince atomic.Int64 // ns since epoch when this node became leader
@@ -394,15 +395,15 @@ func (s *Service) checkEntry(index, term uint64) error {
 // syncLog waits until everything applied so far is on stable storage: the
 // barrier behind a client's fsync and close (MSync) and before the reaper
 // deletes data.
-func (s *Service) syncLog() error { return s.syncLogTo(0) }
+func (s *Service) syncLog() error { return s.syncLogTo(context.Background(), 0) }
 
 // syncLogTo waits until the log is durable up to index (0 or beyond what
-// was applied: up to everything applied).
-func (s *Service) syncLogTo(index uint64) error {
+// was applied: up to everything applied), or until ctx ends.
+func (s *Service) syncLogTo(ctx context.Context, index uint64) error {
 	if a := s.fsm.AppliedIndex(); index == 0 || index > a {
 		index = a
 	}
-	if err := s.node.WaitDurable(index, applyTimeout); err != nil {
+	if err := s.node.WaitDurableCtx(ctx, index, applyTimeout); err != nil {
 		return rpc.Errorf(syscall.EIO, "metadata log not durable: %v", err)
 	}
 	return nil

@@ -76,8 +76,10 @@ func NewServer(key []byte) *Server {
 func (s *Server) Register(m Method, h HandlerFunc) { s.handlers[m] = h }
 
 // Inline marks methods whose handlers only read the server's own memory or
-// local store and return in microseconds: an in-process caller runs them
-// on its own goroutine (see local.go). Call before Serve.
+// local store and return in microseconds, or wait no longer than their
+// context allows: an in-process caller runs them on its own goroutine (see
+// local.go), which saves two goroutine hand-overs per call. Call before
+// Serve.
 func (s *Server) Inline(ms ...Method) {
 	if s.inline == nil {
 		s.inline = map[Method]bool{}
