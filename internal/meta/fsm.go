@@ -265,15 +265,17 @@ func (f *fsm) applyOne(b kv.Batch, data []byte, index, term uint64) *result {
 	return res
 }
 
-// Snapshot makes the store durable and captures a consistent view of it.
-// Persist streams the view; it runs concurrently with later applies.
+// Snapshot captures a consistent view of the store. Raft calls it on the
+// goroutine that applies entries, so it does only that; Persist, which
+// runs concurrently with later applies, makes the store durable (a memtable
+// flush: up to hundreds of milliseconds, which here would stall every
+// metadata change) and streams the view. Raft truncates the log only after
+// Persist succeeded, so the store is durable past the snapshot's index
+// before the entries it replaces are gone.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.db.Sync(); err != nil {
-		return nil, fmt.Errorf("snapshot: sync metadata store: %w", err)
-	}
-	return &fsmSnapshot{snap: f.db.NewSnapshot()}, nil
+	return &fsmSnapshot{db: f.db, snap: f.db.NewSnapshot()}, nil
 }
 
 // Snapshot stream format, version 1:
@@ -285,9 +287,17 @@ var snapMagic = []byte("STRATAMS")
 
 const snapFormatV1 = 1
 
-type fsmSnapshot struct{ snap kv.Snapshot }
+type fsmSnapshot struct {
+	db   kv.Store
+	snap kv.Snapshot
+}
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	// Everything the view holds was committed before this flush began.
+	if err := s.db.Sync(); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("snapshot: sync metadata store: %w", err)
+	}
 	if err := writeSnapshot(s.snap, sink); err != nil {
 		sink.Cancel()
 		return err

@@ -150,11 +150,14 @@ func TestFSMDeterminismAndSnapshot(t *testing.T) {
 	applyAll(a, cmds[:100], 10, 1)
 	equalDumps(t, da, dump(t, a.db), "replay")
 
-	// snapshot then restore into a fresh FSM
-	snap, err := a.Snapshot()
+	// snapshot then restore into a fresh FSM; entries applied between
+	// Snapshot and Persist (Persist flushes the store, concurrently with
+	// later applies) are not in it
+	snap, err := b.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
+	applyAll(b, randomCommands(11, 100), 7, b.AppliedIndex()+1)
 	var sink memSink
 	if err := snap.Persist(&sink); err != nil || !sink.closed {
 		t.Fatalf("persist: %v", err)
