@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -47,6 +48,20 @@ type Client struct {
 	durable struct {
 		sync.Mutex
 		idx, term uint64
+	}
+	// changes holds the entries (raft index and term, rpc.Stamp) this
+	// client's changes were answered from and no barrier has checked yet:
+	// the highest index of each term. A barrier (SyncMeta) asks MSync to
+	// check them, so that a change a metadata machine crash lost fails the
+	// fsync instead of passing it. unstamped: a change since the last
+	// barrier came without one (it failed, or its outcome is unknown); the
+	// barrier then waits for everything, unchecked. metaChanged is raised
+	// under the same lock, so a barrier sees every stamp of the changes it
+	// counts.
+	changes struct {
+		sync.Mutex
+		pend      []rpc.Stamp
+		unstamped bool
 	}
 
 	budget *budget // write-behind (and read-ahead) memory
@@ -212,7 +227,7 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 		if err == nil || !retryableMeta(err) {
 			switch {
 			case answeredBeforeDurable(m):
-				c.metaChanged.Add(1)
+				c.noteChange(err, resp)
 				if m != rpc.MCreate && m != rpc.MUnlink {
 					c.dirs.reset() // creates and unlinks answer their directory's attributes
 				}
@@ -312,10 +327,44 @@ func (c *Client) noteDurableIndex(r rpc.SyncResp) {
 	}
 }
 
+// maxPendingStamps bounds the unchecked stamps kept (one per raft term);
+// beyond it the next barrier is an unchecked one.
+const maxPendingStamps = 8
+
+// noteChange counts a change the service may have answered before it was
+// durable, with its stamp when the answer carried one.
+func (c *Client) noteChange(err error, resp rpc.Message) {
+	var st rpc.Stamp
+	if s, ok := resp.(interface{ ChangeStamp() rpc.Stamp }); ok && err == nil {
+		st = s.ChangeStamp()
+	}
+	c.changes.Lock()
+	defer c.changes.Unlock()
+	c.metaChanged.Add(1)
+	if st.Index == 0 || st.Term == 0 {
+		c.changes.unstamped = true
+		return
+	}
+	p := c.changes.pend
+	for i := range p {
+		if p[i].Term == st.Term {
+			p[i].Index = max(p[i].Index, st.Index)
+			return
+		}
+	}
+	if len(p) >= maxPendingStamps {
+		c.changes.unstamped = true
+		return
+	}
+	c.changes.pend = append(p, st)
+}
+
 // SyncMeta returns once every namespace change this client made is on the
 // metadata service's stable storage (a no-op when an earlier barrier or
 // durable answer already covered them): fsync of a directory, and the end
-// of fsync and close of a file.
+// of fsync and close of a file. It fails with EIO when the service lost a
+// change it had answered (a metadata machine crash before the change was
+// durable).
 func (c *Client) SyncMeta(ctx context.Context) error {
 	return c.syncMetaUpTo(ctx, c.metaChanged.Load())
 }
@@ -325,12 +374,55 @@ func (c *Client) syncMetaUpTo(ctx context.Context, seq uint64) error {
 	if c.metaDurable.Load() >= seq {
 		return nil
 	}
-	var resp rpc.SyncResp
-	if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{}, &resp); err != nil {
-		return metaErr(c, "sync", err)
+	c.changes.Lock()
+	seq = c.metaChanged.Load()
+	pend := append([]rpc.Stamp(nil), c.changes.pend...)
+	unstamped := c.changes.unstamped
+	c.changes.Unlock()
+	if unstamped || len(pend) == 0 {
+		var resp rpc.SyncResp
+		if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{}, &resp); err != nil {
+			return metaErr(c, "sync", err)
+		}
+		c.noteDurableIndex(resp)
+		c.checkedUpTo(seq, nil)
+		return nil
 	}
-	c.noteDurableIndex(resp)
+	// Every change counted in seq has a stamp in pend: the log holds them
+	// all if it holds the highest entry of each term (raft's logs match
+	// on every entry before one they share), and is durable up to them
+	// once durable up to those.
+	for _, st := range pend {
+		var resp rpc.SyncResp
+		if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{Index: st.Index, Term: st.Term}, &resp); err != nil {
+			if errors.Is(err, syscall.EIO) {
+				c.checkedUpTo(0, pend) // reported once: later barriers do not fail for it again
+			}
+			return metaErr(c, "sync", err)
+		}
+		c.noteDurableIndex(resp)
+	}
+	c.noteDurable(seq)
+	c.checkedUpTo(seq, pend)
 	return nil
+}
+
+// checkedUpTo drops the stamps a barrier checked (those still as it saw
+// them); with seq the current change count, also the unstamped mark.
+func (c *Client) checkedUpTo(seq uint64, checked []rpc.Stamp) {
+	c.changes.Lock()
+	defer c.changes.Unlock()
+	keep := c.changes.pend[:0]
+	for _, p := range c.changes.pend {
+		if !slices.Contains(checked, p) {
+			keep = append(keep, p)
+		}
+	}
+	c.changes.pend = keep
+	if seq != 0 && c.metaChanged.Load() == seq {
+		c.changes.unstamped = false
+		c.changes.pend = c.changes.pend[:0]
+	}
 }
 
 // retryableMeta reports whether a metadata call failed without being

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	dto "github.com/prometheus/client_model/go"
 	"math/rand"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -892,5 +893,58 @@ func TestDurableIndexRecord(t *testing.T) {
 	// has no connection; a call would fail).
 	if err := c.syncMetaIndex(bg, 100, 3); err != nil {
 		t.Fatalf("covered index of the same term made a call: %v", err)
+	}
+}
+
+// The stamps of changes answered before durable, as a barrier sees them:
+// the highest entry per term, an unstamped (failed) change forcing an
+// unchecked barrier, a bound on the terms kept, and what a barrier drops.
+func TestChangeStamps(t *testing.T) {
+	c := &Client{}
+	c.noteChange(nil, &rpc.Stamp{Index: 5, Term: 1})
+	c.noteChange(nil, &rpc.ChangeResp{Index: 7, Term: 1})
+	c.noteChange(nil, &rpc.AttrResp{Stamp: rpc.Stamp{Index: 3, Term: 2}})
+	if got, want := c.changes.pend, []rpc.Stamp{{Index: 7, Term: 1}, {Index: 3, Term: 2}}; !slices.Equal(got, want) || c.changes.unstamped {
+		t.Fatalf("pending %v unstamped %v, want %v", got, c.changes.unstamped, want)
+	}
+	if n := c.metaChanged.Load(); n != 3 {
+		t.Fatalf("%d changes counted, want 3", n)
+	}
+	// A barrier that checked both, with no change since: nothing left.
+	c.checkedUpTo(3, []rpc.Stamp{{Index: 7, Term: 1}, {Index: 3, Term: 2}})
+	if len(c.changes.pend) != 0 {
+		t.Fatalf("pending after the barrier: %v", c.changes.pend)
+	}
+	// A failed change (outcome unknown) has no stamp: unchecked barrier next.
+	c.noteChange(nil, &rpc.Stamp{Index: 9, Term: 2})
+	c.noteChange(syscall.EIO, &rpc.Stamp{})
+	if !c.changes.unstamped {
+		t.Fatal("a failed change left no mark")
+	}
+	// A change counted after the barrier's count keeps the marks.
+	c.noteChange(nil, &rpc.Stamp{Index: 10, Term: 2})
+	c.checkedUpTo(c.metaChanged.Load()-1, nil)
+	if !c.changes.unstamped || len(c.changes.pend) != 1 {
+		t.Fatalf("a later change's marks were dropped: %v %v", c.changes.pend, c.changes.unstamped)
+	}
+	c.checkedUpTo(c.metaChanged.Load(), nil)
+	if c.changes.unstamped || len(c.changes.pend) != 0 {
+		t.Fatalf("marks left after a barrier covering everything: %v %v", c.changes.pend, c.changes.unstamped)
+	}
+	// A stamp raised after the barrier looked is not dropped with the old one.
+	c.noteChange(nil, &rpc.Stamp{Index: 20, Term: 3})
+	seen := slices.Clone(c.changes.pend)
+	c.noteChange(nil, &rpc.Stamp{Index: 21, Term: 3})
+	c.checkedUpTo(0, seen)
+	if got := c.changes.pend; len(got) != 1 || got[0].Index != 21 {
+		t.Fatalf("pending %v, want the raised stamp 21", got)
+	}
+	// More terms than kept: unchecked barrier.
+	c.checkedUpTo(c.metaChanged.Load(), nil)
+	for term := uint64(10); term < 10+maxPendingStamps+1; term++ {
+		c.noteChange(nil, &rpc.Stamp{Index: term * 10, Term: term})
+	}
+	if len(c.changes.pend) != maxPendingStamps || !c.changes.unstamped {
+		t.Fatalf("%d stamps kept, unstamped %v; want %d and true", len(c.changes.pend), c.changes.unstamped, maxPendingStamps)
 	}
 }

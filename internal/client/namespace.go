@@ -227,7 +227,7 @@ func (c *Client) Rmdir(ctx context.Context, parent uint64, name string) error {
 	if len(name) > MaxNameBytes {
 		return syscall.ENAMETOOLONG
 	}
-	if err := c.metaCall(ctx, rpc.MRmdir, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &rpc.Empty{}); err != nil {
+	if err := c.metaCall(ctx, rpc.MRmdir, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &rpc.Stamp{}); err != nil {
 		return metaErr(c, "rmdir", err)
 	}
 	c.m.op("rmdir")
@@ -248,7 +248,7 @@ func (c *Client) Rename(ctx context.Context, oldParent uint64, oldName string, n
 	}
 	c.reportOpen(ctx)
 	req := &rpc.RenameReq{Hdr: c.hdr(), OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, Flags: flags}
-	if err := c.metaCall(ctx, rpc.MRename, req, &rpc.Empty{}); err != nil {
+	if err := c.metaCall(ctx, rpc.MRename, req, &rpc.Stamp{}); err != nil {
 		return metaErr(c, "rename", err)
 	}
 	c.m.op("rename")
@@ -318,7 +318,7 @@ func (c *Client) GetXattr(ctx context.Context, ino uint64, name string) ([]byte,
 // SetXattr sets an extended attribute; flags are rpc.XattrCreate or
 // rpc.XattrReplace (or 0).
 func (c *Client) SetXattr(ctx context.Context, ino uint64, name string, value []byte, flags uint32) error {
-	if err := c.metaCall(ctx, rpc.MSetXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name, Value: value, Flags: flags}, &rpc.Empty{}); err != nil {
+	if err := c.metaCall(ctx, rpc.MSetXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name, Value: value, Flags: flags}, &rpc.Stamp{}); err != nil {
 		return metaErr(c, "setxattr", err)
 	}
 	return nil
@@ -335,7 +335,7 @@ func (c *Client) ListXattr(ctx context.Context, ino uint64) ([]string, error) {
 
 // RemoveXattr removes an extended attribute (ENODATA if absent).
 func (c *Client) RemoveXattr(ctx context.Context, ino uint64, name string) error {
-	if err := c.metaCall(ctx, rpc.MRemoveXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name}, &rpc.Empty{}); err != nil {
+	if err := c.metaCall(ctx, rpc.MRemoveXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name}, &rpc.Stamp{}); err != nil {
 		return metaErr(c, "removexattr", err)
 	}
 	return nil

@@ -186,6 +186,30 @@ func TestSyncDetectsLostChange(t *testing.T) {
 	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: 1, Name: "lost", Mode: dirMode}, &lost); err != nil {
 		t.Fatal(err)
 	}
+	// Other changes answered before durable carry their entry too (Stamp),
+	// for a directory fsync's barrier to check.
+	stamps := map[string]rpc.Stamp{"create": lost.ChangeStamp()}
+	var st rpc.Stamp
+	if err := c.call(rpc.MRename, &rpc.RenameReq{Hdr: c.hdr(), OldParent: 1, OldName: "kept", NewParent: 1, NewName: "kept2"}, &st); err != nil {
+		t.Fatal(err)
+	}
+	stamps["rename"] = st
+	if err := c.call(rpc.MSetXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: kept.Attr.Ino, Name: "user.k", Value: []byte("v")}, &st); err != nil {
+		t.Fatal(err)
+	}
+	stamps["setxattr"] = st
+	var ar rpc.AttrResp
+	if err := c.call(rpc.MSetAttr, &rpc.SetAttrReq{Hdr: c.hdr(), Ino: kept.Attr.Ino, Valid: rpc.SetMode, Mode: 0o700}, &ar); err != nil {
+		t.Fatal(err)
+	}
+	stamps["setattr"] = ar.Stamp
+	var top uint64
+	for what, st := range stamps {
+		if st.Index == 0 || st.Term == 0 {
+			t.Fatalf("%s answered without its entry: %+v", what, st)
+		}
+		top = max(top, st.Index)
+	}
 	if d := s.node.DurableIndex(); d >= lost.Index {
 		t.Fatalf("precondition: the create is durable (%d >= %d)", d, lost.Index)
 	}
@@ -213,17 +237,19 @@ func TestSyncDetectsLostChange(t *testing.T) {
 	}
 	check := func(when string) {
 		t.Helper()
-		err := c.call(rpc.MSync, &rpc.SyncReq{Index: lost.Index, Term: lost.Term}, &rpc.SyncResp{})
-		if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), "lost") {
-			t.Fatalf("%s: MSync of the lost create: %v, want EIO naming the loss", when, err)
+		for what, st := range stamps {
+			err := c.call(rpc.MSync, &rpc.SyncReq{Index: st.Index, Term: st.Term}, &rpc.SyncResp{})
+			if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), "lost") {
+				t.Fatalf("%s: MSync of the lost %s: %v, want EIO naming the loss", when, what, err)
+			}
 		}
 	}
 	if a := s.fsm.AppliedIndex(); a >= lost.Index {
 		t.Fatalf("precondition: the log reaches %d again at once (applied %d)", lost.Index, a)
 	}
 	check("log shorter than the index")
-	for i := 0; ; i++ { // newer entries take the lost one's index
-		if s.fsm.AppliedIndex() >= lost.Index {
+	for i := 0; ; i++ { // newer entries take the lost ones' indexes
+		if s.fsm.AppliedIndex() >= top {
 			break
 		}
 		c.mustCreate(1, fmt.Sprintf("filler%d", i), dirMode)

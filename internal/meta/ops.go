@@ -221,9 +221,15 @@ func toAttr(ino uint64, in *schema.Inode) rpc.Attr {
 		Size: in.Size, Atime: in.Atime, Mtime: in.Mtime, Ctime: in.Ctime, Layout: in.Layout}
 }
 
-func attrBody(ino uint64, in *schema.Inode) []byte {
-	r := rpc.AttrResp{Attr: toAttr(ino, in)}
+func (x *opCtx) attrBody(ino uint64, in *schema.Inode) []byte {
+	r := rpc.AttrResp{Attr: toAttr(ino, in), Stamp: rpc.Stamp{Index: x.index, Term: x.term}}
 	return rpc.Marshal(&r)
+}
+
+// stampBody answers a change that has nothing else to say with its entry's
+// index and term (rpc.Stamp).
+func (x *opCtx) stampBody() []byte {
+	return rpc.Marshal(&rpc.Stamp{Index: x.index, Term: x.term})
 }
 
 // changeBody answers a change of an entry of directory dir (ChangeResp).
@@ -452,7 +458,7 @@ func (x *opCtx) setAttr(c *command) ([]byte, error) {
 		in.Ctime = x.now
 	}
 	x.mark(c.Ino)
-	return attrBody(c.Ino, in), nil
+	return x.attrBody(c.Ino, in), nil
 }
 
 // dropLink removes one link to ino (already detached from its entry). A
@@ -540,7 +546,7 @@ func (x *opCtx) rmdir(c *command) ([]byte, error) {
 	parent.Entries--
 	parent.Nlink--
 	x.touchDir(c.Parent, parent)
-	return nil, nil
+	return x.stampBody(), nil
 }
 
 // isAncestor reports whether directory anc is dir or one of dir's ancestors.
@@ -604,7 +610,7 @@ func (x *opCtx) rename(c *command) ([]byte, error) {
 		if c.Flags&rpc.RenameNoReplace != 0 {
 			return nil, rpc.Errorf(syscall.EEXIST, "%q exists in directory %d", c.NewName, c.NewParent)
 		}
-		return nil, nil
+		return x.stampBody(), nil
 	}
 	if src.Type == modeDir && c.Parent != c.NewParent {
 		if in, err := x.isAncestor(src.Ino, c.NewParent); err != nil {
@@ -648,7 +654,7 @@ func (x *opCtx) rename(c *command) ([]byte, error) {
 		x.mark(dst.Ino)
 		x.touchDir(c.Parent, op)
 		x.touchDir(c.NewParent, np)
-		return nil, nil
+		return x.stampBody(), nil
 	}
 
 	if dstOK {
@@ -695,7 +701,7 @@ func (x *opCtx) rename(c *command) ([]byte, error) {
 	x.mark(src.Ino)
 	x.touchDir(c.Parent, op)
 	x.touchDir(c.NewParent, np)
-	return nil, nil
+	return x.stampBody(), nil
 }
 
 // moveDir fixes link counts and the parent pointer when directory ino moves
@@ -744,7 +750,7 @@ func (x *opCtx) link(c *command) ([]byte, error) {
 	if err := x.setDentry(c.NewParent, c.NewName, schema.Dentry{Ino: c.Ino, Type: in.Mode & modeType}); err != nil {
 		return nil, err
 	}
-	return attrBody(c.Ino, in), nil
+	return x.attrBody(c.Ino, in), nil
 }
 
 func checkXattrName(name string) error {
@@ -788,7 +794,7 @@ func (x *opCtx) setXattr(c *command) ([]byte, error) {
 	}
 	in.Ctime = x.now
 	x.mark(c.Ino)
-	return nil, nil
+	return x.stampBody(), nil
 }
 
 func (x *opCtx) removeXattr(c *command) ([]byte, error) {
@@ -810,7 +816,7 @@ func (x *opCtx) removeXattr(c *command) ([]byte, error) {
 	}
 	in.Ctime = x.now
 	x.mark(c.Ino)
-	return nil, nil
+	return x.stampBody(), nil
 }
 
 func (x *opCtx) commitSize(c *command) ([]byte, error) {
@@ -834,7 +840,7 @@ func (x *opCtx) commitSize(c *command) ([]byte, error) {
 		}
 	}
 	x.mark(c.Ino)
-	return attrBody(c.Ino, in), nil
+	return x.attrBody(c.Ino, in), nil
 }
 
 func (x *opCtx) setDirLayout(c *command) ([]byte, error) {
@@ -866,7 +872,7 @@ func (x *opCtx) setDirLayout(c *command) ([]byte, error) {
 	in.Layout = layout.Layout{StripeSize: size, StripeCount: count}
 	in.Ctime = x.now
 	x.mark(c.Ino)
-	return attrBody(c.Ino, in), nil
+	return x.attrBody(c.Ino, in), nil
 }
 
 func (x *opCtx) sessionOpen(c *command) ([]byte, error) {

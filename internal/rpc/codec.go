@@ -79,6 +79,9 @@ type Dec struct {
 // NewDec returns a decoder over b. Byte slices returned by Bytes alias b.
 func NewDec(b []byte) *Dec { return &Dec{B: b} }
 
+// Len is the number of bytes not read yet.
+func (d *Dec) Len() int { return len(d.B) }
+
 // Err returns the first decoding error, if any.
 func (d *Dec) Err() error { return d.err }
 

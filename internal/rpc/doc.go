@@ -30,7 +30,11 @@
 //
 // Frame and handshake version 1 (magic "STRATA\x00\x01"). Method numbers
 // are never reused; fields are only appended, with decoders treating a
-// missing trailing field as zero once a version 2 exists.
+// missing trailing field as zero once a version 2 exists. Within version 1,
+// answers of namespace changes gained trailing raft (index, term) stamps
+// (ChangeResp, then AttrResp and Stamp); their decoders already read a
+// missing stamp as zero, since answers recorded for retries (dedupe
+// records) may predate them.
 //
 // Architecture Invariant: no other package opens sockets for Strata's
 // internal traffic.

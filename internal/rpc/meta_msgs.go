@@ -114,10 +114,40 @@ func DecodeLayout(d *Dec, l *layout.Layout) {
 }
 
 // AttrResp answers every method that returns one inode's attributes.
-type AttrResp struct{ Attr Attr }
+// AttrResp answers reads (lookup, getattr) and the changes that answer
+// an inode's attributes (setattr, link, set layout). A change also carries
+// the raft index and term of its entry (Stamp), for a later barrier to
+// check; a read carries zeros.
+type AttrResp struct {
+	Attr Attr
+	Stamp
+}
 
-func (m *AttrResp) Encode(e *Enc) { m.Attr.Encode(e) }
-func (m *AttrResp) Decode(d *Dec) { m.Attr.Decode(d) }
+func (m *AttrResp) Encode(e *Enc) { m.Attr.Encode(e); m.Stamp.Encode(e) }
+func (m *AttrResp) Decode(d *Dec) {
+	m.Attr.Decode(d)
+	m.Stamp.Decode(d)
+}
+
+// Stamp is the raft index and term of the log entry a namespace change was
+// answered from, before that entry was durable. A client's barrier (MSync
+// with Index and Term) then both waits for it and checks that the log
+// still holds it: a metadata machine crash may lose it. It is the whole
+// answer of changes with nothing else to say (rename, rmdir, xattrs).
+type Stamp struct{ Index, Term uint64 }
+
+func (m *Stamp) Encode(e *Enc) { e.U64(m.Index); e.U64(m.Term) }
+func (m *Stamp) Decode(d *Dec) {
+	if d.Len() == 0 { // an answer recorded before stamps (dedupe records): none
+		*m = Stamp{}
+		return
+	}
+	m.Index = d.U64()
+	m.Term = d.U64()
+}
+
+// ChangeStamp returns the stamp (Index 0: none).
+func (m *Stamp) ChangeStamp() Stamp { return *m }
 
 // ChangeResp answers MCreate and MUnlink: the entry's attributes after the
 // change, and its directory's. A client serves the directory's attributes
@@ -132,6 +162,9 @@ type ChangeResp struct {
 	Index uint64
 	Term  uint64 // the raft term of the entry at Index
 }
+
+// ChangeStamp returns the change's entry.
+func (m *ChangeResp) ChangeStamp() Stamp { return Stamp{m.Index, m.Term} }
 
 func (m *ChangeResp) Encode(e *Enc) {
 	m.Attr.Encode(e)
