@@ -370,28 +370,26 @@ func (c *Client) SyncMeta(ctx context.Context) error {
 }
 
 // syncMetaUpTo is SyncMeta for the client's changes counted up to seq.
+//
+// While stamps wait to be checked it always asks the service: a durable
+// answer (a size commit, an unchecked barrier) vouches for what the
+// service holds now, not for a change it lost in a crash before, so it
+// cannot stand in for the check.
 func (c *Client) syncMetaUpTo(ctx context.Context, seq uint64) error {
-	if c.metaDurable.Load() >= seq {
+	if seq == 0 {
 		return nil
 	}
 	c.changes.Lock()
-	seq = c.metaChanged.Load()
+	count := c.metaChanged.Load()
 	pend := append([]rpc.Stamp(nil), c.changes.pend...)
 	unstamped := c.changes.unstamped
 	c.changes.Unlock()
-	if unstamped || len(pend) == 0 {
-		var resp rpc.SyncResp
-		if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{}, &resp); err != nil {
-			return metaErr(c, "sync", err)
-		}
-		c.noteDurableIndex(resp)
-		c.checkedUpTo(seq, nil)
+	if len(pend) == 0 && c.metaDurable.Load() >= seq {
 		return nil
 	}
-	// Every change counted in seq has a stamp in pend: the log holds them
-	// all if it holds the highest entry of each term (raft's logs match
-	// on every entry before one they share), and is durable up to them
-	// once durable up to those.
+	// The log holds every stamped change if it holds the highest entry of
+	// each term (raft's logs match on every entry before one they share),
+	// and is durable up to them once durable up to those.
 	for _, st := range pend {
 		var resp rpc.SyncResp
 		if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{Index: st.Index, Term: st.Term}, &resp); err != nil {
@@ -402,8 +400,17 @@ func (c *Client) syncMetaUpTo(ctx context.Context, seq uint64) error {
 		}
 		c.noteDurableIndex(resp)
 	}
-	c.noteDurable(seq)
-	c.checkedUpTo(seq, pend)
+	if unstamped || len(pend) == 0 {
+		// Changes without a stamp: wait for everything applied, unchecked.
+		var resp rpc.SyncResp
+		if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{}, &resp); err != nil {
+			return metaErr(c, "sync", err)
+		}
+		c.noteDurableIndex(resp)
+	} else {
+		c.noteDurable(count)
+	}
+	c.checkedUpTo(count, pend)
 	return nil
 }
 

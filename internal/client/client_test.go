@@ -948,3 +948,40 @@ func TestChangeStamps(t *testing.T) {
 		t.Fatalf("%d stamps kept, unstamped %v; want %d and true", len(c.changes.pend), c.changes.unstamped, maxPendingStamps)
 	}
 }
+
+// A durable answer (a size commit, an unchecked barrier) does not stand in
+// for checking the stamps of earlier changes: after a metadata crash it
+// vouches only for what the restarted service holds. SyncMeta with stamps
+// pending therefore asks the service even when the durable count covers
+// the changes; the check then empties the record.
+func TestBarrierChecksStampsDespiteDurableAnswer(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	c := tc.client(nil)
+	ctx := context.Background()
+	if _, err := c.Mkdir(ctx, 1, "a", 0o755, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Rename(ctx, 1, "a", 1, "b", 0); err != nil {
+		t.Fatal(err)
+	}
+	c.changes.Lock()
+	pend := slices.Clone(c.changes.pend)
+	c.changes.Unlock()
+	if len(pend) != 1 || pend[0].Index == 0 {
+		t.Fatalf("stamps after mkdir and rename: %v, want the rename's", pend)
+	}
+	c.noteDurable(c.metaChanged.Load()) // as a later size commit would
+	if err := c.SyncMeta(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.changes.Lock()
+	left := len(c.changes.pend)
+	c.changes.Unlock()
+	if left != 0 {
+		t.Fatalf("SyncMeta trusted the durable count and left %d stamp(s) unchecked", left)
+	}
+	// Nothing new: the next barrier needs no call and keeps nothing.
+	if err := c.SyncMeta(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
