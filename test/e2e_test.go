@@ -57,6 +57,25 @@ func TestUpServesAndRestarts(t *testing.T) {
 	if n := strings.Count(string(out), " up\n") + strings.Count(string(out), " up "); n < 4 {
 		t.Logf("status output:\n%s", out)
 	}
+	// df on the mount: the four targets share the disk under --data,
+	// which counts once (within a few percent: free space moves).
+	var disk, fs syscall.Statfs_t
+	if err := syscall.Statfs(data, &disk); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.WaitFor(10*time.Second, func() error {
+		if err := syscall.Statfs(mnt, &fs); err != nil {
+			return err
+		}
+		want := float64(disk.Blocks) * float64(disk.Frsize)
+		got := float64(fs.Blocks) * float64(fs.Frsize)
+		if got < 0.95*want || got > 1.05*want {
+			return fmt.Errorf("statfs of the mount: %.0f bytes, the disk under it has %.0f (targets sharing it counted several times?)", got, want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 
 	if err := p.Stop(30 * time.Second); err != nil {
 		t.Fatalf("SIGTERM: %v\n%s", err, p.Tail(30))

@@ -118,8 +118,16 @@ func printStatus(st *rpc.ClusterStatusResp) {
 		free += t.FreeBytes
 		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.ServerID, t.Path, humanBytes(t.TotalBytes), humanBytes(t.FreeBytes), usedPct(t.TotalBytes, t.FreeBytes), health(t.Alive))
 	}
+	shared := st.TotalBytes != 0 && st.TotalBytes != total
+	if shared {
+		// Targets share a disk: the sum would count it several times.
+		total, free = st.TotalBytes, st.FreeBytes
+	}
 	fmt.Fprintf(w, "total\t\t\t%s\t%s\t%s\t\n", humanBytes(total), humanBytes(free), usedPct(total, free))
 	w.Flush()
+	if shared {
+		fmt.Println("(targets on one file system of one host are counted once in the total, as df shows it)")
+	}
 }
 
 func health(alive bool) string {

@@ -239,12 +239,17 @@ func (s *Service) register() {
 		return &resp, nil
 	})
 	handle(s, rpc.MServerHeartbeat, func(_ context.Context, r *rpc.ServerHeartbeatReq) (rpc.Message, error) {
-		if _, err := s.db.Get(schema.ServerKey(r.ServerID)); errors.Is(err, kv.ErrNotFound) {
+		v, err := s.db.Get(schema.ServerKey(r.ServerID))
+		if errors.Is(err, kv.ErrNotFound) {
 			return nil, rpc.Errorf(syscall.ESTALE, "unknown storage server %d: register again", r.ServerID)
 		} else if err != nil {
 			return nil, rpc.Errorf(syscall.EIO, "read server %d: %v", r.ServerID, err)
 		}
-		s.live.heartbeat(r.ServerID, r.Targets, time.Now())
+		srv, err := schema.DecodeServer(v)
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "server %d: %v", r.ServerID, err)
+		}
+		s.live.heartbeat(r.ServerID, srv.Host, r.Targets, r.FSIDs, time.Now())
 		return empty, nil
 	})
 	handle(s, rpc.MClusterStatus, s.clusterStatus)
@@ -446,10 +451,11 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 	if err != nil {
 		return nil, err
 	}
+	total, free := s.live.capacity()
 	return &rpc.ClusterStatusResp{
 		MetaAddr: s.Addr(), RaftState: st.State, Leader: leader, Term: st.Term,
 		CommitIndex: st.CommitIndex, AppliedIndex: s.fsm.AppliedIndex(), DurableIndex: st.DurableIndex,
 		Inodes: s.fsm.inodes.Load(), Sessions: uint32(s.sess.count()),
-		Servers: servers, Targets: targets,
+		Servers: servers, Targets: targets, TotalBytes: total, FreeBytes: free,
 	}, nil
 }

@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -157,6 +158,9 @@ type liveness struct {
 type targetUsage struct {
 	server      uint32
 	total, free uint64
+	// fs names the file system the target lives on (host and statfs
+	// f_fsid); "" when unknown (before the first heartbeat).
+	fs string
 }
 
 // candidateTTL bounds how stale the cached placement candidates may be.
@@ -206,19 +210,25 @@ func (l *liveness) registered(server uint32, ids []uint32, regs []rpc.TargetReg,
 	l.mu.candsAt = time.Time{}
 }
 
-func (l *liveness) heartbeat(server uint32, usage []rpc.TargetUsage, now time.Time) {
+// heartbeat records a server's heartbeat from host; fsids, when the
+// server sent them, name each target's file system.
+func (l *liveness) heartbeat(server uint32, host string, usage []rpc.TargetUsage, fsids []uint64, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.aliveLocked(server, now) {
 		l.mu.candsAt = time.Time{}
 	}
 	l.mu.servers[server] = now
-	for _, u := range usage {
+	for i, u := range usage {
 		old, ok := l.mu.targets[u.ID]
 		if !ok || (old.free == 0) != (u.FreeBytes == 0) {
 			l.mu.candsAt = time.Time{}
 		}
-		l.mu.targets[u.ID] = targetUsage{server: server, total: u.TotalBytes, free: u.FreeBytes}
+		tu := targetUsage{server: server, total: u.TotalBytes, free: u.FreeBytes}
+		if i < len(fsids) && fsids[i] != 0 {
+			tu.fs = fmt.Sprintf("%s/%016x", host, fsids[i])
+		}
+		l.mu.targets[u.ID] = tu
 	}
 }
 
@@ -241,11 +251,21 @@ func (l *liveness) candidates(now time.Time) []layout.Candidate {
 	return out
 }
 
-// capacity sums the last reported capacity of every known target.
+// capacity sums the last reported capacity of every known target,
+// counting targets that share a file system (several targets, or several
+// servers, of one host on one disk — strata up's default) once: df on the
+// mount then shows the disks, not a multiple of them.
 func (l *liveness) capacity() (total, free uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	seen := make(map[string]bool, len(l.mu.targets))
 	for _, u := range l.mu.targets {
+		if u.fs != "" {
+			if seen[u.fs] {
+				continue
+			}
+			seen[u.fs] = true
+		}
 		total += u.total
 		free += u.free
 	}

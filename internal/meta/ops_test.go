@@ -549,3 +549,55 @@ func TestNotLeaderErrno(t *testing.T) {
 }
 
 var _ = bytes.Equal
+
+// Targets on one file system of one host (strata up: four targets, one
+// disk) count once in statfs and the status total; another file system
+// counts again.
+func TestStatFSCountsSharedDiskOnce(t *testing.T) {
+	s := openService(t, testConfig(t, ""))
+	c := newClient(t, s.Addr())
+	a := c.registerTargets("127.0.0.1:1", "a1", "a2") // host "h"
+	b := c.registerTargets("127.0.0.1:2", "b1", "b2") // host "h"
+	beat := func(r rpc.RegisterServerResp, fsids ...uint64) {
+		t.Helper()
+		req := &rpc.ServerHeartbeatReq{ServerID: r.ServerID, FSIDs: fsids}
+		for _, id := range r.TargetIDs {
+			req.Targets = append(req.Targets, rpc.TargetUsage{ID: id, TotalBytes: 100 << 30, FreeBytes: 40 << 30})
+		}
+		if err := c.call(rpc.MServerHeartbeat, req, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	statfs := func() (uint64, uint64) {
+		t.Helper()
+		var st rpc.StatFSResp
+		if err := c.call(rpc.MStatFS, &rpc.Empty{}, &st); err != nil {
+			t.Fatal(err)
+		}
+		var cs rpc.ClusterStatusResp
+		if err := c.call(rpc.MClusterStatus, &rpc.Empty{}, &cs); err != nil {
+			t.Fatal(err)
+		}
+		if cs.TotalBytes != st.TotalBytes || cs.FreeBytes != st.FreeBytes {
+			t.Fatalf("status total %d/%d differs from statfs %d/%d", cs.TotalBytes, cs.FreeBytes, st.TotalBytes, st.FreeBytes)
+		}
+		return st.TotalBytes, st.FreeBytes
+	}
+	// No file system ids (an older server): every target counts.
+	beat(a)
+	beat(b)
+	if tot, free := statfs(); tot != 400<<30 || free != 160<<30 {
+		t.Fatalf("without ids: %d/%d, want 400/160 GiB", tot>>30, free>>30)
+	}
+	// All four on one disk of host h.
+	beat(a, 7, 7)
+	beat(b, 7, 7)
+	if tot, free := statfs(); tot != 100<<30 || free != 40<<30 {
+		t.Fatalf("one shared disk: %d/%d GiB, want 100/40", tot>>30, free>>30)
+	}
+	// Server b's targets on a second disk.
+	beat(b, 8, 8)
+	if tot, _ := statfs(); tot != 200<<30 {
+		t.Fatalf("two disks: %d GiB, want 200", tot>>30)
+	}
+}

@@ -738,9 +738,14 @@ type TargetUsage struct {
 // ServerHeartbeatReq renews a storage server's liveness and reports its
 // targets' capacity. ESTALE if the service does not know ServerID: the
 // server registers again.
+//
+// FSIDs (one per target, 0 = unknown) identify the file system
+// each target lives on (statfs f_fsid): targets of one host on one file
+// system share its capacity, which the service counts once.
 type ServerHeartbeatReq struct {
 	ServerID uint32
 	Targets  []TargetUsage
+	FSIDs    []uint64
 }
 
 func (m *ServerHeartbeatReq) Encode(e *Enc) {
@@ -751,6 +756,7 @@ func (m *ServerHeartbeatReq) Encode(e *Enc) {
 		e.U64(m.Targets[i].TotalBytes)
 		e.U64(m.Targets[i].FreeBytes)
 	}
+	e.U64s(m.FSIDs)
 }
 
 func (m *ServerHeartbeatReq) Decode(d *Dec) {
@@ -761,6 +767,7 @@ func (m *ServerHeartbeatReq) Decode(d *Dec) {
 		m.Targets[i].TotalBytes = d.U64()
 		m.Targets[i].FreeBytes = d.U64()
 	}
+	m.FSIDs = d.U64s()
 }
 
 // ServerInfo and TargetInfo describe the cluster registry with health.
@@ -834,6 +841,9 @@ type ClusterStatusResp struct {
 	Targets      []TargetInfo
 	// DurableIndex: the raft log is on stable storage up to here.
 	DurableIndex uint64
+	// TotalBytes, FreeBytes: the cluster's capacity as statfs reports it,
+	// each file system counted once however many targets live on it.
+	TotalBytes, FreeBytes uint64
 }
 
 func (m *ClusterStatusResp) Encode(e *Enc) {
@@ -859,6 +869,8 @@ func (m *ClusterStatusResp) Encode(e *Enc) {
 		m.Targets[i].Encode(e)
 	}
 	e.U64(m.DurableIndex)
+	e.U64(m.TotalBytes)
+	e.U64(m.FreeBytes)
 }
 
 func (m *ClusterStatusResp) Decode(d *Dec) {
@@ -884,4 +896,6 @@ func (m *ClusterStatusResp) Decode(d *Dec) {
 		m.Targets[i].Decode(d)
 	}
 	m.DurableIndex = d.U64()
+	m.TotalBytes = d.U64()
+	m.FreeBytes = d.U64()
 }
