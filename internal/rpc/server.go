@@ -228,6 +228,11 @@ func (s *Server) dispatch(ctx context.Context, c net.Conn, wmu *sync.Mutex, f *f
 			errno = syscall.EIO
 		}
 	}
+	// Metrics first: once a caller has its answer, they count it (a
+	// monitor that checks them after a call sees the call).
+	if s.Observe != nil {
+		s.Observe(f.method, time.Since(start), err)
+	}
 	head, tail := encodeFrame(kindResponse, 0, f.id, errno, text, resp)
 	wmu.Lock()
 	_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
@@ -235,9 +240,6 @@ func (s *Server) dispatch(ctx context.Context, c net.Conn, wmu *sync.Mutex, f *f
 	wmu.Unlock()
 	if werr != nil {
 		c.Close() // the reader loop ends the connection
-	}
-	if s.Observe != nil {
-		s.Observe(f.method, time.Since(start), err)
 	}
 	if r, ok := resp.(interface{ Release() }); ok {
 		r.Release()
