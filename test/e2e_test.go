@@ -72,6 +72,12 @@ func TestUpServesAndRestarts(t *testing.T) {
 		if got < 0.95*want || got > 1.05*want {
 			return fmt.Errorf("statfs of the mount: %.0f bytes, the disk under it has %.0f (targets sharing it counted several times?)", got, want)
 		}
+		// Used (size - free) as on the disk: free includes root's reserve.
+		wantUsed := want - float64(disk.Bfree)*float64(disk.Frsize)
+		gotUsed := got - float64(fs.Bfree)*float64(fs.Frsize)
+		if d := gotUsed - wantUsed; d > 0.05*want || d < -0.05*want {
+			return fmt.Errorf("used on the mount %.0f bytes, on the disk %.0f", gotUsed, wantUsed)
+		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)

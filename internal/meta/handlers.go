@@ -163,10 +163,10 @@ func (s *Service) register() {
 	})
 	handle(s, rpc.MReadDir, s.readDir)
 	handle(s, rpc.MStatFS, func(_ context.Context, _ *rpc.Empty) (rpc.Message, error) {
-		total, free := s.live.capacity()
+		total, rawFree, free := s.live.capacityRaw()
 		used := s.fsm.inodes.Load()
 		const maxInodes = 1 << 40
-		return &rpc.StatFSResp{TotalBytes: total, FreeBytes: free, AvailBytes: free,
+		return &rpc.StatFSResp{TotalBytes: total, FreeBytes: rawFree, AvailBytes: free,
 			Inodes: maxInodes, FreeInodes: maxInodes - min(used, maxInodes)}, nil
 	})
 	handle(s, rpc.MGetXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
@@ -249,7 +249,7 @@ func (s *Service) register() {
 		if err != nil {
 			return nil, rpc.Errorf(syscall.EIO, "server %d: %v", r.ServerID, err)
 		}
-		s.live.heartbeat(r.ServerID, srv.Host, r.Targets, r.FSIDs, time.Now())
+		s.live.heartbeat(r.ServerID, srv.Host, r.Targets, r.FSIDs, r.RawFree, time.Now())
 		return empty, nil
 	})
 	handle(s, rpc.MClusterStatus, s.clusterStatus)

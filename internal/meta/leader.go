@@ -158,6 +158,7 @@ type liveness struct {
 type targetUsage struct {
 	server      uint32
 	total, free uint64
+	rawFree     uint64 // free including root-reserved blocks (free if unknown)
 	// fs names the file system the target lives on (host and statfs
 	// f_fsid); "" when unknown (before the first heartbeat).
 	fs string
@@ -212,7 +213,7 @@ func (l *liveness) registered(server uint32, ids []uint32, regs []rpc.TargetReg,
 
 // heartbeat records a server's heartbeat from host; fsids, when the
 // server sent them, name each target's file system.
-func (l *liveness) heartbeat(server uint32, host string, usage []rpc.TargetUsage, fsids []uint64, now time.Time) {
+func (l *liveness) heartbeat(server uint32, host string, usage []rpc.TargetUsage, fsids, rawFree []uint64, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.aliveLocked(server, now) {
@@ -224,7 +225,10 @@ func (l *liveness) heartbeat(server uint32, host string, usage []rpc.TargetUsage
 		if !ok || (old.free == 0) != (u.FreeBytes == 0) {
 			l.mu.candsAt = time.Time{}
 		}
-		tu := targetUsage{server: server, total: u.TotalBytes, free: u.FreeBytes}
+		tu := targetUsage{server: server, total: u.TotalBytes, free: u.FreeBytes, rawFree: u.FreeBytes}
+		if i < len(rawFree) && rawFree[i] >= u.FreeBytes {
+			tu.rawFree = rawFree[i]
+		}
 		if i < len(fsids) && fsids[i] != 0 {
 			tu.fs = fmt.Sprintf("%s/%016x", host, fsids[i])
 		}
@@ -256,6 +260,14 @@ func (l *liveness) candidates(now time.Time) []layout.Candidate {
 // servers, of one host on one disk — strata up's default) once: df on the
 // mount then shows the disks, not a multiple of them.
 func (l *liveness) capacity() (total, free uint64) {
+	total, _, free = l.capacityRaw()
+	return total, free
+}
+
+// capacityRaw is capacity with the free space including blocks reserved
+// for root (statfs f_bfree, what df's Used is computed from) besides the
+// usable free space (f_bavail).
+func (l *liveness) capacityRaw() (total, rawFree, free uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	seen := make(map[string]bool, len(l.mu.targets))
@@ -268,8 +280,9 @@ func (l *liveness) capacity() (total, free uint64) {
 		}
 		total += u.total
 		free += u.free
+		rawFree += max(u.rawFree, u.free)
 	}
-	return total, free
+	return total, rawFree, free
 }
 
 // leaderLoop runs while this node leads: it expires sessions and reaps

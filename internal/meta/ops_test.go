@@ -600,4 +600,20 @@ func TestStatFSCountsSharedDiskOnce(t *testing.T) {
 	if tot, _ := statfs(); tot != 200<<30 {
 		t.Fatalf("two disks: %d GiB, want 200", tot>>30)
 	}
+	// Blocks reserved for root: free (df's Used) counts them, available
+	// does not.
+	req := &rpc.ServerHeartbeatReq{ServerID: a.ServerID, FSIDs: []uint64{7, 7}, RawFree: []uint64{50 << 30, 50 << 30}}
+	for _, id := range a.TargetIDs {
+		req.Targets = append(req.Targets, rpc.TargetUsage{ID: id, TotalBytes: 100 << 30, FreeBytes: 40 << 30})
+	}
+	if err := c.call(rpc.MServerHeartbeat, req, nil); err != nil {
+		t.Fatal(err)
+	}
+	var st rpc.StatFSResp
+	if err := c.call(rpc.MStatFS, &rpc.Empty{}, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.FreeBytes != 90<<30 || st.AvailBytes != 80<<30 {
+		t.Fatalf("free %d avail %d GiB, want 90 and 80", st.FreeBytes>>30, st.AvailBytes>>30)
+	}
 }

@@ -741,11 +741,14 @@ type TargetUsage struct {
 //
 // FSIDs (one per target, 0 = unknown) identify the file system
 // each target lives on (statfs f_fsid): targets of one host on one file
-// system share its capacity, which the service counts once.
+// system share its capacity, which the service counts once. RawFree (one
+// per target) is the file system's free space including blocks reserved
+// for root (f_bfree); TargetUsage.FreeBytes is what this server may use.
 type ServerHeartbeatReq struct {
 	ServerID uint32
 	Targets  []TargetUsage
 	FSIDs    []uint64
+	RawFree  []uint64
 }
 
 func (m *ServerHeartbeatReq) Encode(e *Enc) {
@@ -757,6 +760,7 @@ func (m *ServerHeartbeatReq) Encode(e *Enc) {
 		e.U64(m.Targets[i].FreeBytes)
 	}
 	e.U64s(m.FSIDs)
+	e.U64s(m.RawFree)
 }
 
 func (m *ServerHeartbeatReq) Decode(d *Dec) {
@@ -768,6 +772,7 @@ func (m *ServerHeartbeatReq) Decode(d *Dec) {
 		m.Targets[i].FreeBytes = d.U64()
 	}
 	m.FSIDs = d.U64s()
+	m.RawFree = d.U64s()
 }
 
 // ServerInfo and TargetInfo describe the cluster registry with health.

@@ -181,7 +181,7 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&ClusterStatusResp{Servers: []ServerInfo{{ID: 1, Alive: true}}, Targets: []TargetInfo{{ID: 3}}},
 		&LockReq{ClientID: 1, Ino: 2, End: ^uint64(0), Type: LockWrite, Wait: true},
 		&WriteReq{Chunk: ChunkID{1, 2}, Off: 3, Sync: true, Data: []byte("hi")},
-		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, FSIDs: []uint64{7}},
+		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, FSIDs: []uint64{7}, RawFree: []uint64{4}},
 		&SetAttrReq{Valid: SetMode | SetSize, Size: 1 << 40, Mtime: -5},
 	}
 	for _, m := range msgs {

@@ -142,6 +142,7 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *rpc.Client) {
 			_ = t.statfs()
 			req.Targets = append(req.Targets, rpc.TargetUsage{ID: t.id.Load(), TotalBytes: t.totalBytes.Load(), FreeBytes: t.freeBytes.Load()})
 			req.FSIDs = append(req.FSIDs, t.fsid.Load())
+			req.RawFree = append(req.RawFree, t.rawFree.Load())
 		}
 		cctx, cancel := context.WithTimeout(ctx, max(s.cfg.HeartbeatInterval, time.Second))
 		err := cl.Call(cctx, rpc.MServerHeartbeat, req, &rpc.Empty{})

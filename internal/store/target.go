@@ -67,6 +67,7 @@ type target struct {
 	freeBytes  atomic.Uint64
 	statAt     atomic.Int64  // unix nanoseconds of the last statfs
 	fsid       atomic.Uint64 // the file system's id (statfs f_fsid), 0 if none
+	rawFree    atomic.Uint64 // free bytes including those reserved for root
 
 	// ours holds the inodes of chunks this process marked dirty that were
 	// then closed (evicted from the cache) before a sync: their sidecars
@@ -238,6 +239,7 @@ func (t *target) statfs() error {
 	}
 	t.totalBytes.Store(st.Blocks * uint64(st.Bsize))
 	t.freeBytes.Store(st.Bavail * uint64(st.Bsize))
+	t.rawFree.Store(st.Bfree * uint64(st.Bsize))
 	t.fsid.Store(uint64(uint32(st.Fsid.Val[0]))<<32 | uint64(uint32(st.Fsid.Val[1])))
 	t.statAt.Store(time.Now().UnixNano())
 	if t.m != nil {
