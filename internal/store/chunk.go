@@ -355,7 +355,14 @@ func (c *chunk) growSize(end int64) {
 }
 
 // write stores data at off. The caller checked bounds and space.
-func (c *chunk) write(s *Server, off int64, data []byte) error {
+//
+// abandoned, when set, reports whether the caller that lent data (an
+// in-process client's FUSE request buffer) gave up on the write: from then
+// on the buffer may be serving another request, so what was summed and
+// written may be another file's bytes. Checked once the bytes are on disk,
+// with the range still locked: an abandoned write is scrubbed (the range
+// reads as zeros) and fails.
+func (c *chunk) write(s *Server, off int64, data []byte, abandoned func() bool) error {
 	if len(data) == 0 {
 		return nil
 	}
@@ -372,6 +379,9 @@ func (c *chunk) write(s *Server, off int64, data []byte) error {
 			c.unlock(mask, true)
 		}
 	}()
+	if h := testHookWriteLocked.Load(); h != nil {
+		(*h)()
+	}
 
 	oldSize := c.size.Load()
 	b0, b1 := off>>blockShift, blocks(end)
@@ -412,6 +422,15 @@ func (c *chunk) write(s *Server, off int64, data []byte) error {
 		return c.ioErr("write sums", off, err)
 	}
 	n, err := pwritePartial(c.dataFd, data, off)
+	if abandoned != nil && abandoned() {
+		if serr := c.scrub(off, end); serr != nil {
+			s.log.Error("cannot scrub an abandoned write", "target", c.t.path, "ino", c.name(), "off", off, "err", serr)
+		}
+		c.unlock(mask, true)
+		locked = false
+		c.trimFailedWrite(s)
+		return rpc.Errorf(syscall.EIO, "target %s chunk %x: write at %d abandoned by its caller while in progress; the range was zeroed", c.t.path, c.ino, off)
+	}
 	if err != nil {
 		c.repairFailedWrite(s, off, data, n, oldSums, newSums)
 		c.unlock(mask, true)
@@ -421,6 +440,38 @@ func (c *chunk) write(s *Server, off int64, data []byte) error {
 	}
 	c.growSize(end)
 	return nil
+}
+
+// testHookWriteLocked, when set (tests), runs in write once the range is
+// locked, before anything is summed or written.
+var testHookWriteLocked atomic.Pointer[func()]
+
+// scrub overwrites [off, end) with zeros and sums the blocks it touches
+// from what is on disk then. Called with the range locked.
+func (c *chunk) scrub(off, end int64) error {
+	if end <= off {
+		return nil
+	}
+	var zero [blockSize]byte
+	for p := off; p < end; {
+		n := min(end-p, blockSize-p%blockSize)
+		if err := pwriteFull(c.dataFd, zero[:n], p); err != nil {
+			return err
+		}
+		p += n
+	}
+	b0, b1 := off>>blockShift, blocks(end)
+	sums := make([]byte, 4*(b1-b0))
+	var blk [blockSize]byte
+	for i := int64(0); i < b1-b0; i++ {
+		m, err := preadFull(c.dataFd, blk[:], (b0+i)<<blockShift)
+		if err != nil {
+			return err
+		}
+		clear(blk[m:])
+		putU32(sums[4*i:], storedSum(blk[:]))
+	}
+	return pwriteFull(c.sumFd, sums, sumOff(b0))
 }
 
 // repairFailedWrite makes the sums of [off, off+len(data)) match the data

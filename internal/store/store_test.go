@@ -576,3 +576,83 @@ func TestDirectReadIntoCallerBuffer(t *testing.T) {
 		t.Fatalf("direct read of a corrupt block: want EIO, got %v", err)
 	}
 }
+
+// An in-process caller lends its request buffer to a write. If it gives up
+// (its I/O timeout) while the write runs, the buffer may already carry
+// another request's bytes: the store must not leave them readable in this
+// file. Here the caller gives up and the buffer is refilled while the write
+// waits for its range lock; the range must then read as zeros.
+func TestAbandonedLentWriteIsScrubbed(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	old := pattern(5, 3*blockSize)
+	e.mustWrite(1, 0xab, 0, old, true)
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	hook := func() {
+		select {
+		case entered <- struct{}{}:
+			<-release
+		default: // other writes (none here) pass
+		}
+	}
+	testHookWriteLocked.Store(&hook)
+	defer testHookWriteLocked.Store(nil)
+
+	lent := pattern(6, 2*blockSize)
+	ctx, cancel := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	go func() {
+		res <- e.cl.Call(ctx, rpc.SWrite, &rpc.WriteReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0xab}, Off: blockSize / 2, Data: lent}, &rpc.Empty{})
+	}()
+	<-entered
+	cancel()
+	if err := <-res; err == nil {
+		t.Fatal("the abandoned call reported success")
+	}
+	for i := range lent { // the buffer now serves another request
+		lent[i] = 'X'
+	}
+	close(release)
+
+	want := append([]byte(nil), old...)
+	clear(want[blockSize/2 : blockSize/2+2*blockSize])
+	if err := waitUntil(10*time.Second, func() bool {
+		got, err := e.read(1, 0xab, 0, 3*blockSize)
+		return err == nil && !bytes.Equal(got, old)
+	}); err != nil {
+		t.Fatalf("the abandoned write never finished: %v", err)
+	}
+	got := e.mustRead(1, 0xab, 0, 3*blockSize)
+	if bytes.Contains(got, []byte("XXXXXXXX")) {
+		t.Fatal("another request's bytes are readable in the file after an abandoned lent write")
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("after the abandoned write: %d bytes differ from old data with the range zeroed", diffCount(got, want))
+	}
+	// The file stays writable and checked.
+	e.mustWrite(1, 0xab, 0, old, true)
+	if got := e.mustRead(1, 0xab, 0, 3*blockSize); !bytes.Equal(got, old) {
+		t.Fatal("rewrite after the scrub reads back wrong")
+	}
+}
+
+func diffCount(a, b []byte) int {
+	n := 0
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			n++
+		}
+	}
+	return n + max(len(a), len(b)) - min(len(a), len(b))
+}
+
+func waitUntil(d time.Duration, ok func() bool) error {
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			return errors.New("timed out")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
