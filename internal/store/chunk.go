@@ -359,9 +359,11 @@ func (c *chunk) growSize(end int64) {
 // abandoned, when set, reports whether the caller that lent data (an
 // in-process client's FUSE request buffer) gave up on the write: from then
 // on the buffer may be serving another request, so what was summed and
-// written may be another file's bytes. Checked once the bytes are on disk,
-// with the range still locked: an abandoned write is scrubbed (the range
-// reads as zeros) and fails.
+// written may be another file's bytes. Checked once the range is locked (a
+// write abandoned by then writes nothing: a later write of the range may
+// have been served while it waited) and again once the bytes are on disk,
+// range still locked (then the range is scrubbed to zeros); either way the
+// write fails.
 func (c *chunk) write(s *Server, off int64, data []byte, abandoned func() bool) error {
 	if len(data) == 0 {
 		return nil
@@ -379,6 +381,11 @@ func (c *chunk) write(s *Server, off int64, data []byte, abandoned func() bool) 
 			c.unlock(mask, true)
 		}
 	}()
+	if abandoned != nil && abandoned() {
+		// Gave up while this write waited for its range: write nothing (a
+		// later write of the range may already have been served).
+		return rpc.Errorf(syscall.EIO, "target %s chunk %x: write at %d abandoned by its caller before it began", c.t.path, c.ino, off)
+	}
 	if h := testHookWriteLocked.Load(); h != nil {
 		(*h)()
 	}
@@ -443,7 +450,8 @@ func (c *chunk) write(s *Server, off int64, data []byte, abandoned func() bool) 
 }
 
 // testHookWriteLocked, when set (tests), runs in write once the range is
-// locked, before anything is summed or written.
+// locked and the caller was still there, before anything is summed or
+// written.
 var testHookWriteLocked atomic.Pointer[func()]
 
 // scrub overwrites [off, end) with zeros and sums the blocks it touches

@@ -656,3 +656,46 @@ func waitUntil(d time.Duration, ok func() bool) error {
 	}
 	return nil
 }
+
+// A lent write abandoned while it waits for its range lock writes nothing:
+// a later write of the same range may have been served meanwhile.
+func TestAbandonedWaitingWriteWritesNothing(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	old := pattern(7, 2*blockSize)
+	e.mustWrite(1, 0xac, 0, old, true)
+	tg, err := e.s.target(1, 0xac)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := e.s.cache.get(tg, 0xac, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mask := stripeMask(0, 2*blockSize)
+	c.lock(mask, true) // hold the range: the next write waits
+	ctx, cancel := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	lent := pattern(8, 2*blockSize)
+	go func() {
+		res <- e.cl.Call(ctx, rpc.SWrite, &rpc.WriteReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0xac}, Data: lent}, &rpc.Empty{})
+	}()
+	time.Sleep(20 * time.Millisecond) // it is waiting for the lock
+	cancel()
+	if err := <-res; err == nil {
+		t.Fatal("the abandoned call reported success")
+	}
+	for i := range lent {
+		lent[i] = 'X'
+	}
+	c.unlock(mask, true)
+	e.s.cache.release(c)
+	time.Sleep(100 * time.Millisecond) // the abandoned write gets the range and gives up
+	if got := e.mustRead(1, 0xac, 0, 2*blockSize); !bytes.Equal(got, old) {
+		t.Fatalf("a write abandoned before it began changed the range (%d bytes differ)", diffCount(got, old))
+	}
+	newer := pattern(9, 2*blockSize)
+	e.mustWrite(1, 0xac, 0, newer, true)
+	if got := e.mustRead(1, 0xac, 0, 2*blockSize); !bytes.Equal(got, newer) {
+		t.Fatal("the next write reads back wrong")
+	}
+}
