@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -139,5 +140,56 @@ func TestNoWALFlushHook(t *testing.T) {
 		if err != nil || string(v) != want {
 			t.Fatalf("%s = %q, %v after reopen; want %q", k, v, err, want)
 		}
+	}
+}
+
+// Pebble charges memtables to the block cache: a cache no larger than two
+// memtables left no room for table blocks once the memtable filled, and
+// every read of a flushed key went to the file. Reads of flushed keys must
+// be served from the cache.
+func TestBlockCacheSurvivesFullMemtables(t *testing.T) {
+	s, err := Open(t.TempDir(), Options{NoWAL: true, MemTableBytes: 4 << 20, CacheBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	key := func(i int) []byte { return binary.BigEndian.AppendUint64([]byte{'k'}, uint64(i)) }
+	val := make([]byte, 200)
+	const n = 60000 // ~13 MiB: several memtables, flushed
+	for i := 0; i < n; i += 500 {
+		b := s.NewBatch()
+		for j := i; j < i+500; j++ {
+			if err := b.Set(key(j), val); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := b.Apply(false); err != nil {
+			t.Fatal(err)
+		}
+		b.Close()
+	}
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the memtable again, as a busy metadata service has it.
+	for i := n; i < n+15000; i++ {
+		b := s.NewBatch()
+		b.Set(key(i), val)
+		b.Apply(false)
+		b.Close()
+	}
+	db := s.(*pebblekv).db
+	m0 := db.Metrics().BlockCache
+	for round := 0; round < 20; round++ {
+		for i := 0; i < 2000; i += 37 {
+			if _, err := s.Get(key(i)); err != nil {
+				t.Fatalf("get %d: %v", i, err)
+			}
+		}
+	}
+	m1 := db.Metrics().BlockCache
+	hits, misses := m1.Hits-m0.Hits, m1.Misses-m0.Misses
+	if hits < 10*misses {
+		t.Fatalf("block cache: %d hits, %d misses over repeated reads of flushed keys (cache holds %d bytes)", hits, misses, m1.Size)
 	}
 }

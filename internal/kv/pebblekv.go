@@ -12,7 +12,11 @@ import (
 
 // Options tunes a pebble-backed Store. The zero value is usable.
 type Options struct {
-	// CacheBytes is the block cache size; default 64 MiB.
+	// CacheBytes is the block cache size; default 64 MiB. Pebble charges
+	// its memtables to the same cache, so the cache is made this much
+	// larger than two memtables (the one being written and one being
+	// flushed); else the memtables take it all and every read of a table
+	// block goes to the file.
 	CacheBytes int64
 	// MemTableBytes is the memtable size; default 32 MiB.
 	MemTableBytes uint64
@@ -49,7 +53,7 @@ func Open(dir string, opts Options) (Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	cache := pebble.NewCache(opts.CacheBytes)
+	cache := pebble.NewCache(opts.CacheBytes + 2*int64(opts.MemTableBytes))
 	defer cache.Unref()
 	po := &pebble.Options{
 		Cache:              cache,
