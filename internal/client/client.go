@@ -300,6 +300,17 @@ func (c *Client) syncMetaIndex(ctx context.Context, idx, term uint64) error {
 	if idx == 0 {
 		return nil
 	}
+	if err := c.syncEntry(ctx, idx, term); err != nil {
+		return metaErr(c, "sync", err)
+	}
+	return nil
+}
+
+// syncEntry asks MSync to check the entry (idx, term) and wait until the
+// log is durable up to it, unless a durable report of the same term
+// already covers it (within a term a leader's log only grows). The error
+// is the call's own: EIO when the service lost the entry.
+func (c *Client) syncEntry(ctx context.Context, idx, term uint64) error {
 	c.durable.Lock()
 	covered := c.durable.idx >= idx && c.durable.term == term
 	c.durable.Unlock()
@@ -308,7 +319,7 @@ func (c *Client) syncMetaIndex(ctx context.Context, idx, term uint64) error {
 	}
 	var resp rpc.SyncResp
 	if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{Index: idx, Term: term}, &resp); err != nil {
-		return metaErr(c, "sync", err)
+		return err
 	}
 	c.noteDurableIndex(resp)
 	return nil
@@ -391,14 +402,12 @@ func (c *Client) syncMetaUpTo(ctx context.Context, seq uint64) error {
 	// each term (raft's logs match on every entry before one they share),
 	// and is durable up to them once durable up to those.
 	for _, st := range pend {
-		var resp rpc.SyncResp
-		if err := c.metaCall(ctx, rpc.MSync, &rpc.SyncReq{Index: st.Index, Term: st.Term}, &resp); err != nil {
+		if err := c.syncEntry(ctx, st.Index, st.Term); err != nil {
 			if errors.Is(err, syscall.EIO) {
 				c.checkedUpTo(0, pend) // reported once: later barriers do not fail for it again
 			}
 			return metaErr(c, "sync", err)
 		}
-		c.noteDurableIndex(resp)
 	}
 	if unstamped || len(pend) == 0 {
 		// Changes without a stamp: wait for everything applied, unchecked.

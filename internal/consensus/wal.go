@@ -768,7 +768,6 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 		buf   []byte
 		first uint64 // index of buf's first record
 		offs  []int64
-		terms []termRun
 	}
 	var writes []*write
 	var wr *write
@@ -790,9 +789,6 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 			writes = append(writes, wr)
 		}
 		wr.offs = append(wr.offs, end)
-		if n := len(wr.terms); n == 0 || wr.terms[n-1].term != l.Term {
-			wr.terms = append(wr.terms, termRun{l.Index, l.Term})
-		}
 		wr.buf = append(wr.buf, rec...)
 		end += int64(len(rec))
 	}
@@ -843,8 +839,8 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 			x.seg.first = x.first
 		}
 		x.seg.offs = append(x.seg.offs, x.offs...)
-		for _, r := range x.terms {
-			x.seg.addTerm(r.first, r.term)
+		for _, l := range logs[x.first-logs[0].Index:][:len(x.offs)] {
+			x.seg.addTerm(l.Index, l.Term)
 		}
 		x.seg.end = x.at + int64(len(x.buf))
 	}

@@ -3,7 +3,6 @@ package meta
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -158,10 +157,14 @@ type liveness struct {
 type targetUsage struct {
 	server      uint32
 	total, free uint64
-	rawFree     uint64 // free including root-reserved blocks (free if unknown)
-	// fs names the file system the target lives on (host and statfs
-	// f_fsid); "" when unknown (before the first heartbeat).
-	fs string
+	rawFree     uint64 // free including root-reserved blocks (0 if unknown)
+	fs          fsKey  // the file system the target lives on; zero if unknown
+}
+
+// fsKey names a file system: its host and statfs f_fsid.
+type fsKey struct {
+	host string
+	id   uint64
 }
 
 // candidateTTL bounds how stale the cached placement candidates may be.
@@ -225,12 +228,12 @@ func (l *liveness) heartbeat(server uint32, host string, usage []rpc.TargetUsage
 		if !ok || (old.free == 0) != (u.FreeBytes == 0) {
 			l.mu.candsAt = time.Time{}
 		}
-		tu := targetUsage{server: server, total: u.TotalBytes, free: u.FreeBytes, rawFree: u.FreeBytes}
-		if i < len(rawFree) && rawFree[i] >= u.FreeBytes {
+		tu := targetUsage{server: server, total: u.TotalBytes, free: u.FreeBytes}
+		if i < len(rawFree) {
 			tu.rawFree = rawFree[i]
 		}
 		if i < len(fsids) && fsids[i] != 0 {
-			tu.fs = fmt.Sprintf("%s/%016x", host, fsids[i])
+			tu.fs = fsKey{host, fsids[i]}
 		}
 		l.mu.targets[u.ID] = tu
 	}
@@ -270,9 +273,9 @@ func (l *liveness) capacity() (total, free uint64) {
 func (l *liveness) capacityRaw() (total, rawFree, free uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	seen := make(map[string]bool, len(l.mu.targets))
+	seen := make(map[fsKey]bool, len(l.mu.targets))
 	for _, u := range l.mu.targets {
-		if u.fs != "" {
+		if u.fs.id != 0 {
 			if seen[u.fs] {
 				continue
 			}

@@ -117,7 +117,7 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	// The handler's context carries the deadline. When the caller's ctx
 	// already ends by then (the usual case: clients set one per call),
 	// ctx serves as both the handler's bound and ours — no second timer.
-	hctx := context.WithValue(ctx, peerKey{}, "in-process")
+	hctx := context.WithValue(ctx, peerKey{}, inProcessPeer)
 	if dd, ok := resp.(interface{ directDest() []byte }); ok {
 		if b := dd.directDest(); b != nil {
 			hctx = context.WithValue(hctx, readDestKey{}, b)

@@ -46,6 +46,13 @@ func Peer(ctx context.Context) string {
 	return s
 }
 
+// inProcessPeer is Peer for a call from this process (local.go).
+const inProcessPeer = "in-process"
+
+// InProcess reports whether a handler serves a caller in this process,
+// which may have lent it its own buffers (a write's data).
+func InProcess(ctx context.Context) bool { return Peer(ctx) == inProcessPeer }
+
 // Server accepts connections and dispatches requests to handlers. Register
 // all handlers before Serve. Each request runs in its own goroutine, at most
 // MaxInflight per connection, so requests on one connection are pipelined.

@@ -310,7 +310,7 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.Empty, 
 	// An in-process caller lends its own buffer (no copy): once it gives
 	// up, the bytes may change under the write.
 	var abandoned func() bool
-	if rpc.Peer(ctx) == "in-process" {
+	if rpc.InProcess(ctx) {
 		abandoned = func() bool { return ctx.Err() != nil }
 	}
 	for i := 0; ; i++ {
