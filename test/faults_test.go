@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 func fileTargets(t *testing.T, bin, path string) []uint32 {
@@ -152,6 +153,74 @@ func TestMetaRestartSurvivedByMount(t *testing.T) {
 	}
 	if err := os.Mkdir(filepath.Join(mnt, "after"), 0o755); err != nil {
 		t.Errorf("mkdir after restart: %v", err)
+	}
+}
+
+// TestLocksSurviveMetaKill: a flock and an OFD record lock taken through
+// one mount still exclude a process on another mount after the metadata
+// service was killed (-9) and started again: the service keeps locks in
+// memory, and the mounts reclaim them before it grants new ones.
+func TestLocksSurviveMetaKill(t *testing.T) {
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 1, Mounts: 2})
+	p0 := filepath.Join(c.Mount(0), "shared.lock")
+	p1 := filepath.Join(c.Mount(1), "shared.lock")
+	if err := os.WriteFile(p0, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := os.OpenFile(p0, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if err := unix.Flock(int(holder.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatalf("flock: %v", err)
+	}
+	rec := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 4096}
+	if err := unix.FcntlFlock(holder.Fd(), unix.F_OFD_SETLK, &rec); err != nil {
+		t.Fatalf("OFD lock: %v", err)
+	}
+	c.Meta.Kill()
+	c.StartMeta()
+
+	other, err := os.OpenFile(p1, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := unix.Flock(int(other.Fd()), unix.LOCK_EX|unix.LOCK_NB); !errors.Is(err, unix.EWOULDBLOCK) {
+		t.Fatalf("flock from the other mount after the restart: %v, want EWOULDBLOCK", err)
+	}
+	probe := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 100, Len: 10}
+	if err := unix.FcntlFlock(other.Fd(), unix.F_OFD_SETLK, &probe); !errors.Is(err, unix.EAGAIN) {
+		t.Fatalf("OFD lock from the other mount after the restart: %v, want EAGAIN", err)
+	}
+	probe = unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 100, Len: 10}
+	if err := unix.FcntlFlock(other.Fd(), unix.F_OFD_GETLK, &probe); err != nil || probe.Type != unix.F_WRLCK || probe.Start != 0 || probe.Len != 4096 {
+		t.Fatalf("F_OFD_GETLK after the restart: %+v %v, want the holder's write lock 0..4095", probe, err)
+	}
+	// The holder lets go; the other mount gets both.
+	if err := unix.Flock(int(holder.Fd()), unix.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(other.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatalf("flock after the holder released: %v", err)
+	}
+	// The kernel sends FUSE_RELEASE (which drops the OFD locks of the
+	// closed description) after close returns: allow it a moment.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		probe = unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 100, Len: 10}
+		err := unix.FcntlFlock(other.Fd(), unix.F_OFD_SETLK, &probe)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EAGAIN) || time.Now().After(deadline) {
+			t.Fatalf("OFD lock after the holder closed: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -83,6 +83,7 @@ type Client struct {
 		openSent bool              // every open inode has been reported in a heartbeat
 		closed   bool
 	}
+	locks     heldLocks     // locks this client holds (reclaimed after a service restart)
 	sessionMu sync.Mutex    // serialises session reopening
 	kick      chan struct{} // asks the heartbeat loop to report open inodes soon
 
@@ -457,10 +458,19 @@ func retryableMeta(err error) bool {
 func (c *Client) heartbeatLoop() {
 	defer c.wg.Done()
 	const kickDelay = 50 * time.Millisecond
+	// After a failed heartbeat (the service restarting, a new leader being
+	// elected) try again soon rather than a third of a lease later: a
+	// restarted service holds back new locks until every client has
+	// reclaimed its own, which happens in the first heartbeat it answers.
+	const retryInterval = 500 * time.Millisecond
+	failed := false
 	for {
 		interval := time.Duration(c.leaseMs.Load()) * time.Millisecond / 3
 		if interval <= 0 {
 			interval = time.Second
+		}
+		if failed {
+			interval = min(interval, retryInterval)
 		}
 		timer := time.NewTimer(interval)
 		select {
@@ -476,9 +486,14 @@ func (c *Client) heartbeatLoop() {
 				return
 			}
 		}
-		if err := c.heartbeat(c.ctx); err != nil && c.ctx.Err() == nil {
-			c.log.Warn("session heartbeat failed", "addr", c.cfg.MetaAddr, "err", err)
+		err := c.heartbeat(c.ctx)
+		if err != nil && c.ctx.Err() == nil && !failed {
+			c.log.Warn("session heartbeat failed; retrying every "+retryInterval.String(), "addr", c.cfg.MetaAddr, "err", err)
 		}
+		if err == nil && failed {
+			c.log.Info("session heartbeat answered again", "addr", c.cfg.MetaAddr)
+		}
+		failed = err != nil
 	}
 }
 
@@ -493,7 +508,9 @@ func (c *Client) heartbeat(ctx context.Context) error {
 	c.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
 	defer cancel()
-	err := c.meta.Call(cctx, rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.clientID.Load(), OpenInodes: open}, nil)
+	req := &rpc.SessionHeartbeatReq{ClientID: c.clientID.Load(), OpenInodes: open, LockEpoch: c.lockEpoch()}
+	var resp rpc.SessionHeartbeatResp
+	err := c.meta.Call(cctx, rpc.MSessionHeartbeat, req, &resp)
 	if errors.Is(err, syscall.ESTALE) {
 		return c.reopenSession(ctx, c.clientID.Load())
 	}
@@ -501,6 +518,13 @@ func (c *Client) heartbeat(ctx context.Context) error {
 		c.mu.Lock()
 		c.mu.openSent = false
 		c.mu.Unlock()
+		return err
+	}
+	if resp.LockEpoch != 0 && resp.LockEpoch != req.LockEpoch && c.reclaimLocks(cctx, resp.LockEpoch) {
+		// Tell the service at once that this client is done reclaiming:
+		// until every client is, new locks wait.
+		req.LockEpoch = resp.LockEpoch
+		err = c.meta.Call(cctx, rpc.MSessionHeartbeat, req, &resp)
 	}
 	return err
 }
@@ -513,7 +537,7 @@ func (c *Client) reopenSession(ctx context.Context, old uint64) error {
 	if c.clientID.Load() != old {
 		return nil // someone else already did
 	}
-	c.log.Warn("session expired on the metadata service; opening a new one (locks held by this client are lost)", "old_client_id", old)
+	c.log.Warn("session expired on the metadata service; opening a new one (locks held by this client are lost)", "old_client_id", old, "locks", c.forgetLocks())
 	if err := c.openSession(ctx); err != nil {
 		return err
 	}

@@ -358,6 +358,62 @@ func TestMetaRestart(t *testing.T) {
 	}
 }
 
+// TestLocksSurviveMetaRestart: locks live in the service's memory; after a
+// restart the clients reclaim them before anybody else may lock, so a lock
+// held across the restart still excludes the other client.
+func TestLocksSurviveMetaRestart(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	a := tc.client(nil)
+	b := tc.client(nil)
+	f := create(t, a, RootIno, "locked", syscall.O_RDWR)
+	defer f.Release(bg)
+	ino := f.Ino()
+	held := []Lock{
+		{Ino: ino, Owner: 1, Start: 0, End: 99, Type: rpc.LockWrite, Pid: 11},
+		{Ino: ino, Owner: 1, Start: 200, End: 299, Type: rpc.LockRead, Pid: 11},
+		{Ino: ino, Owner: 7, Start: 0, End: ^uint64(0), Type: rpc.LockWrite, Pid: 11, Flock: true},
+	}
+	for _, l := range held {
+		if err := a.SetLk(bg, l, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a let go of part of its write lock before the restart: that part must
+	// not come back with the reclaim.
+	if err := a.SetLk(bg, Lock{Ino: ino, Owner: 1, Start: 90, End: 99, Type: rpc.LockUnlock, Pid: 11}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	tc.restartMeta()
+
+	lb := Lock{Ino: ino, Owner: 2, Start: 50, End: 60, Type: rpc.LockRead, Pid: 22}
+	if err := b.SetLk(bg, lb, false, nil); !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("lock conflicting with one held across the restart: %v, want EAGAIN", err)
+	}
+	r, err := b.GetLk(bg, lb)
+	if err != nil || r.Type != rpc.LockWrite || r.Start != 0 || r.End != 89 || r.Pid != 11 {
+		t.Fatalf("getlk after restart: %+v %v, want a's write lock 0..89", r, err)
+	}
+	if err := b.SetLk(bg, Lock{Ino: ino, Owner: 2, Start: 90, End: 99, Type: rpc.LockWrite, Pid: 22}, false, nil); err != nil {
+		t.Fatalf("lock on the range a released before the restart: %v", err)
+	}
+	if err := b.SetLk(bg, Lock{Ino: ino, Owner: 2, Start: 250, End: 260, Type: rpc.LockWrite, Pid: 22}, false, nil); !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("write lock over a's reclaimed read lock: %v, want EAGAIN", err)
+	}
+	if err := b.SetLk(bg, Lock{Ino: ino, Owner: 8, Start: 0, End: ^uint64(0), Type: rpc.LockRead, Pid: 22, Flock: true}, false, nil); !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("flock over a's reclaimed flock: %v, want EAGAIN", err)
+	}
+	// a still works with its locks: unlocking lets b in.
+	if err := a.SetLk(bg, Lock{Ino: ino, Owner: 1, Start: 0, End: ^uint64(0), Type: rpc.LockUnlock, Pid: 11}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetLk(bg, lb, false, nil); err != nil {
+		t.Fatalf("lock after a released: %v", err)
+	}
+	if n := a.heldCount(); n != 1 {
+		t.Fatalf("a holds %d locks, want 1 (the flock)", n)
+	}
+}
+
 func TestENOSPC(t *testing.T) {
 	tc := startCluster(t, clusterOpts{stores: 1, targets: 1, reserve: 1 << 62})
 	c := tc.client(nil)

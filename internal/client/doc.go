@@ -96,7 +96,9 @@
 //     GetAttr always asks the service, merging this client's uncommitted
 //     size and mtime.
 //   - Locks belong to the session: if the session expires (no heartbeat
-//     for a lease) they are lost; the client logs it.
+//     for a lease) they are lost; the client logs it. A restart of the
+//     service does not lose them: the client keeps what it holds
+//     (locks.go) and reclaims it under the service's new lock epoch.
 //   - SetAttr of mtime or size commits buffered writes first so that an
 //     older write mtime cannot overwrite an explicit utimes (tar, cp -p).
 package client

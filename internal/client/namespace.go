@@ -341,58 +341,6 @@ func (c *Client) RemoveXattr(ctx context.Context, ino uint64, name string) error
 	return nil
 }
 
-// Lock describes a POSIX record lock, OFD lock or flock (Flock) request.
-// Owner identifies the lock owner within this client (process or open file
-// description); End is inclusive, ^uint64(0) = to end of file.
-type Lock struct {
-	Ino   uint64
-	Owner uint64
-	Start uint64
-	End   uint64
-	Type  uint32 // rpc.LockRead, rpc.LockWrite, rpc.LockUnlock
-	Pid   uint32
-	Flock bool
-}
-
-func (c *Client) lockReq(l Lock, wait bool) *rpc.LockReq {
-	return &rpc.LockReq{ClientID: c.clientID.Load(), Ino: l.Ino, Owner: l.Owner, Start: l.Start, End: l.End,
-		Type: l.Type, Pid: l.Pid, Flock: l.Flock, Wait: wait}
-}
-
-// GetLk returns the first lock conflicting with l, or one with Type
-// rpc.LockUnlock when there is none.
-func (c *Client) GetLk(ctx context.Context, l Lock) (rpc.LockResp, error) {
-	var resp rpc.LockResp
-	if err := c.metaCall(ctx, rpc.MGetLk, c.lockReq(l, false), &resp); err != nil {
-		return resp, metaErr(c, "getlk", err)
-	}
-	return resp, nil
-}
-
-// SetLk takes or releases a lock. Without wait a conflict answers EAGAIN.
-// With wait it asks the service again and again (each ask waits a bounded
-// time there) until the lock is granted, an error other than EAGAIN
-// occurs, or cancel is closed (EINTR).
-func (c *Client) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struct{}) error {
-	for {
-		err := c.metaCall(ctx, rpc.MSetLk, c.lockReq(l, wait), &rpc.Empty{})
-		if err == nil {
-			c.m.op("lock")
-			return nil
-		}
-		if !wait || !errIs(err, syscall.EAGAIN) {
-			return metaErr(c, "setlk", err)
-		}
-		select {
-		case <-cancel:
-			return fmt.Errorf("waiting for lock on inode %d: %w", l.Ino, syscall.EINTR)
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for lock on inode %d: %w", l.Ino, syscall.EINTR)
-		default:
-		}
-	}
-}
-
 // SetDirLayout sets a directory's default layout for new children (0 =
 // system default).
 func (c *Client) SetDirLayout(ctx context.Context, dir uint64, stripeSize, stripeCount uint32) (rpc.Attr, error) {

@@ -37,7 +37,9 @@
 // time in the service) until granted or the request is interrupted
 // (EINTR). POSIX locks of an owner are released on FLUSH (any close by the
 // process), OFD locks on RELEASE of their open file description, flock
-// locks on RELEASE with FUSE_RELEASE_FLOCK_UNLOCK.
+// locks on RELEASE with FUSE_RELEASE_FLOCK_UNLOCK. The kernel sends RELEASE
+// in the background: an OFD lock or flock may outlive close(2) by the
+// moment it takes to arrive (POSIX locks, dropped on FLUSH, do not).
 //
 // The virtual xattr user.strata.layout (not listed) reads a file's layout
 // as JSON and sets a directory's default ("stripe_count=N,stripe_size=S"):

@@ -37,10 +37,11 @@
 // leaves the orphan for a later pass.
 //
 // Locks (locks.go) live in the leader's memory per (ClientID, Owner): POSIX
-// record locks with range split/merge (OFD locks are the same at this
-// level) and flock locks in a separate table. They are released on
-// SessionClose and session expiry. They are not replicated: after a leader
-// change clients must re-acquire (the HA issue adds lock reclaim).
+// record locks with range split/merge (package lockrange; OFD locks are the
+// same at this level) and flock locks in a separate table. They are
+// released on SessionClose and session expiry. They are not replicated:
+// after a restart or leader change the table starts empty under a new lock
+// epoch and the clients reclaim what they hold (see lockTable).
 //
 // Keyspace: see package schema.
 //

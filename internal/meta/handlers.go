@@ -104,7 +104,8 @@ func (s *Service) register() {
 		if !s.sess.heartbeat(r.ClientID, r.OpenInodes, time.Now()) {
 			return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d (expired or closed): open a new one", r.ClientID)
 		}
-		return empty, nil
+		s.locks.reclaimed(r.ClientID, r.LockEpoch)
+		return &rpc.SessionHeartbeatResp{LockEpoch: s.locks.epoch()}, nil
 	})
 	handle(s, rpc.MSessionClose, func(_ context.Context, r *rpc.SessionCloseReq) (rpc.Message, error) {
 		if err := s.closeSession(r.ClientID); err != nil {
@@ -204,20 +205,21 @@ func (s *Service) register() {
 	handle(s, rpc.MCommitSize, func(_ context.Context, r *rpc.CommitSizeReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid})
 	})
-	handle(s, rpc.MGetLk, func(_ context.Context, r *rpc.LockReq) (rpc.Message, error) {
+	handle(s, rpc.MGetLk, func(ctx context.Context, r *rpc.LockReq) (rpc.Message, error) {
 		if !s.sess.known(r.ClientID) {
 			return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d: open a new one", r.ClientID)
 		}
-		return s.locks.get(r)
+		return s.locks.get(ctx, r)
 	})
 	handle(s, rpc.MSetLk, func(ctx context.Context, r *rpc.LockReq) (rpc.Message, error) {
 		if !s.sess.known(r.ClientID) {
 			return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d: open a new one", r.ClientID)
 		}
-		if err := s.locks.set(ctx, r); err != nil {
+		epoch, err := s.locks.set(ctx, r)
+		if err != nil {
 			return nil, err
 		}
-		return empty, nil
+		return &rpc.LockGrant{Epoch: epoch}, nil
 	})
 	handle(s, rpc.MSetDirLayout, func(_ context.Context, r *rpc.SetDirLayoutReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opSetDirLayout, Now: now(), Hdr: r.Hdr, Ino: r.Dir, Size: uint64(r.StripeSize), Flags: r.StripeCount})

@@ -3,6 +3,8 @@ package meta
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -78,6 +80,13 @@ func (s *sessions) known(id uint64) bool {
 	defer s.mu.Unlock()
 	_, ok := s.mu.m[id]
 	return ok
+}
+
+// ids lists the sessions.
+func (s *sessions) ids() []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Collect(maps.Keys(s.mu.m))
 }
 
 func (s *sessions) count() int {

@@ -2,11 +2,12 @@ package meta
 
 import (
 	"context"
+	"math/rand/v2"
+	"sync"
 	"syscall"
 	"time"
 
-	"sync"
-
+	"github.com/stratafs/strata/internal/lockrange"
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -14,44 +15,44 @@ import (
 // client repeats, so no request blocks forever.
 const lockWait = time.Second
 
-const eof = ^uint64(0)
-
-// heldLock is one granted lock. Start and End are inclusive.
-type heldLock struct {
-	client, owner uint64
-	start, end    uint64
-	typ           uint32
-	pid           uint32
-}
-
-func (l *heldLock) sameOwner(client, owner uint64) bool {
-	return l.client == client && l.owner == owner
-}
-
-func overlaps(a, b *heldLock) bool { return a.start <= b.end && b.start <= a.end }
-
-func conflicts(a, b *heldLock) bool {
-	return !a.sameOwner(b.client, b.owner) && overlaps(a, b) && (a.typ == rpc.LockWrite || b.typ == rpc.LockWrite)
-}
-
 // fileLocks holds one inode's locks: POSIX/OFD record locks and flock locks
 // are separate tables that never conflict with each other (Linux).
 type fileLocks struct {
-	records []heldLock
-	flocks  []heldLock
+	records []lockrange.Lock
+	flocks  []lockrange.Lock
 	// changed is closed (and replaced) whenever a lock is released, waking
 	// waiters.
 	changed chan struct{}
 }
 
-// lockTable is the leader's in-memory lock state. Locks are not replicated:
-// a new leader starts with none, and clients re-acquire (documented in
-// doc.go).
+// lockTable is the leader's in-memory lock state. Locks are not in the
+// replicated state: a lock is taken and released far more often than it
+// must survive a restart, and a raft commit (with its sync) per fcntl would
+// make lock-heavy I/O (MPI-IO's data sieving) crawl. Instead the clients
+// keep what they hold and give it back after a restart:
+//
+// # Reclaim
+//
+// The table has an epoch, a random number drawn whenever the table starts
+// empty (startGrace, when this node takes office). Clients learn it from
+// every grant and heartbeat answer; a client whose locks were granted
+// under another epoch re-sends them with LockReq.Reclaim and then reports
+// the new epoch in a heartbeat. For up to the grace period after taking
+// office, while sessions that existed before have not reported, only
+// reclaims and unlocks are granted: a new lock (or a GetLk) waits for the
+// grace period to end, so that no other client can take a lock somebody
+// still holds. A reclaim that conflicts (impossible unless two clients
+// believed they held conflicting locks) is refused: that lock is lost.
 type lockTable struct {
 	mu struct {
 		sync.Mutex
 		files    map[uint64]*fileLocks          // by inode
 		byClient map[uint64]map[uint64]struct{} // client → inodes it holds locks on
+		epoch    uint64                         // see Reclaim; never 0
+		// pending are the sessions that may still reclaim; graceOver is
+		// closed when the grace period ends (pending empty or time up).
+		pending   map[uint64]struct{}
+		graceOver chan struct{}
 	}
 }
 
@@ -59,7 +60,115 @@ func newLockTable() *lockTable {
 	t := &lockTable{}
 	t.mu.files = map[uint64]*fileLocks{}
 	t.mu.byClient = map[uint64]map[uint64]struct{}{}
+	t.mu.epoch = newLockEpoch()
+	t.mu.graceOver = make(chan struct{})
+	close(t.mu.graceOver)
 	return t
+}
+
+func newLockEpoch() uint64 { return rand.Uint64() | 1 }
+
+// epoch is the current lock epoch.
+func (t *lockTable) epoch() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.mu.epoch
+}
+
+// startGrace empties the table under a new epoch and holds back new locks
+// until every one of clients has reclaimed (reported the new epoch) or d
+// has passed.
+func (t *lockTable) startGrace(clients []uint64, d time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.resetLocked()
+	t.mu.epoch = newLockEpoch()
+	t.mu.pending = map[uint64]struct{}{}
+	for _, c := range clients {
+		t.mu.pending[c] = struct{}{}
+	}
+	over := make(chan struct{})
+	t.mu.graceOver = over
+	if len(clients) == 0 || d <= 0 {
+		t.endGraceLocked()
+		return
+	}
+	epoch := t.mu.epoch
+	time.AfterFunc(d, func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.mu.epoch == epoch && t.mu.graceOver == over {
+			t.endGraceLocked()
+		}
+	})
+}
+
+func (t *lockTable) endGraceLocked() {
+	select {
+	case <-t.mu.graceOver:
+	default:
+		close(t.mu.graceOver)
+	}
+	t.mu.pending = nil
+}
+
+// inGraceLocked reports whether new locks are held back; over is closed when
+// that ends.
+func (t *lockTable) inGraceLocked() (over <-chan struct{}, in bool) {
+	select {
+	case <-t.mu.graceOver:
+		return nil, false
+	default:
+		return t.mu.graceOver, true
+	}
+}
+
+// reclaimed notes that client holds all its locks under epoch (its
+// heartbeat said so); the grace period ends once every pending client has.
+func (t *lockTable) reclaimed(client, epoch uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if epoch == t.mu.epoch {
+		t.doneLocked(client)
+	}
+}
+
+func (t *lockTable) doneLocked(client uint64) {
+	if _, ok := t.mu.pending[client]; !ok {
+		return
+	}
+	delete(t.mu.pending, client)
+	if len(t.mu.pending) == 0 {
+		t.endGraceLocked()
+	}
+}
+
+// waitGrace returns nil once new locks may be granted. During the grace
+// period it answers EBUSY ("ask again"; the client repeats, never showing
+// it to the application): at once when client itself has not reclaimed
+// yet (it must do that first, and cannot while its request waits), else
+// after waiting up to lockWait for the period to end.
+func (t *lockTable) waitGrace(ctx context.Context, client uint64) error {
+	t.mu.Lock()
+	over, in := t.inGraceLocked()
+	_, pending := t.mu.pending[client]
+	t.mu.Unlock()
+	if !in {
+		return nil
+	}
+	if pending {
+		return rpc.Errorf(syscall.EBUSY, "locks are being reclaimed after a metadata service restart: reclaim this session's locks (report the lock epoch), then ask again")
+	}
+	tm := time.NewTimer(lockWait)
+	defer tm.Stop()
+	select {
+	case <-over:
+		return nil
+	case <-tm.C:
+		return rpc.Errorf(syscall.EBUSY, "locks are being reclaimed after a metadata service restart; ask again")
+	case <-ctx.Done():
+		return rpc.Errorf(syscall.EINTR, "lock wait interrupted: %v", ctx.Err())
+	}
 }
 
 func (t *lockTable) fileLocked(ino uint64) *fileLocks {
@@ -71,10 +180,10 @@ func (t *lockTable) fileLocked(ino uint64) *fileLocks {
 	return fl
 }
 
-func reqLock(r *rpc.LockReq) heldLock {
-	l := heldLock{client: r.ClientID, owner: r.Owner, start: r.Start, end: r.End, typ: r.Type, pid: r.Pid}
+func reqLock(r *rpc.LockReq) lockrange.Lock {
+	l := lockrange.Lock{Client: r.ClientID, Owner: r.Owner, Start: r.Start, End: r.End, Type: r.Type, Pid: r.Pid}
 	if r.Flock {
-		l.start, l.end = 0, eof
+		l.Start, l.End = 0, lockrange.EOF
 	}
 	return l
 }
@@ -90,10 +199,16 @@ func checkLockReq(r *rpc.LockReq) error {
 }
 
 // get answers F_GETLK: the conflicting lock that starts lowest, or
-// Type=LockUnlock.
-func (t *lockTable) get(r *rpc.LockReq) (*rpc.LockResp, error) {
+// Type=LockUnlock. During the grace period it first waits for the
+// reclaims, which may bring back conflicting locks.
+func (t *lockTable) get(ctx context.Context, r *rpc.LockReq) (*rpc.LockResp, error) {
 	if err := checkLockReq(r); err != nil {
 		return nil, err
+	}
+	if r.Type != rpc.LockUnlock {
+		if err := t.waitGrace(ctx, r.ClientID); err != nil {
+			return nil, err
+		}
 	}
 	want := reqLock(r)
 	t.mu.Lock()
@@ -103,120 +218,94 @@ func (t *lockTable) get(r *rpc.LockReq) (*rpc.LockResp, error) {
 		if r.Flock {
 			list = fl.flocks
 		}
-		var first *heldLock // the conflicting lock that starts lowest
+		var first *lockrange.Lock // the conflicting lock that starts lowest
 		for i := range list {
-			if conflicts(&list[i], &want) && (first == nil || list[i].start < first.start) {
+			if lockrange.Conflicts(&list[i], &want) && (first == nil || list[i].Start < first.Start) {
 				first = &list[i]
 			}
 		}
 		if first != nil {
-			return &rpc.LockResp{Start: first.start, End: first.end, Type: first.typ, Pid: first.pid}, nil
+			return &rpc.LockResp{Start: first.Start, End: first.End, Type: first.Type, Pid: first.Pid}, nil
 		}
 	}
 	return &rpc.LockResp{Type: rpc.LockUnlock}, nil
 }
 
 // set answers F_SETLK/F_SETLKW/flock: EAGAIN on conflict, after waiting up
-// to lockWait when r.Wait.
-func (t *lockTable) set(ctx context.Context, r *rpc.LockReq) error {
+// to lockWait when r.Wait. It returns the epoch the lock was granted under.
+// A new lock during the grace period gets EBUSY (waitGrace); unlocks and
+// reclaims pass.
+func (t *lockTable) set(ctx context.Context, r *rpc.LockReq) (uint64, error) {
 	if err := checkLockReq(r); err != nil {
-		return err
+		return 0, err
 	}
 	want := reqLock(r)
 	deadline := time.NewTimer(lockWait)
 	defer deadline.Stop()
 	for {
+		if !r.Reclaim && want.Type != rpc.LockUnlock {
+			if err := t.waitGrace(ctx, r.ClientID); err != nil {
+				return 0, err
+			}
+		}
 		t.mu.Lock()
+		if _, in := t.inGraceLocked(); in && !r.Reclaim && want.Type != rpc.LockUnlock {
+			t.mu.Unlock()
+			continue // a new grace period began meanwhile
+		}
 		fl := t.fileLocked(r.Ino)
 		list := &fl.records
 		if r.Flock {
 			list = &fl.flocks
 		}
-		var conflict *heldLock
-		if want.typ != rpc.LockUnlock {
+		var conflict *lockrange.Lock
+		if want.Type != rpc.LockUnlock {
 			for i := range *list {
-				if conflicts(&(*list)[i], &want) {
+				if lockrange.Conflicts(&(*list)[i], &want) {
 					conflict = &(*list)[i]
 					break
 				}
 			}
 		}
 		if conflict == nil {
-			released := t.replaceLocked(list, want)
+			var released bool
+			*list, released = lockrange.Replace(*list, want)
 			if released {
 				close(fl.changed)
 				fl.changed = make(chan struct{})
 			}
 			t.indexLocked(r.ClientID, r.Ino, fl)
+			epoch := t.mu.epoch
 			t.mu.Unlock()
-			return nil
+			return epoch, nil
 		}
 		c := *conflict
 		changed := fl.changed
+		t.indexLocked(r.ClientID, r.Ino, fl)
 		t.mu.Unlock()
+		if r.Reclaim {
+			return 0, rpc.Errorf(syscall.EAGAIN, "reclaim of inode %d range %d..%d refused: client %d pid %d holds a conflicting lock (the lock is lost)", r.Ino, want.Start, want.End, c.Client, c.Pid)
+		}
 		if !r.Wait {
-			return rpc.Errorf(syscall.EAGAIN, "inode %d range %d..%d is locked by client %d pid %d", r.Ino, c.start, c.end, c.client, c.pid)
+			return 0, rpc.Errorf(syscall.EAGAIN, "inode %d range %d..%d is locked by client %d pid %d", r.Ino, c.Start, c.End, c.Client, c.Pid)
 		}
 		select {
 		case <-changed:
 		case <-deadline.C:
-			return rpc.Errorf(syscall.EAGAIN, "inode %d range %d..%d still locked by client %d pid %d after %v", r.Ino, c.start, c.end, c.client, c.pid, lockWait)
+			return 0, rpc.Errorf(syscall.EAGAIN, "inode %d range %d..%d still locked by client %d pid %d after %v", r.Ino, c.Start, c.End, c.Client, c.Pid, lockWait)
 		case <-ctx.Done():
-			return rpc.Errorf(syscall.EINTR, "lock wait interrupted: %v", ctx.Err())
+			return 0, rpc.Errorf(syscall.EINTR, "lock wait interrupted: %v", ctx.Err())
 		}
 	}
 }
 
-// replaceLocked sets the owner's lock state over [want.start, want.end] to
-// want.typ (LockUnlock removes): the owner's overlapping locks are cut
-// around the range (a lock spanning it splits in two), then the new lock
-// is merged with the owner's adjacent or overlapping locks of the same
-// type. It reports whether any lock was removed or weakened, which may
-// wake waiters.
-func (t *lockTable) replaceLocked(list *[]heldLock, want heldLock) (released bool) {
-	out := (*list)[:0:0]
-	for _, l := range *list {
-		if !l.sameOwner(want.client, want.owner) || !overlaps(&l, &want) {
-			out = append(out, l)
-			continue
-		}
-		if l.typ == rpc.LockWrite && want.typ != rpc.LockWrite || want.typ == rpc.LockUnlock {
-			released = true
-		}
-		if l.start < want.start {
-			left := l
-			left.end = want.start - 1
-			out = append(out, left)
-		}
-		if l.end > want.end {
-			right := l
-			right.start = want.end + 1
-			out = append(out, right)
-		}
-	}
-	if want.typ != rpc.LockUnlock {
-		merged := out[:0]
-		for _, l := range out {
-			adjacent := l.sameOwner(want.client, want.owner) && l.typ == want.typ &&
-				(overlaps(&l, &want) || (l.end != eof && l.end+1 == want.start) || (want.end != eof && want.end+1 == l.start))
-			if adjacent {
-				want.start = min(want.start, l.start)
-				want.end = max(want.end, l.end)
-				continue
-			}
-			merged = append(merged, l)
-		}
-		out = append(merged, want)
-	}
-	*list = out
-	return released
-}
-
+// indexLocked keeps byClient in step with fl after a change by client, and
+// drops fl when it is empty.
 func (t *lockTable) indexLocked(client, ino uint64, fl *fileLocks) {
 	has := false
-	for _, list := range [][]heldLock{fl.records, fl.flocks} {
+	for _, list := range [][]lockrange.Lock{fl.records, fl.flocks} {
 		for i := range list {
-			if list[i].client == client {
+			if list[i].Client == client {
 				has = true
 			}
 		}
@@ -239,20 +328,22 @@ func (t *lockTable) indexLocked(client, ino uint64, fl *fileLocks) {
 	}
 }
 
-// releaseClient drops every lock of a client (session closed or expired).
+// releaseClient drops every lock of a client (session closed or expired);
+// a client that is gone no longer holds up the grace period.
 func (t *lockTable) releaseClient(client uint64) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.doneLocked(client)
 	n := 0
 	for ino := range t.mu.byClient[client] {
 		fl := t.mu.files[ino]
 		if fl == nil {
 			continue
 		}
-		keep := func(list []heldLock) []heldLock {
+		keep := func(list []lockrange.Lock) []lockrange.Lock {
 			out := list[:0]
 			for _, l := range list {
-				if l.client != client {
+				if l.Client != client {
 					out = append(out, l)
 				} else {
 					n++
@@ -272,10 +363,16 @@ func (t *lockTable) releaseClient(client uint64) int {
 	return n
 }
 
-// reset drops all locks (leadership lost), waking every waiter.
+// reset drops all locks (leadership lost), waking every waiter; the next
+// term of office starts a new epoch (startGrace).
 func (t *lockTable) reset() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.resetLocked()
+	t.endGraceLocked()
+}
+
+func (t *lockTable) resetLocked() {
 	for _, fl := range t.mu.files {
 		close(fl.changed)
 	}

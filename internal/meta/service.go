@@ -325,6 +325,9 @@ func (s *Service) becomeLeader() error {
 	if err := s.sess.load(s.db, time.Now()); err != nil {
 		return fmt.Errorf("load sessions: %w", err)
 	}
+	// Locks start empty under a new epoch; the sessions' clients reclaim
+	// theirs within a lease (they heartbeat every third of one).
+	s.locks.startGrace(s.sess.ids(), s.cfg.SessionLease)
 	s.leaderSince.Store(time.Now().UnixNano())
 	s.log.Info("metadata leader", "sessions", s.sess.count(), "applied", s.fsm.AppliedIndex())
 	return nil

@@ -225,13 +225,45 @@ func (m *SessionOpenResp) Decode(d *Dec) { m.ClientID = d.U64(); m.LeaseMs = d.U
 // SessionHeartbeatReq renews a session's lease and reports which inodes the
 // client holds open, so that unlinked-but-open files keep their data.
 // An unknown session is answered with ESTALE: the client opens a new one.
+//
+// LockEpoch is the lock epoch under which every lock the client holds is
+// registered (see SessionHeartbeatResp); a client that reports the current
+// epoch has finished reclaiming after a service restart. Answers
+// SessionHeartbeatResp.
 type SessionHeartbeatReq struct {
 	ClientID   uint64
 	OpenInodes []uint64
+	LockEpoch  uint64
 }
 
-func (m *SessionHeartbeatReq) Encode(e *Enc) { e.U64(m.ClientID); e.U64s(m.OpenInodes) }
-func (m *SessionHeartbeatReq) Decode(d *Dec) { m.ClientID = d.U64(); m.OpenInodes = d.U64s() }
+func (m *SessionHeartbeatReq) Encode(e *Enc) {
+	e.U64(m.ClientID)
+	e.U64s(m.OpenInodes)
+	e.U64(m.LockEpoch)
+}
+func (m *SessionHeartbeatReq) Decode(d *Dec) {
+	m.ClientID = d.U64()
+	m.OpenInodes = d.U64s()
+	m.LockEpoch = optionalU64(d)
+}
+
+// SessionHeartbeatResp carries the service's lock epoch: a number that
+// changes whenever the lock table starts empty (a restarted service, a new
+// leader). A client whose locks were granted under another epoch reclaims
+// them (LockReq.Reclaim) and then reports the epoch in its next heartbeat.
+type SessionHeartbeatResp struct{ LockEpoch uint64 }
+
+func (m *SessionHeartbeatResp) Encode(e *Enc) { e.U64(m.LockEpoch) }
+func (m *SessionHeartbeatResp) Decode(d *Dec) { m.LockEpoch = optionalU64(d) }
+
+// optionalU64 reads a trailing field added within version 1: absent (an
+// older peer) reads as zero.
+func optionalU64(d *Dec) uint64 {
+	if d.Len() == 0 {
+		return 0
+	}
+	return d.U64()
+}
 
 // SessionCloseReq ends a session, releasing its locks.
 type SessionCloseReq struct{ ClientID uint64 }
@@ -609,6 +641,10 @@ type LockReq struct {
 	Pid      uint32
 	Flock    bool
 	Wait     bool
+	// Reclaim re-registers a lock the client held under an earlier lock
+	// epoch: granted during the grace period that holds back new locks
+	// after a restart; EAGAIN when it conflicts (the lock is lost).
+	Reclaim bool
 }
 
 func (m *LockReq) Encode(e *Enc) {
@@ -621,6 +657,7 @@ func (m *LockReq) Encode(e *Enc) {
 	e.U32(m.Pid)
 	e.Bool(m.Flock)
 	e.Bool(m.Wait)
+	e.Bool(m.Reclaim)
 }
 
 func (m *LockReq) Decode(d *Dec) {
@@ -633,7 +670,17 @@ func (m *LockReq) Decode(d *Dec) {
 	m.Pid = d.U32()
 	m.Flock = d.Bool()
 	m.Wait = d.Bool()
+	if d.Len() > 0 { // absent from older clients
+		m.Reclaim = d.Bool()
+	}
 }
+
+// LockGrant answers SetLk: the lock epoch the lock was granted under (see
+// SessionHeartbeatResp).
+type LockGrant struct{ Epoch uint64 }
+
+func (m *LockGrant) Encode(e *Enc) { e.U64(m.Epoch) }
+func (m *LockGrant) Decode(d *Dec) { m.Epoch = optionalU64(d) }
 
 type LockResp struct {
 	Start uint64

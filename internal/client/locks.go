@@ -1,0 +1,248 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stratafs/strata/internal/lockrange"
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// Lock describes a POSIX record lock, OFD lock or flock (Flock) request.
+// Owner identifies the lock owner within this client (process or open file
+// description); End is inclusive, ^uint64(0) = to end of file.
+type Lock struct {
+	Ino   uint64
+	Owner uint64
+	Start uint64
+	End   uint64
+	Type  uint32 // rpc.LockRead, rpc.LockWrite, rpc.LockUnlock
+	Pid   uint32
+	Flock bool
+}
+
+// heldKey names one lock table of a file: record locks or flock locks.
+type heldKey struct {
+	ino   uint64
+	flock bool
+}
+
+// heldLocks is what this client holds, as the service granted it, so that
+// the locks can be reclaimed from a restarted service (see meta's lock
+// table: Reclaim). The service grants under an epoch; when an answer shows
+// another epoch than the one the held locks were granted under, the client
+// sends every held lock again with Reclaim and then reports the new epoch
+// in a heartbeat, which lets the service end its grace period.
+//
+// Lock calls hold rw for reading across the call and the bookkeeping, a
+// reclaim holds it for writing: a reclaim never races an unlock (which
+// would bring back, on the service, a lock the application released).
+type heldLocks struct {
+	rw sync.RWMutex
+	mu struct {
+		sync.Mutex
+		held  map[heldKey][]lockrange.Lock // Client is 0; Owner, range, type as granted
+		epoch uint64                       // the epoch every held lock is registered under
+	}
+}
+
+func (c *Client) lockReq(l Lock, wait bool) *rpc.LockReq {
+	return &rpc.LockReq{ClientID: c.clientID.Load(), Ino: l.Ino, Owner: l.Owner, Start: l.Start, End: l.End,
+		Type: l.Type, Pid: l.Pid, Flock: l.Flock, Wait: wait}
+}
+
+// GetLk returns the first lock conflicting with l, or one with Type
+// rpc.LockUnlock when there is none.
+func (c *Client) GetLk(ctx context.Context, l Lock) (rpc.LockResp, error) {
+	for {
+		var resp rpc.LockResp
+		err := c.metaCall(ctx, rpc.MGetLk, c.lockReq(l, false), &resp)
+		if err == nil {
+			return resp, nil
+		}
+		if !errIs(err, syscall.EBUSY) {
+			return resp, metaErr(c, "getlk", err)
+		}
+		if err := c.awaitLockGrace(ctx); err != nil {
+			return resp, err
+		}
+	}
+}
+
+// SetLk takes or releases a lock. Without wait a conflict answers EAGAIN.
+// With wait it asks the service again and again (each ask waits a bounded
+// time there) until the lock is granted, an error other than EAGAIN
+// occurs, or cancel is closed (EINTR). An unlock is forgotten here even
+// when the service cannot be told: the application has let go, and a
+// reclaim must not bring the lock back.
+//
+// While a restarted service waits for its clients to reclaim their locks
+// (EBUSY), SetLk reclaims this client's own and asks again, wait or not:
+// the application sees the answer it would have had without the restart.
+func (c *Client) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struct{}) error {
+	for {
+		c.locks.rw.RLock()
+		var grant rpc.LockGrant
+		err := c.metaCall(ctx, rpc.MSetLk, c.lockReq(l, wait), &grant)
+		stale := false
+		if err == nil || l.Type == rpc.LockUnlock {
+			stale = c.noteLock(l, grant.Epoch, err == nil)
+		}
+		c.locks.rw.RUnlock()
+		if stale {
+			c.reclaimLocks(ctx, grant.Epoch)
+		}
+		switch {
+		case err == nil:
+			c.m.op("lock")
+			return nil
+		case errIs(err, syscall.EBUSY):
+			if err := c.awaitLockGrace(ctx); err != nil {
+				return err
+			}
+			continue
+		case !wait || !errIs(err, syscall.EAGAIN):
+			return metaErr(c, "setlk", err)
+		}
+		select {
+		case <-cancel:
+			return fmt.Errorf("waiting for lock on inode %d: %w", l.Ino, syscall.EINTR)
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for lock on inode %d: %w", l.Ino, syscall.EINTR)
+		default:
+		}
+	}
+}
+
+// awaitLockGrace runs after an EBUSY answer (the service holds back new
+// locks while clients reclaim): a heartbeat learns the new lock epoch and
+// reclaims this client's locks, so that its next ask is not refused for
+// its own sake. It pauses briefly when the heartbeat fails.
+func (c *Client) awaitLockGrace(ctx context.Context) error {
+	if err := c.heartbeat(ctx); err != nil {
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the metadata service's lock reclaim: %w", syscall.EINTR)
+		}
+	}
+	return nil
+}
+
+// noteLock records a granted (or released) lock and reports whether the
+// other held locks were granted under an older epoch than this answer's
+// (they need reclaiming).
+func (c *Client) noteLock(l Lock, epoch uint64, granted bool) (stale bool) {
+	k := heldKey{ino: l.Ino, flock: l.Flock}
+	want := lockrange.Lock{Owner: l.Owner, Start: l.Start, End: l.End, Type: l.Type, Pid: l.Pid}
+	h := &c.locks
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	others := len(h.mu.held) > 0
+	if h.mu.held == nil {
+		h.mu.held = map[heldKey][]lockrange.Lock{}
+	}
+	list, _ := lockrange.Replace(h.mu.held[k], want)
+	if len(list) == 0 {
+		delete(h.mu.held, k)
+	} else {
+		h.mu.held[k] = list
+	}
+	if !granted || epoch == 0 || epoch == h.mu.epoch {
+		return false
+	}
+	if !others {
+		h.mu.epoch = epoch // nothing else to carry over
+		return false
+	}
+	return true
+}
+
+// heldCount is the number of locks (ranges) this client holds.
+func (c *Client) heldCount() int {
+	c.locks.mu.Lock()
+	defer c.locks.mu.Unlock()
+	n := 0
+	for _, list := range c.locks.mu.held {
+		n += len(list)
+	}
+	return n
+}
+
+// lockEpoch is the epoch the held locks are registered under.
+func (c *Client) lockEpoch() uint64 {
+	c.locks.mu.Lock()
+	defer c.locks.mu.Unlock()
+	return c.locks.mu.epoch
+}
+
+// reclaimLocks re-registers every held lock with the service, whose lock
+// epoch is now epoch, and reports whether all were taken back. A lock the
+// service refuses (another client holds a conflicting one) is lost: it is
+// logged and forgotten — the application is not told, as with NFS.
+func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
+	h := &c.locks
+	h.rw.Lock()
+	defer h.rw.Unlock()
+	h.mu.Lock()
+	if h.mu.epoch == epoch {
+		h.mu.Unlock()
+		return true // another caller did it
+	}
+	var todo []Lock
+	for k, list := range h.mu.held {
+		for _, l := range list {
+			todo = append(todo, Lock{Ino: k.ino, Owner: l.Owner, Start: l.Start, End: l.End, Type: l.Type, Pid: l.Pid, Flock: k.flock})
+		}
+	}
+	h.mu.Unlock()
+	if len(todo) > 0 {
+		c.log.Warn("metadata service lost its lock table (restart or new leader); reclaiming this client's locks", "locks", len(todo))
+	}
+	newest := epoch
+	for _, l := range todo {
+		req := c.lockReq(l, false)
+		req.Reclaim = true
+		var grant rpc.LockGrant
+		err := c.metaCall(ctx, rpc.MSetLk, req, &grant)
+		switch {
+		case err == nil:
+			newest = grant.Epoch
+		case errIs(err, syscall.EAGAIN):
+			c.log.Error("lock lost: another client took it while the metadata service restarted", "ino", l.Ino, "start", l.Start, "end", l.End, "pid", l.Pid, "err", err)
+			h.mu.Lock()
+			k := heldKey{ino: l.Ino, flock: l.Flock}
+			list, _ := lockrange.Replace(h.mu.held[k], lockrange.Lock{Owner: l.Owner, Start: l.Start, End: l.End, Type: rpc.LockUnlock})
+			if len(list) == 0 {
+				delete(h.mu.held, k)
+			} else {
+				h.mu.held[k] = list
+			}
+			h.mu.Unlock()
+		default:
+			c.log.Warn("lock reclaim failed; will retry", "ino", l.Ino, "err", err)
+			return false
+		}
+	}
+	if newest != epoch {
+		return false // the table was reset again meanwhile: the next answer starts over
+	}
+	h.mu.Lock()
+	h.mu.epoch = epoch
+	h.mu.Unlock()
+	return true
+}
+
+// forgetLocks drops every held lock: the session they belonged to is gone
+// (expired), and the service released them.
+func (c *Client) forgetLocks() int {
+	n := c.heldCount()
+	c.locks.mu.Lock()
+	c.locks.mu.held = nil
+	c.locks.mu.epoch = 0
+	c.locks.mu.Unlock()
+	return n
+}

@@ -1,0 +1,126 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+func lockErrno(err error) syscall.Errno {
+	var re *rpc.Error
+	if errors.As(err, &re) {
+		return re.Errno
+	}
+	return 0
+}
+
+// TestLockGrace: after startGrace only reclaims and unlocks pass until
+// every earlier session has reported the new epoch (or the time is up);
+// a client that has not reclaimed is told so at once (EBUSY), others wait.
+func TestLockGrace(t *testing.T) {
+	ctx := context.Background()
+	tb := newLockTable()
+	old := tb.epoch()
+	tb.startGrace([]uint64{1, 2}, time.Hour)
+	epoch := tb.epoch()
+	if epoch == old || epoch == 0 {
+		t.Fatalf("epoch %d after grace start, was %d", epoch, old)
+	}
+	w := func(client uint64, start, end uint64) *rpc.LockReq {
+		return &rpc.LockReq{ClientID: client, Ino: 5, Owner: 1, Start: start, End: end, Type: rpc.LockWrite, Pid: uint32(client)}
+	}
+
+	// Client 1 has not reclaimed: a new lock is refused at once.
+	start := time.Now()
+	if _, err := tb.set(ctx, w(1, 100, 199)); lockErrno(err) != syscall.EBUSY {
+		t.Fatalf("new lock of a pending client in grace: %v, want EBUSY", err)
+	}
+	if el := time.Since(start); el > lockWait/2 {
+		t.Fatalf("EBUSY for a pending client took %v", el)
+	}
+	// Its reclaim passes, and a conflicting reclaim of client 2 is refused.
+	rc := w(1, 0, 9)
+	rc.Reclaim = true
+	if e, err := tb.set(ctx, rc); err != nil || e != epoch {
+		t.Fatalf("reclaim: epoch %d err %v, want epoch %d", e, err, epoch)
+	}
+	rc2 := w(2, 5, 5)
+	rc2.Reclaim = true
+	if _, err := tb.set(ctx, rc2); lockErrno(err) != syscall.EAGAIN {
+		t.Fatalf("conflicting reclaim: %v, want EAGAIN", err)
+	}
+	// Unlocks pass during grace.
+	un := w(2, 0, 1000)
+	un.Type = rpc.LockUnlock
+	if _, err := tb.set(ctx, un); err != nil {
+		t.Fatalf("unlock in grace: %v", err)
+	}
+	// Client 3 (not pending) waits; a report with a stale epoch ends nothing.
+	done := make(chan error, 1)
+	go func() {
+		_, err := tb.set(ctx, w(3, 5, 5))
+		done <- err
+	}()
+	tb.reclaimed(1, epoch)
+	tb.reclaimed(2, old)
+	select {
+	case err := <-done:
+		if lockErrno(err) != syscall.EBUSY {
+			t.Fatalf("new lock while client 2 has not reported: %v, want EBUSY after waiting", err)
+		}
+	case <-time.After(5 * lockWait):
+		t.Fatal("new lock in grace did not return")
+	}
+	go func() {
+		_, err := tb.set(ctx, w(3, 5, 5))
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	tb.reclaimed(2, epoch) // the last one: grace over, the waiter goes on
+	select {
+	case err := <-done:
+		if lockErrno(err) != syscall.EAGAIN {
+			t.Fatalf("lock conflicting with a reclaimed one after grace: %v, want EAGAIN", err)
+		}
+	case <-time.After(lockWait / 2):
+		t.Fatal("the end of grace did not wake the waiter")
+	}
+	if _, err := tb.set(ctx, w(3, 10, 20)); err != nil {
+		t.Fatalf("free range after grace: %v", err)
+	}
+	r, err := tb.get(ctx, w(3, 0, 100))
+	if err != nil || r.Type != rpc.LockWrite || r.Start != 0 || r.End != 9 || r.Pid != 1 {
+		t.Fatalf("getlk after grace: %+v %v, want client 1's reclaimed lock 0..9", r, err)
+	}
+}
+
+// TestLockGraceEnds: the grace period ends when its time is up even if a
+// client never reports, and when the last pending session goes away.
+func TestLockGraceEnds(t *testing.T) {
+	ctx := context.Background()
+	tb := newLockTable()
+	tb.startGrace([]uint64{1}, 100*time.Millisecond)
+	req := &rpc.LockReq{ClientID: 2, Ino: 1, Owner: 1, End: 10, Type: rpc.LockRead}
+	if _, err := tb.set(ctx, req); err != nil {
+		t.Fatalf("lock after the grace time: %v", err)
+	}
+	tb.startGrace([]uint64{1}, time.Hour)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		tb.releaseClient(1) // session expired
+	}()
+	if _, err := tb.set(ctx, req); err != nil {
+		t.Fatalf("lock after the last pending session ended: %v", err)
+	}
+	// No sessions: no grace at all.
+	tb.startGrace(nil, time.Hour)
+	cctx, cancel := context.WithTimeout(ctx, lockWait/4)
+	defer cancel()
+	if _, err := tb.get(cctx, req); err != nil {
+		t.Fatalf("getlk with no sessions to wait for: %v", err)
+	}
+}
