@@ -103,7 +103,6 @@ func (c *Client) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan str
 			if err := c.awaitLockGrace(ctx); err != nil {
 				return err
 			}
-			continue
 		case !wait || !errIs(err, syscall.EAGAIN):
 			return metaErr(c, "setlk", err)
 		}

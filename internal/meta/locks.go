@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"syscall"
@@ -44,7 +45,8 @@ type fileLocks struct {
 // still holds. A reclaim that conflicts (impossible unless two clients
 // believed they held conflicting locks) is refused: that lock is lost.
 type lockTable struct {
-	mu struct {
+	log *slog.Logger
+	mu  struct {
 		sync.Mutex
 		files    map[uint64]*fileLocks          // by inode
 		byClient map[uint64]map[uint64]struct{} // client → inodes it holds locks on
@@ -56,8 +58,8 @@ type lockTable struct {
 	}
 }
 
-func newLockTable() *lockTable {
-	t := &lockTable{}
+func newLockTable(log *slog.Logger) *lockTable {
+	t := &lockTable{log: log}
 	t.mu.files = map[uint64]*fileLocks{}
 	t.mu.byClient = map[uint64]map[uint64]struct{}{}
 	t.mu.epoch = newLockEpoch()
@@ -93,11 +95,13 @@ func (t *lockTable) startGrace(clients []uint64, d time.Duration) {
 		t.endGraceLocked()
 		return
 	}
+	t.log.Info("lock grace period: new locks wait until these sessions reclaim theirs", "sessions", len(clients), "at_most", d)
 	epoch := t.mu.epoch
 	time.AfterFunc(d, func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		if t.mu.epoch == epoch && t.mu.graceOver == over {
+		if _, in := t.inGraceLocked(); in && t.mu.epoch == epoch && t.mu.graceOver == over {
+			t.log.Warn("lock grace period over: time is up; sessions that have not reclaimed may lose their locks to others", "sessions_not_reclaimed", len(t.mu.pending))
 			t.endGraceLocked()
 		}
 	})
@@ -139,6 +143,7 @@ func (t *lockTable) doneLocked(client uint64) {
 	}
 	delete(t.mu.pending, client)
 	if len(t.mu.pending) == 0 {
+		t.log.Info("lock grace period over: every session has reclaimed its locks")
 		t.endGraceLocked()
 	}
 }

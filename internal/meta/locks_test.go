@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"syscall"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func lockErrno(err error) syscall.Errno {
 // a client that has not reclaimed is told so at once (EBUSY), others wait.
 func TestLockGrace(t *testing.T) {
 	ctx := context.Background()
-	tb := newLockTable()
+	tb := newLockTable(slog.Default())
 	old := tb.epoch()
 	tb.startGrace([]uint64{1, 2}, time.Hour)
 	epoch := tb.epoch()
@@ -102,7 +103,7 @@ func TestLockGrace(t *testing.T) {
 // client never reports, and when the last pending session goes away.
 func TestLockGraceEnds(t *testing.T) {
 	ctx := context.Background()
-	tb := newLockTable()
+	tb := newLockTable(slog.Default())
 	tb.startGrace([]uint64{1}, 100*time.Millisecond)
 	req := &rpc.LockReq{ClientID: 2, Ino: 1, Owner: 1, End: 10, Type: rpc.LockRead}
 	if _, err := tb.set(ctx, req); err != nil {

@@ -99,7 +99,7 @@ func Open(cfg Config) (s *Service, err error) {
 	s = &Service{
 		cfg:   cfg,
 		log:   slog.Default().With("svc", "meta", "node", cfg.NodeID),
-		locks: newLockTable(),
+		locks: newLockTable(slog.Default().With("svc", "meta", "node", cfg.NodeID)),
 		sess:  newSessions(),
 		live:  newLiveness(cfg.ServerTimeout),
 		stop:  make(chan struct{}),
