@@ -41,6 +41,12 @@ type Config struct {
 	// the data of unlinked files, so that clients that still hold them open
 	// can report so. Default: SessionLease.
 	OrphanGrace time.Duration
+	// ReapDeferMax bounds how long orphan reaping yields to clients: while
+	// they keep the service busy (over reapBusyRate requests a second) the
+	// data of removed files is deleted at most this long after the last
+	// pass, not during their burst; with under a tenth of the capacity
+	// free it never waits. Default 10 s; negative: never defer.
+	ReapDeferMax time.Duration
 	// MetricsAddr, if set, serves Prometheus metrics at http://ADDR/metrics.
 	MetricsAddr string
 	// StrictSync makes every mutation's answer wait until its raft entry is
@@ -62,6 +68,7 @@ func DefaultConfig() Config {
 		ServerTimeout: 10 * time.Second,
 		SessionLease:  15 * time.Second,
 		OrphanGrace:   15 * time.Second,
+		ReapDeferMax:  10 * time.Second,
 	}
 }
 
@@ -79,6 +86,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.OrphanGrace == 0 {
 		c.OrphanGrace = c.SessionLease
+	}
+	if c.ReapDeferMax == 0 {
+		c.ReapDeferMax = d.ReapDeferMax
 	}
 	if c.RaftAddr == "" {
 		c.RaftAddr = defaultRaftAddr(c.ListenAddr)

@@ -34,7 +34,9 @@
 // — only when no live session reports the inode in its heartbeat's
 // OpenInodes, and not before OrphanGrace after gaining leadership (so
 // clients of a restarted service can report first). A store that is down
-// leaves the orphan for a later pass.
+// leaves the orphan for a later pass. Reaping costs about as much as the
+// removal did, so while clients keep the service busy the reaper waits for
+// a pause, at most ReapDeferMax (reapPacer).
 //
 // Locks (locks.go) live in the leader's memory per (ClientID, Owner): POSIX
 // record locks with range split/merge (package lockrange; OFD locks are the

@@ -306,16 +306,59 @@ func (s *Service) leaderLoop(ctx context.Context) {
 	defer st.Stop()
 	rt := time.NewTicker(reapTick)
 	defer rt.Stop()
+	pace := reapPacer{last: time.Now(), requests: s.requests.Load()}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-st.C:
 			s.expireSessions()
-		case <-rt.C:
-			s.reapOrphans(ctx)
+		case now := <-rt.C:
+			if pace.due(now, s.requests.Load(), s.cfg.ReapDeferMax, s.lowOnSpace()) {
+				s.reapOrphans(ctx)
+			}
 		}
 	}
+}
+
+// reapBusyRate is the request rate above which the reaper yields to
+// clients (ReapDeferMax). Deleting a removed file's chunks costs the
+// service and the storage servers about as much as the removal itself;
+// during a burst of creates and removals (a job's cleanup, mdtest) it
+// took a tenth of the metadata rate. Deferred, it runs in the pauses.
+const reapBusyRate = 500
+
+// reapPacer decides when the reaper runs: at every tick while clients are
+// quiet, and while they are busy only once maxDefer has passed since the
+// last pass (or at once when space runs low).
+type reapPacer struct {
+	last     time.Time // last pass
+	at       time.Time // last tick
+	requests uint64    // request count at the last tick
+}
+
+func (p *reapPacer) due(now time.Time, requests uint64, maxDefer time.Duration, lowSpace bool) bool {
+	elapsed := now.Sub(p.at)
+	if p.at.IsZero() {
+		elapsed = now.Sub(p.last)
+	}
+	rate := 0.0
+	if elapsed > 0 {
+		rate = float64(requests-p.requests) / elapsed.Seconds()
+	}
+	p.at, p.requests = now, requests
+	if maxDefer > 0 && !lowSpace && rate > reapBusyRate && now.Sub(p.last) < maxDefer {
+		return false
+	}
+	p.last = now
+	return true
+}
+
+// lowOnSpace reports whether less than a tenth of the registered capacity
+// is free: then freeing space beats client latency.
+func (s *Service) lowOnSpace() bool {
+	total, free := s.live.capacity()
+	return total > 0 && free < total/10
 }
 
 func clampDur(d, lo, hi time.Duration) time.Duration {

@@ -56,6 +56,7 @@ type Service struct {
 	ready       atomic.Bool  // leader and caught up: serve requests
 	leaderSince atomic.Int64 // ns since epoch when this node became leader
 	rr          atomic.Uint64
+	requests    atomic.Uint64 // rpc requests served (the reaper's measure of load)
 
 	peers struct {
 		sync.Mutex
@@ -152,7 +153,10 @@ func Open(cfg Config) (s *Service, err error) {
 	}
 
 	s.srv = rpc.NewServer(cfg.ClusterKey)
-	s.srv.Observe = s.m.observe
+	s.srv.Observe = func(m rpc.Method, d time.Duration, err error) {
+		s.requests.Add(1)
+		s.m.observe(m, d, err)
+	}
 	s.register()
 	s.wg.Add(2)
 	go func() {
