@@ -287,6 +287,11 @@ func (s *Service) getAttr(ino uint64) (rpc.Attr, error) {
 	return toAttr(ino, in), nil
 }
 
+// errNoEntry answers a lookup of an absent name: the usual answer (every
+// create starts with one), so it is not formatted per call; the caller
+// knows the name.
+var errNoEntry = &rpc.Error{Errno: syscall.ENOENT, Msg: "no such entry"}
+
 func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, error) {
 	if err := checkName(r.Name); err != nil {
 		return nil, err
@@ -307,7 +312,7 @@ func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, erro
 			}
 			s.dirs.add(r.Parent)
 		}
-		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", r.Name, r.Parent)
+		return nil, errNoEntry
 	}
 	if err != nil {
 		return nil, rpc.Errorf(syscall.EIO, "lookup %d/%q: %v", r.Parent, r.Name, err)
