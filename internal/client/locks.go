@@ -141,15 +141,7 @@ func (c *Client) noteLock(l Lock, epoch uint64, granted bool) (stale bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	others := len(h.mu.held) > 0
-	if h.mu.held == nil {
-		h.mu.held = map[heldKey][]lockrange.Lock{}
-	}
-	list, _ := lockrange.Replace(h.mu.held[k], want)
-	if len(list) == 0 {
-		delete(h.mu.held, k)
-	} else {
-		h.mu.held[k] = list
-	}
+	h.replaceLocked(k, want)
 	if !granted || epoch == 0 || epoch == h.mu.epoch {
 		return false
 	}
@@ -158,6 +150,19 @@ func (c *Client) noteLock(l Lock, epoch uint64, granted bool) (stale bool) {
 		return false
 	}
 	return true
+}
+
+// replaceLocked applies want (a lock or an unlock) to the held locks of k.
+func (h *heldLocks) replaceLocked(k heldKey, want lockrange.Lock) {
+	list, _ := lockrange.Replace(h.mu.held[k], want)
+	switch {
+	case len(list) == 0:
+		delete(h.mu.held, k)
+	case h.mu.held == nil:
+		h.mu.held = map[heldKey][]lockrange.Lock{k: list}
+	default:
+		h.mu.held[k] = list
+	}
 }
 
 // heldCount is the number of locks (ranges) this client holds.
@@ -213,13 +218,7 @@ func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
 		case errIs(err, syscall.EAGAIN):
 			c.log.Error("lock lost: another client took it while the metadata service restarted", "ino", l.Ino, "start", l.Start, "end", l.End, "pid", l.Pid, "err", err)
 			h.mu.Lock()
-			k := heldKey{ino: l.Ino, flock: l.Flock}
-			list, _ := lockrange.Replace(h.mu.held[k], lockrange.Lock{Owner: l.Owner, Start: l.Start, End: l.End, Type: rpc.LockUnlock})
-			if len(list) == 0 {
-				delete(h.mu.held, k)
-			} else {
-				h.mu.held[k] = list
-			}
+			h.replaceLocked(heldKey{ino: l.Ino, flock: l.Flock}, lockrange.Lock{Owner: l.Owner, Start: l.Start, End: l.End, Type: rpc.LockUnlock})
 			h.mu.Unlock()
 		default:
 			c.log.Warn("lock reclaim failed; will retry", "ino", l.Ino, "err", err)
@@ -238,10 +237,13 @@ func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
 // forgetLocks drops every held lock: the session they belonged to is gone
 // (expired), and the service released them.
 func (c *Client) forgetLocks() int {
-	n := c.heldCount()
 	c.locks.mu.Lock()
+	defer c.locks.mu.Unlock()
+	n := 0
+	for _, list := range c.locks.mu.held {
+		n += len(list)
+	}
 	c.locks.mu.held = nil
 	c.locks.mu.epoch = 0
-	c.locks.mu.Unlock()
 	return n
 }

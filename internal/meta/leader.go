@@ -306,7 +306,8 @@ func (s *Service) leaderLoop(ctx context.Context) {
 	defer st.Stop()
 	rt := time.NewTicker(reapTick)
 	defer rt.Stop()
-	pace := reapPacer{last: time.Now(), requests: s.requests.Load()}
+	start := time.Now()
+	pace := reapPacer{last: start, at: start, requests: s.requests.Load()}
 	for {
 		select {
 		case <-ctx.Done():
@@ -339,9 +340,6 @@ type reapPacer struct {
 
 func (p *reapPacer) due(now time.Time, requests uint64, maxDefer time.Duration, lowSpace bool) bool {
 	elapsed := now.Sub(p.at)
-	if p.at.IsZero() {
-		elapsed = now.Sub(p.last)
-	}
 	rate := 0.0
 	if elapsed > 0 {
 		rate = float64(requests-p.requests) / elapsed.Seconds()

@@ -96,11 +96,10 @@ func (t *lockTable) startGrace(clients []uint64, d time.Duration) {
 		return
 	}
 	t.log.Info("lock grace period: new locks wait until these sessions reclaim theirs", "sessions", len(clients), "at_most", d)
-	epoch := t.mu.epoch
 	time.AfterFunc(d, func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		if _, in := t.inGraceLocked(); in && t.mu.epoch == epoch && t.mu.graceOver == over {
+		if _, in := t.inGraceLocked(); in && t.mu.graceOver == over { // this grace period, still on
 			t.log.Warn("lock grace period over: time is up; sessions that have not reclaimed may lose their locks to others", "sessions_not_reclaimed", len(t.mu.pending))
 			t.endGraceLocked()
 		}
@@ -286,7 +285,6 @@ func (t *lockTable) set(ctx context.Context, r *rpc.LockReq) (uint64, error) {
 		}
 		c := *conflict
 		changed := fl.changed
-		t.indexLocked(r.ClientID, r.Ino, fl)
 		t.mu.Unlock()
 		if r.Reclaim {
 			return 0, rpc.Errorf(syscall.EAGAIN, "reclaim of inode %d range %d..%d refused: client %d pid %d holds a conflicting lock (the lock is lost)", r.Ino, want.Start, want.End, c.Client, c.Pid)
