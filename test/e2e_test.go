@@ -216,6 +216,8 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 		{[]string{"meta", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--sync-delay", "-1s"}, "sync delay"},
 		{[]string{"up", "--data", t.TempDir(), "--mount", t.TempDir(), "--write-through-bytes", "-1"}, "write-through"},
 		{[]string{"mount", "--meta", "127.0.0.1:1", "--key-file", keyFile, "--write-through-bytes", "-1", t.TempDir()}, "write-through"},
+		{[]string{"up", "--data", t.TempDir(), "--mount", t.TempDir(), "--kernel-read-ahead-bytes", "-4096"}, "kernel-read-ahead"},
+		{[]string{"mount", "--meta", "127.0.0.1:1", "--key-file", keyFile, "--kernel-read-ahead-bytes", "-1", t.TempDir()}, "kernel-read-ahead"},
 	}
 	for _, c := range cases {
 		cmd := exec.Command(bin, c.args...)

@@ -19,6 +19,7 @@ func init() {
 	cfg := client.DefaultConfig()
 	var keyFile string
 	var debugFuse bool
+	kernelReadAhead := int64(fuse.DefaultKernelReadAhead)
 	cmd := &cobra.Command{
 		Use:   "mount --meta ADDR [--key-file FILE] MOUNTPOINT",
 		Short: "mount the Strata file system (FUSE) and serve it until SIGINT/SIGTERM",
@@ -45,12 +46,15 @@ func init() {
 			if err != nil {
 				return usagef("mount: %v", err)
 			}
+			if kernelReadAhead < 0 {
+				return usagef("mount: --kernel-read-ahead-bytes %d: must not be negative", kernelReadAhead)
+			}
 			cfg.ClusterKey = key
 			cfg.MountPoint = args[0]
 			if err := cfg.Validate(); err != nil {
 				return usagef("mount: %v", err)
 			}
-			return runMount(cfg, args[0], fuse.Options{Debug: debugFuse})
+			return runMount(cfg, args[0], fuse.Options{Debug: debugFuse, KernelReadAhead: kernelReadAheadOption(kernelReadAhead)})
 		},
 	}
 	f := cmd.Flags()
@@ -61,6 +65,7 @@ func init() {
 	f.Int64Var(&cfg.WriteBehindBytes, "write-behind-bytes", cfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
 	f.Int64Var(&cfg.ReadAheadBytes, "read-ahead-bytes", cfg.ReadAheadBytes, "how far ahead of a sequential reader to prefetch (0 = off)")
 	f.Int64Var(&cfg.WriteThroughBytes, "write-through-bytes", cfg.WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
+	f.Int64Var(&kernelReadAhead, "kernel-read-ahead-bytes", kernelReadAhead, kernelReadAheadUsage)
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics")
 	f.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request")
 	rootCmd.AddCommand(cmd)
@@ -103,4 +108,15 @@ func runMount(cfg client.Config, mountpoint string, opts fuse.Options) error {
 		slog.Info("file system was unmounted externally", "mountpoint", mountpoint)
 	}
 	return nil
+}
+
+const kernelReadAheadUsage = "the kernel's read-ahead window for the mount: at least 1 MiB lets sequential reads travel as 1 MiB requests (0 = keep the kernel's 128 KiB; setting it needs root)"
+
+// kernelReadAheadOption maps the flag (0 = keep the kernel's) to
+// fuse.Options.KernelReadAhead (0 = default, negative = keep).
+func kernelReadAheadOption(flag int64) int64 {
+	if flag == 0 {
+		return -1
+	}
+	return flag
 }

@@ -25,7 +25,7 @@ func init() {
 		dataDir, mountDir, metaListen, syncPolicy string
 		strictMetaSync                            bool
 		stores, targetsPerStore                   int
-		writeThrough                              int64
+		writeThrough, kernelReadAhead             int64
 		pprofAddr                                 string
 	)
 	cmd := &cobra.Command{
@@ -49,13 +49,16 @@ on the same --data it serves the same files.`,
 			if writeThrough < 0 {
 				return usagef("--write-through-bytes %d: must not be negative", writeThrough)
 			}
+			if kernelReadAhead < 0 {
+				return usagef("--kernel-read-ahead-bytes %d: must not be negative", kernelReadAhead)
+			}
 			if pprofAddr != "" {
 				startPprof(pprofAddr)
 			}
 			return runUp(cmd.Context(), upOptions{
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore, strictMetaSync: strictMetaSync,
-				writeThrough: writeThrough,
+				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead,
 			})
 		},
 	}
@@ -67,6 +70,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", "sync: close and fsync wait for stable storage; async: scratch-grade, faster")
 	cmd.Flags().BoolVar(&strictMetaSync, "strict-meta-sync", false, "answer every namespace change only once it is on stable storage (default: at the next fsync/close barrier, or within 5 ms)")
 	cmd.Flags().Int64Var(&writeThrough, "write-through-bytes", client.DefaultConfig().WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
+	cmd.Flags().Int64Var(&kernelReadAhead, "kernel-read-ahead-bytes", fuse.DefaultKernelReadAhead, kernelReadAheadUsage)
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
 	rootCmd.AddCommand(cmd)
@@ -76,7 +80,7 @@ type upOptions struct {
 	dataDir, mountDir, metaListen, syncPolicy string
 	stores, targetsPerStore                   int
 	strictMetaSync                            bool
-	writeThrough                              int64
+	writeThrough, kernelReadAhead             int64
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -156,7 +160,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		return fmt.Errorf("start client: %w", err)
 	}
 	stops = append(stops, func() { cl.Close() })
-	m, err := fuse.Mount(cl, mountDir, fuse.Options{})
+	m, err := fuse.Mount(cl, mountDir, fuse.Options{KernelReadAhead: kernelReadAheadOption(o.kernelReadAhead)})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mountDir, err)
 	}

@@ -83,6 +83,12 @@ func startCluster(t testing.TB, stores, targets int) *testCluster {
 // mount starts a client and mounts it in a new temp dir.
 func (tc *testCluster) mount(mod func(*client.Config)) (string, *client.Client) {
 	tc.t.Helper()
+	return tc.mountWith(mod, Options{})
+}
+
+// mountWith is mount with mount options.
+func (tc *testCluster) mountWith(mod func(*client.Config), opts Options) (string, *client.Client) {
+	tc.t.Helper()
 	cfg := client.DefaultConfig()
 	cfg.MetaAddr, cfg.ClusterKey = tc.meta.Addr(), tc.key
 	cfg.IOTimeout = 10 * time.Second
@@ -95,7 +101,7 @@ func (tc *testCluster) mount(mod func(*client.Config)) (string, *client.Client) 
 	}
 	dir := tc.t.TempDir()
 	os.Chmod(filepath.Dir(dir), 0o755) // other users must reach the mount
-	m, err := Mount(c, dir, Options{})
+	m, err := Mount(c, dir, opts)
 	if err != nil {
 		c.Close()
 		tc.t.Skipf("skipping: cannot mount FUSE: %v", err)
