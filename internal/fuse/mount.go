@@ -82,6 +82,11 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*Mounted, error) 
 		MaxBackground: opts.MaxBackground,
 		EnableLocks:   true,
 		DirectMount:   true,
+		// Our READ answers are memory, never a file descriptor, so
+		// go-fuse's splice attempt for each of them only costs system
+		// calls (a header written into a pipe, then drained) and, for
+		// 1 MiB answers that do not fit a pipe, a log line.
+		DisableSplice: true,
 		Debug:         opts.Debug,
 		Options:       []string{"default_permissions"},
 		// The kernel sends attributes with their mode as we report it;
