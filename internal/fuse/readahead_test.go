@@ -49,7 +49,7 @@ func TestKernelReadAhead(t *testing.T) {
 		maxOps float64 // READ requests for the file, at most
 		minOps float64
 	}{
-		{"default", Options{}, "4096", size / (1 << 20) * 2, 1},
+		{"default", Options{}, "1024", size / (1 << 20) * 2, 1},
 		{"kept", Options{KernelReadAhead: -1}, "128", size / (128 << 10) * 2, size/(1<<20)*2 + 1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
