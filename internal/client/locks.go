@@ -169,6 +169,11 @@ func (h *heldLocks) replaceLocked(k heldKey, want lockrange.Lock) {
 func (c *Client) heldCount() int {
 	c.locks.mu.Lock()
 	defer c.locks.mu.Unlock()
+	return c.heldCountLocked()
+}
+
+// heldCountLocked is heldCount with locks.mu held.
+func (c *Client) heldCountLocked() int {
 	n := 0
 	for _, list := range c.locks.mu.held {
 		n += len(list)
@@ -239,10 +244,7 @@ func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
 func (c *Client) forgetLocks() int {
 	c.locks.mu.Lock()
 	defer c.locks.mu.Unlock()
-	n := 0
-	for _, list := range c.locks.mu.held {
-		n += len(list)
-	}
+	n := c.heldCountLocked()
 	c.locks.mu.held = nil
 	c.locks.mu.epoch = 0
 	return n
