@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -56,6 +57,39 @@ func TestUpServesAndRestarts(t *testing.T) {
 	}
 	if n := strings.Count(string(out), " up\n") + strings.Count(string(out), " up "); n < 4 {
 		t.Logf("status output:\n%s", out)
+	}
+	// A lock taken through the mount shows in `status --locks` with the
+	// mount that holds it, and goes when released.
+	lf, err := os.Open(filepath.Join(mnt, "a", "b", "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command(bin, "status", "--data", data, "--locks").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), mnt) || !regexp.MustCompile(`(?m)^\d+\s+flock\s+write\s+0-EOF\s+\d+`).Match(out) || !strings.Contains(string(out), "locks: 1 held") {
+		t.Fatalf("strata status --locks with one flock held: %v\n%s", err, out)
+	}
+	lf.Close() // releases the flock
+	if err := testutil.WaitFor(10*time.Second, func() error {
+		out, err := exec.Command(bin, "status", "--data", data, "--json").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("strata status --json: %v\n%s", err, out)
+		}
+		var st struct {
+			LocksTotal int
+			Clients    []struct{ MountPoint string }
+		}
+		if err := json.Unmarshal(out, &st); err != nil {
+			return fmt.Errorf("status JSON: %v\n%s", err, out)
+		}
+		if st.LocksTotal != 0 || len(st.Clients) != 1 || st.Clients[0].MountPoint != mnt {
+			return fmt.Errorf("after close: %d locks, clients %+v (want 0 locks, one client at %s)", st.LocksTotal, st.Clients, mnt)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	// df on the mount: the four targets share the disk under --data,
 	// which counts once (within a few percent: free space moves).

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -51,6 +52,9 @@ func init() {
 			}
 			cfg.ClusterKey = key
 			cfg.MountPoint = args[0]
+			if abs, err := filepath.Abs(args[0]); err == nil {
+				cfg.MountPoint = abs // as `strata status` shows it
+			}
 			if err := cfg.Validate(); err != nil {
 				return usagef("mount: %v", err)
 			}

@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,7 +72,7 @@ func (a *adminFlags) dial() (*rpc.Client, error) {
 
 func init() {
 	var af adminFlags
-	var asJSON bool
+	var asJSON, showLocks bool
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "show the metadata service, storage servers, targets, capacity and health",
@@ -90,27 +92,28 @@ func init() {
 				enc.SetIndent("", "  ")
 				return enc.Encode(st)
 			}
-			printStatus(&st)
+			printStatus(os.Stdout, &st, showLocks)
 			return nil
 		},
 	}
 	af.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&showLocks, "locks", false, "list the file locks held (fcntl and flock), with the client holding each")
 	rootCmd.AddCommand(cmd)
 }
 
-func printStatus(st *rpc.ClusterStatusResp) {
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+func printStatus(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "metadata\t%s\traft %s, term %d, commit %d, applied %d, durable %d\tinodes %d, sessions %d\n",
 		st.MetaAddr, st.RaftState, st.Term, st.CommitIndex, st.AppliedIndex, st.DurableIndex, st.Inodes, st.Sessions)
 	w.Flush()
-	fmt.Println()
+	fmt.Fprintln(out)
 	fmt.Fprintln(w, "SERVER\tADDRESS\tHOST\tHEALTH\tLAST SEEN")
 	for _, s := range st.Servers {
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s ago\n", s.ID, s.Addr, s.Host, health(s.Alive), time.Duration(s.LastSeenMs)*time.Millisecond)
 	}
 	w.Flush()
-	fmt.Println()
+	fmt.Fprintln(out)
 	var total, free uint64
 	fmt.Fprintln(w, "TARGET\tSERVER\tPATH\tSIZE\tFREE\tUSED%\tHEALTH")
 	for _, t := range st.Targets {
@@ -126,8 +129,72 @@ func printStatus(st *rpc.ClusterStatusResp) {
 	fmt.Fprintf(w, "total\t\t\t%s\t%s\t%s\t\n", humanBytes(total), humanBytes(free), usedPct(total, free))
 	w.Flush()
 	if shared {
-		fmt.Println("(targets on one file system of one host are counted once in the total, as df shows it)")
+		fmt.Fprintln(out, "(targets on one file system of one host are counted once in the total, as df shows it)")
 	}
+	fmt.Fprintln(out)
+	printClients(out, st, showLocks)
+}
+
+// printClients shows the mounts, the lock summary and, with showLocks, the
+// locks themselves.
+func printClients(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	hosts := map[uint64]string{}
+	fmt.Fprintln(w, "CLIENT\tHOST\tMOUNT\tPID\tLAST SEEN\tOPEN FILES\tLOCKS")
+	for _, c := range st.Clients {
+		hosts[c.ID] = c.Host
+		seen := "-" // this node is not the leader: it has no heartbeats
+		if c.LastSeenMs >= 0 {
+			seen = (time.Duration(c.LastSeenMs) * time.Millisecond).String() + " ago"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%d\t%d\n", c.ID, c.Host, c.MountPoint, c.Pid, seen, c.OpenFiles, c.Locks)
+	}
+	w.Flush()
+	fmt.Fprintln(out)
+	switch {
+	case st.LockGrace:
+		fmt.Fprintf(out, "locks: %d held; grace period after a metadata restart: new locks wait until %d client(s) have reclaimed theirs\n", st.LocksTotal, st.LockGracePending)
+	default:
+		fmt.Fprintf(out, "locks: %d held\n", st.LocksTotal)
+	}
+	if !showLocks {
+		if st.LocksTotal > 0 {
+			fmt.Fprintln(out, "(`strata status --locks` lists them)")
+		}
+		return
+	}
+	if len(st.Locks) == 0 {
+		return
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(w, "INODE\tKIND\tTYPE\tRANGE\tCLIENT\tHOST\tPID")
+	for _, l := range st.Locks {
+		kind, typ := "fcntl", "read"
+		if l.Flock {
+			kind = "flock"
+		}
+		if l.Type == rpc.LockWrite {
+			typ = "write"
+		}
+		pid := "-"
+		if l.Pid != 0 {
+			pid = fmt.Sprint(l.Pid)
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", l.Ino, kind, typ, lockRange(l.Start, l.End), l.Client, hosts[l.Client], pid)
+	}
+	w.Flush()
+	if int(st.LocksTotal) > len(st.Locks) {
+		fmt.Fprintf(out, "(first %d of %d locks)\n", len(st.Locks), st.LocksTotal)
+	}
+}
+
+// lockRange shows an inclusive byte range; "EOF" for a lock to the end of
+// the file, however it grows.
+func lockRange(start, end uint64) string {
+	if end == math.MaxUint64 {
+		return fmt.Sprintf("%d-EOF", start)
+	}
+	return fmt.Sprintf("%d-%d", start, end)
 }
 
 func health(alive bool) string {

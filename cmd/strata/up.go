@@ -155,6 +155,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	ccfg.ClusterKey = key
 	ccfg.SyncPolicy = o.syncPolicy
 	ccfg.WriteThroughBytes = o.writeThrough
+	ccfg.MountPoint = mountDir
 	cl, err := client.New(ctx, ccfg)
 	if err != nil {
 		return fmt.Errorf("start client: %w", err)

@@ -3,6 +3,9 @@ package meta
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"math"
+	"reflect"
 	"sync"
 	"syscall"
 	"testing"
@@ -346,6 +349,90 @@ func TestCloseWhileReaping(t *testing.T) {
 			}
 		case <-time.After(60 * time.Second):
 			t.Fatal("Close still waiting 60 s after it was called while orphans were being reaped")
+		}
+	}
+}
+
+// TestStatusClientsAndLocks: cluster status names every client session
+// (host, mount, liveness) and lists the locks held with their holder; a
+// released lock and a closed session disappear from it.
+func TestStatusClientsAndLocks(t *testing.T) {
+	s, a := newNamespace(t)
+	b := newClient(t, s.Addr())
+	f := a.mustCreate(1, "f", fileMode)
+	g := a.mustCreate(1, "g", fileMode)
+	status := func() rpc.ClusterStatusResp {
+		t.Helper()
+		var cs rpc.ClusterStatusResp
+		if err := a.call(rpc.MClusterStatus, &rpc.Empty{}, &cs); err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	if err := a.call(rpc.MSetLk, lk(a, g.Ino, 7, 10, 19, rpc.LockWrite), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.call(rpc.MSetLk, lk(b, f.Ino, 3, 0, math.MaxUint64, rpc.LockRead), nil); err != nil {
+		t.Fatal(err)
+	}
+	fl := lk(b, g.Ino, 4, 0, math.MaxUint64, rpc.LockWrite)
+	fl.Flock = true
+	if err := b.call(rpc.MSetLk, fl, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	cs := status()
+	if len(cs.Clients) != 2 || cs.Clients[0].ID != a.id || cs.Clients[1].ID != b.id {
+		t.Fatalf("clients = %+v, want sessions %d and %d", cs.Clients, a.id, b.id)
+	}
+	for _, c := range cs.Clients {
+		if c.Host != "test" || c.MountPoint != "/t" || c.Pid != 1 || c.LastSeenMs < 0 || c.LastSeenMs > 60_000 || c.OpenedMs <= 0 {
+			t.Fatalf("client %+v: want host test, mount /t, pid 1, seen recently", c)
+		}
+	}
+	if cs.Clients[0].Locks != 1 || cs.Clients[1].Locks != 2 {
+		t.Fatalf("locks per client = %d, %d; want 1, 2", cs.Clients[0].Locks, cs.Clients[1].Locks)
+	}
+	want := []rpc.LockInfo{
+		{Ino: f.Ino, Client: b.id, Owner: 3, Pid: 3, Type: rpc.LockRead, Start: 0, End: math.MaxUint64},
+		{Ino: g.Ino, Client: a.id, Owner: 7, Pid: 7, Type: rpc.LockWrite, Start: 10, End: 19},
+		{Ino: g.Ino, Client: b.id, Owner: 4, Pid: 4, Type: rpc.LockWrite, Flock: true, Start: 0, End: math.MaxUint64},
+	}
+	if cs.LocksTotal != 3 || !reflect.DeepEqual(cs.Locks, want) || cs.LockGrace {
+		t.Fatalf("locks total %d grace %v\n got %+v\nwant %+v", cs.LocksTotal, cs.LockGrace, cs.Locks, want)
+	}
+
+	// Unlock one; close b's session: its locks go with it.
+	if err := a.call(rpc.MSetLk, lk(a, g.Ino, 7, 0, math.MaxUint64, rpc.LockUnlock), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.call(rpc.MSessionClose, &rpc.SessionCloseReq{ClientID: b.id}, nil); err != nil {
+		t.Fatal(err)
+	}
+	cs = status()
+	if len(cs.Clients) != 1 || cs.Clients[0].ID != a.id || cs.LocksTotal != 0 || len(cs.Locks) != 0 {
+		t.Fatalf("after unlock and close: clients %+v, locks %d %+v", cs.Clients, cs.LocksTotal, cs.Locks)
+	}
+}
+
+// TestStatusLockListBounded: the status lists at most MaxStatusLocks locks
+// but counts them all.
+func TestStatusLockListBounded(t *testing.T) {
+	tb := newLockTable(slog.Default())
+	n := rpc.MaxStatusLocks + 5
+	for i := range n {
+		r := &rpc.LockReq{ClientID: 9, Ino: uint64(i%7) + 100, Owner: uint64(i), Start: uint64(i) * 10, End: uint64(i)*10 + 9, Type: rpc.LockWrite}
+		if _, err := tb.set(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := tb.status(rpc.MaxStatusLocks)
+	if st.total != n || len(st.locks) != rpc.MaxStatusLocks || st.byClient[9] != n {
+		t.Fatalf("total %d listed %d by client %d; want %d, %d, %d", st.total, len(st.locks), st.byClient[9], n, rpc.MaxStatusLocks, n)
+	}
+	for i := 1; i < len(st.locks); i++ {
+		if st.locks[i].Ino < st.locks[i-1].Ino {
+			t.Fatalf("locks not in inode order at %d: %d after %d", i, st.locks[i].Ino, st.locks[i-1].Ino)
 		}
 	}
 }

@@ -459,10 +459,52 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 		return nil, err
 	}
 	total, free := s.live.capacity()
+	ls := s.locks.status(rpc.MaxStatusLocks)
+	clients, err := s.clientInfo(ls.byClient)
+	if err != nil {
+		return nil, err
+	}
 	return &rpc.ClusterStatusResp{
 		MetaAddr: s.Addr(), RaftState: st.State, Leader: leader, Term: st.Term,
 		CommitIndex: st.CommitIndex, AppliedIndex: s.fsm.AppliedIndex(), DurableIndex: st.DurableIndex,
 		Inodes: s.fsm.inodes.Load(), Sessions: uint32(s.sess.count()),
 		Servers: servers, Targets: targets, TotalBytes: total, FreeBytes: free,
+		Clients: clients, Locks: ls.locks, LocksTotal: uint32(min(ls.total, math.MaxUint32)),
+		LockGrace: ls.grace, LockGracePending: uint32(ls.pending),
 	}, nil
+}
+
+// clientInfo lists the replicated sessions with this leader's view of their
+// liveness, open files and locks (locks: held per client).
+func (s *Service) clientInfo(locks map[uint64]int) ([]rpc.ClientInfo, error) {
+	live := s.sess.snapshot()
+	p := schema.SessionPrefix()
+	it, err := s.db.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "list sessions: %v", err)
+	}
+	defer it.Close()
+	now := time.Now()
+	var out []rpc.ClientInfo
+	for ok := it.First(); ok; ok = it.Next() {
+		id, err := schema.DecodeSessionKey(it.Key())
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "session key: %v", err)
+		}
+		rec, err := schema.DecodeSession(it.Value())
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "session %d: %v", id, err)
+		}
+		c := rpc.ClientInfo{ID: id, Host: rec.Host, MountPoint: rec.MountPoint, Pid: rec.Pid,
+			OpenedMs: rec.Opened / int64(time.Millisecond), LastSeenMs: -1, Locks: uint32(locks[id])}
+		if l, ok := live[id]; ok {
+			c.LastSeenMs = now.Sub(l.lastSeen).Milliseconds()
+			c.OpenFiles = uint32(l.open)
+		}
+		out = append(out, c)
+	}
+	if err := it.Error(); err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "list sessions: %v", err)
+	}
+	return out, nil
 }

@@ -108,6 +108,23 @@ func (s *sessions) heartbeat(id uint64, open []uint64, now time.Time) bool {
 	return true
 }
 
+// sessionSnap is one session's liveness as `strata status` shows it.
+type sessionSnap struct {
+	lastSeen time.Time
+	open     int
+}
+
+// snapshot copies every session's liveness.
+func (s *sessions) snapshot() map[uint64]sessionSnap {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[uint64]sessionSnap, len(s.mu.m))
+	for id, st := range s.mu.m {
+		out[id] = sessionSnap{lastSeen: st.lastSeen, open: len(st.open)}
+	}
+	return out
+}
+
 // oldestReport is the time of the least recent open-file report among the
 // live sessions (zero when there are none).
 func (s *sessions) oldestReport() time.Time {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -381,4 +382,46 @@ func (t *lockTable) resetLocked() {
 	}
 	t.mu.files = map[uint64]*fileLocks{}
 	t.mu.byClient = map[uint64]map[uint64]struct{}{}
+}
+
+// lockStatus is the lock table as `strata status` shows it.
+type lockStatus struct {
+	locks    []rpc.LockInfo // in (inode, flock, client, start) order, at most max
+	total    int
+	byClient map[uint64]int // locks held per client
+	grace    bool
+	pending  int // clients the grace period still waits for
+}
+
+// status lists up to max locks (by inode) and counts them all.
+func (t *lockTable) status(max int) lockStatus {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := lockStatus{byClient: map[uint64]int{}}
+	_, st.grace = t.inGraceLocked()
+	st.pending = len(t.mu.pending)
+	inos := make([]uint64, 0, len(t.mu.files))
+	for ino, fl := range t.mu.files {
+		inos = append(inos, ino)
+		for _, list := range [][]lockrange.Lock{fl.records, fl.flocks} {
+			for i := range list {
+				st.byClient[list[i].Client]++
+				st.total++
+			}
+		}
+	}
+	slices.Sort(inos)
+	for _, ino := range inos {
+		fl := t.mu.files[ino]
+		for k, list := range [][]lockrange.Lock{fl.records, fl.flocks} {
+			for _, l := range list {
+				if len(st.locks) == max {
+					return st
+				}
+				st.locks = append(st.locks, rpc.LockInfo{Ino: ino, Client: l.Client, Owner: l.Owner, Pid: l.Pid,
+					Type: l.Type, Flock: k == 1, Start: l.Start, End: l.End})
+			}
+		}
+	}
+	return st
 }

@@ -896,6 +896,87 @@ type ClusterStatusResp struct {
 	// TotalBytes, FreeBytes: the cluster's capacity as statfs reports it,
 	// each file system counted once however many targets live on it.
 	TotalBytes, FreeBytes uint64
+	// Clients are the mounts with a session, in id order.
+	Clients []ClientInfo
+	// Locks are the locks held, in (inode, client) order; at most
+	// MaxStatusLocks of them. LocksTotal counts them all.
+	Locks      []LockInfo
+	LocksTotal uint32
+	// LockGrace: a new leader is holding new locks back until the
+	// LockGracePending clients that may hold locks have reclaimed them.
+	LockGrace        bool
+	LockGracePending uint32
+}
+
+// MaxStatusLocks bounds the locks one ClusterStatusResp lists.
+const MaxStatusLocks = 1000
+
+// ClientInfo describes one client session (a mount) in ClusterStatusResp.
+type ClientInfo struct {
+	ID         uint64
+	Host       string
+	MountPoint string
+	Pid        uint32
+	OpenedMs   int64  // when the session opened, ms since the Unix epoch
+	LastSeenMs int64  // ms since its last heartbeat
+	OpenFiles  uint32 // inodes it reported open
+	Locks      uint32 // locks it holds
+}
+
+func (c *ClientInfo) Encode(e *Enc) {
+	e.U64(c.ID)
+	e.String(c.Host)
+	e.String(c.MountPoint)
+	e.U32(c.Pid)
+	e.I64(c.OpenedMs)
+	e.I64(c.LastSeenMs)
+	e.U32(c.OpenFiles)
+	e.U32(c.Locks)
+}
+
+func (c *ClientInfo) Decode(d *Dec) {
+	c.ID = d.U64()
+	c.Host = d.String()
+	c.MountPoint = d.String()
+	c.Pid = d.U32()
+	c.OpenedMs = d.I64()
+	c.LastSeenMs = d.I64()
+	c.OpenFiles = d.U32()
+	c.Locks = d.U32()
+}
+
+// LockInfo describes one held lock in ClusterStatusResp.
+type LockInfo struct {
+	Ino    uint64
+	Client uint64 // session id (ClientInfo.ID)
+	Owner  uint64 // the kernel's lock owner within the client
+	Pid    uint32 // process that took it, as the client reported (0: unknown)
+	Type   uint32 // LockRead or LockWrite
+	Flock  bool   // flock(2) rather than an fcntl record lock
+	Start  uint64
+	End    uint64 // inclusive; math.MaxUint64: to the end of the file
+}
+
+func (l *LockInfo) Encode(e *Enc) {
+	e.U64(l.Ino)
+	e.U64(l.Client)
+	e.U64(l.Owner)
+	e.U32(l.Pid)
+	e.U32(l.Type)
+	e.Bool(l.Flock)
+	e.U64(l.Start)
+	e.U64(l.End)
+}
+
+func (l *LockInfo) Decode(d *Dec) {
+	l.Ino = d.U64()
+	l.Client = d.U64()
+	l.Owner = d.U64()
+	l.Pid = d.U32()
+	l.Type = d.U32()
+	l.Flock = d.Bool()
+	l.Start = d.U64()
+	l.End = d.U64()
 }
 
 func (m *ClusterStatusResp) Encode(e *Enc) {
@@ -923,6 +1004,17 @@ func (m *ClusterStatusResp) Encode(e *Enc) {
 	e.U64(m.DurableIndex)
 	e.U64(m.TotalBytes)
 	e.U64(m.FreeBytes)
+	e.U64(uint64(len(m.Clients)))
+	for i := range m.Clients {
+		m.Clients[i].Encode(e)
+	}
+	e.U64(uint64(len(m.Locks)))
+	for i := range m.Locks {
+		m.Locks[i].Encode(e)
+	}
+	e.U32(m.LocksTotal)
+	e.Bool(m.LockGrace)
+	e.U32(m.LockGracePending)
 }
 
 func (m *ClusterStatusResp) Decode(d *Dec) {
@@ -950,4 +1042,15 @@ func (m *ClusterStatusResp) Decode(d *Dec) {
 	m.DurableIndex = d.U64()
 	m.TotalBytes = d.U64()
 	m.FreeBytes = d.U64()
+	m.Clients = make([]ClientInfo, d.Count())
+	for i := range m.Clients {
+		m.Clients[i].Decode(d)
+	}
+	m.Locks = make([]LockInfo, d.Count())
+	for i := range m.Locks {
+		m.Locks[i].Decode(d)
+	}
+	m.LocksTotal = d.U32()
+	m.LockGrace = d.Bool()
+	m.LockGracePending = d.U32()
 }
