@@ -537,7 +537,7 @@ func (c *Client) reopenSession(ctx context.Context, old uint64) error {
 	if c.clientID.Load() != old {
 		return nil // someone else already did
 	}
-	c.log.Warn("session expired on the metadata service; opening a new one (locks held by this client are lost)", "old_client_id", old, "locks", c.forgetLocks())
+	c.log.Warn("session expired on the metadata service; opening a new one (locks held by this client are lost; files open under them now fail with EIO)", "old_client_id", old, "locks", c.forgetLocks())
 	if err := c.openSession(ctx); err != nil {
 		return err
 	}

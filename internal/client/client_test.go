@@ -414,6 +414,65 @@ func TestLocksSurviveMetaRestart(t *testing.T) {
 	}
 }
 
+// TestLostLockFailsOpenHandles: when the service drops this client's
+// session (lease expired, evicted) while it holds a lock, and another
+// client takes the lock, the handles open on the file fail with EIO —
+// reads, writes, close — instead of going on unprotected; other files and
+// a new open of the same file work.
+func TestLostLockFailsOpenHandles(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	a := tc.client(nil)
+	b := tc.client(nil)
+	f := create(t, a, RootIno, "guarded", syscall.O_RDWR)
+	if _, err := f.WriteAt(bg, []byte("before"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Fsync(bg); err != nil {
+		t.Fatal(err)
+	}
+	g := create(t, a, RootIno, "unguarded", syscall.O_RDWR)
+	defer g.Release(bg)
+	ino := f.Ino()
+	if err := a.SetLk(bg, Lock{Ino: ino, Owner: 1, Start: 0, End: ^uint64(0), Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The service ends a's session, as when its lease runs out; its locks go.
+	if err := b.metaCall(bg, rpc.MSessionClose, &rpc.SessionCloseReq{ClientID: a.clientID.Load()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetLk(bg, Lock{Ino: ino, Owner: 2, Start: 0, End: 9, Type: rpc.LockWrite, Pid: 22}, false, nil); err != nil {
+		t.Fatalf("b takes the lock a lost: %v", err)
+	}
+	// a learns it at its next heartbeat and opens a new session.
+	if err := a.heartbeat(bg); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.heldCount(); n != 0 {
+		t.Fatalf("a still counts %d held locks", n)
+	}
+	if _, err := f.WriteAt(bg, []byte("unguarded"), 0); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("write through a handle whose lock was lost: %v, want EIO", err)
+	}
+	if _, err := f.ReadAt(bg, make([]byte, 6), 0); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read through a handle whose lock was lost: %v, want EIO", err)
+	}
+	if err := f.Release(bg); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("close of a handle whose lock was lost: %v, want EIO", err)
+	}
+	if _, err := g.WriteAt(bg, []byte("fine"), 0); err != nil {
+		t.Fatalf("write to a file without locks: %v", err)
+	}
+	h, err := a.Open(bg, ino, syscall.O_RDWR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release(bg)
+	got := make([]byte, 6)
+	if n, err := h.ReadAt(bg, got, 0); err != nil || string(got[:n]) != "before" {
+		t.Fatalf("read through a new handle: %q %v, want \"before\"", got[:n], err)
+	}
+}
+
 func TestENOSPC(t *testing.T) {
 	tc := startCluster(t, clusterOpts{stores: 1, targets: 1, reserve: 1 << 62})
 	c := tc.client(nil)

@@ -21,6 +21,9 @@ type File struct {
 	sync   bool // O_SYNC/O_DSYNC: every write durable before it returns
 	attr   rpc.Attr
 	ra     readahead
+	// lockGen is the inode's lockLost count when this handle was opened:
+	// a lock lost since then fails its reads and writes (lockErr).
+	lockGen uint64
 
 	mu struct {
 		sync.Mutex
@@ -88,8 +91,9 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int) (*File, 
 	c.mu.Unlock()
 	in.merge(&a)
 	f := &File{c: c, in: in, flags: flags, attr: a,
-		direct: flags&syscall.O_DIRECT != 0,
-		sync:   flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
+		direct:  flags&syscall.O_DIRECT != 0,
+		sync:    flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
+		lockGen: in.lockLost.Load(),
 	}
 	f.ra.init(f)
 	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY && a.Size > 0 {
@@ -174,6 +178,9 @@ func (f *File) ReadBuffers(ctx context.Context, p []byte, off int64) (ReadData, 
 func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy bool) (ReadData, error) {
 	if off < 0 {
 		return ReadData{}, syscall.EINVAL
+	}
+	if err := f.lockErr(); err != nil {
+		return ReadData{}, err
 	}
 	in := f.in
 	in.mu.Lock()
@@ -292,6 +299,9 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	}
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if err := f.lockErr(); err != nil {
+		return 0, err
 	}
 	in := f.in
 	n := int64(len(p))
@@ -419,7 +429,23 @@ func (f *File) Flush(ctx context.Context) error {
 	if err := in.takeErr(); err != nil {
 		return err
 	}
-	return in.commit(ctx)
+	if err := in.commit(ctx); err != nil {
+		return err
+	}
+	return f.lockErr()
+}
+
+// lockErr is EIO when a lock this client held on the file was lost after
+// the handle was opened (see Client.lockLost): as with NFS, the handle's
+// later reads and writes fail rather than run unprotected, and so does its
+// close — after writing back what it had buffered. Handles opened after
+// the loss work.
+func (f *File) lockErr() error {
+	if f.in.lockLost.Load() == f.lockGen {
+		return nil
+	}
+	return fmt.Errorf("inode %d: a lock this client held on the file was lost while the file was open "+
+		"(the metadata service restarted or expired the session, and another client took the lock): %w", f.in.ino, syscall.EIO)
 }
 
 // Fsync drains write-behind, makes every target this client wrote since
@@ -446,10 +472,12 @@ func (f *File) Fsync(ctx context.Context) error {
 	if err := f.c.syncMetaUpTo(ctx, seq); err != nil { // mode changes…
 		return err
 	}
-	if f.c.metaDurable.Load() >= idxSeq {
-		return nil // a durable answer (the size commit) came after the creation
+	if f.c.metaDurable.Load() < idxSeq { // else a durable answer (the size commit) came after the creation
+		if err := f.c.syncMetaIndex(ctx, idx, term); err != nil { // the file's creation
+			return err
+		}
 	}
-	return f.c.syncMetaIndex(ctx, idx, term) // the file's creation
+	return f.lockErr()
 }
 
 // Release closes the handle: it flushes like Flush (cheap when nothing is

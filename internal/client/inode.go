@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/stratafs/strata/internal/layout"
@@ -57,6 +58,9 @@ type inode struct {
 	ino    uint64
 	layout layout.Layout // immutable for a file
 	refs   int           // open handles; guarded by c.mu
+	// lockLost counts the losses of locks this client held on the file
+	// (File.lockErr).
+	lockLost atomic.Uint64
 
 	mu struct {
 		sync.Mutex

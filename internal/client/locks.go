@@ -191,7 +191,8 @@ func (c *Client) lockEpoch() uint64 {
 // reclaimLocks re-registers every held lock with the service, whose lock
 // epoch is now epoch, and reports whether all were taken back. A lock the
 // service refuses (another client holds a conflicting one) is lost: it is
-// logged and forgotten — the application is not told, as with NFS.
+// logged and forgotten, and the handles open on the file fail from then on
+// (lockLost), as with NFS.
 func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
 	h := &c.locks
 	h.rw.Lock()
@@ -225,6 +226,7 @@ func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
 			h.mu.Lock()
 			h.replaceLocked(heldKey{ino: l.Ino, flock: l.Flock}, lockrange.Lock{Owner: l.Owner, Start: l.Start, End: l.End, Type: rpc.LockUnlock})
 			h.mu.Unlock()
+			c.lockLost(l.Ino)
 		default:
 			c.log.Warn("lock reclaim failed; will retry", "ino", l.Ino, "err", err)
 			return false
@@ -240,12 +242,36 @@ func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
 }
 
 // forgetLocks drops every held lock: the session they belonged to is gone
-// (expired), and the service released them.
+// (expired), and the service released them. The files they were on count
+// as having lost a lock (lockLost).
 func (c *Client) forgetLocks() int {
 	c.locks.mu.Lock()
-	defer c.locks.mu.Unlock()
 	n := c.heldCountLocked()
+	var inos []uint64
+	for k, list := range c.locks.mu.held {
+		if len(list) > 0 {
+			inos = append(inos, k.ino)
+		}
+	}
 	c.locks.mu.held = nil
 	c.locks.mu.epoch = 0
+	c.locks.mu.Unlock()
+	for _, ino := range inos {
+		c.lockLost(ino)
+	}
 	return n
+}
+
+// lockLost marks that a lock this client held on ino is gone without the
+// application releasing it: the handles open on ino now fail their reads,
+// writes and close with EIO (File.lockErr); later opens work. Like the
+// Linux NFS client after a failed lock recovery, this tells an application
+// that believed itself protected, rather than letting it write unguarded.
+func (c *Client) lockLost(ino uint64) {
+	c.mu.Lock()
+	in := c.mu.inodes[ino]
+	c.mu.Unlock()
+	if in != nil {
+		in.lockLost.Add(1)
+	}
 }
