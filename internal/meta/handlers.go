@@ -236,7 +236,7 @@ func (s *Service) register() {
 		if err := rpc.Unmarshal(res.body, &resp); err != nil {
 			return nil, rpc.Errorf(syscall.EIO, "register answer: %v", err)
 		}
-		s.live.registered(resp.ServerID, resp.TargetIDs, r.Targets, time.Now())
+		s.live.registered(resp.ServerID, r.Host, resp.TargetIDs, r.Targets, time.Now())
 		s.log.Info("storage server registered", "server", resp.ServerID, "addr", r.Addr, "host", r.Host, "targets", resp.TargetIDs)
 		return &resp, nil
 	})

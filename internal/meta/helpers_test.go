@@ -181,9 +181,21 @@ func (f *fakeStore) removed() []rpc.ChunkID {
 // registerTargets registers a server with n targets and returns their ids.
 func (c *client) registerTargets(addr string, uuids ...string) rpc.RegisterServerResp {
 	c.t.Helper()
+	return c.registerTargetsOn(addr, 0, uuids...)
+}
+
+// registerTargetsOn registers targets of 1 TiB (half free) that all live on
+// the file system fsid (0: unknown, and no root reserve reported) of host
+// "h".
+func (c *client) registerTargetsOn(addr string, fsid uint64, uuids ...string) rpc.RegisterServerResp {
+	c.t.Helper()
 	req := &rpc.RegisterServerReq{Addr: addr, Host: "h"}
 	for _, u := range uuids {
-		req.Targets = append(req.Targets, rpc.TargetReg{UUID: u, Path: "/t/" + u, TotalBytes: 1 << 40, FreeBytes: 1 << 39})
+		tr := rpc.TargetReg{UUID: u, Path: "/t/" + u, TotalBytes: 1 << 40, FreeBytes: 1 << 39, FSID: fsid}
+		if fsid != 0 {
+			tr.RawFree = 1<<39 + 1<<30 // 1 GiB reserved for root
+		}
+		req.Targets = append(req.Targets, tr)
 	}
 	var resp rpc.RegisterServerResp
 	if err := c.call(rpc.MRegisterServer, req, &resp); err != nil {

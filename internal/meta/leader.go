@@ -229,13 +229,18 @@ func (l *liveness) usage(target uint32) (targetUsage, bool) {
 	return u, ok
 }
 
-// registered records a registration as a heartbeat.
-func (l *liveness) registered(server uint32, ids []uint32, regs []rpc.TargetReg, now time.Time) {
+// registered records a registration by a server on host as a heartbeat.
+func (l *liveness) registered(server uint32, host string, ids []uint32, regs []rpc.TargetReg, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.mu.servers[server] = now
 	for i, id := range ids {
-		l.mu.targets[id] = targetUsage{server: server, total: regs[i].TotalBytes, free: regs[i].FreeBytes}
+		r := &regs[i]
+		tu := targetUsage{server: server, total: r.TotalBytes, free: r.FreeBytes, rawFree: r.RawFree}
+		if r.FSID != 0 {
+			tu.fs = fsKey{host, r.FSID}
+		}
+		l.mu.targets[id] = tu
 	}
 	l.mu.candsAt = time.Time{}
 }

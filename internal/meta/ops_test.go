@@ -550,6 +550,25 @@ func TestNotLeaderErrno(t *testing.T) {
 
 var _ = bytes.Equal
 
+// The registration already says which file system each target lives on:
+// statfs is right before the first heartbeat (df right after start-up).
+func TestStatFSRightAtRegistration(t *testing.T) {
+	s := openService(t, testConfig(t, ""))
+	c := newClient(t, s.Addr())
+	c.registerTargetsOn("127.0.0.1:1", 7, "a1", "a2")
+	c.registerTargetsOn("127.0.0.1:2", 7, "b1", "b2")
+	c.registerTargetsOn("127.0.0.1:3", 9, "c1")
+	var st rpc.StatFSResp
+	if err := c.call(rpc.MStatFS, &rpc.Empty{}, &st); err != nil {
+		t.Fatal(err)
+	}
+	// Two file systems of 1 TiB, 512 GiB available, 513 GiB free each.
+	if st.TotalBytes != 2<<40 || st.AvailBytes != 1<<40 || st.FreeBytes != 2*(1<<39+1<<30) {
+		t.Fatalf("statfs before any heartbeat: total %d avail %d free %d GiB; want 2048, 1024, 1026",
+			st.TotalBytes>>30, st.AvailBytes>>30, st.FreeBytes>>30)
+	}
+}
+
 // Targets on one file system of one host (strata up: four targets, one
 // disk) count once in statfs and the status total; another file system
 // counts again.

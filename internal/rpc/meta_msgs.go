@@ -730,6 +730,11 @@ type TargetReg struct {
 	Path       string
 	TotalBytes uint64
 	FreeBytes  uint64
+	// FSID and RawFree are as in ServerHeartbeatReq (0: unknown): with them
+	// the capacity is right from the registration on, not only from the
+	// first heartbeat.
+	FSID    uint64
+	RawFree uint64
 }
 
 // RegisterServerReq announces a storage server (at start, and again if a
@@ -751,6 +756,8 @@ func (m *RegisterServerReq) Encode(e *Enc) {
 		e.String(t.Path)
 		e.U64(t.TotalBytes)
 		e.U64(t.FreeBytes)
+		e.U64(t.FSID)
+		e.U64(t.RawFree)
 	}
 }
 
@@ -764,6 +771,8 @@ func (m *RegisterServerReq) Decode(d *Dec) {
 		t.Path = d.String()
 		t.TotalBytes = d.U64()
 		t.FreeBytes = d.U64()
+		t.FSID = d.U64()
+		t.RawFree = d.U64()
 	}
 }
 

@@ -74,6 +74,7 @@ func (s *Server) registerOnce(ctx context.Context, cl *rpc.Client) error {
 		_ = t.statfs()
 		req.Targets = append(req.Targets, rpc.TargetReg{
 			UUID: t.uuid, Path: absPath(t.path), TotalBytes: t.totalBytes.Load(), FreeBytes: t.freeBytes.Load(),
+			FSID: t.fsid.Load(), RawFree: t.rawFree.Load(),
 		})
 	}
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
