@@ -445,7 +445,7 @@ func (f *File) lockErr() error {
 		return nil
 	}
 	return fmt.Errorf("inode %d: a lock this client held on the file was lost while the file was open "+
-		"(the metadata service restarted or expired the session, and another client took the lock): %w", f.in.ino, syscall.EIO)
+		"(the metadata service expired this client's session, or gave the lock to another client after a restart): %w", f.in.ino, syscall.EIO)
 }
 
 // Fsync drains write-behind, makes every target this client wrote since
