@@ -342,11 +342,17 @@ func (w *wal) noteWritten(last uint64, segs []*segment) {
 	for _, s := range segs {
 		w.ds.dirty[s] = true
 	}
-	// Sync at once when somebody waits, or waited moments ago: a workload
-	// that barriers (creates, each closed) will ask for these entries
-	// soon, and the sync is then under way before it asks. Otherwise
+	// Sync at once when somebody waits. When somebody waited moments ago,
+	// a workload that barriers (creates, each closed) will ask for these
+	// entries soon: StoreLogs has started writing them out, and the sync
+	// starts when the barrier asks — by then the data has reached the
+	// device and the sync is a cache flush, about half the time of a write
+	// and a flush (measured on a virtio disk: 55–60 µs against 115–130).
+	// Syncing at once instead overlapped syncs, which the device serves one
+	// after the other (ct, 4 threads × 8,000 creates and closes, 14
+	// alternated rounds: median 7,334 creates/s against 7,012). Otherwise
 	// (unlinks, renames nobody fsyncs) one delayed sync covers many.
-	now := w.ds.waiters > 0 || time.Since(w.ds.lastWait) < min(2*w.syncDelay, eagerWindow)
+	now := w.ds.waiters > 0
 	arm := !now && !w.ds.armed
 	if arm {
 		w.ds.armed = true
@@ -367,8 +373,8 @@ func (w *wal) durableIndex() uint64 {
 	return w.ds.synced
 }
 
-// eagerWindow bounds how recent a durability wait makes the next write
-// sync at once.
+// eagerWindow bounds how recent a durability wait makes StoreLogs start
+// writing new entries out at once (the sync waits for the next wait).
 const eagerWindow = 10 * time.Millisecond
 
 // errWALClosed answers waits on a closed log.
@@ -798,9 +804,11 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 		default:
 		}
 	}
+	hot := false
 	if w.deferSync {
 		w.ds.Lock()
 		err := w.ds.err
+		hot = w.ds.waiters > 0 || time.Since(w.ds.lastWait) < min(2*w.syncDelay, eagerWindow)
 		w.ds.Unlock()
 		if err != nil {
 			return err
@@ -811,6 +819,13 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 			return fmt.Errorf("raft wal write %s: %w", x.seg.path, err)
 		}
 		if w.deferSync {
+			if hot {
+				// Somebody will soon wait for these entries (see
+				// noteWritten): start writing them to the device now, so
+				// that the sync the wait asks for finds the data there and
+				// is a cache flush only. An error shows in that sync.
+				_ = unix.SyncFileRange(int(x.seg.f.Fd()), x.at, int64(len(x.buf)), unix.SYNC_FILE_RANGE_WRITE)
+			}
 			continue
 		}
 		if err := unix.Fdatasync(int(x.seg.f.Fd())); err != nil {
