@@ -58,10 +58,12 @@ import (
 // written (in the page cache: they survive a crash of the process, not of
 // the machine) and a background syncer makes them durable — at once when
 // somebody waits (WaitDurable), else at most syncDelay after the first
-// unsynced write; after a recent wait, at once. One fdatasync covers every
-// entry written before it started, however many raft batches that was.
-// Up to maxSyncs run at once: an entry written while one runs gets its own
-// sync at once rather than waiting for the running one to end. The caller
+// unsynced write. After a recent wait StoreLogs also starts the entries'
+// write-out to the device (sync_file_range), so that the next wait's sync
+// is mostly a cache flush. One fdatasync covers every entry written before
+// it started, however many raft batches that was. Up to maxSyncs run at
+// once: an entry waited for while one runs gets its own sync at once
+// rather than waiting for the running one to end. The caller
 // decides which answers wait for durability; see consensus.Config.DeferSync.
 type wal struct {
 	dir     string
