@@ -386,15 +386,15 @@ func (t *lockTable) resetLocked() {
 
 // lockStatus is the lock table as `strata status` shows it.
 type lockStatus struct {
-	locks    []rpc.LockInfo // in (inode, flock, client, start) order, at most max
+	locks    []rpc.LockInfo // by inode, record locks before flocks; at most limit
 	total    int
 	byClient map[uint64]int // locks held per client
 	grace    bool
 	pending  int // clients the grace period still waits for
 }
 
-// status lists up to max locks (by inode) and counts them all.
-func (t *lockTable) status(max int) lockStatus {
+// status lists up to limit locks (by inode) and counts them all.
+func (t *lockTable) status(limit int) lockStatus {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	st := lockStatus{byClient: map[uint64]int{}}
@@ -415,7 +415,7 @@ func (t *lockTable) status(max int) lockStatus {
 		fl := t.mu.files[ino]
 		for k, list := range [][]lockrange.Lock{fl.records, fl.flocks} {
 			for _, l := range list {
-				if len(st.locks) == max {
+				if len(st.locks) == limit {
 					return st
 				}
 				st.locks = append(st.locks, rpc.LockInfo{Ino: ino, Client: l.Client, Owner: l.Owner, Pid: l.Pid,
