@@ -236,13 +236,19 @@ func (l *liveness) registered(server uint32, host string, ids []uint32, regs []r
 	l.mu.servers[server] = now
 	for i, id := range ids {
 		r := &regs[i]
-		tu := targetUsage{server: server, total: r.TotalBytes, free: r.FreeBytes, rawFree: r.RawFree}
-		if r.FSID != 0 {
-			tu.fs = fsKey{host, r.FSID}
-		}
-		l.mu.targets[id] = tu
+		l.mu.targets[id] = newTargetUsage(server, host, r.TotalBytes, r.FreeBytes, r.RawFree, r.FSID)
 	}
 	l.mu.candsAt = time.Time{}
+}
+
+// newTargetUsage is a target's capacity as its server on host reported it;
+// rawFree and fsid are 0 when unknown.
+func newTargetUsage(server uint32, host string, total, free, rawFree, fsid uint64) targetUsage {
+	tu := targetUsage{server: server, total: total, free: free, rawFree: rawFree}
+	if fsid != 0 {
+		tu.fs = fsKey{host, fsid}
+	}
+	return tu
 }
 
 // heartbeat records a server's heartbeat from host; fsids, when the
@@ -259,14 +265,14 @@ func (l *liveness) heartbeat(server uint32, host string, usage []rpc.TargetUsage
 		if !ok || (old.free == 0) != (u.FreeBytes == 0) {
 			l.mu.candsAt = time.Time{}
 		}
-		tu := targetUsage{server: server, total: u.TotalBytes, free: u.FreeBytes}
+		var raw, fsid uint64
 		if i < len(rawFree) {
-			tu.rawFree = rawFree[i]
+			raw = rawFree[i]
 		}
-		if i < len(fsids) && fsids[i] != 0 {
-			tu.fs = fsKey{host, fsids[i]}
+		if i < len(fsids) {
+			fsid = fsids[i]
 		}
-		l.mu.targets[u.ID] = tu
+		l.mu.targets[u.ID] = newTargetUsage(server, host, u.TotalBytes, u.FreeBytes, raw, fsid)
 	}
 }
 
