@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -469,5 +470,81 @@ func TestBarPlotForOneThreadCount(t *testing.T) {
 	}
 	if p.X.Label.Text != "threads" {
 		t.Fatalf("x label %q for a sweep", p.X.Label.Text)
+	}
+}
+
+func TestMergeRepeats(t *testing.T) {
+	res := func(phase string, v, secs float64, verified bool) Result {
+		return Result{System: "s", Workload: "meta", Phase: phase, Threads: 4, Clients: 1,
+			Value: v, Unit: UnitOpsps, Samples: []float64{v}, Seconds: secs, Ops: 100, Verified: verified}
+	}
+	in := []Result{
+		res("create", 10, 1, true), res("stat", 50, 0.5, true),
+		res("create", 30, 3, true), res("stat", 70, 0.7, false),
+		res("create", 20, 2, true),
+	}
+	out := MergeRepeats(in)
+	if len(out) != 2 || out[0].Phase != "create" || out[1].Phase != "stat" {
+		t.Fatalf("merged %+v, want create then stat", out)
+	}
+	c := out[0]
+	if c.Value != 20 || c.Seconds != 2 || !slices.Equal(c.Samples, []float64{10, 30, 20}) || !c.Verified {
+		t.Errorf("create merged to %+v, want median 20 from the 2 s sample, all three samples, verified", c)
+	}
+	s := out[1]
+	if s.Value != 60 || len(s.Samples) != 2 || s.Verified {
+		t.Errorf("stat merged to %+v, want median 60 of 2 samples, not verified (one turn was not)", s)
+	}
+	if one := MergeRepeats(in[:1]); len(one) != 1 || one[0].Value != 10 {
+		t.Errorf("a single result changed: %+v", one)
+	}
+}
+
+// Peers runs each workload once per turn: with KeepRandomFiles the random
+// files are written by the first call only and removed on request.
+func TestRandomFilesKeptAcrossCalls(t *testing.T) {
+	dir := t.TempDir()
+	c := testConfig(t, dir)
+	c.Threads = []int{2}
+	c.KeepRandomFiles = true
+	r, err := NewRunner(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		rs, err := r.Workload(ctx, "random")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rs) != 2 || !(rs[0].Value > 0) || !(rs[1].Value > 0) {
+			t.Fatalf("call %d: %+v", i, rs)
+		}
+		for th := 0; th < 2; th++ {
+			if st, err := os.Stat(randomName(r.work, th)); err != nil || st.Size() != c.RandomFileBytes {
+				t.Fatalf("call %d: random file %d not kept: %v", i, th, err)
+			}
+		}
+	}
+	if r.calls["random"] != 3 {
+		t.Errorf("calls counted %d, want 3", r.calls["random"])
+	}
+	r.RemoveRandomFiles()
+	if _, err := os.Stat(randomName(r.work, 0)); !os.IsNotExist(err) {
+		t.Errorf("random file after RemoveRandomFiles: %v", err)
+	}
+	// Without the option a call cleans up after itself.
+	c.KeepRandomFiles = false
+	r2, err := NewRunner(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if _, err := r2.Workload(ctx, "random"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(randomName(r2.work, 0)); !os.IsNotExist(err) {
+		t.Errorf("random file left by a call without KeepRandomFiles: %v", err)
 	}
 }

@@ -27,6 +27,10 @@ type Config struct {
 	Clients []int
 	// Repeat runs every phase this many times; the value is the median.
 	Repeat int
+	// KeepRandomFiles leaves the random workload's files in place when
+	// Workload returns, for a caller that runs it again (peers' repeats,
+	// interleaved over the systems); Close removes them.
+	KeepRandomFiles bool
 
 	// SeqBytes is the total data of seq, split evenly across threads
 	// (IOzone N-to-N, 1 MiB records).

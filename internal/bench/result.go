@@ -77,6 +77,54 @@ func OpsPerSecond(ops int64, seconds float64) float64 {
 	return float64(ops) / seconds
 }
 
+// MergeRepeats joins results of the same series and point (same Key) that
+// separate runs measured — peers' repeats, interleaved over the systems —
+// into one each, in the order of their first appearance: the samples of
+// all, the median of them as Value, and bytes, ops, seconds, CPU time,
+// O_DIRECT and notes of the constituent closest to that median.
+func MergeRepeats(rs []Result) []Result {
+	var order []string
+	groups := map[string][]Result{}
+	for _, r := range rs {
+		k := r.Key()
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	out := make([]Result, 0, len(order))
+	for _, k := range order {
+		g := groups[k]
+		if len(g) == 1 {
+			out = append(out, g[0])
+			continue
+		}
+		var vals []float64
+		for _, r := range g {
+			if len(r.Samples) > 0 {
+				vals = append(vals, r.Samples...)
+			} else {
+				vals = append(vals, r.Value)
+			}
+		}
+		med := Median(vals)
+		best := g[0]
+		for _, r := range g[1:] {
+			if math.Abs(r.Value-med) < math.Abs(best.Value-med) {
+				best = r
+			}
+		}
+		m := best
+		m.Value, m.Samples = med, vals
+		m.Verified = true
+		for _, r := range g {
+			m.Verified = m.Verified && r.Verified
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
 // Median returns the median of xs (mean of the middle two for even counts),
 // 0 for none.
 func Median(xs []float64) float64 {

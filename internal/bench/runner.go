@@ -35,6 +35,9 @@ type Runner struct {
 	// write passes that got a nonce of their own.
 	nonce  uint64
 	passes uint64
+	// calls counts Workload calls per workload, so that every repeat of
+	// a caller that calls it again gets seeds of its own.
+	calls map[string]int
 }
 
 // NewRunner validates cfg and creates the run's work directory.
@@ -52,7 +55,7 @@ func NewRunner(cfg Config) (*Runner, error) {
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return nil, fmt.Errorf("make work directory: %w", err)
 	}
-	r := &Runner{cfg: cfg, work: work, prog: newProgress(cfg.Progress), nonce: rand.Uint64()}
+	r := &Runner{cfg: cfg, work: work, prog: newProgress(cfg.Progress), nonce: rand.Uint64(), calls: map[string]int{}}
 	if os.Geteuid() != 0 {
 		r.note("not root: page cache not dropped between phases; reads may be served from memory")
 	}
@@ -64,6 +67,10 @@ func (r *Runner) Notes() []string { return r.notes }
 
 // CachesDropped reports whether the page cache was dropped between phases.
 func (r *Runner) CachesDropped() bool { return r.dropped }
+
+// RemoveRandomFiles removes the random workload's files, which
+// Config.KeepRandomFiles left in place.
+func (r *Runner) RemoveRandomFiles() { r.removeGlob("random.*") }
 
 // Close removes the work directory.
 func (r *Runner) Close() error {
@@ -134,9 +141,12 @@ func (r *Runner) points() [][2]int {
 // Workload runs one workload over the whole sweep.
 func (r *Runner) Workload(ctx context.Context, name string) ([]Result, error) {
 	var out []Result
+	r.calls[name]++
 	switch name {
 	case "random":
-		defer r.removeGlob("random.*")
+		if !r.cfg.KeepRandomFiles {
+			defer r.removeGlob("random.*")
+		}
 	case "shared":
 		if !r.striped {
 			r.striped = true
@@ -227,6 +237,7 @@ func (r *Runner) point(ctx context.Context, name string, threads, clients int) (
 	}
 
 	samples := make([][]sample, len(phases))
+	first := (r.calls[name] - 1) * c.Repeat // repeats run by earlier calls
 	for rep := 0; rep < c.Repeat; rep++ {
 		nonce := base.Nonce
 		if name != "random" {
@@ -244,7 +255,7 @@ func (r *Runner) point(ctx context.Context, name string, threads, clients int) (
 		for i, ph := range phases {
 			t := base
 			t.Phase = ph
-			t.Seed = c.Seed + uint64(rep)*7919
+			t.Seed = c.Seed + uint64(first+rep)*7919
 			t.Nonce = nonce
 			s, err := r.phase(ctx, t, threads, clients, unit)
 			if err != nil {

@@ -114,6 +114,9 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		}
 		bc := cfg.Bench
 		bc.Path, bc.System, bc.Fio = path, name, false
+		// The repeats are turns of their own (below); the random files
+		// are written once and serve every turn.
+		bc.Repeat, bc.KeepRandomFiles = 1, true
 		if c, ok := s.(configurer); ok {
 			c.configure(&bc)
 		}
@@ -141,42 +144,57 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		}
 	}
 
-	// Interleaved: each workload on every system before the next workload,
-	// so that drift of the machine over time hits all systems alike.
+	// Interleaved: each workload on every system, one repeat at a time
+	// (turns), before the next workload, so that drift of the machine over
+	// time hits all systems alike; the samples of a system's turns are
+	// merged into one result with their median.
+	repeat := max(cfg.Bench.Repeat, 1)
 	failed := map[string]bool{}
 	var corrupt []string
+	var results []bench.Result
 	for _, w := range cfg.Bench.Workloads {
-		for _, p := range peers {
-			if failed[p.name] {
-				continue
-			}
-			waited, quiet, serr := settle(ctx)
-			switch {
-			case serr != nil && ctx.Err() != nil:
-				return rep, ctx.Err()
-			case serr != nil:
-				logf("cannot tell whether the machine is quiet: %v", serr)
-			case !quiet:
-				note := fmt.Sprintf("%s %s: the machine was still busy after %v of waiting for the previous system's background work", p.name, w, waited.Round(time.Second))
-				rep.Notes = append(rep.Notes, note)
-				logf("%s", note)
-			case waited > time.Second:
-				logf("%s %s: waited %v for the machine to be quiet", p.name, w, waited.Round(100*time.Millisecond))
-			}
-			res, err := p.runner.Workload(ctx, w)
-			rep.Results = append(rep.Results, res...)
-			if ctx.Err() != nil {
-				return rep, ctx.Err()
-			}
-			if err != nil {
-				failed[p.name] = true
-				if errors.Is(err, bench.ErrCorrupt) {
-					corrupt = append(corrupt, p.name)
-					rep.Notes = append(rep.Notes, fmt.Sprintf("%s: VERIFICATION FAILED: %v", p.name, err))
-				} else {
-					rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %s failed: %v", p.name, w, err))
+		for turn := 1; turn <= repeat; turn++ {
+			for _, p := range peers {
+				if failed[p.name] {
+					continue
 				}
-				logf("%s dropped from the run: %v", p.name, err)
+				waited, quiet, serr := settle(ctx)
+				switch {
+				case serr != nil && ctx.Err() != nil:
+					return rep, ctx.Err()
+				case serr != nil:
+					logf("cannot tell whether the machine is quiet: %v", serr)
+				case !quiet:
+					note := fmt.Sprintf("%s %s: the machine was still busy after %v of waiting for the previous system's background work", p.name, w, waited.Round(time.Second))
+					rep.Notes = append(rep.Notes, note)
+					logf("%s", note)
+				case waited > time.Second:
+					logf("%s %s: waited %v for the machine to be quiet", p.name, w, waited.Round(100*time.Millisecond))
+				}
+				if repeat > 1 {
+					logf("%s %s: turn %d of %d", p.name, w, turn, repeat)
+				}
+				res, err := p.runner.Workload(ctx, w)
+				results = append(results, res...)
+				rep.Results = bench.MergeRepeats(results)
+				if ctx.Err() != nil {
+					return rep, ctx.Err()
+				}
+				if err != nil {
+					failed[p.name] = true
+					if errors.Is(err, bench.ErrCorrupt) {
+						corrupt = append(corrupt, p.name)
+						rep.Notes = append(rep.Notes, fmt.Sprintf("%s: VERIFICATION FAILED: %v", p.name, err))
+					} else {
+						rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %s failed: %v", p.name, w, err))
+					}
+					logf("%s dropped from the run: %v", p.name, err)
+				}
+			}
+		}
+		if w == "random" {
+			for _, p := range peers {
+				p.runner.RemoveRandomFiles()
 			}
 		}
 	}
