@@ -423,24 +423,14 @@ func TestLostLockFailsOpenHandles(t *testing.T) {
 	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
 	a := tc.client(nil)
 	b := tc.client(nil)
-	f := create(t, a, RootIno, "guarded", syscall.O_RDWR)
-	if _, err := f.WriteAt(bg, []byte("before"), 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Fsync(bg); err != nil {
-		t.Fatal(err)
-	}
+	f := lockedFile(t, a, "guarded")
 	g := create(t, a, RootIno, "unguarded", syscall.O_RDWR)
 	defer g.Release(bg)
-	ino := f.Ino()
-	if err := a.SetLk(bg, Lock{Ino: ino, Owner: 1, Start: 0, End: ^uint64(0), Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
-		t.Fatal(err)
-	}
 	// The service ends a's session, as when its lease runs out; its locks go.
 	if err := b.metaCall(bg, rpc.MSessionClose, &rpc.SessionCloseReq{ClientID: a.clientID.Load()}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.SetLk(bg, Lock{Ino: ino, Owner: 2, Start: 0, End: 9, Type: rpc.LockWrite, Pid: 22}, false, nil); err != nil {
+	if err := b.SetLk(bg, Lock{Ino: f.Ino(), Owner: 2, Start: 0, End: 9, Type: rpc.LockWrite, Pid: 22}, false, nil); err != nil {
 		t.Fatalf("b takes the lock a lost: %v", err)
 	}
 	// a learns it at its next heartbeat and opens a new session.
@@ -450,6 +440,33 @@ func TestLostLockFailsOpenHandles(t *testing.T) {
 	if n := a.heldCount(); n != 0 {
 		t.Fatalf("a still counts %d held locks", n)
 	}
+	if _, err := g.WriteAt(bg, []byte("fine"), 0); err != nil {
+		t.Fatalf("write to a file without locks: %v", err)
+	}
+	checkLockLost(t, a, f)
+}
+
+// lockedFile creates name in the root through c, writes "before" to it
+// durably and takes a write lock over the whole file (owner 1, pid 11).
+func lockedFile(t *testing.T, c *Client, name string) *File {
+	t.Helper()
+	f := create(t, c, RootIno, name, syscall.O_RDWR)
+	if _, err := f.WriteAt(bg, []byte("before"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Fsync(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetLk(bg, Lock{Ino: f.Ino(), Owner: 1, Start: 0, End: ^uint64(0), Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// checkLockLost checks that f, whose lock was lost, fails writes, reads and
+// its close with EIO, and that a new handle on the file reads "before".
+func checkLockLost(t *testing.T, c *Client, f *File) {
+	t.Helper()
 	if _, err := f.WriteAt(bg, []byte("unguarded"), 0); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("write through a handle whose lock was lost: %v, want EIO", err)
 	}
@@ -459,10 +476,7 @@ func TestLostLockFailsOpenHandles(t *testing.T) {
 	if err := f.Release(bg); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("close of a handle whose lock was lost: %v, want EIO", err)
 	}
-	if _, err := g.WriteAt(bg, []byte("fine"), 0); err != nil {
-		t.Fatalf("write to a file without locks: %v", err)
-	}
-	h, err := a.Open(bg, ino, syscall.O_RDWR)
+	h, err := c.Open(bg, f.Ino(), syscall.O_RDWR)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,6 +484,66 @@ func TestLostLockFailsOpenHandles(t *testing.T) {
 	got := make([]byte, 6)
 	if n, err := h.ReadAt(bg, got, 0); err != nil || string(got[:n]) != "before" {
 		t.Fatalf("read through a new handle: %q %v, want \"before\"", got[:n], err)
+	}
+}
+
+// A lock whose reclaim the restarted service refuses — the grace period
+// ended and another client took a conflicting lock before this client's
+// reclaim arrived — is lost like one of an expired session: forgotten, and
+// the handles open on the file fail with EIO; the client's other locks and
+// new ones work under the new epoch.
+func TestRefusedReclaimFailsOpenHandles(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	a := tc.client(nil)
+	b := tc.client(nil)
+	f := lockedFile(t, a, "contested")
+	kept := create(t, a, RootIno, "kept", syscall.O_RDWR)
+	defer kept.Release(bg)
+	ino := f.Ino()
+	if err := a.SetLk(bg, Lock{Ino: kept.Ino(), Owner: 1, Start: 0, End: 99, Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Hold off a's reclaim (its heartbeat may come at any time; the
+	// reclaim then waits here) while the grace period is made to end
+	// without it: b reports the new epoch, and a heartbeat in a's name
+	// reports it for a, as a reclaim that came too late would have.
+	a.locks.rw.Lock()
+	tc.restartMeta()
+	if err := b.heartbeat(bg); err != nil {
+		t.Fatal(err)
+	}
+	epoch := b.lockEpoch()
+	if err := b.metaCall(bg, rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: a.clientID.Load(), OpenInodes: []uint64{ino, kept.Ino()}, LockEpoch: epoch}, &rpc.SessionHeartbeatResp{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetLk(bg, Lock{Ino: ino, Owner: 2, Start: 0, End: 9, Type: rpc.LockWrite, Pid: 22}, false, nil); err != nil {
+		a.locks.rw.Unlock()
+		t.Fatalf("b takes a conflicting lock after the grace period: %v", err)
+	}
+	a.locks.rw.Unlock()
+	if err := a.heartbeat(bg); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.heldCount(); n != 1 {
+		t.Fatalf("a counts %d held locks, want 1 (the reclaimed one)", n)
+	}
+	if a.lockEpoch() != epoch {
+		t.Fatalf("a's lock epoch %d, want the service's %d", a.lockEpoch(), epoch)
+	}
+	checkLockLost(t, a, f)
+	// The reclaimed lock is held: b cannot take it.
+	if err := b.SetLk(bg, Lock{Ino: kept.Ino(), Owner: 2, Start: 50, End: 60, Type: rpc.LockRead, Pid: 22}, false, nil); !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("b locks a range a reclaimed: %v, want EAGAIN", err)
+	}
+	if _, err := kept.WriteAt(bg, []byte("still mine"), 0); err != nil {
+		t.Fatalf("write under the reclaimed lock: %v", err)
+	}
+	// a locks the file again once b lets go.
+	if err := b.SetLk(bg, Lock{Ino: ino, Owner: 2, Start: 0, End: 9, Type: rpc.LockUnlock, Pid: 22}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetLk(bg, Lock{Ino: ino, Owner: 1, Start: 0, End: 9, Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
+		t.Fatalf("a locks the file again: %v", err)
 	}
 }
 
