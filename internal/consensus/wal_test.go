@@ -588,3 +588,95 @@ func TestWALWaitCancelled(t *testing.T) {
 		t.Fatalf("wait after the sync was released: %v", err)
 	}
 }
+
+// Moments after a durability wait (a workload of closes), an append with no
+// sync running starts one at once, so that the next wait finds it done;
+// with a sync running it does not start a second; long after the last
+// wait an append waits for the sync delay.
+func TestWALSyncStartsEarlyWhileWaitsAreFrequent(t *testing.T) {
+	w, err := openWAL(t.TempDir(), 1<<20, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var release chan struct{} // when set, the next fdatasync waits for it
+	var mu sync.Mutex
+	w.beforeSync = func(*segment) {
+		mu.Lock()
+		ch := release
+		release = nil
+		mu.Unlock()
+		if ch != nil {
+			<-ch
+		}
+	}
+	defer w.Close()
+	w.setDeferSync(time.Hour) // nothing syncs by the delay during the test
+	durableBy := func(want uint64, what string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for w.durableIndex() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: durable index %d, want %d", what, w.durableIndex(), want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	hot := func() {
+		w.ds.Lock()
+		w.ds.lastWait = time.Now()
+		w.ds.Unlock()
+	}
+
+	if err := w.StoreLogs(walEntries(1, 10)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if d := w.durableIndex(); d != 0 {
+		t.Fatalf("durable index %d with nobody waiting lately (sync delay one hour)", d)
+	}
+	if err := w.WaitDurable(10, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	hot()
+	if err := w.StoreLogs(walEntries(11, 20)); err != nil {
+		t.Fatal(err)
+	}
+	durableBy(20, "an append right after a wait, no sync running")
+
+	// A sync running (held in beforeSync): the next hot append leaves its
+	// entries for the next wait.
+	ch := make(chan struct{})
+	mu.Lock()
+	release = ch
+	mu.Unlock()
+	hot()
+	if err := w.StoreLogs(walEntries(21, 30)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; { // the sync of 21..30 starts and is held
+		w.ds.Lock()
+		n := w.ds.inflight
+		w.ds.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(ch)
+			t.Fatal("an append right after a wait started no sync")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	hot()
+	if err := w.StoreLogs(walEntries(31, 40)); err != nil {
+		t.Fatal(err)
+	}
+	close(ch)
+	durableBy(30, "the held sync")
+	time.Sleep(50 * time.Millisecond)
+	if d := w.durableIndex(); d != 30 {
+		t.Fatalf("durable index %d: an append made while a sync ran started another", d)
+	}
+	if err := w.WaitDurable(40, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
