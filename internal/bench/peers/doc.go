@@ -13,8 +13,10 @@
 // with Repeat N it goes round the systems N times (one repeat per turn, the
 // median of a system's N samples reported), so that drift of the machine —
 // this VM's disk flushes took 100 µs one hour and 170 the next — hits all
-// systems alike instead of the one whose repeats ran last; the random
-// workload's files are written once per system and serve every turn.
+// systems alike instead of the one whose repeats ran last; the turns take
+// the systems in the orders of a Williams design (turnOrder), so that no
+// system always runs right after the same other one. The random workload's
+// files are written once per system and serve every turn.
 // Before each turn the run waits until the CPUs and disks are quiet
 // (settle.go), so that background work a system leaves behind (MooseFS
 // deletes chunks after the fact) is not charged to the system measured

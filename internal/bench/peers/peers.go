@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -154,7 +155,8 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 	var results []bench.Result
 	for _, w := range cfg.Bench.Workloads {
 		for turn := 1; turn <= repeat; turn++ {
-			for _, p := range peers {
+			for _, i := range turnOrder(len(peers), turn) {
+				p := peers[i]
 				if failed[p.name] {
 					continue
 				}
@@ -209,6 +211,42 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		return rep, fmt.Errorf("%w on %s", bench.ErrCorrupt, strings.Join(corrupt, ", "))
 	}
 	return rep, nil
+}
+
+// turnOrder is the order in which turn (from 1) visits n systems: the rows
+// of a Williams design, a Latin square whose rows are the first row
+// 0, 1, n-1, 2, n-2, … shifted by one per turn (and, for odd n, the same
+// rows reversed after the first n turns). Over its period — n turns for
+// even n, 2n for odd — every system runs equally often in every position
+// and right after every other system, so the leftover background work or
+// state of one system (MooseFS deletes chunks after the fact) does not
+// always land on the same next one, as it would in a fixed or merely
+// rotated order.
+func turnOrder(n, turn int) []int {
+	period := n
+	if n%2 == 1 {
+		period = 2 * n
+	}
+	r := (turn - 1) % period
+	order := make([]int, n)
+	lo, hi := 1, n-1
+	for k := 1; k < n; k++ {
+		if k%2 == 1 {
+			order[k] = lo
+			lo++
+		} else {
+			order[k] = hi
+			hi--
+		}
+	}
+	shift := r % n
+	for k := range order {
+		order[k] = (order[k] + shift) % n
+	}
+	if r >= n {
+		slices.Reverse(order)
+	}
+	return order
 }
 
 // Cleanup removes what an earlier (crashed) run left behind, recognised by

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -191,5 +192,56 @@ func TestDiskTicks(t *testing.T) {
 	}
 	if got := diskBusy(a, a, 250*time.Millisecond); got != 0 {
 		t.Fatalf("idle disk busy %v", got)
+	}
+}
+
+func TestTurnOrderBalancesNeighbours(t *testing.T) {
+	if got := turnOrder(5, 1); !slices.Equal(got, []int{0, 1, 4, 2, 3}) {
+		t.Fatalf("turn 1 of 5: %v, want 0 1 4 2 3", got)
+	}
+	if got := turnOrder(5, 2); !slices.Equal(got, []int{1, 2, 0, 3, 4}) {
+		t.Fatalf("turn 2 of 5: %v, want 1 2 0 3 4", got)
+	}
+	for n := 1; n <= 7; n++ {
+		period := n
+		if n%2 == 1 {
+			period = 2 * n
+		}
+		pos := map[[2]int]int{}   // (system, position) → turns
+		after := map[[2]int]int{} // (previous, system) → turns
+		for turn := 1; turn <= period; turn++ {
+			o := turnOrder(n, turn)
+			if len(o) != n {
+				t.Fatalf("n=%d turn %d: %v is not a permutation", n, turn, o)
+			}
+			seen := map[int]bool{}
+			for k, s := range o {
+				if s < 0 || s >= n || seen[s] {
+					t.Fatalf("n=%d turn %d: %v is not a permutation", n, turn, o)
+				}
+				seen[s] = true
+				pos[[2]int{s, k}]++
+				if k > 0 {
+					after[[2]int{o[k-1], s}]++
+				}
+			}
+		}
+		want := period / n
+		if len(pos) != n*n {
+			t.Errorf("n=%d: %d (system, position) pairs over %d turns, want all %d", n, len(pos), period, n*n)
+		}
+		for k, c := range pos {
+			if c != want {
+				t.Errorf("n=%d: system %d in position %d in %d turns, want %d", n, k[0], k[1], c, want)
+			}
+		}
+		if len(after) != n*(n-1) {
+			t.Errorf("n=%d: %d ordered neighbour pairs over %d turns, want all %d", n, len(after), period, n*(n-1))
+		}
+		for k, c := range after {
+			if c != want {
+				t.Errorf("n=%d: system %d right after %d in %d turns, want %d", n, k[1], k[0], c, want)
+			}
+		}
 	}
 }
