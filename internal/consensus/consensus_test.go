@@ -231,3 +231,47 @@ func FuzzDecodeLog(f *testing.F) {
 		}
 	})
 }
+
+// Proposals racing a Close are all answered — applied, or refused with an
+// error — rather than left waiting on a future that raft's shutdown never
+// completes (hashicorp/raft answers nothing still queued in its apply
+// channel when it stops).
+func TestCloseAnswersRacingProposals(t *testing.T) {
+	for round := range 10 {
+		fsm := openCounter(t, t.TempDir())
+		n := startNode(t, t.TempDir(), fsm)
+		var wg sync.WaitGroup
+		var applied, refused sync.Map
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 100_000 {
+					if _, _, err := n.ApplyIndex(u64(1), time.Second); err != nil {
+						refused.Store(w, err)
+						return
+					}
+					applied.Store(w, i+1)
+				}
+			}()
+		}
+		time.Sleep(time.Duration(20+round*5) * time.Millisecond)
+		if err := n.Close(); err != nil {
+			t.Fatalf("round %d: close: %v", round, err)
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: proposals made while the node closed were never answered", round)
+		}
+		refused.Range(func(_, v any) bool {
+			if err := v.(error); !errors.Is(err, ErrClosed) && !errors.Is(err, ErrNotLeader) {
+				t.Errorf("round %d: a proposal refused at close says %v, want ErrClosed", round, err)
+			}
+			return true
+		})
+		fsm.db.Close()
+	}
+}

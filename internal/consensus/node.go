@@ -100,6 +100,12 @@ type Node struct {
 	notify chan bool
 	log    *slog.Logger
 
+	// applyMu is held shared while a proposal (or barrier) is handed to
+	// raft, and exclusively by Close to refuse new ones (closing): after
+	// that, Close drains what raft holds before stopping it.
+	applyMu sync.RWMutex
+	closing bool
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -281,10 +287,19 @@ func (n *Node) Apply(cmd []byte, timeout time.Duration) (any, error) {
 // ApplyIndex is Apply that also returns the entry's log index, for
 // WaitDurable.
 func (n *Node) ApplyIndex(cmd []byte, timeout time.Duration) (any, uint64, error) {
+	n.applyMu.RLock()
+	if n.closing {
+		n.applyMu.RUnlock()
+		return nil, 0, ErrClosed
+	}
 	f := n.raft.Apply(cmd, timeout)
+	n.applyMu.RUnlock()
 	if err := f.Error(); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
 			return nil, 0, fmt.Errorf("%w: %v", ErrNotLeader, err)
+		}
+		if errors.Is(err, raft.ErrRaftShutdown) {
+			return nil, 0, ErrClosed
 		}
 		return nil, 0, fmt.Errorf("raft apply: %w", err)
 	}
@@ -308,6 +323,9 @@ func (n *Node) DurableIndex() uint64 { return n.wal.durableIndex() }
 
 // Term is the node's current raft term.
 func (n *Node) Term() uint64 { return n.raft.CurrentTerm() }
+
+// ErrClosed answers a proposal made while or after the node closes.
+var ErrClosed = errors.New("raft node closed")
 
 // ErrCompacted: the log no longer holds an index because a snapshot covers
 // it. ErrNoEntry: the log does not reach the index.
@@ -341,9 +359,19 @@ func (n *Node) SyncLog(timeout time.Duration) error {
 
 // Barrier waits until every entry committed before it is applied to the FSM.
 func (n *Node) Barrier(timeout time.Duration) error {
-	if err := n.raft.Barrier(timeout).Error(); err != nil {
+	n.applyMu.RLock()
+	if n.closing {
+		n.applyMu.RUnlock()
+		return ErrClosed
+	}
+	f := n.raft.Barrier(timeout)
+	n.applyMu.RUnlock()
+	if err := f.Error(); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
 			return fmt.Errorf("%w: %v", ErrNotLeader, err)
+		}
+		if errors.Is(err, raft.ErrRaftShutdown) {
+			return ErrClosed
 		}
 		return fmt.Errorf("raft barrier: %w", err)
 	}
@@ -392,7 +420,11 @@ func (n *Node) Stats() Stats {
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
 		var errs []error
+		n.applyMu.Lock()
+		n.closing = true
+		n.applyMu.Unlock()
 		if n.raft != nil {
+			n.drainProposals()
 			if err := n.raft.Shutdown().Error(); err != nil {
 				errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
 			}
@@ -415,6 +447,33 @@ func (n *Node) Close() error {
 		n.closeErr = errors.Join(errs...)
 	})
 	return n.closeErr
+}
+
+// closeDrainTimeout bounds how long Close waits for the proposals raft
+// already holds (a leader without a quorum cannot commit them).
+const closeDrainTimeout = 3 * time.Second
+
+// drainProposals waits until raft has answered every proposal handed to it
+// before Close refused new ones. hashicorp/raft answers nothing still
+// queued in its apply channel, or committed but not yet applied, when it
+// shuts down: those callers would wait forever. A barrier queues behind
+// them all and completes once they are applied (a follower or candidate
+// refuses them, and the barrier, at once); past the bound, shutdown answers
+// the ones the leader has taken in with ErrLeadershipLost.
+func (n *Node) drainProposals() {
+	f := n.raft.Barrier(closeDrainTimeout)
+	done := make(chan struct{})
+	go func() {
+		_ = f.Error() // any answer will do: it comes after the earlier ones
+		close(done)
+	}()
+	t := time.NewTimer(closeDrainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		n.log.Warn("raft: proposals still unanswered at close", "waited", closeDrainTimeout)
+	}
 }
 
 // logWriter turns raft's hclog lines into slog records.

@@ -216,9 +216,9 @@ func (s *Service) Close() error {
 			cancel()
 		}
 		// Stop the leader loop (and the other service goroutines) while
-		// raft still runs: a proposal enqueued after raft's shutdown is
-		// never answered (hashicorp/raft leaves its future waiting), so a
-		// reaper proposing at that moment would hang Close.
+		// raft still runs, so that their last proposals complete rather
+		// than be refused (consensus.ErrClosed) by the node's Close, which
+		// answers every proposal raft holds before stopping it.
 		s.wg.Wait()
 		if s.node != nil {
 			s.snapshotBeforeClose()
@@ -360,6 +360,11 @@ func (s *Service) propose(c *command) (*result, error) {
 	if err != nil {
 		if errors.Is(err, consensus.ErrNotLeader) {
 			return nil, s.notLeader()
+		}
+		if errors.Is(err, consensus.ErrClosed) {
+			// Refused, never proposed: the client retries it on the
+			// restarted (or next) leader.
+			return nil, rpc.Errorf(ErrNotLeader, "metadata node %s is shutting down", s.cfg.NodeID)
 		}
 		return nil, rpc.Errorf(syscall.EIO, "metadata commit failed: %v", err)
 	}
