@@ -424,6 +424,7 @@ func TestLostLockFailsOpenHandles(t *testing.T) {
 	a := tc.client(nil)
 	b := tc.client(nil)
 	f := lockedFile(t, a, "guarded")
+	bystander := openFile(t, a, f.Ino())
 	g := create(t, a, RootIno, "unguarded", syscall.O_RDWR)
 	defer g.Release(bg)
 	// The service ends a's session, as when its lease runs out; its locks go.
@@ -443,7 +444,7 @@ func TestLostLockFailsOpenHandles(t *testing.T) {
 	if _, err := g.WriteAt(bg, []byte("fine"), 0); err != nil {
 		t.Fatalf("write to a file without locks: %v", err)
 	}
-	checkLockLost(t, a, f)
+	checkLockLost(t, a, f, bystander)
 }
 
 // lockedFile creates name in the root through c, writes "before" to it
@@ -457,33 +458,58 @@ func lockedFile(t *testing.T, c *Client, name string) *File {
 	if err := f.Fsync(bg); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.SetLk(bg, Lock{Ino: f.Ino(), Owner: 1, Start: 0, End: ^uint64(0), Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
+	if err := f.SetLk(bg, Lock{Ino: f.Ino(), Owner: 1, Start: 0, End: ^uint64(0), Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	return f
 }
 
-// checkLockLost checks that f, whose lock was lost, fails writes, reads and
-// its close with EIO, and that a new handle on the file reads "before".
-func checkLockLost(t *testing.T, c *Client, f *File) {
+// openFile opens ino read-write through c.
+func openFile(t *testing.T, c *Client, ino uint64) *File {
 	t.Helper()
+	h, err := c.Open(bg, ino, syscall.O_RDWR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// checkLockLost checks that f, whose lock was lost, fails writes, reads and
+// its close with EIO, that bystander — a handle on the same file opened
+// before the loss, through which no lock was taken (another process's) —
+// works on and closes cleanly, and that a new handle on the file reads
+// "before".
+func checkLockLost(t *testing.T, c *Client, f, bystander *File) {
+	t.Helper()
+	got := make([]byte, 6)
+	if n, err := bystander.ReadAt(bg, got, 0); err != nil || string(got[:n]) != "before" {
+		t.Fatalf("read through a handle that took no lock: %q %v, want \"before\"", got[:n], err)
+	}
+	if err := bystander.Release(bg); err != nil {
+		t.Fatalf("close of a handle that took no lock: %v", err)
+	}
 	if _, err := f.WriteAt(bg, []byte("unguarded"), 0); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("write through a handle whose lock was lost: %v, want EIO", err)
 	}
 	if _, err := f.ReadAt(bg, make([]byte, 6), 0); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("read through a handle whose lock was lost: %v, want EIO", err)
 	}
-	if err := f.Release(bg); !errors.Is(err, syscall.EIO) {
-		t.Fatalf("close of a handle whose lock was lost: %v, want EIO", err)
-	}
+	// A new handle, while f still holds the file open: the owner that
+	// lost its lock may lock again through it (a range the other client
+	// does not hold), and the old loss does not count against it.
 	h, err := c.Open(bg, f.Ino(), syscall.O_RDWR)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Release(bg)
-	got := make([]byte, 6)
+	if err := h.SetLk(bg, Lock{Ino: f.Ino(), Owner: 1, Start: 100, End: 199, Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
+		t.Fatalf("lock again after the loss: %v", err)
+	}
 	if n, err := h.ReadAt(bg, got, 0); err != nil || string(got[:n]) != "before" {
 		t.Fatalf("read through a new handle: %q %v, want \"before\"", got[:n], err)
+	}
+	if err := f.Release(bg); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("close of a handle whose lock was lost: %v, want EIO", err)
 	}
 }
 
@@ -497,10 +523,11 @@ func TestRefusedReclaimFailsOpenHandles(t *testing.T) {
 	a := tc.client(nil)
 	b := tc.client(nil)
 	f := lockedFile(t, a, "contested")
+	bystander := openFile(t, a, f.Ino())
 	kept := create(t, a, RootIno, "kept", syscall.O_RDWR)
 	defer kept.Release(bg)
 	ino := f.Ino()
-	if err := a.SetLk(bg, Lock{Ino: kept.Ino(), Owner: 1, Start: 0, End: 99, Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
+	if err := kept.SetLk(bg, Lock{Ino: kept.Ino(), Owner: 1, Start: 0, End: 99, Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Hold off a's reclaim (its heartbeat may come at any time; the
@@ -530,7 +557,7 @@ func TestRefusedReclaimFailsOpenHandles(t *testing.T) {
 	if a.lockEpoch() != epoch {
 		t.Fatalf("a's lock epoch %d, want the service's %d", a.lockEpoch(), epoch)
 	}
-	checkLockLost(t, a, f)
+	checkLockLost(t, a, f, bystander)
 	// The reclaimed lock is held: b cannot take it.
 	if err := b.SetLk(bg, Lock{Ino: kept.Ino(), Owner: 2, Start: 50, End: 60, Type: rpc.LockRead, Pid: 22}, false, nil); !errors.Is(err, syscall.EAGAIN) {
 		t.Fatalf("b locks a range a reclaimed: %v, want EAGAIN", err)

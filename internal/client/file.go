@@ -21,9 +21,13 @@ type File struct {
 	sync   bool // O_SYNC/O_DSYNC: every write durable before it returns
 	attr   rpc.Attr
 	ra     readahead
-	// lockGen is the inode's lockLost count when this handle was opened:
-	// a lock lost since then fails its reads and writes (lockErr).
-	lockGen uint64
+	// owners are the lock owners that took locks through this handle,
+	// each with the inode's loss count (lostLocks.n) when it first did: a
+	// loss of one of their locks after that fails the handle (lockErr).
+	owners struct {
+		sync.Mutex
+		m map[uint64]uint64
+	}
 
 	mu struct {
 		sync.Mutex
@@ -91,9 +95,8 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int) (*File, 
 	c.mu.Unlock()
 	in.merge(&a)
 	f := &File{c: c, in: in, flags: flags, attr: a,
-		direct:  flags&syscall.O_DIRECT != 0,
-		sync:    flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
-		lockGen: in.lockLost.Load(),
+		direct: flags&syscall.O_DIRECT != 0,
+		sync:   flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
 	}
 	f.ra.init(f)
 	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY && a.Size > 0 {
@@ -435,13 +438,42 @@ func (f *File) Flush(ctx context.Context) error {
 	return f.lockErr()
 }
 
-// lockErr is EIO when a lock this client held on the file was lost after
-// the handle was opened (see Client.lockLost): as with NFS, the handle's
-// later reads and writes fail rather than run unprotected, and so does its
-// close — after writing back what it had buffered. Handles opened after
-// the loss work.
+// SetLk is Client.SetLk for a lock taken through this handle: a later
+// loss of the owner's locks on the file fails the handle (lockErr).
+func (f *File) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struct{}) error {
+	if l.Type != rpc.LockUnlock {
+		f.owners.Lock()
+		if _, ok := f.owners.m[l.Owner]; !ok {
+			if f.owners.m == nil {
+				f.owners.m = map[uint64]uint64{}
+			}
+			f.owners.m[l.Owner] = f.in.lost.count()
+		}
+		f.owners.Unlock()
+	}
+	return f.c.SetLk(ctx, l, wait, cancel)
+}
+
+// lockErr is EIO when a lock that an owner took through this handle was
+// lost afterwards (see Client.lockLost): as with NFS, the handle's later
+// reads and writes fail rather than run unprotected, and so does its close
+// — after writing back what it had buffered. Other handles of the file
+// (another process's, or one its owner took no lock through) and handles
+// opened after the loss work.
 func (f *File) lockErr() error {
-	if f.in.lockLost.Load() == f.lockGen {
+	if f.in.lost.count() == 0 {
+		return nil
+	}
+	f.owners.Lock()
+	defer f.owners.Unlock()
+	lost := false
+	for o, since := range f.owners.m {
+		if f.in.lost.since(o) > since {
+			lost = true
+			break
+		}
+	}
+	if !lost {
 		return nil
 	}
 	return fmt.Errorf("inode %d: a lock this client held on the file was lost while the file was open "+

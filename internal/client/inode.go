@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"syscall"
 
 	"github.com/stratafs/strata/internal/layout"
@@ -58,9 +57,9 @@ type inode struct {
 	ino    uint64
 	layout layout.Layout // immutable for a file
 	refs   int           // open handles; guarded by c.mu
-	// lockLost counts the losses of locks this client held on the file
+	// lost records the locks of this client on the file that were lost
 	// (File.lockErr).
-	lockLost atomic.Uint64
+	lost lostLocks
 
 	mu struct {
 		sync.Mutex

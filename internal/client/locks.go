@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -191,8 +192,8 @@ func (c *Client) lockEpoch() uint64 {
 // reclaimLocks re-registers every held lock with the service, whose lock
 // epoch is now epoch, and reports whether all were taken back. A lock the
 // service refuses (another client holds a conflicting one) is lost: it is
-// logged and forgotten, and the handles open on the file fail from then on
-// (lockLost), as with NFS.
+// logged and forgotten, and the handles its owner locked through fail from
+// then on (lockLost), as with NFS.
 func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
 	h := &c.locks
 	h.rw.Lock()
@@ -226,7 +227,7 @@ func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
 			h.mu.Lock()
 			h.replaceLocked(heldKey{ino: l.Ino, flock: l.Flock}, lockrange.Lock{Owner: l.Owner, Start: l.Start, End: l.End, Type: rpc.LockUnlock})
 			h.mu.Unlock()
-			c.lockLost(l.Ino)
+			c.lockLost(l.Ino, l.Owner)
 		default:
 			c.log.Warn("lock reclaim failed; will retry", "ino", l.Ino, "err", err)
 			return false
@@ -242,36 +243,64 @@ func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
 }
 
 // forgetLocks drops every held lock: the session they belonged to is gone
-// (expired), and the service released them. The files they were on count
-// as having lost a lock (lockLost).
+// (expired), and the service released them. Their owners count as having
+// lost them (lockLost).
 func (c *Client) forgetLocks() int {
+	type lost struct{ ino, owner uint64 }
 	c.locks.mu.Lock()
 	n := c.heldCountLocked()
-	var inos []uint64
+	var gone []lost
 	for k, list := range c.locks.mu.held {
-		if len(list) > 0 {
-			inos = append(inos, k.ino)
+		for _, l := range list {
+			gone = append(gone, lost{k.ino, l.Owner})
 		}
 	}
 	c.locks.mu.held = nil
 	c.locks.mu.epoch = 0
 	c.locks.mu.Unlock()
-	for _, ino := range inos {
-		c.lockLost(ino)
+	for _, g := range gone {
+		c.lockLost(g.ino, g.owner)
 	}
 	return n
 }
 
-// lockLost marks that a lock this client held on ino is gone without the
-// application releasing it: the handles open on ino now fail their reads,
-// writes and close with EIO (File.lockErr); later opens work. Like the
-// Linux NFS client after a failed lock recovery, this tells an application
-// that believed itself protected, rather than letting it write unguarded.
-func (c *Client) lockLost(ino uint64) {
+// lockLost marks that a lock owner held on ino is gone without the
+// application releasing it: the handles the owner took locks through now
+// fail their reads, writes and close with EIO (File.lockErr); its other
+// handles, other owners' and later opens work. Like the Linux NFS client
+// after a failed lock recovery, this tells an application that believed
+// itself protected, rather than letting it write unguarded.
+func (c *Client) lockLost(ino, owner uint64) {
 	c.mu.Lock()
 	in := c.mu.inodes[ino]
 	c.mu.Unlock()
 	if in != nil {
-		in.lockLost.Add(1)
+		in.lost.note(owner)
 	}
+}
+
+// lostLocks records, per lock owner, when the owner last lost a lock on
+// one file: the value of a count of such losses that only grows.
+type lostLocks struct {
+	n  atomic.Uint64 // losses so far; 0: none, the common case, read without the lock
+	mu sync.Mutex
+	by map[uint64]uint64 // owner → n after its last loss
+}
+
+func (l *lostLocks) count() uint64 { return l.n.Load() }
+
+func (l *lostLocks) note(owner uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.by == nil {
+		l.by = map[uint64]uint64{}
+	}
+	l.by[owner] = l.n.Add(1)
+}
+
+// since is the count after owner's last loss (0: never).
+func (l *lostLocks) since(owner uint64) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.by[owner]
 }

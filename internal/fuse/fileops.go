@@ -251,6 +251,10 @@ func (fs *fileSystem) setLk(cancel <-chan struct{}, in *gofuse.LkIn, wait bool) 
 	if !l.Flock && l.Type != rpc.LockUnlock {
 		fs.noteOwner(in.NodeId, in.Fh, l.Owner)
 	}
+	if h := fs.handle(in.Fh); h != nil {
+		// Through the handle: a loss of the owner's locks fails it.
+		return fs.errno("setlk", in.NodeId, h.f.SetLk(fs.ctx(), l, wait, cancel))
+	}
 	return fs.errno("setlk", in.NodeId, fs.c.SetLk(fs.ctx(), l, wait, cancel))
 }
 
