@@ -219,7 +219,8 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 // rows reversed after the first n turns). Over its period — n turns for
 // even n, 2n for odd — every system runs equally often in every position
 // and right after every other system, so the leftover background work or
-// state of one system (MooseFS deletes chunks after the fact) does not
+// state of one system (a page cache full of its files, a daemon's own
+// timers) does not
 // always land on the same next one, as it would in a fixed or merely
 // rotated order.
 func turnOrder(n, turn int) []int {

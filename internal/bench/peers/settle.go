@@ -9,8 +9,8 @@ import (
 	"time"
 )
 
-// Background work of one system (MooseFS deleting chunks, GlusterFS
-// healing, a metadata log compacting) must not be charged to the system
+// Background work of one system (GlusterFS healing, a metadata log
+// compacting, a chunkserver testing chunks) must not be charged to the system
 // measured next. Before each system's turn at a workload the run waits
 // until the machine is quiet: two consecutive settleWindow windows with at
 // most settleBusy of the CPUs busy and no disk busy more than
