@@ -416,9 +416,9 @@ func TestLocksSurviveMetaRestart(t *testing.T) {
 
 // TestLostLockFailsOpenHandles: when the service drops this client's
 // session (lease expired, evicted) while it holds a lock, and another
-// client takes the lock, the handles open on the file fail with EIO —
-// reads, writes, close — instead of going on unprotected; other files and
-// a new open of the same file work.
+// client takes the lock, the handles the lock was taken through fail with
+// EIO — reads, writes, close — instead of going on unprotected; the file's
+// other handles, other files and a new open of the same file work.
 func TestLostLockFailsOpenHandles(t *testing.T) {
 	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
 	a := tc.client(nil)
@@ -497,10 +497,7 @@ func checkLockLost(t *testing.T, c *Client, f, bystander *File) {
 	// A new handle, while f still holds the file open: the owner that
 	// lost its lock may lock again through it (a range the other client
 	// does not hold), and the old loss does not count against it.
-	h, err := c.Open(bg, f.Ino(), syscall.O_RDWR)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := openFile(t, c, f.Ino())
 	defer h.Release(bg)
 	if err := h.SetLk(bg, Lock{Ino: f.Ino(), Owner: 1, Start: 100, End: 199, Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
 		t.Fatalf("lock again after the loss: %v", err)
@@ -516,8 +513,8 @@ func checkLockLost(t *testing.T, c *Client, f, bystander *File) {
 // A lock whose reclaim the restarted service refuses — the grace period
 // ended and another client took a conflicting lock before this client's
 // reclaim arrived — is lost like one of an expired session: forgotten, and
-// the handles open on the file fail with EIO; the client's other locks and
-// new ones work under the new epoch.
+// the handles it was taken through fail with EIO; the client's other locks
+// and new ones work under the new epoch.
 func TestRefusedReclaimFailsOpenHandles(t *testing.T) {
 	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
 	a := tc.client(nil)

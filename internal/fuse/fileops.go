@@ -248,18 +248,20 @@ func (fs *fileSystem) SetLkw(cancel <-chan struct{}, in *gofuse.LkIn) gofuse.Sta
 
 func (fs *fileSystem) setLk(cancel <-chan struct{}, in *gofuse.LkIn, wait bool) gofuse.Status {
 	l := lockOf(in.NodeId, in)
+	h := fs.handle(in.Fh)
 	if !l.Flock && l.Type != rpc.LockUnlock {
-		fs.noteOwner(in.NodeId, in.Fh, l.Owner)
+		fs.noteOwner(in.NodeId, h, l.Owner)
 	}
-	if h := fs.handle(in.Fh); h != nil {
+	if h != nil {
 		// Through the handle: a loss of the owner's locks fails it.
 		return fs.errno("setlk", in.NodeId, h.f.SetLk(fs.ctx(), l, wait, cancel))
 	}
 	return fs.errno("setlk", in.NodeId, fs.c.SetLk(fs.ctx(), l, wait, cancel))
 }
 
-// noteOwner records that owner took a record lock on ino through handle fh.
-func (fs *fileSystem) noteOwner(ino, fh, owner uint64) {
+// noteOwner records that owner took a record lock on ino through handle h
+// (nil: the handle is gone).
+func (fs *fileSystem) noteOwner(ino uint64, h *fileHandle, owner uint64) {
 	fs.lockMu.Lock()
 	m := fs.lockOwners[ino]
 	if m == nil {
@@ -268,7 +270,7 @@ func (fs *fileSystem) noteOwner(ino, fh, owner uint64) {
 	}
 	m[owner] = struct{}{}
 	fs.lockMu.Unlock()
-	if h := fs.handle(fh); h != nil {
+	if h != nil {
 		h.mu.Lock()
 		if h.owners == nil {
 			h.owners = map[uint64]struct{}{}
