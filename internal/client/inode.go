@@ -260,10 +260,11 @@ func (in *inode) writeOut(w *wbuf) {
 	if w.budgeted {
 		c.budget.release(n)
 	}
-	if w.pooled && err == nil {
-		// After a failure the call may have been abandoned with the
-		// handler still reading the buffer (an in-process store borrows
-		// it, rpc/local.go): leave it to the garbage collector.
+	if w.pooled {
+		// Free whatever the outcome: once a call returned, no handler
+		// reads its request's bytes any more — an in-process store that
+		// borrows them holds an abandoning caller until it is done
+		// (rpc.UseLent).
 		putBuf(w.buf)
 	}
 }

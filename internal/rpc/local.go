@@ -35,9 +35,13 @@ import (
 // bytes in place during the call (handlers never keep request bytes after
 // returning: on the network path the frame buffer is recycled then too).
 // So a caller must not change or reuse a request's data until the call has
-// returned, and after a call that failed — which may have been abandoned
-// while the handler still runs — not at all (the client drops such a
-// buffer to the garbage collector instead of its pool).
+// returned. A handler reads lent bytes only between UseLent and DoneLent; a
+// caller that gives up meanwhile waits for DoneLent before it returns (a
+// wait as long as the handler's use: a write's pwrite), and once it gave
+// up, UseLent refuses. So after any return, failed or not, the handler no
+// longer reads the caller's bytes, and the caller may reuse them — as the
+// FUSE layer does with its request buffers, which writes through (O_DIRECT,
+// O_SYNC) lend, and the client with its write-behind buffers.
 //
 // Large answers (ReadResp) are not encoded into a fresh buffer: when the
 // answer is a tailer and the caller's resp copies out (ReadResp.Into), only
@@ -59,6 +63,61 @@ func LocalReadDest(ctx context.Context) []byte {
 }
 
 type readDestKey struct{}
+
+type lendKey struct{}
+
+// lendGuard orders a handler's use of a request's lent bytes against its
+// caller giving up (see UseLent).
+type lendGuard struct {
+	mu        sync.Mutex
+	idle      *sync.Cond // signalled when using drops to 0
+	using     int
+	abandoned bool
+}
+
+// abandon marks the call given up, once no handler reads the lent bytes.
+func (g *lendGuard) abandon() {
+	g.mu.Lock()
+	for g.using > 0 {
+		g.idle.Wait()
+	}
+	g.abandoned = true
+	g.mu.Unlock()
+}
+
+// UseLent reports whether a handler may read its request's lent bytes (an
+// in-process caller's own memory: WriteReq.Data) now. If so, the caller
+// cannot give up and reuse them until the handler calls DoneLent, which it
+// must do once it no longer reads them, and before it returns. False once
+// the caller gave up: the bytes may already serve another request, so the
+// handler must not read them at all. Always true on the network path,
+// where the bytes are the handler's own.
+func UseLent(ctx context.Context) bool {
+	g, _ := ctx.Value(lendKey{}).(*lendGuard)
+	if g == nil {
+		return true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.abandoned {
+		return false
+	}
+	g.using++
+	return true
+}
+
+// DoneLent ends a use that UseLent allowed.
+func DoneLent(ctx context.Context) {
+	g, _ := ctx.Value(lendKey{}).(*lendGuard)
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	if g.using--; g.using == 0 {
+		g.idle.Broadcast()
+	}
+	g.mu.Unlock()
+}
 
 var localServers sync.Map // listen address (string) -> *Server
 
@@ -108,8 +167,13 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	}
 	var e Enc
 	dec := &Dec{}
+	var lent *lendGuard
 	if t, ok := req.(tailer); ok {
 		dec.tail = t.EncodeHead(&e) // the write's data is lent, not copied
+		if len(dec.tail) > 0 {
+			lent = &lendGuard{}
+			lent.idle = sync.NewCond(&lent.mu)
+		}
 	} else {
 		req.Encode(&e)
 	}
@@ -118,6 +182,9 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	// already ends by then (the usual case: clients set one per call),
 	// ctx serves as both the handler's bound and ours — no second timer.
 	hctx := context.WithValue(ctx, peerKey{}, inProcessPeer)
+	if lent != nil {
+		hctx = context.WithValue(hctx, lendKey{}, lent)
+	}
 	if dd, ok := resp.(interface{ directDest() []byte }); ok {
 		if b := dd.directDest(); b != nil {
 			hctx = context.WithValue(hctx, readDestKey{}, b)
@@ -183,6 +250,9 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		goLocal(run)
 	}
 	giveUp := func() {
+		if lent != nil {
+			lent.abandon() // waits while the handler reads our bytes
+		}
 		mu.Lock()
 		abandoned = true
 		mu.Unlock()

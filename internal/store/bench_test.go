@@ -119,7 +119,7 @@ func benchChunk(b *testing.B, write bool) {
 	buf := make([]byte, 4096)
 	const span = 16 << 20
 	for off := 0; off < span; off += 1 << 20 {
-		if err := c.write(e.s, int64(off), make([]byte, 1<<20), nil); err != nil {
+		if err := c.write(context.Background(), e.s, int64(off), make([]byte, 1<<20)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -130,7 +130,7 @@ func benchChunk(b *testing.B, write bool) {
 	for i := 0; i < b.N; i++ {
 		off := int64(rng.IntN(span/4096) * 4096)
 		if write {
-			err = c.write(e.s, off, buf, nil)
+			err = c.write(context.Background(), e.s, off, buf)
 		} else {
 			var r *readResp
 			r, err = c.read(e.s, off, 4096, nil)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"container/list"
+	"context"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -376,15 +377,13 @@ func (c *chunk) growSize(end int64) {
 
 // write stores data at off. The caller checked bounds and space.
 //
-// abandoned, when set, reports whether the caller that lent data (an
-// in-process client's FUSE request buffer) gave up on the write: from then
-// on the buffer may be serving another request, so what was summed and
-// written may be another file's bytes. Checked once the range is locked (a
-// write abandoned by then writes nothing: a later write of the range may
-// have been served while it waited) and again once the bytes are on disk,
-// range still locked (then the range is scrubbed to zeros); either way the
-// write fails.
-func (c *chunk) write(s *Server, off int64, data []byte, abandoned func() bool) error {
+// data may be lent by an in-process caller (its own buffer, e.g. a FUSE
+// request's): write reads it only once the range is locked and the caller
+// still waits (rpc.UseLent), and holds the caller until it is done with it.
+// A caller that gave up while the write waited for its range gets nothing
+// written (a later write of the range may have been served meanwhile, and
+// its buffer may serve another request by now).
+func (c *chunk) write(ctx context.Context, s *Server, off int64, data []byte) error {
 	if len(data) == 0 {
 		return nil
 	}
@@ -401,11 +400,10 @@ func (c *chunk) write(s *Server, off int64, data []byte, abandoned func() bool) 
 			c.unlock(mask, true)
 		}
 	}()
-	if abandoned != nil && abandoned() {
-		// Gave up while this write waited for its range: write nothing (a
-		// later write of the range may already have been served).
+	if !rpc.UseLent(ctx) {
 		return rpc.Errorf(syscall.EIO, "target %s chunk %x: write at %d abandoned by its caller before it began", c.t.path, c.ino, off)
 	}
+	defer rpc.DoneLent(ctx)
 	if h := testHookWriteLocked.Load(); h != nil {
 		(*h)()
 	}
@@ -449,15 +447,6 @@ func (c *chunk) write(s *Server, off int64, data []byte, abandoned func() bool) 
 		return c.ioErr("write sums", off, err)
 	}
 	n, err := pwritePartial(c.dataFd, data, off)
-	if abandoned != nil && abandoned() {
-		if serr := c.scrub(off, end); serr != nil {
-			s.log.Error("cannot scrub an abandoned write", "target", c.t.path, "ino", c.name(), "off", off, "err", serr)
-		}
-		c.unlock(mask, true)
-		locked = false
-		c.trimFailedWrite(s)
-		return rpc.Errorf(syscall.EIO, "target %s chunk %x: write at %d abandoned by its caller while in progress; the range was zeroed", c.t.path, c.ino, off)
-	}
 	if err != nil {
 		c.repairFailedWrite(s, off, data, n, oldSums, newSums)
 		c.unlock(mask, true)
@@ -503,34 +492,6 @@ var testHookWriteOut atomic.Pointer[func(from, end int64)]
 // locked and the caller was still there, before anything is summed or
 // written.
 var testHookWriteLocked atomic.Pointer[func()]
-
-// scrub overwrites [off, end) with zeros and sums the blocks it touches
-// from what is on disk then. Called with the range locked.
-func (c *chunk) scrub(off, end int64) error {
-	if end <= off {
-		return nil
-	}
-	var zero [blockSize]byte
-	for p := off; p < end; {
-		n := min(end-p, blockSize-p%blockSize)
-		if err := pwriteFull(c.dataFd, zero[:n], p); err != nil {
-			return err
-		}
-		p += n
-	}
-	b0, b1 := off>>blockShift, blocks(end)
-	sums := make([]byte, 4*(b1-b0))
-	var blk [blockSize]byte
-	for i := int64(0); i < b1-b0; i++ {
-		m, err := preadFull(c.dataFd, blk[:], (b0+i)<<blockShift)
-		if err != nil {
-			return err
-		}
-		clear(blk[m:])
-		putU32(sums[4*i:], storedSum(blk[:]))
-	}
-	return pwriteFull(c.sumFd, sums, sumOff(b0))
-}
 
 // repairFailedWrite makes the sums of [off, off+len(data)) match the data
 // after a pwrite that stored only its first n bytes. Called with the range

@@ -307,12 +307,6 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.Empty, 
 			return nil, err
 		}
 	}
-	// An in-process caller lends its own buffer (no copy): once it gives
-	// up, the bytes may change under the write.
-	var abandoned func() bool
-	if rpc.InProcess(ctx) {
-		abandoned = func() bool { return ctx.Err() != nil }
-	}
 	for i := 0; ; i++ {
 		c, err := s.cache.get(t, r.Chunk.Ino, true)
 		if err != nil {
@@ -324,7 +318,7 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.Empty, 
 			s.cache.release(c)
 			return nil, rpc.Errorf(syscall.EIO, "target %s chunk %x: write abandoned by its caller: %v", t.path, r.Chunk.Ino, err)
 		}
-		err = c.write(s, int64(r.Off), r.Data, abandoned)
+		err = c.write(ctx, s, int64(r.Off), r.Data)
 		if err == nil && r.Sync {
 			err = c.sync()
 		}
