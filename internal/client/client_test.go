@@ -447,6 +447,54 @@ func TestLostLockFailsOpenHandles(t *testing.T) {
 	checkLockLost(t, a, f, bystander)
 }
 
+// A lock request refused through a handle (EAGAIN: another client holds
+// the range) does not tie the handle to its owner: when the owner later
+// loses a lock it took through another handle, only that handle fails.
+func TestRefusedLockLeavesHandleAlone(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	a := tc.client(nil)
+	b := tc.client(nil)
+	f := create(t, a, RootIno, "shared", syscall.O_RDWR)
+	if _, err := f.WriteAt(bg, []byte("before"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Fsync(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetLk(bg, Lock{Ino: f.Ino(), Owner: 2, Start: 100, End: 199, Type: rpc.LockWrite, Pid: 22}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetLk(bg, Lock{Ino: f.Ino(), Owner: 1, Start: 0, End: 9, Type: rpc.LockWrite, Pid: 11}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	tried := openFile(t, a, f.Ino())
+	if err := tried.SetLk(bg, Lock{Ino: f.Ino(), Owner: 1, Start: 100, End: 109, Type: rpc.LockWrite, Pid: 11}, false, nil); !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("lock over b's range: %v, want EAGAIN", err)
+	}
+	if err := b.metaCall(bg, rpc.MSessionClose, &rpc.SessionCloseReq{ClientID: a.clientID.Load()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.heartbeat(bg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(bg, []byte("unguarded"), 0); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("write through the handle whose lock was lost: %v, want EIO", err)
+	}
+	got := make([]byte, 6)
+	if n, err := tried.ReadAt(bg, got, 0); err != nil || string(got[:n]) != "before" {
+		t.Fatalf("read through the handle whose lock request was refused: %q %v, want \"before\"", got[:n], err)
+	}
+	if _, err := tried.WriteAt(bg, []byte("after!"), 0); err != nil {
+		t.Fatalf("write through the handle whose lock request was refused: %v", err)
+	}
+	if err := tried.Release(bg); err != nil {
+		t.Fatalf("close of the handle whose lock request was refused: %v", err)
+	}
+	if err := f.Release(bg); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("close of the handle whose lock was lost: %v, want EIO", err)
+	}
+}
+
 // lockedFile creates name in the root through c, writes "before" to it
 // durably and takes a write lock over the whole file (owner 1, pid 11).
 func lockedFile(t *testing.T, c *Client, name string) *File {

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"syscall"
@@ -21,12 +22,12 @@ type File struct {
 	sync   bool // O_SYNC/O_DSYNC: every write durable before it returns
 	attr   rpc.Attr
 	ra     readahead
-	// owners are the lock owners that took locks through this handle,
-	// each with the inode's loss count (lostLocks.n) when it first did: a
-	// loss of one of their locks after that fails the handle (lockErr).
+	// owners are the lock owners that took locks through this handle
+	// (or are asking for one): a loss of one of their locks after the
+	// first request fails the handle (lockErr).
 	owners struct {
 		sync.Mutex
-		m map[uint64]uint64
+		m map[uint64]*handleOwner
 	}
 
 	mu struct {
@@ -441,17 +442,48 @@ func (f *File) Flush(ctx context.Context) error {
 // SetLk is Client.SetLk for a lock taken through this handle: a later
 // loss of the owner's locks on the file fails the handle (lockErr).
 func (f *File) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struct{}) error {
-	if l.Type != rpc.LockUnlock {
-		f.owners.Lock()
-		if _, ok := f.owners.m[l.Owner]; !ok {
-			if f.owners.m == nil {
-				f.owners.m = map[uint64]uint64{}
-			}
-			f.owners.m[l.Owner] = f.in.lost.count()
-		}
-		f.owners.Unlock()
+	if l.Type == rpc.LockUnlock {
+		return f.c.SetLk(ctx, l, wait, cancel)
 	}
-	return f.c.SetLk(ctx, l, wait, cancel)
+	// Recorded before the request, so that a loss racing with the grant
+	// counts; forgotten again when the request was refused and the owner
+	// holds nothing through this handle.
+	f.owners.Lock()
+	o := f.owners.m[l.Owner]
+	if o == nil {
+		if f.owners.m == nil {
+			f.owners.m = map[uint64]*handleOwner{}
+		}
+		o = &handleOwner{since: f.in.lost.count()}
+		f.owners.m[l.Owner] = o
+	}
+	o.asking++
+	f.owners.Unlock()
+	err := f.c.SetLk(ctx, l, wait, cancel)
+	f.owners.Lock()
+	o.asking--
+	switch {
+	case err == nil:
+		o.took = true
+	case !o.took && o.asking == 0 && refused(err):
+		delete(f.owners.m, l.Owner)
+	}
+	f.owners.Unlock()
+	return err
+}
+
+// handleOwner is a lock owner of a handle.
+type handleOwner struct {
+	since  uint64 // the inode's loss count (lostLocks.n) at its first request
+	asking int    // its requests in flight
+	took   bool   // one was granted
+}
+
+// refused reports whether a lock request's error means that no lock was
+// granted (a conflict or a deadlock); after other errors (a timeout, a
+// cancelled wait) the service may hold the lock nonetheless.
+func refused(err error) bool {
+	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EDEADLK)
 }
 
 // lockErr is EIO when a lock that an owner took through this handle was
@@ -467,8 +499,8 @@ func (f *File) lockErr() error {
 	f.owners.Lock()
 	defer f.owners.Unlock()
 	lost := false
-	for o, since := range f.owners.m {
-		if f.in.lost.since(o) > since {
+	for o, ho := range f.owners.m {
+		if f.in.lost.since(o) > ho.since {
 			lost = true
 			break
 		}
