@@ -19,6 +19,12 @@
 // Get answers ErrNotFound for an absent key. Everything else is an I/O or
 // corruption error from the engine, wrapped with context.
 //
+// The engine retries a failed flush or compaction forever, and Flush would
+// wait for it forever: with a dead or full disk, Flush (and so Sync, Close
+// and a snapshot of the metadata store) returns the error once the flush
+// has kept failing for 10 s, and the retries are logged once per 10 s and
+// slowed to one per 20 ms after the first hundred.
+//
 // # Locking
 //
 // A Store is safe for concurrent use. A Batch, an Iter and a Snapshot are

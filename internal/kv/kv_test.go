@@ -1,12 +1,17 @@
 package kv
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestStore(t *testing.T) {
@@ -193,3 +198,52 @@ func TestBlockCacheSurvivesFullMemtables(t *testing.T) {
 		t.Fatalf("block cache: %d hits, %d misses over repeated reads of flushed keys (cache holds %d bytes)", hits, misses, m1.Size)
 	}
 }
+
+// A flush that keeps failing — the store's directory vanished, as with a
+// dead disk — returns the error instead of waiting forever (a shutdown
+// used to hang there), the engine's endless retries log one line rather
+// than thousands a second, and Close returns.
+func TestFailingFlushGivesUp(t *testing.T) {
+	defer func(g, l time.Duration) { flushGiveUp, bgLogEvery = g, l }(flushGiveUp, bgLogEvery)
+	flushGiveUp, bgLogEvery = 300*time.Millisecond, time.Hour
+	var lines atomic.Int64
+	dir := filepath.Join(t.TempDir(), "kv")
+	s, err := Open(dir, Options{NoWAL: true, Logger: slog.New(&countHandler{n: &lines})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := s.NewBatch()
+	for i := 0; i < 1000; i++ {
+		b.Set([]byte(fmt.Sprintf("k%04d", i)), []byte("value"))
+	}
+	if err := b.Apply(false); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Flush()
+	if err == nil || !strings.Contains(err.Error(), "failing") {
+		t.Fatalf("flush into a vanished directory: %v, want an error saying it keeps failing", err)
+	}
+	if n := lines.Load(); n != 1 {
+		t.Fatalf("%d log lines about background errors, want 1", n)
+	}
+	if err := s.Close(); err == nil {
+		t.Fatal("close of a store whose flush fails reported success")
+	}
+}
+
+// countHandler counts the records about background errors.
+type countHandler struct{ n *atomic.Int64 }
+
+func (h *countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "background error") {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countHandler) WithGroup(string) slog.Handler      { return h }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -37,7 +39,9 @@ type Options struct {
 // pebblekv is the Store over a pebble database.
 type pebblekv struct {
 	db    *pebble.DB
+	dir   string
 	noWAL bool
+	bg    *bgErrors
 }
 
 var _ Store = (*pebblekv)(nil)
@@ -55,15 +59,18 @@ func Open(dir string, opts Options) (Store, error) {
 	}
 	cache := pebble.NewCache(opts.CacheBytes + 2*int64(opts.MemTableBytes))
 	defer cache.Unref()
+	lg := opts.Logger.With("kv", dir)
+	bg := &bgErrors{log: lg}
 	po := &pebble.Options{
 		Cache:              cache,
 		MemTableSize:       opts.MemTableBytes,
 		FormatMajorVersion: pebble.FormatNewest,
-		Logger:             pebbleLogger{opts.Logger.With("kv", dir)},
+		Logger:             pebbleLogger{lg},
 		DisableWAL:         opts.NoWAL,
+		EventListener:      &pebble.EventListener{BackgroundError: bg.note},
 	}
 	if f := opts.BeforeFlush; f != nil {
-		po.EventListener = &pebble.EventListener{FlushBegin: func(pebble.FlushInfo) { f() }}
+		po.EventListener.FlushBegin = func(pebble.FlushInfo) { f() }
 	}
 	// Bloom filters on every level: the metadata service's hot reads are
 	// point lookups, many of them for absent keys (a new name, a dedupe
@@ -75,8 +82,95 @@ func Open(dir string, opts Options) (Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
 	}
-	return &pebblekv{db: db, noWAL: opts.NoWAL}, nil
+	return &pebblekv{db: db, dir: dir, noWAL: opts.NoWAL, bg: bg}, nil
 }
+
+// bgErrors collects the engine's background errors (failed flushes and
+// compactions). Pebble retries a failed flush at once, without end: with a
+// vanished or full disk that is tens of thousands of errors a second, a
+// core spinning and, logged each, a log that fills the disk. So a run of
+// errors is logged once, then at most once per bgLogEvery with the count
+// in between, and past bgSpinLimit errors in a run each one waits
+// bgBackoff before the engine retries (the callback runs on the engine's
+// flush goroutine: the wait slows only work that is failing anyway).
+type bgErrors struct {
+	log *slog.Logger
+	mu  sync.Mutex
+	// since is when the current run of errors began (zero: none since the
+	// last successful flush); last the latest error and when it came; n
+	// the errors of the run.
+	since, at, logged time.Time
+	last              error
+	n, unlogged       int
+}
+
+var (
+	// bgLogEvery spaces the log lines of a run of background errors.
+	bgLogEvery = 10 * time.Second
+	// bgRunGap ends a run: an error after a quiet gap this long starts a
+	// new one.
+	bgRunGap = time.Second
+)
+
+const (
+	bgSpinLimit = 100
+	bgBackoff   = 20 * time.Millisecond
+)
+
+func (b *bgErrors) note(err error) {
+	now := time.Now()
+	b.mu.Lock()
+	if b.since.IsZero() || now.Sub(b.at) > bgRunGap {
+		b.since, b.n = now, 0
+	}
+	b.last, b.at = err, now
+	b.n++
+	spin := b.n > bgSpinLimit
+	n := b.unlogged
+	log := b.logged.IsZero() || now.Sub(b.logged) >= bgLogEvery
+	if log {
+		b.logged, b.unlogged = now, 0
+	} else {
+		b.unlogged++
+	}
+	b.mu.Unlock()
+	if log {
+		b.log.Error("kv store background error (the engine retries)", "err", err, "repeated_since_last_line", n)
+	}
+	if spin {
+		time.Sleep(bgBackoff)
+	}
+}
+
+// clear ends a run of errors (a flush completed).
+func (b *bgErrors) clear() {
+	b.mu.Lock()
+	b.since = time.Time{}
+	b.mu.Unlock()
+}
+
+// failing returns the latest error of a run that began after start and
+// has lasted at least d, with errors still coming.
+func (b *bgErrors) failing(start time.Time, d time.Duration) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	if b.since.IsZero() || b.at.Before(start) {
+		return nil
+	}
+	from := b.since
+	if from.Before(start) {
+		from = start
+	}
+	if now.Sub(from) < d || now.Sub(b.at) > d {
+		return nil
+	}
+	return b.last
+}
+
+// flushGiveUp is how long Flush waits on a flush that keeps failing before
+// it returns the error (a flush that is merely slow is waited for).
+var flushGiveUp = 10 * time.Second
 
 func (s *pebblekv) Get(key []byte) ([]byte, error) { return get(s.db, key) }
 
@@ -105,10 +199,24 @@ func (s *pebblekv) Sync() error {
 }
 
 func (s *pebblekv) Flush() error {
-	if err := s.db.Flush(); err != nil {
+	start := time.Now()
+	done, err := s.db.AsyncFlush()
+	if err != nil {
 		return fmt.Errorf("kv flush: %w", err)
 	}
-	return nil
+	t := time.NewTicker(min(flushGiveUp/10, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			s.bg.clear()
+			return nil
+		case <-t.C:
+			if err := s.bg.failing(start, flushGiveUp); err != nil {
+				return fmt.Errorf("kv flush of %s failing for over %v: %w", s.dir, flushGiveUp, err)
+			}
+		}
+	}
 }
 
 func (s *pebblekv) Checkpoint(dir string) error {
