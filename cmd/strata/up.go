@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -107,11 +108,19 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 
-	// Stop everything started so far, in reverse order, whatever happens.
-	var stops []func()
+	// Stop everything started so far, in reverse order, whatever happens;
+	// a part that fails to stop cleanly (its store could not be flushed)
+	// makes the exit status non-zero.
+	var stops []func() error
 	defer func() {
+		var errs []error
 		for i := len(stops) - 1; i >= 0; i-- {
-			stops[i]()
+			if e := stops[i](); e != nil {
+				errs = append(errs, e)
+			}
+		}
+		if len(errs) > 0 && err == nil {
+			err = fmt.Errorf("stopped with errors: %w", errors.Join(errs...))
 		}
 	}()
 
@@ -124,7 +133,12 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("start metadata service: %w", err)
 	}
-	stops = append(stops, func() { msvc.Close() })
+	stops = append(stops, func() error {
+		if err := msvc.Close(); err != nil {
+			return fmt.Errorf("metadata service: %w", err)
+		}
+		return nil
+	})
 	slog.Info("metadata service up", "addr", msvc.Addr())
 
 	for i := 0; i < o.stores; i++ {
@@ -143,7 +157,12 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		if err != nil {
 			return fmt.Errorf("start storage server %d: %w", i, err)
 		}
-		stops = append(stops, func() { srv.Close() })
+		stops = append(stops, func() error {
+			if err := srv.Close(); err != nil {
+				return fmt.Errorf("storage server %d: %w", i, err)
+			}
+			return nil
+		})
 		slog.Info("storage server up", "addr", srv.Addr(), "targets", scfg.Targets)
 	}
 	if err := waitTargets(ctx, msvc.Addr(), key, o.stores*o.targetsPerStore); err != nil {
@@ -160,15 +179,16 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("start client: %w", err)
 	}
-	stops = append(stops, func() { cl.Close() })
+	stops = append(stops, func() error { cl.Close(); return nil })
 	m, err := fuse.Mount(cl, mountDir, fuse.Options{KernelReadAhead: kernelReadAheadOption(o.kernelReadAhead)})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mountDir, err)
 	}
-	stops = append(stops, func() {
+	stops = append(stops, func() error {
 		if err := m.Unmount(); err != nil {
 			slog.Error("unmount failed", "mount", mountDir, "err", err)
 		}
+		return nil
 	})
 
 	info := upInfo{Meta: msvc.Addr(), KeyFile: keyFile, Mount: mountDir, Pid: os.Getpid()}
@@ -176,7 +196,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	if err := os.WriteFile(filepath.Join(dataDir, "cluster.json"), append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write cluster.json: %w", err)
 	}
-	stops = append(stops, func() { os.Remove(filepath.Join(dataDir, "cluster.json")) })
+	stops = append(stops, func() error { os.Remove(filepath.Join(dataDir, "cluster.json")); return nil })
 	fmt.Fprintf(os.Stderr, "strata: mounted at %s (metadata %s, %d storage servers × %d targets, data in %s). Ctrl-C to stop.\n",
 		mountDir, msvc.Addr(), o.stores, o.targetsPerStore, dataDir)
 
