@@ -17,6 +17,27 @@ import (
 	"github.com/stratafs/strata/internal/testutil"
 )
 
+// startUp starts `strata up --data data --mount mnt` (its log in dir) and
+// waits until the file system is mounted.
+func startUp(t *testing.T, bin, dir, data, mnt string) *testutil.Proc {
+	t.Helper()
+	p := testutil.StartProc(t, dir, "up", nil, bin, "up", "--data", data, "--mount", mnt)
+	if err := testutil.WaitFor(30*time.Second, func() error {
+		if p.Exited() {
+			return errors.New("strata up exited:\n" + p.Tail(30))
+		}
+		if !testutil.IsMounted(mnt) {
+			return errors.New("not mounted")
+		}
+		return nil
+	}); err != nil {
+		p.Kill()
+		testutil.ForceUnmount(mnt)
+		t.Fatal(err)
+	}
+	return p
+}
+
 // TestUpServesAndRestarts drives `strata up` the way the README does: start
 // it, use the mount, stop it with SIGTERM (it must unmount and exit 0), start
 // it again on the same data directory and find the same files.
@@ -25,21 +46,7 @@ func TestUpServesAndRestarts(t *testing.T) {
 	bin := testutil.Binary(t)
 	dir := t.TempDir()
 	data, mnt := filepath.Join(dir, "data"), filepath.Join(dir, "mnt")
-	start := func() *testutil.Proc {
-		p := testutil.StartProc(t, dir, "up", nil, bin, "up", "--data", data, "--mount", mnt)
-		if err := testutil.WaitFor(30*time.Second, func() error {
-			if p.Exited() {
-				return errors.New("strata up exited:\n" + p.Tail(30))
-			}
-			if !testutil.IsMounted(mnt) {
-				return errors.New("not mounted")
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	start := func() *testutil.Proc { return startUp(t, bin, dir, data, mnt) }
 	p := start()
 	t.Cleanup(func() { p.Kill(); testutil.ForceUnmount(mnt) })
 

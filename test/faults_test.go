@@ -280,3 +280,36 @@ func TestFullTargetGivesENOSPC(t *testing.T) {
 		t.Fatalf("write after freeing space: %v", err)
 	}
 }
+
+// TestUpStopsWhenMetadataStoreFails: the metadata store's directory
+// vanishes under a running `strata up` (as with a dead disk). SIGTERM must
+// still end it — bounded, not a hang on a flush the engine retries forever
+// — with a non-zero exit that names the store, and without flooding the
+// log with the engine's retries.
+func TestUpStopsWhenMetadataStoreFails(t *testing.T) {
+	testutil.RequireFUSE(t)
+	bin := testutil.Binary(t)
+	dir := t.TempDir()
+	data, mnt := filepath.Join(dir, "data"), filepath.Join(dir, "mnt")
+	p := startUp(t, bin, dir, data, mnt)
+	t.Cleanup(func() { p.Kill(); testutil.ForceUnmount(mnt) })
+	for i := 0; i < 200; i++ {
+		if err := os.WriteFile(filepath.Join(mnt, fmt.Sprintf("f%d", i)), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(data, "meta", "fsm")); err != nil {
+		t.Fatal(err)
+	}
+	err := p.Stop(60 * time.Second)
+	log, _ := os.ReadFile(p.Log)
+	if err == nil || bytes.Contains([]byte(err.Error()), []byte("did not stop")) {
+		t.Fatalf("stop with the metadata store gone: %v, want a non-zero exit within the bound\n%s", err, p.Tail(20))
+	}
+	if !bytes.Contains(log, []byte("stopped with errors: metadata service: kv flush")) {
+		t.Fatalf("the exit does not name the failing store:\n%s", p.Tail(20))
+	}
+	if n := bytes.Count(log, []byte("background error")); n > 10 {
+		t.Fatalf("%d log lines about the engine's retries, want a handful", n)
+	}
+}
