@@ -96,9 +96,8 @@ func Open(dir string, opts Options) (Store, error) {
 type bgErrors struct {
 	log *slog.Logger
 	mu  sync.Mutex
-	// since is when the current run of errors began (zero: none since the
-	// last successful flush); last the latest error and when it came; n
-	// the errors of the run.
+	// since is when the current run of errors began; last the latest
+	// error and at when it came; n the errors of the run.
 	since, at, logged time.Time
 	last              error
 	n, unlogged       int
@@ -142,20 +141,13 @@ func (b *bgErrors) note(err error) {
 	}
 }
 
-// clear ends a run of errors (a flush completed).
-func (b *bgErrors) clear() {
-	b.mu.Lock()
-	b.since = time.Time{}
-	b.mu.Unlock()
-}
-
 // failing returns the latest error of a run that began after start and
 // has lasted at least d, with errors still coming.
 func (b *bgErrors) failing(start time.Time, d time.Duration) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
-	if b.since.IsZero() || b.at.Before(start) {
+	if b.at.Before(start) { // none since this flush began (or none at all)
 		return nil
 	}
 	from := b.since
@@ -209,7 +201,6 @@ func (s *pebblekv) Flush() error {
 	for {
 		select {
 		case <-done:
-			s.bg.clear()
 			return nil
 		case <-t.C:
 			if err := s.bg.failing(start, flushGiveUp); err != nil {
