@@ -59,7 +59,7 @@ func TestUpServesAndRestarts(t *testing.T) {
 	}
 	// status sees the cluster through the cluster file in --data.
 	out, err := exec.Command(bin, "status", "--data", data).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "target") && !strings.Contains(string(out), "TARGET") {
+	if err != nil || !strings.Contains(string(out), "target") && !strings.Contains(string(out), "TARGET") || !strings.Contains(string(out), "health ok") {
 		t.Fatalf("strata status: %v\n%s", err, out)
 	}
 	if n := strings.Count(string(out), " up\n") + strings.Count(string(out), " up "); n < 4 {

@@ -106,6 +106,12 @@ func printStatus(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "metadata\t%s\traft %s, term %d, commit %d, applied %d, durable %d\tinodes %d, sessions %d\n",
 		st.MetaAddr, st.RaftState, st.Term, st.CommitIndex, st.AppliedIndex, st.DurableIndex, st.Inodes, st.Sessions)
+	if len(st.Problems) == 0 {
+		fmt.Fprintln(w, "\thealth ok")
+	}
+	for _, p := range st.Problems {
+		fmt.Fprintf(w, "\tFAILING: %s\n", p)
+	}
 	w.Flush()
 	fmt.Fprintln(out)
 	fmt.Fprintln(w, "SERVER\tADDRESS\tHOST\tHEALTH\tLAST SEEN")

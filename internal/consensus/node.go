@@ -415,6 +415,24 @@ func (n *Node) Stats() Stats {
 	}
 }
 
+// Health lists what keeps this node's stores from working: a raft log
+// that could not be synced (after which nothing new becomes durable) and
+// a stable store whose engine keeps failing. Empty when healthy.
+func (n *Node) Health() []error {
+	var errs []error
+	if n.wal != nil {
+		if err := n.wal.health(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if n.logs != nil {
+		if err := n.logs.kv.Health(); err != nil {
+			errs = append(errs, fmt.Errorf("raft stable store: %w", err))
+		}
+	}
+	return errs
+}
+
 // Close shuts raft down and closes the transport and log store. Safe to
 // call more than once and on a partly opened node.
 func (n *Node) Close() error {

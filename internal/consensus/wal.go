@@ -93,6 +93,12 @@ type wal struct {
 		armed           bool      // a delayed sync is scheduled
 		err             error     // sticky: after a failed fdatasync nothing is durable
 	}
+	// failed is the latest append that failed, and when.
+	failed struct {
+		sync.Mutex
+		err error
+		at  time.Time
+	}
 	kick chan struct{} // wakes a syncer
 	// beforeSync, when set (tests), runs before each deferred-mode
 	// fdatasync of a segment.
@@ -370,6 +376,26 @@ func (w *wal) noteWritten(last uint64, segs []*segment, hot bool) {
 	case arm:
 		time.AfterFunc(w.syncDelay, w.kickSync)
 	}
+}
+
+// healthWindow is how long a failed append keeps the log unhealthy.
+var healthWindow = 30 * time.Second
+
+// health is the error that stopped syncing, if one did, else an append
+// that failed within healthWindow.
+func (w *wal) health() error {
+	w.ds.Lock()
+	err := w.ds.err
+	w.ds.Unlock()
+	if err != nil {
+		return fmt.Errorf("raft log can no longer be made durable: %w", err)
+	}
+	w.failed.Lock()
+	defer w.failed.Unlock()
+	if w.failed.err != nil && time.Since(w.failed.at) <= healthWindow {
+		return fmt.Errorf("raft log append failed %v ago: %w", time.Since(w.failed.at).Round(time.Millisecond), w.failed.err)
+	}
+	return nil
 }
 
 // durableIndex is the last index on stable storage.
@@ -755,8 +781,19 @@ func (w *wal) termOf(index uint64) (term uint64, ok bool) {
 func (w *wal) StoreLog(l *raft.Log) error { return w.StoreLogs([]*raft.Log{l}) }
 
 // StoreLogs appends the entries and makes them durable with one
-// fdatasync per touched segment: raft's batch is the group commit.
+// fdatasync per touched segment: raft's batch is the group commit. A
+// failure is remembered for health.
 func (w *wal) StoreLogs(logs []*raft.Log) error {
+	err := w.storeLogs(logs)
+	if err != nil {
+		w.failed.Lock()
+		w.failed.err, w.failed.at = err, time.Now()
+		w.failed.Unlock()
+	}
+	return err
+}
+
+func (w *wal) storeLogs(logs []*raft.Log) error {
 	if len(logs) == 0 {
 		return nil
 	}

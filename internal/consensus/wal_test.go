@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -678,5 +679,66 @@ func TestWALSyncStartsEarlyWhileWaitsAreFrequent(t *testing.T) {
 	}
 	if err := w.WaitDurable(40, 10*time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A log whose appends fail, or whose sync failed, says so in health; a
+// healthy one says nothing.
+func TestWALHealth(t *testing.T) {
+	defer func(h time.Duration) { healthWindow = h }(healthWindow)
+	healthWindow = 200 * time.Millisecond
+	dir := t.TempDir()
+	const seg = 16 << 10
+	w, err := openWAL(dir, seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.StoreLogs(walEntries(1, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.health(); err != nil {
+		t.Fatalf("healthy log: %v", err)
+	}
+
+	// The directory vanishes: the next segment cannot be made.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	var appendErr error
+	for i := uint64(11); i < 2000 && appendErr == nil; i += 10 {
+		appendErr = w.StoreLogs(walEntries(i, i+9))
+	}
+	if appendErr == nil {
+		t.Fatal("appends into a removed directory kept succeeding")
+	}
+	h := w.health()
+	if h == nil || !strings.Contains(h.Error(), "append failed") || !strings.Contains(h.Error(), appendErr.Error()) {
+		t.Fatalf("health after a failed append: %v (append: %v)", h, appendErr)
+	}
+	time.Sleep(2 * healthWindow)
+	if h := w.health(); h != nil {
+		t.Fatalf("a failed append older than the window is still reported: %v", h)
+	}
+}
+
+// A failed fdatasync stops the log for good, and health keeps saying so.
+func TestWALHealthAfterFailedSync(t *testing.T) {
+	w, err := openWAL(t.TempDir(), 1<<20, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.setDeferSync(time.Hour)
+	if err := w.StoreLogs(walEntries(1, 5)); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.beforeSync = func(s *segment) { s.f.Close() } // the sync meets a closed file: EBADF
+	if err := w.WaitDurable(5, 10*time.Second); err == nil {
+		t.Fatal("wait for a sync that failed succeeded")
+	}
+	h := w.health()
+	if h == nil || !strings.Contains(h.Error(), "no longer be made durable") {
+		t.Fatalf("health after a failed sync: %v", h)
 	}
 }

@@ -70,5 +70,9 @@ type Store interface {
 	// Checkpoint writes a consistent copy of the store to dir, which must
 	// not exist (hard links where possible).
 	Checkpoint(dir string) error
+	// Health is nil unless the engine keeps failing in the background
+	// (flushes or compactions that cannot write): then the latest error,
+	// with how long the failures have gone on.
+	Health() error
 	Close() error
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -220,6 +221,9 @@ func TestFailingFlushGivesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Close()
+	if err := s.Health(); err != nil {
+		t.Fatalf("healthy store reports %v", err)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -230,8 +234,30 @@ func TestFailingFlushGivesUp(t *testing.T) {
 	if n := lines.Load(); n != 1 {
 		t.Fatalf("%d log lines about background errors, want 1", n)
 	}
+	if h := s.Health(); h == nil || !strings.Contains(h.Error(), dir) || !strings.Contains(h.Error(), "background errors") {
+		t.Fatalf("health of a store whose flush keeps failing: %v, want the error naming %s", h, dir)
+	}
 	if err := s.Close(); err == nil {
 		t.Fatal("close of a store whose flush fails reported success")
+	}
+}
+
+func TestHealthForgetsOldErrors(t *testing.T) {
+	defer func(w time.Duration) { bgHealthWindow = w }(bgHealthWindow)
+	bgHealthWindow = 50 * time.Millisecond
+	b := &bgErrors{log: slog.New(&countHandler{n: new(atomic.Int64)})}
+	if err := b.health("d"); err != nil {
+		t.Fatalf("no errors yet: %v", err)
+	}
+	b.note(syscall.ENOSPC)
+	b.note(syscall.ENOSPC)
+	err := b.health("d")
+	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "2 background errors") {
+		t.Fatalf("after two errors: %v", err)
+	}
+	time.Sleep(2 * bgHealthWindow)
+	if err := b.health("d"); err != nil {
+		t.Fatalf("errors older than the window still reported: %v", err)
 	}
 }
 

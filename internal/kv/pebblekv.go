@@ -160,6 +160,27 @@ func (b *bgErrors) failing(start time.Time, d time.Duration) error {
 	return b.last
 }
 
+// bgHealthWindow is how recent a background error must be to make the
+// store unhealthy (Health): the engine retries a failing flush every
+// bgBackoff, so a failure that persists is never older than that.
+var bgHealthWindow = 30 * time.Second
+
+// health describes the current run of errors, if its latest error is
+// recent.
+func (b *bgErrors) health(dir string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.at.IsZero() {
+		return nil
+	}
+	ago := time.Since(b.at)
+	if ago > bgHealthWindow {
+		return nil
+	}
+	return fmt.Errorf("kv store %s: %d background errors over %v, the latest %v ago: %w",
+		dir, b.n, b.at.Sub(b.since).Round(time.Second), ago.Round(time.Millisecond), b.last)
+}
+
 // flushGiveUp is how long Flush waits on a flush that keeps failing before
 // it returns the error (a flush that is merely slow is waited for).
 var flushGiveUp = 10 * time.Second
@@ -209,6 +230,8 @@ func (s *pebblekv) Flush() error {
 		}
 	}
 }
+
+func (s *pebblekv) Health() error { return s.bg.health(s.dir) }
 
 func (s *pebblekv) Checkpoint(dir string) error {
 	if err := s.db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {

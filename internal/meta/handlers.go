@@ -471,7 +471,20 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 		Servers: servers, Targets: targets, TotalBytes: total, FreeBytes: free,
 		Clients: clients, Locks: ls.locks, LocksTotal: uint32(min(ls.total, math.MaxUint32)),
 		LockGrace: ls.grace, LockGracePending: uint32(ls.pending),
+		Problems: s.problems(),
 	}, nil
+}
+
+// problems lists what keeps this service's stores from working.
+func (s *Service) problems() []string {
+	var out []string
+	for _, err := range s.node.Health() {
+		out = append(out, err.Error())
+	}
+	if err := s.db.Health(); err != nil {
+		out = append(out, "metadata store: "+err.Error())
+	}
+	return out
 }
 
 // clientInfo lists the replicated sessions with this leader's view of their

@@ -2,12 +2,17 @@ package meta
 
 import (
 	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/testutil"
 )
 
 const (
@@ -634,5 +639,48 @@ func TestStatFSCountsSharedDiskOnce(t *testing.T) {
 	}
 	if st.FreeBytes != 90<<30 || st.AvailBytes != 80<<30 {
 		t.Fatalf("free %d avail %d GiB, want 90 and 80", st.FreeBytes>>30, st.AvailBytes>>30)
+	}
+}
+
+// A metadata store whose engine keeps failing (its directory vanished)
+// shows in the cluster status, naming the store; a healthy one shows none.
+func TestStatusReportsFailingStore(t *testing.T) {
+	s, c := newNamespace(t)
+	for i := 0; i < 50; i++ {
+		c.mustCreate(1, fmt.Sprintf("f%d", i), fileMode)
+	}
+	var cs rpc.ClusterStatusResp
+	if err := c.call(rpc.MClusterStatus, &rpc.Empty{}, &cs); err != nil {
+		t.Fatal(err)
+	}
+	if len(cs.Problems) != 0 {
+		t.Fatalf("healthy service reports problems: %q", cs.Problems)
+	}
+	fsmDir := filepath.Join(s.cfg.DataDir, "fsm")
+	if err := os.RemoveAll(fsmDir); err != nil {
+		t.Fatal(err)
+	}
+	flushed := make(chan error, 1)
+	go func() { flushed <- s.db.Flush() }() // fails, and the engine retries in the background
+	if err := testutil.WaitFor(10*time.Second, func() error {
+		if err := c.call(rpc.MClusterStatus, &rpc.Empty{}, &cs); err != nil {
+			return err
+		}
+		for _, p := range cs.Problems {
+			if strings.HasPrefix(p, "metadata store: ") && strings.Contains(p, fsmDir) && strings.Contains(p, "background errors") {
+				return nil
+			}
+		}
+		return fmt.Errorf("problems %q do not name the failing store %s", cs.Problems, fsmDir)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The directory is back (the disk returned): the engine's retries
+	// succeed, and so do the flush and the service's close.
+	if err := os.MkdirAll(fsmDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-flushed; err != nil {
+		t.Fatalf("flush once the directory is back: %v", err)
 	}
 }

@@ -915,6 +915,10 @@ type ClusterStatusResp struct {
 	// LockGracePending clients that may hold locks have reclaimed them.
 	LockGrace        bool
 	LockGracePending uint32
+	// Problems says, one sentence each, what keeps the metadata service's
+	// own stores from working (a raft log that cannot be appended to or
+	// synced, a store whose engine keeps failing); empty when healthy.
+	Problems []string
 }
 
 // MaxStatusLocks bounds the locks one ClusterStatusResp lists.
@@ -1024,6 +1028,7 @@ func (m *ClusterStatusResp) Encode(e *Enc) {
 	e.U32(m.LocksTotal)
 	e.Bool(m.LockGrace)
 	e.U32(m.LockGracePending)
+	e.Strings(m.Problems)
 }
 
 func (m *ClusterStatusResp) Decode(d *Dec) {
@@ -1062,4 +1067,5 @@ func (m *ClusterStatusResp) Decode(d *Dec) {
 	m.LocksTotal = d.U32()
 	m.LockGrace = d.Bool()
 	m.LockGracePending = d.U32()
+	m.Problems = d.Strings()
 }
