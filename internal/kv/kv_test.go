@@ -237,6 +237,17 @@ func TestFailingFlushGivesUp(t *testing.T) {
 	if h := s.Health(); h == nil || !strings.Contains(h.Error(), dir) || !strings.Contains(h.Error(), "background errors") {
 		t.Fatalf("health of a store whose flush keeps failing: %v, want the error naming %s", h, dir)
 	}
+	// A second flush while the failures go on gives up without waiting
+	// another full period (Close after a failed snapshot).
+	flushGiveUp = 2 * time.Second
+	time.Sleep(flushGiveUp + 100*time.Millisecond) // the engine keeps retrying meanwhile
+	t0 := time.Now()
+	if err := s.Flush(); err == nil {
+		t.Fatal("second flush into a vanished directory succeeded")
+	}
+	if d := time.Since(t0); d >= flushGiveUp {
+		t.Fatalf("second flush waited %v: the failures had lasted longer than the give-up period already", d)
+	}
 	if err := s.Close(); err == nil {
 		t.Fatal("close of a store whose flush fails reported success")
 	}

@@ -141,8 +141,10 @@ func (b *bgErrors) note(err error) {
 	}
 }
 
-// failing returns the latest error of a run that began after start and
-// has lasted at least d, with errors still coming.
+// failing returns the latest error of a run that has lasted at least d,
+// with errors still coming since start. A run that began before start
+// counts from its own beginning: a flush that follows one which gave up
+// (Close after a failed snapshot) gives up at once, not after another d.
 func (b *bgErrors) failing(start time.Time, d time.Duration) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -150,11 +152,7 @@ func (b *bgErrors) failing(start time.Time, d time.Duration) error {
 	if b.at.Before(start) { // none since this flush began (or none at all)
 		return nil
 	}
-	from := b.since
-	if from.Before(start) {
-		from = start
-	}
-	if now.Sub(from) < d || now.Sub(b.at) > d {
+	if now.Sub(b.since) < d || now.Sub(b.at) > d {
 		return nil
 	}
 	return b.last
