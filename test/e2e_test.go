@@ -217,8 +217,8 @@ func TestStripeSetGet(t *testing.T) {
 		t.Fatalf("stripe get on a local dir: %v %s", err, out)
 	}
 	out, err = exec.Command(c.Bin, "stripe", "set", "--count", "9", dir).CombinedOutput()
-	if err == nil {
-		t.Fatalf("stripe count 9 over 4 targets accepted: %s", out)
+	if err == nil || !strings.Contains(string(out), "more than the targets registered") {
+		t.Fatalf("stripe count 9 over 4 targets: %v %s (want a refusal naming the targets)", err, out)
 	}
 }
 
@@ -251,6 +251,8 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 		{[]string{"up", "--stores", "0"}, "stores"},
 		{[]string{"stripe", "set", "--count", "-1", "/tmp"}, "count"},
 		{[]string{"stripe", "set", "--size", "4Q", "/tmp"}, "size"},
+		{[]string{"stripe", "set", "--size", "3K", "/tmp"}, "multiple of 64 kib"},
+		{[]string{"stripe", "set", "--count", "300", "/tmp"}, "at most 256 targets"},
 		{[]string{"mount", "--meta", "127.0.0.1:1"}, "arg"},
 		{[]string{"nosuchcommand"}, "unknown command"},
 		{[]string{"meta", "--data", t.TempDir(), "--listen", "not-an-address"}, "listen"},

@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
+
+	"github.com/stratafs/strata/internal/layout"
 )
 
 // LayoutXattr is the virtual extended attribute through which a Strata mount
@@ -44,12 +46,24 @@ func init() {
 			if count < 0 {
 				return usagef("--count %d: must be ≥ 0", count)
 			}
+			if count > layout.MaxStripeCount {
+				return usagef("--count %d: a file spans at most %d targets", count, layout.MaxStripeCount)
+			}
 			sz, err := parseSize(size)
 			if err != nil {
 				return usagef("--size %q: %v", size, err)
 			}
+			if sz != 0 && (sz < layout.MinStripeSize || sz > layout.MaxStripeSize || sz%layout.MinStripeSize != 0) {
+				return usagef("--size %s: a stripe size is a multiple of %s from %s to %s (0: the default, %s)", size,
+					humanBytes(layout.MinStripeSize), humanBytes(layout.MinStripeSize), humanBytes(layout.MaxStripeSize), humanBytes(layout.DefaultStripeSize))
+			}
 			val := fmt.Sprintf("stripe_count=%d,stripe_size=%d", count, sz)
 			if err := unix.Setxattr(args[0], layoutXattr, []byte(val), 0); err != nil {
+				if errors.Is(err, unix.EINVAL) && count > 0 {
+					// Size and count passed the checks above: what the
+					// metadata service refuses is a count over its targets.
+					return fmt.Errorf("set layout of %s: --count %d is more than the targets registered with the metadata service (strata status lists them)", args[0], count)
+				}
 				return explainXattr("set layout of", args[0], err)
 			}
 			return nil
