@@ -38,6 +38,22 @@ func startUp(t *testing.T, bin, dir, data, mnt string) *testutil.Proc {
 	return p
 }
 
+// upRun is a strata up started by newUpRun in a directory of its own; the
+// test's cleanup kills whatever P is then and unmounts.
+type upRun struct {
+	bin, dir, data, mnt string
+	P                   *testutil.Proc
+}
+
+func newUpRun(t *testing.T) *upRun {
+	testutil.RequireFUSE(t)
+	u := &upRun{bin: testutil.Binary(t), dir: t.TempDir()}
+	u.data, u.mnt = filepath.Join(u.dir, "data"), filepath.Join(u.dir, "mnt")
+	u.P = startUp(t, u.bin, u.dir, u.data, u.mnt)
+	t.Cleanup(func() { u.P.Kill(); testutil.ForceUnmount(u.mnt) })
+	return u
+}
+
 // TestUpServesAndRestarts drives `strata up` the way the README does: start
 // it, use the mount, stop it with SIGTERM (it must unmount and exit 0), start
 // it again on the same data directory and find the same files.
@@ -233,6 +249,27 @@ func largestFile(t *testing.T, dir string) int64 {
 	return max
 }
 
+// errStillRunning: runBounded killed the command at its bound.
+var errStillRunning = errors.New("still running at the time bound; killed")
+
+// runBounded runs bin with args and returns its combined output, killing
+// it after d (errStillRunning).
+func runBounded(d time.Duration, bin string, args ...string) (string, error) {
+	cmd := exec.Command(bin, args...)
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+		return string(out), err
+	case <-time.After(d):
+		cmd.Process.Kill()
+		<-done
+		return string(out), errStillRunning
+	}
+}
+
 // TestBadFlagsExitNonZero: wrong configuration gets a clear message and a
 // non-zero exit, never a half-started daemon.
 func TestBadFlagsExitNonZero(t *testing.T) {
@@ -263,17 +300,9 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 		{[]string{"mount", "--meta", "127.0.0.1:1", "--key-file", keyFile, "--kernel-read-ahead-bytes", "-1", t.TempDir()}, "kernel-read-ahead"},
 	}
 	for _, c := range cases {
-		cmd := exec.Command(bin, c.args...)
-		done := make(chan struct{})
-		var out []byte
-		var err error
-		go func() { out, err = cmd.CombinedOutput(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			t.Errorf("strata %v: still running after 20 s", c.args)
+		out, err := runBounded(20*time.Second, bin, c.args...)
+		if errors.Is(err, errStillRunning) {
+			t.Errorf("strata %v: %v", c.args, err)
 			continue
 		}
 		var ee *exec.ExitError
@@ -309,5 +338,81 @@ func TestNameTooLong(t *testing.T) {
 	}
 	if _, err := os.Stat(ok); err != nil {
 		t.Fatalf("original lost: %v", err)
+	}
+}
+
+// TestUpAfterKillAndTwice: a strata up killed with -9 leaves its mount
+// disconnected; the next start on the same directories removes that stale
+// mount and serves the files. While one runs, a second on its data
+// directory, or on its mount point, refuses and says why.
+func TestUpAfterKillAndTwice(t *testing.T) {
+	u := newUpRun(t)
+	bin, dir, data, mnt := u.bin, u.dir, u.data, u.mnt
+	f := filepath.Join(mnt, "kept")
+	if err := os.WriteFile(f, []byte("before the crash"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	u.P.Kill()
+	if _, err := os.Stat(mnt); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("after kill -9 the mount point answers %v, want ENOTCONN (a stale mount)", err)
+	}
+	u.P = testutil.StartProc(t, dir, "up-again", nil, bin, "up", "--data", data, "--mount", mnt)
+	if err := testutil.WaitFor(30*time.Second, func() error {
+		if u.P.Exited() {
+			return errors.New("strata up exited:\n" + u.P.Tail(20))
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		if string(b) != "before the crash" {
+			return fmt.Errorf("read %q", b)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("restart over the stale mount: %v", err)
+	}
+	if log, _ := os.ReadFile(u.P.Log); !bytes.Contains(log, []byte("removed the stale mount")) {
+		t.Fatalf("the restart does not say it removed the stale mount:\n%s", u.P.Tail(20))
+	}
+
+	out, err := runBounded(30*time.Second, bin, "up", "--data", data, "--mount", filepath.Join(dir, "mnt2"))
+	if err == nil || !strings.Contains(out, fmt.Sprintf("in use by another strata (pid %d)", u.P.Pid())) {
+		t.Fatalf("second strata up on the same data directory: %v\n%s", err, out)
+	}
+	out, err = runBounded(30*time.Second, bin, "up", "--data", filepath.Join(dir, "data2"), "--mount", mnt)
+	if err == nil || !strings.Contains(out, "already a Strata mount") {
+		t.Fatalf("second strata up on the same mount point: %v\n%s", err, out)
+	}
+	if b, err := os.ReadFile(f); err != nil || string(b) != "before the crash" {
+		t.Fatalf("the first mount after the refused starts: %q, %v", b, err)
+	}
+}
+
+// TestMetaDataDirInUse: a second metadata service on a data directory in
+// use refuses to start and names the process that has it.
+func TestMetaDataDirInUse(t *testing.T) {
+	bin := testutil.Binary(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "meta")
+	p := testutil.StartProc(t, dir, "meta", nil, bin, "meta", "--data", data, "--listen", "127.0.0.1:0")
+	t.Cleanup(p.Kill)
+	if err := testutil.WaitFor(30*time.Second, func() error {
+		if p.Exited() {
+			return errors.New("strata meta exited:\n" + p.Tail(20))
+		}
+		if log, _ := os.ReadFile(p.Log); !bytes.Contains(log, []byte("serving on")) {
+			return errors.New("not serving yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runBounded(30*time.Second, bin, "meta", "--data", data, "--listen", "127.0.0.1:0")
+	if err == nil || !strings.Contains(out, fmt.Sprintf("in use by another strata (pid %d)", p.Pid())) {
+		t.Fatalf("second strata meta on the same data directory: %v\n%s", err, out)
+	}
+	if p.Exited() {
+		t.Fatalf("the first metadata service stopped:\n%s", p.Tail(20))
 	}
 }

@@ -287,12 +287,8 @@ func TestFullTargetGivesENOSPC(t *testing.T) {
 // — with a non-zero exit that names the store, and without flooding the
 // log with the engine's retries.
 func TestUpStopsWhenMetadataStoreFails(t *testing.T) {
-	testutil.RequireFUSE(t)
-	bin := testutil.Binary(t)
-	dir := t.TempDir()
-	data, mnt := filepath.Join(dir, "data"), filepath.Join(dir, "mnt")
-	p := startUp(t, bin, dir, data, mnt)
-	t.Cleanup(func() { p.Kill(); testutil.ForceUnmount(mnt) })
+	u := newUpRun(t)
+	data, mnt, p := u.data, u.mnt, u.P
 	for i := 0; i < 200; i++ {
 		if err := os.WriteFile(filepath.Join(mnt, fmt.Sprintf("f%d", i)), []byte("x"), 0o644); err != nil {
 			t.Fatal(err)

@@ -48,6 +48,14 @@ func init() {
 			sigs := make(chan os.Signal, 1)
 			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 			defer signal.Stop(sigs)
+			if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+				return fmt.Errorf("create data dir: %w", err)
+			}
+			lock, err := lockDataDir(cfg.DataDir)
+			if err != nil {
+				return err
+			}
+			defer lock.Close()
 			svc, err := meta.Open(cfg)
 			if err != nil {
 				return err

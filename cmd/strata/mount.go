@@ -77,6 +77,11 @@ func init() {
 
 // runMount mounts and serves until a signal or an external unmount.
 func runMount(cfg client.Config, mountpoint string, opts fuse.Options) error {
+	if abs, err := filepath.Abs(mountpoint); err == nil {
+		if err := fuse.PrepareMountPoint(abs, false); err != nil {
+			return err
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.IOTimeout)
 	c, err := client.New(ctx, cfg)
 	cancel()

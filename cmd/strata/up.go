@@ -96,8 +96,13 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
-	if err := os.MkdirAll(mountDir, 0o755); err != nil {
-		return fmt.Errorf("create mount point: %w", err)
+	lock, err := lockDataDir(dataDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := fuse.PrepareMountPoint(mountDir, true); err != nil {
+		return err
 	}
 	keyFile := filepath.Join(dataDir, "cluster.key")
 	key, err := ensureKeyFile(keyFile)

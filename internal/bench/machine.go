@@ -1,15 +1,15 @@
 package bench
 
 import (
-	"bufio"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stratafs/strata/internal/mountinfo"
 )
 
 // Machine describes where a run happened; every result file carries it.
@@ -96,33 +96,17 @@ func mountOf(path string) *mountInfo {
 	if r, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = r
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
 	var best *mountInfo
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent maj:min root mountpoint opts [optional...] - fstype source superopts
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, fl := range fields {
-			if fl == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || len(fields) < 5 || sep+2 >= len(fields) {
+	for _, m := range ms {
+		if !isUnder(abs, m.Point) {
 			continue
 		}
-		point := unescapeMount(fields[4])
-		if !isUnder(abs, point) {
-			continue
-		}
-		if best == nil || len(point) >= len(best.point) {
-			best = &mountInfo{point: point, fstype: fields[sep+1], source: fields[sep+2]}
+		if best == nil || len(m.Point) >= len(best.point) {
+			best = &mountInfo{point: m.Point, fstype: m.FSType, source: m.Source}
 		}
 	}
 	return best
@@ -133,23 +117,4 @@ func isUnder(path, dir string) bool {
 		return true
 	}
 	return path == dir || strings.HasPrefix(path, dir+"/")
-}
-
-// unescapeMount undoes the octal escapes (\040 for space) of mountinfo.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
