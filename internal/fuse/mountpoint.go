@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -26,6 +27,9 @@ const fsType = "fuse.strata"
 // is detached; a live Strata mount, or a disconnected mount of another
 // file system, is refused with what to do instead.
 func PrepareMountPoint(dir string, create bool) error {
+	if r, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = r // the table lists where mounts really are
+	}
 	top, ok, err := topMount(dir)
 	if err != nil {
 		return err
