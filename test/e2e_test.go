@@ -278,11 +278,16 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	stopped := t.TempDir() // a local cluster's data directory while no strata up runs
+	if err := os.WriteFile(filepath.Join(stopped, "cluster.key"), []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		args []string
 		want string
 	}{
 		{[]string{"meta", "--listen", "127.0.0.1:0"}, "data"},
+		{[]string{"status", "--data", stopped}, "no strata up is running"},
 		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0"}, "target"},
 		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--target", "/nonexistent/strata/x"}, "nonexistent"},
 		{[]string{"up", "--stores", "0"}, "stores"},

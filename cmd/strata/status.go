@@ -61,6 +61,11 @@ func (a *adminFlags) dial() (*rpc.Client, error) {
 		}
 	}
 	if meta == "" {
+		if _, err := os.Stat(filepath.Join(a.data, "cluster.key")); err == nil {
+			// A local cluster's directory without its cluster.json,
+			// which strata up writes while it runs.
+			return nil, fmt.Errorf("no strata up is running on %s (start it: strata up --data %s), or pass --meta ADDR for another cluster", a.data, a.data)
+		}
 		return nil, usagef("no metadata service address: pass --meta ADDR, set STRATA_META, or run from the directory holding strata-data/")
 	}
 	key, err := readKeyFile(keyFile)
