@@ -421,3 +421,28 @@ func TestMetaDataDirInUse(t *testing.T) {
 		t.Fatalf("the first metadata service stopped:\n%s", p.Tail(20))
 	}
 }
+
+// TestUpStopsWithBusyMount: stopped while a process works in the mount,
+// strata up still stops within a bound: it detaches the mount lazily and
+// exits non-zero naming the process, rather than hanging or leaving a
+// disconnected mount behind.
+func TestUpStopsWithBusyMount(t *testing.T) {
+	u := newUpRun(t)
+	sleeper := exec.Command("sleep", "120")
+	sleeper.Dir = u.mnt
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleeper.Process.Kill(); sleeper.Wait() }()
+	err := u.P.Stop(60 * time.Second)
+	log, _ := os.ReadFile(u.P.Log)
+	if err == nil || strings.Contains(err.Error(), "did not stop") {
+		t.Fatalf("stop with a busy mount: %v, want a non-zero exit within the bound\n%s", err, u.P.Tail(20))
+	}
+	if want := fmt.Sprintf("in use by pid %d (sleep)", sleeper.Process.Pid); !bytes.Contains(log, []byte(want)) {
+		t.Fatalf("the exit does not name the process using the mount (%q):\n%s", want, u.P.Tail(20))
+	}
+	if testutil.IsMounted(u.mnt) {
+		t.Fatalf("%s is still in the mount table after strata up stopped", u.mnt)
+	}
+}

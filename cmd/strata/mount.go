@@ -102,7 +102,7 @@ func runMount(cfg client.Config, mountpoint string, opts fuse.Options) error {
 	case s := <-sigs:
 		slog.Info("unmounting", "signal", s, "mountpoint", mountpoint)
 		errc := make(chan error, 1)
-		go func() { errc <- m.Unmount() }()
+		go func() { errc <- m.Stop() }()
 		select {
 		case err := <-errc:
 			if err != nil {

@@ -190,8 +190,9 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		return fmt.Errorf("mount %s: %w", mountDir, err)
 	}
 	stops = append(stops, func() error {
-		if err := m.Unmount(); err != nil {
+		if err := m.Stop(); err != nil {
 			slog.Error("unmount failed", "mount", mountDir, "err", err)
+			return err
 		}
 		return nil
 	})

@@ -152,8 +152,10 @@ func (m *Mounted) Dir() string { return m.dir }
 // by the kernel as part of the unmount.
 func (m *Mounted) Unmount() error {
 	var err error
-	for i := 0; i < 50; i++ {
-		if err = m.server.Unmount(); err == nil {
+	// go-fuse retries a busy unmount itself for about half a second;
+	// a few seconds in all let files closed a moment ago go.
+	for deadline := time.Now().Add(3 * time.Second); ; {
+		if err = m.server.Unmount(); err == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -84,4 +85,84 @@ func detach(dir string) error {
 		return fmt.Errorf("fusermount3 -uz: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// ErrBusy: the mount could not be unmounted because processes use it.
+var ErrBusy = errors.New("mount point busy")
+
+// Stop unmounts like Unmount; when processes keep the mount busy it
+// detaches it lazily instead (it leaves the namespace at once; the
+// processes still in it lose access once this daemon exits) and returns
+// an error wrapping ErrBusy that names them. It does not wait for the
+// serving loop then: that ends only when the last user lets go.
+func (m *Mounted) Stop() error {
+	err := m.Unmount()
+	if err == nil || !isBusy(err) {
+		return err
+	}
+	users := mountUsers(m.dir)
+	if derr := detach(m.dir); derr != nil {
+		return fmt.Errorf("unmount %s: %w (in use by %s), and detaching it failed: %v", m.dir, ErrBusy, describeUsers(users), derr)
+	}
+	return fmt.Errorf("%s was in use by %s: %w; detached it lazily, and they lose access to it as this daemon stops", m.dir, describeUsers(users), ErrBusy)
+}
+
+func isBusy(err error) bool {
+	return errors.Is(err, syscall.EBUSY) || strings.Contains(err.Error(), "busy")
+}
+
+// mountUser is a process with its working directory, root or an open
+// file under a mount.
+type mountUser struct {
+	pid  int
+	comm string
+}
+
+// mountUsers lists the processes using dir (bounded: the first 20).
+func mountUsers(dir string) []mountUser {
+	procs, _ := os.ReadDir("/proc")
+	var out []mountUser
+	under := func(p string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	self := os.Getpid()
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		base := filepath.Join("/proc", e.Name())
+		uses := false
+		for _, l := range []string{"cwd", "root"} {
+			if p, err := os.Readlink(filepath.Join(base, l)); err == nil && under(p) {
+				uses = true
+			}
+		}
+		if !uses {
+			fds, _ := os.ReadDir(filepath.Join(base, "fd"))
+			for _, fd := range fds {
+				if p, err := os.Readlink(filepath.Join(base, "fd", fd.Name())); err == nil && under(p) {
+					uses = true
+					break
+				}
+			}
+		}
+		if uses {
+			comm, _ := os.ReadFile(filepath.Join(base, "comm"))
+			out = append(out, mountUser{pid: pid, comm: strings.TrimSpace(string(comm))})
+			if len(out) == 20 {
+				break
+			}
+		}
+	}
+	return out
+}
+
+func describeUsers(us []mountUser) string {
+	if len(us) == 0 {
+		return "processes not listed here (another mount namespace?)"
+	}
+	parts := make([]string, len(us))
+	for i, u := range us {
+		parts[i] = fmt.Sprintf("pid %d (%s)", u.pid, u.comm)
+	}
+	return strings.Join(parts, ", ")
 }
