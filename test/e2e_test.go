@@ -446,3 +446,35 @@ func TestUpStopsWithBusyMount(t *testing.T) {
 		t.Fatalf("%s is still in the mount table after strata up stopped", u.mnt)
 	}
 }
+
+// TestUpRefusesTargetsOfAnotherFileSystem: storage directories that served
+// one file system, started under a new metadata service (a new data
+// directory holding copies of them), are refused, naming the target —
+// rather than serving a new namespace whose new files would read the old
+// file system's bytes where they have holes (checked: with them accepted,
+// a new file extended by truncate read the old file's content).
+func TestUpRefusesTargetsOfAnotherFileSystem(t *testing.T) {
+	u := newUpRun(t)
+	if err := os.WriteFile(filepath.Join(u.mnt, "old"), bytes.Repeat([]byte("OLDDATA!"), 400000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.P.Stop(60 * time.Second); err != nil {
+		t.Fatalf("stop: %v\n%s", err, u.P.Tail(20))
+	}
+	data2 := filepath.Join(u.dir, "data2")
+	if err := os.MkdirAll(data2, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"store0", "store1"} {
+		if out, err := exec.Command("cp", "-a", filepath.Join(u.data, s), data2).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v %s", err, out)
+		}
+	}
+	out, err := runBounded(60*time.Second, u.bin, "up", "--data", data2, "--mount", u.mnt)
+	if err == nil || errors.Is(err, errStillRunning) || !strings.Contains(out, "of another Strata file system") || !strings.Contains(out, data2) {
+		t.Fatalf("strata up over another file system's targets: %v\n%s", err, out)
+	}
+	if testutil.IsMounted(u.mnt) {
+		t.Fatalf("%s is mounted after the refused start", u.mnt)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/signal"
 	"syscall"
@@ -63,7 +64,13 @@ down) and serves clients at --listen.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			<-ctx.Done()
+			refused := refusedTargets(ctx, s)
+			select {
+			case <-ctx.Done():
+			case err := <-refused:
+				s.Close()
+				return fmt.Errorf("store: %w", err)
+			}
 			stop() // a second signal kills the process the default way
 			if err := s.Close(); err != nil {
 				return fmt.Errorf("store: close: %w", err)
@@ -80,4 +87,27 @@ down) and serves clients at --listen.`,
 	f.StringVar(&metricsAddr, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
 	f.DurationVar(&heartbeat, "heartbeat-interval", time.Second, "period of heartbeats to the metadata service")
 	rootCmd.AddCommand(cmd)
+}
+
+// refusedTargets delivers the registration error of s once the metadata
+// service has refused one of its targets as another file system's — a
+// refusal that retrying does not change.
+func refusedTargets(ctx context.Context, s *store.Server) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := s.RegisterError(); errors.Is(err, syscall.EXDEV) {
+					ch <- err
+					return
+				}
+			}
+		}
+	}()
+	return ch
 }

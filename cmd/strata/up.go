@@ -146,6 +146,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	})
 	slog.Info("metadata service up", "addr", msvc.Addr())
 
+	var servers []*store.Server
 	for i := 0; i < o.stores; i++ {
 		scfg := store.DefaultConfig()
 		scfg.MetaAddr = msvc.Addr()
@@ -169,8 +170,17 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 			return nil
 		})
 		slog.Info("storage server up", "addr", srv.Addr(), "targets", scfg.Targets)
+		servers = append(servers, srv)
 	}
-	if err := waitTargets(ctx, msvc.Addr(), key, o.stores*o.targetsPerStore); err != nil {
+	refused := func() error {
+		for i, srv := range servers {
+			if err := srv.RegisterError(); errors.Is(err, syscall.EXDEV) {
+				return fmt.Errorf("storage server %d: %w", i, err)
+			}
+		}
+		return nil
+	}
+	if err := waitTargets(ctx, msvc.Addr(), key, o.stores*o.targetsPerStore, refused); err != nil {
 		return err
 	}
 
@@ -217,8 +227,9 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	return nil
 }
 
-// waitTargets waits, bounded, until the metadata service lists n live targets.
-func waitTargets(ctx context.Context, metaAddr string, key []byte, n int) error {
+// waitTargets waits, bounded, until the metadata service lists n live
+// targets; refused ends the wait early with a refusal that will not pass.
+func waitTargets(ctx context.Context, metaAddr string, key []byte, n int, refused func() error) error {
 	c := rpc.NewClient(metaAddr, rpc.ClientConfig{Key: key, Conns: 1})
 	defer c.Close()
 	deadline := time.Now().Add(20 * time.Second)
@@ -235,6 +246,9 @@ func waitTargets(ctx context.Context, metaAddr string, key []byte, n int) error 
 			if last >= n {
 				return nil
 			}
+		}
+		if err := refused(); err != nil {
+			return err
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -225,6 +225,9 @@ func (s *Service) register() {
 		return s.mutate(&command{Op: opSetDirLayout, Now: now(), Hdr: r.Hdr, Ino: r.Dir, Size: uint64(r.StripeSize), Flags: r.StripeCount})
 	})
 	handle(s, rpc.MRegisterServer, func(_ context.Context, r *rpc.RegisterServerReq) (rpc.Message, error) {
+		if err := s.checkForeignTargets(r.Targets); err != nil {
+			return nil, err
+		}
 		res, err := s.propose(&command{Op: opRegister, Now: now(), Addr: r.Addr, Host: r.Host, Targets: r.Targets})
 		if err != nil {
 			return nil, err
@@ -473,6 +476,29 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 		LockGrace: ls.grace, LockGracePending: uint32(ls.pending),
 		Problems: s.problems(),
 	}, nil
+}
+
+// checkForeignTargets refuses targets that were registered before (their
+// identity file records an id) but are unknown here: they hold another
+// file system's chunks — or those of a metadata store that was lost or
+// restored from an older copy — and a new file given one of those inode
+// numbers would read the old bytes where it has holes.
+func (s *Service) checkForeignTargets(ts []rpc.TargetReg) error {
+	for _, t := range ts {
+		if t.PrevID == 0 {
+			continue
+		}
+		_, err := s.db.Get(schema.TargetUUIDKey(t.UUID))
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, kv.ErrNotFound) {
+			return rpc.Errorf(syscall.EIO, "read target %s: %v", t.UUID, err)
+		}
+		return rpc.Errorf(syscall.EXDEV, "target %s (uuid %s) was target %d of another Strata file system, or of a metadata store that no longer knows it: "+
+			"its chunks belong there, and new files here would read them; give the storage server an empty directory, or move the old contents away", t.Path, t.UUID, t.PrevID)
+	}
+	return nil
 }
 
 // problems lists what keeps this service's stores from working.

@@ -684,3 +684,35 @@ func TestStatusReportsFailingStore(t *testing.T) {
 		t.Fatalf("flush once the directory is back: %v", err)
 	}
 }
+
+// A target that was registered before (its identity records an id) but is
+// unknown to this service holds another file system's chunks: refused with
+// EXDEV, and nothing is registered. Known targets re-register with their id.
+func TestRegisterRefusesForeignTarget(t *testing.T) {
+	_, c := newNamespace(t) // registers u1, u2, u3 as targets 1..3
+	reg := func(ts ...rpc.TargetReg) (rpc.RegisterServerResp, error) {
+		var resp rpc.RegisterServerResp
+		err := c.call(rpc.MRegisterServer, &rpc.RegisterServerReq{Addr: "127.0.0.1:2", Host: "h2", Targets: ts}, &resp)
+		return resp, err
+	}
+	_, err := reg(rpc.TargetReg{UUID: "fresh", Path: "/t/fresh"}, rpc.TargetReg{UUID: "old", Path: "/t/old", PrevID: 7})
+	wantErrno(t, err, syscall.EXDEV, "register a target that was target 7 elsewhere")
+	if !strings.Contains(err.Error(), "/t/old") || !strings.Contains(err.Error(), "another Strata file system") {
+		t.Fatalf("refusal does not say which target and why: %v", err)
+	}
+	var lt rpc.ListTargetsResp
+	if err := c.call(rpc.MListTargets, &rpc.Empty{}, &lt); err != nil {
+		t.Fatal(err)
+	}
+	if len(lt.Targets) != 3 {
+		t.Fatalf("a refused registration registered targets: %+v", lt.Targets)
+	}
+	// A known target with its id, and a new one, register.
+	resp, err := reg(rpc.TargetReg{UUID: "u2", Path: "/t/u2", PrevID: 2}, rpc.TargetReg{UUID: "fresh", Path: "/t/fresh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.TargetIDs[0] != 2 || resp.TargetIDs[1] != 4 {
+		t.Fatalf("target ids %v, want [2 4]", resp.TargetIDs)
+	}
+}

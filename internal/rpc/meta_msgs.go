@@ -735,6 +735,11 @@ type TargetReg struct {
 	// first heartbeat.
 	FSID    uint64
 	RawFree uint64
+	// PrevID is the id the target was last assigned, as its identity file
+	// records it (0: never registered). A metadata service that does not
+	// know the target refuses one with a PrevID: it holds the chunks of
+	// another file system (or of a lost metadata store).
+	PrevID uint32
 }
 
 // RegisterServerReq announces a storage server (at start, and again if a
@@ -758,6 +763,7 @@ func (m *RegisterServerReq) Encode(e *Enc) {
 		e.U64(t.FreeBytes)
 		e.U64(t.FSID)
 		e.U64(t.RawFree)
+		e.U32(t.PrevID)
 	}
 }
 
@@ -773,6 +779,7 @@ func (m *RegisterServerReq) Decode(d *Dec) {
 		t.FreeBytes = d.U64()
 		t.FSID = d.U64()
 		t.RawFree = d.U64()
+		t.PrevID = d.U32()
 	}
 }
 

@@ -44,6 +44,7 @@ func (s *Server) registrationLoop() {
 	failures := 0
 	for {
 		err := s.registerOnce(ctx, cl)
+		s.regErr.Store(&err)
 		if err == nil {
 			backoff = backoffMin
 			failures = 0
@@ -74,7 +75,7 @@ func (s *Server) registerOnce(ctx context.Context, cl *rpc.Client) error {
 		_ = t.statfs()
 		req.Targets = append(req.Targets, rpc.TargetReg{
 			UUID: t.uuid, Path: absPath(t.path), TotalBytes: t.totalBytes.Load(), FreeBytes: t.freeBytes.Load(),
-			FSID: t.fsid.Load(), RawFree: t.rawFree.Load(),
+			FSID: t.fsid.Load(), RawFree: t.rawFree.Load(), PrevID: t.id.Load(),
 		})
 	}
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)

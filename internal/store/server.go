@@ -40,6 +40,7 @@ type Server struct {
 
 	// registered is closed after the first successful registration.
 	registered chan struct{}
+	regErr     atomic.Pointer[error] // the last registration's outcome
 	regOnce    sync.Once
 	serverID   atomic.Uint32
 }
@@ -129,7 +130,11 @@ func Open(cfg Config) (*Server, error) {
 		select {
 		case <-s.registered:
 		case <-time.After(registerWait):
-			s.log.Warn("metadata service not reachable yet; serving known targets and registering in the background", "meta", cfg.MetaAddr)
+			if err := s.RegisterError(); errors.Is(err, syscall.EXDEV) {
+				s.log.Error("metadata service refuses a target", "meta", cfg.MetaAddr, "err", err)
+			} else {
+				s.log.Warn("metadata service not reachable yet; serving known targets and registering in the background", "meta", cfg.MetaAddr, "err", err)
+			}
 		}
 	}
 	return s, nil
@@ -187,6 +192,17 @@ func (s *Server) TargetUUIDs() []string {
 		out[i] = t.uuid
 	}
 	return out
+}
+
+// RegisterError is the error of the last registration attempt, nil once
+// one succeeded (or before the first ended). errors.Is(err,
+// syscall.EXDEV): the metadata service refused a target as another file
+// system's, which retrying does not change.
+func (s *Server) RegisterError() error {
+	if p := s.regErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // WaitRegistered waits until the server has registered with the metadata
