@@ -211,14 +211,29 @@ func (s *pebblekv) Sync() error {
 
 func (s *pebblekv) Flush() error {
 	start := time.Now()
-	done, err := s.db.AsyncFlush()
-	if err != nil {
-		return fmt.Errorf("kv flush: %w", err)
+	// AsyncFlush itself waits when the engine stalls writes (memtables
+	// full, and flushes failing: a full disk), so it is waited for under
+	// the same give-up rule as the flush. A goroutine left behind then
+	// stays blocked in the engine; the store is failing anyway.
+	type started struct {
+		done <-chan struct{}
+		err  error
 	}
+	st := make(chan started, 1)
+	go func() {
+		done, err := s.db.AsyncFlush()
+		st <- started{done, err}
+	}()
+	var done <-chan struct{}
 	t := time.NewTicker(min(flushGiveUp/10, time.Second))
 	defer t.Stop()
 	for {
 		select {
+		case r := <-st:
+			if r.err != nil {
+				return fmt.Errorf("kv flush: %w", r.err)
+			}
+			done = r.done
 		case <-done:
 			return nil
 		case <-t.C:
@@ -243,10 +258,26 @@ func (s *pebblekv) Close() error {
 	if s.noWAL {
 		flushErr = s.Flush()
 	}
-	if err := s.db.Close(); err != nil {
-		return errors.Join(flushErr, fmt.Errorf("kv close: %w", err))
+	// The engine's Close waits for writes stalled behind flushes that keep
+	// failing (a full disk): bounded like Flush, abandoning it then.
+	start := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- s.db.Close() }()
+	t := time.NewTicker(min(flushGiveUp/10, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case err := <-closed:
+			if err != nil {
+				return errors.Join(flushErr, fmt.Errorf("kv close: %w", err))
+			}
+			return flushErr
+		case <-t.C:
+			if err := s.bg.failing(start, flushGiveUp); err != nil {
+				return errors.Join(flushErr, fmt.Errorf("kv close of %s abandoned: the engine is stuck on writes failing for over %v: %w", s.dir, flushGiveUp, err))
+			}
+		}
 	}
-	return flushErr
 }
 
 type getter interface {

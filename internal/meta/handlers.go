@@ -131,6 +131,9 @@ func (s *Service) register() {
 			Uid: r.Uid, Gid: r.Gid, Rdev: r.Rdev, Symlink: r.SymlinkTarget}
 		if r.Mode&modeType == modeReg || r.Mode&modeType == 0 {
 			c.Cands = s.placementCandidates(ctx)
+			if len(c.Cands) == 0 {
+				return nil, rpc.Errorf(syscall.ENOSPC, "cannot place a new file: %s", s.live.noCandidates(time.Now()))
+			}
 			c.RRStart = s.rr.Add(1)
 		}
 		return s.mutate(c)

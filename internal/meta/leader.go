@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"sort"
@@ -293,6 +294,27 @@ func (l *liveness) candidates(now time.Time) []layout.Candidate {
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	l.mu.cands, l.mu.candsAt = out, now
 	return out
+}
+
+// noCandidates says why candidates is empty, for the ENOSPC of a create:
+// no targets known, none on a live server, or every live one full.
+func (l *liveness) noCandidates(now time.Time) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	live := 0
+	for _, u := range l.mu.targets {
+		if l.aliveLocked(u.server, now) {
+			live++
+		}
+	}
+	switch {
+	case len(l.mu.targets) == 0:
+		return "no storage target is registered: start a storage server (strata store)"
+	case live == 0:
+		return fmt.Sprintf("none of the %d storage targets is on a live storage server (no heartbeat within %v): see strata status", len(l.mu.targets), l.timeout)
+	default:
+		return fmt.Sprintf("all %d live storage targets are full (no space above their reserve): free space on them or add targets", live)
+	}
 }
 
 // capacity sums the last reported capacity of every known target,

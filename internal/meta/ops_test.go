@@ -102,10 +102,29 @@ func TestCreateWithoutTargets(t *testing.T) {
 	c := newClient(t, s.Addr())
 	_, err := c.create(1, "f", fileMode)
 	wantErrno(t, err, syscall.ENOSPC, "create without targets")
-	if !strings.Contains(err.Error(), "storage") {
+	if !strings.Contains(err.Error(), "no storage target is registered") {
 		t.Errorf("message %q does not explain", err)
 	}
 	c.mustCreate(1, "d", dirMode) // directories need no targets
+}
+
+// With every live target full, a create says so (not "start a server").
+func TestCreateOnFullTargets(t *testing.T) {
+	s := openService(t, testConfig(t, ""))
+	c := newClient(t, s.Addr())
+	req := &rpc.RegisterServerReq{Addr: "127.0.0.1:1", Host: "h"}
+	for _, u := range []string{"a", "b"} {
+		req.Targets = append(req.Targets, rpc.TargetReg{UUID: u, Path: "/t/" + u, TotalBytes: 1 << 30})
+	}
+	var resp rpc.RegisterServerResp
+	if err := c.call(rpc.MRegisterServer, req, &resp); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.create(1, "f", fileMode)
+	wantErrno(t, err, syscall.ENOSPC, "create with full targets")
+	if !strings.Contains(err.Error(), "all 2 live storage targets are full") {
+		t.Errorf("message %q does not say the targets are full", err)
+	}
 }
 
 func TestSpecialFiles(t *testing.T) {
