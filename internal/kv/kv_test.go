@@ -332,24 +332,19 @@ func TestFlushGivesUpInWriteStall(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Skip("writes never stalled (the engine kept room); nothing to check")
 	}
-	flushed := make(chan error, 1)
-	go func() { flushed <- s.Flush() }()
-	select {
-	case err := <-flushed:
-		if err == nil {
-			t.Fatal("flush of a store that cannot write succeeded")
+	for _, op := range []struct {
+		name string
+		f    func() error
+	}{{"Flush", s.Flush}, {"Close", s.Close}} {
+		res := make(chan error, 1)
+		go func() { res <- op.f() }()
+		select {
+		case err := <-res:
+			if err == nil {
+				t.Fatalf("%s of a store that cannot write succeeded", op.name)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s hung in the write stall", op.name)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Flush hung in the write stall")
-	}
-	closed := make(chan error, 1)
-	go func() { closed <- s.Close() }()
-	select {
-	case err := <-closed:
-		if err == nil {
-			t.Fatal("close of a store that cannot write reported success")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Close hung in the write stall")
 	}
 }
