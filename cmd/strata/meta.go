@@ -18,6 +18,7 @@ func init() {
 		listen, data, raftAddr, keyFile, metricsAddr, nodeID string
 		serverTimeout, sessionLease, orphanGrace, syncDelay  time.Duration
 		strictSync                                           bool
+		diskReserve                                          string
 	)
 	cmd := &cobra.Command{
 		Use:   "meta --listen ADDR --data DIR",
@@ -30,10 +31,18 @@ func init() {
 			if listen == "" {
 				return usagef("meta: --listen ADDR must not be empty")
 			}
+			reserve, err := parseSize(diskReserve)
+			if err != nil {
+				return usagef("meta: --disk-reserve %q: %v", diskReserve, err)
+			}
 			cfg := meta.Config{
 				DataDir: data, ListenAddr: listen, RaftAddr: raftAddr, NodeID: nodeID,
 				ServerTimeout: serverTimeout, SessionLease: sessionLease, OrphanGrace: orphanGrace,
 				MetricsAddr: metricsAddr, StrictSync: strictSync, SyncDelay: syncDelay,
+				DiskReserve: int64(reserve),
+			}
+			if reserve == 0 {
+				cfg.DiskReserve = -1 // --disk-reserve 0: none
 			}
 			if keyFile != "" {
 				key, err := os.ReadFile(keyFile)
@@ -78,6 +87,7 @@ func init() {
 	f.DurationVar(&sessionLease, "session-lease", d.SessionLease, "client session lease")
 	f.BoolVar(&strictSync, "strict-sync", false, "answer every namespace change only once it is on stable storage (default: at the client's next fsync/close barrier, or within --sync-delay)")
 	f.DurationVar(&syncDelay, "sync-delay", 5*time.Millisecond, "longest time an answered namespace change stays off stable storage when nobody waits for it")
+	f.StringVar(&diskReserve, "disk-reserve", "256M", "free space kept on the data directory's disk: below it, creates, links, renames and xattrs fail with ENOSPC (0: none)")
 	f.DurationVar(&orphanGrace, "orphan-grace", 0, "delay before deleting unlinked files' data after start (default: session lease)")
 	rootCmd.AddCommand(cmd)
 }

@@ -145,7 +145,7 @@ func parseSize(s string) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("not a size (want e.g. 1M, 4MiB, 65536)")
 	}
-	if n > (1<<32)/mult {
+	if n > (1<<62)/mult {
 		return 0, fmt.Errorf("too large")
 	}
 	return n * mult, nil

@@ -59,6 +59,12 @@ type Config struct {
 	// SyncDelay bounds how long an applied namespace change may stay off
 	// stable storage when nobody waits for it; default 5 ms.
 	SyncDelay time.Duration
+	// DiskReserve is the free space kept on the data directory's file
+	// system: below it, operations that grow the namespace (create, mkdir,
+	// link, rename, setxattr, a directory layout) fail with ENOSPC rather
+	// than fill the disk until the store stalls. 0: DefaultDiskReserve;
+	// negative: no reserve.
+	DiskReserve int64
 }
 
 // DefaultConfig returns the defaults; DataDir must still be set.

@@ -513,6 +513,9 @@ func (s *Service) problems() []string {
 	if err := s.db.Health(); err != nil {
 		out = append(out, "metadata store: "+err.Error())
 	}
+	if why := s.disk.low(time.Now()); why != "" {
+		out = append(out, why+": creates, links, renames and xattrs fail with ENOSPC")
+	}
 	return out
 }
 

@@ -735,3 +735,32 @@ func TestRegisterRefusesForeignTarget(t *testing.T) {
 		t.Fatalf("target ids %v, want [2 4]", resp.TargetIDs)
 	}
 }
+
+// Below the metadata disk's reserve, operations that grow the namespace
+// fail with ENOSPC naming the disk; removals still work, status says so,
+// and all is back once there is room.
+func TestMetadataDiskReserve(t *testing.T) {
+	s, c := newNamespace(t)
+	c.mustCreate(1, "kept", fileMode)
+	c.mustCreate(1, "gone", fileMode)
+	s.disk.reserve.Store(1 << 62) // more than any disk has
+	_, err := c.create(1, "new", fileMode)
+	wantErrno(t, err, syscall.ENOSPC, "create on a full metadata disk")
+	if !strings.Contains(err.Error(), "metadata disk of "+s.cfg.DataDir) {
+		t.Fatalf("the error does not name the metadata disk: %v", err)
+	}
+	_, err = c.create(1, "newdir", dirMode)
+	wantErrno(t, err, syscall.ENOSPC, "mkdir on a full metadata disk")
+	if _, err := c.unlink(1, "gone"); err != nil {
+		t.Fatalf("unlink on a full metadata disk: %v", err)
+	}
+	var cs rpc.ClusterStatusResp
+	if err := c.call(rpc.MClusterStatus, &rpc.Empty{}, &cs); err != nil {
+		t.Fatal(err)
+	}
+	if len(cs.Problems) != 1 || !strings.Contains(cs.Problems[0], "below its reserve") {
+		t.Fatalf("status problems %q, want the metadata disk", cs.Problems)
+	}
+	s.disk.reserve.Store(1 << 20)
+	c.mustCreate(1, "new", fileMode)
+}

@@ -47,6 +47,7 @@ type Service struct {
 	ln       net.Listener
 	web      *http.Server
 	m        *metrics
+	disk     *diskSpace // free space of DataDir's file system
 
 	locks *lockTable
 	sess  *sessions
@@ -103,6 +104,7 @@ func Open(cfg Config) (s *Service, err error) {
 		locks: newLockTable(slog.Default().With("svc", "meta", "node", cfg.NodeID)),
 		sess:  newSessions(),
 		live:  newLiveness(cfg.ServerTimeout),
+		disk:  newDiskSpace(cfg.DataDir, cfg.DiskReserve),
 		stop:  make(chan struct{}),
 		m:     newMetrics(),
 	}
@@ -356,6 +358,9 @@ func (s *Service) notLeader() error {
 // propose replicates a command and returns the state machine's answer,
 // once the entry is on stable storage unless c.answerBeforeDurable.
 func (s *Service) propose(c *command) (*result, error) {
+	if err := s.checkDisk(c); err != nil {
+		return nil, err
+	}
 	resp, index, err := s.node.ApplyIndex(c.encode(make([]byte, 0, 128)), applyTimeout)
 	if err != nil {
 		if errors.Is(err, consensus.ErrNotLeader) {
