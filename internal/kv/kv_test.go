@@ -239,13 +239,14 @@ func TestFailingFlushGivesUp(t *testing.T) {
 	}
 	// A second flush while the failures go on gives up without waiting
 	// another full period (Close after a failed snapshot).
-	flushGiveUp = 2 * time.Second
-	time.Sleep(flushGiveUp + 100*time.Millisecond) // the engine keeps retrying meanwhile
+	pk := s.(*pebblekv)
+	pk.giveUp = 2 * time.Second
+	time.Sleep(pk.giveUp + 100*time.Millisecond) // the engine keeps retrying meanwhile
 	t0 := time.Now()
 	if err := s.Flush(); err == nil {
 		t.Fatal("second flush into a vanished directory succeeded")
 	}
-	if d := time.Since(t0); d >= flushGiveUp {
+	if d := time.Since(t0); d >= pk.giveUp {
 		t.Fatalf("second flush waited %v: the failures had lasted longer than the give-up period already", d)
 	}
 	if err := s.Close(); err == nil {
@@ -256,7 +257,7 @@ func TestFailingFlushGivesUp(t *testing.T) {
 func TestHealthForgetsOldErrors(t *testing.T) {
 	defer func(w time.Duration) { bgHealthWindow = w }(bgHealthWindow)
 	bgHealthWindow = 50 * time.Millisecond
-	b := &bgErrors{log: slog.New(&countHandler{n: new(atomic.Int64)})}
+	b := &bgErrors{log: slog.New(&countHandler{n: new(atomic.Int64)}), logEvery: bgLogEvery, runGap: bgRunGap}
 	if err := b.health("d"); err != nil {
 		t.Fatalf("no errors yet: %v", err)
 	}

@@ -38,10 +38,11 @@ type Options struct {
 
 // pebblekv is the Store over a pebble database.
 type pebblekv struct {
-	db    *pebble.DB
-	dir   string
-	noWAL bool
-	bg    *bgErrors
+	db     *pebble.DB
+	dir    string
+	noWAL  bool
+	bg     *bgErrors
+	giveUp time.Duration // flushGiveUp when the store opened
 }
 
 var _ Store = (*pebblekv)(nil)
@@ -60,7 +61,7 @@ func Open(dir string, opts Options) (Store, error) {
 	cache := pebble.NewCache(opts.CacheBytes + 2*int64(opts.MemTableBytes))
 	defer cache.Unref()
 	lg := opts.Logger.With("kv", dir)
-	bg := &bgErrors{log: lg}
+	bg := &bgErrors{log: lg, logEvery: bgLogEvery, runGap: bgRunGap}
 	po := &pebble.Options{
 		Cache:              cache,
 		MemTableSize:       opts.MemTableBytes,
@@ -82,7 +83,7 @@ func Open(dir string, opts Options) (Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
 	}
-	return &pebblekv{db: db, dir: dir, noWAL: opts.NoWAL, bg: bg}, nil
+	return &pebblekv{db: db, dir: dir, noWAL: opts.NoWAL, bg: bg, giveUp: flushGiveUp}, nil
 }
 
 // bgErrors collects the engine's background errors (failed flushes and
@@ -95,7 +96,11 @@ func Open(dir string, opts Options) (Store, error) {
 // flush goroutine: the wait slows only work that is failing anyway).
 type bgErrors struct {
 	log *slog.Logger
-	mu  sync.Mutex
+	// logEvery and runGap are bgLogEvery and bgRunGap when the store
+	// opened (the engine's goroutines read them; tests change the
+	// package's values).
+	logEvery, runGap time.Duration
+	mu               sync.Mutex
 	// since is when the current run of errors began; last the latest
 	// error and at when it came; n the errors of the run.
 	since, at, logged time.Time
@@ -119,14 +124,14 @@ const (
 func (b *bgErrors) note(err error) {
 	now := time.Now()
 	b.mu.Lock()
-	if b.since.IsZero() || now.Sub(b.at) > bgRunGap {
+	if b.since.IsZero() || now.Sub(b.at) > b.runGap {
 		b.since, b.n = now, 0
 	}
 	b.last, b.at = err, now
 	b.n++
 	spin := b.n > bgSpinLimit
 	n := b.unlogged
-	log := b.logged.IsZero() || now.Sub(b.logged) >= bgLogEvery
+	log := b.logged.IsZero() || now.Sub(b.logged) >= b.logEvery
 	if log {
 		b.logged, b.unlogged = now, 0
 	} else {
@@ -225,7 +230,7 @@ func (s *pebblekv) Flush() error {
 		st <- started{done, err}
 	}()
 	var done <-chan struct{}
-	t := time.NewTicker(min(flushGiveUp/10, time.Second))
+	t := time.NewTicker(min(s.giveUp/10, time.Second))
 	defer t.Stop()
 	for {
 		select {
@@ -237,8 +242,8 @@ func (s *pebblekv) Flush() error {
 		case <-done:
 			return nil
 		case <-t.C:
-			if err := s.bg.failing(start, flushGiveUp); err != nil {
-				return fmt.Errorf("kv flush of %s failing for over %v: %w", s.dir, flushGiveUp, err)
+			if err := s.bg.failing(start, s.giveUp); err != nil {
+				return fmt.Errorf("kv flush of %s failing for over %v: %w", s.dir, s.giveUp, err)
 			}
 		}
 	}
@@ -263,7 +268,7 @@ func (s *pebblekv) Close() error {
 	start := time.Now()
 	closed := make(chan error, 1)
 	go func() { closed <- s.db.Close() }()
-	t := time.NewTicker(min(flushGiveUp/10, time.Second))
+	t := time.NewTicker(min(s.giveUp/10, time.Second))
 	defer t.Stop()
 	for {
 		select {
@@ -273,8 +278,8 @@ func (s *pebblekv) Close() error {
 			}
 			return flushErr
 		case <-t.C:
-			if err := s.bg.failing(start, flushGiveUp); err != nil {
-				return errors.Join(flushErr, fmt.Errorf("kv close of %s abandoned: the engine is stuck on writes failing for over %v: %w", s.dir, flushGiveUp, err))
+			if err := s.bg.failing(start, s.giveUp); err != nil {
+				return errors.Join(flushErr, fmt.Errorf("kv close of %s abandoned: the engine is stuck on writes failing for over %v: %w", s.dir, s.giveUp, err))
 			}
 		}
 	}
