@@ -100,7 +100,14 @@ func (m *Mounted) Stop() error {
 	if err == nil || !isBusy(err) {
 		return err
 	}
-	users := mountUsers(m.dir)
+	dir := m.dir
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs // /proc shows absolute paths
+		if r, err := filepath.EvalSymlinks(abs); err == nil {
+			dir = r
+		}
+	}
+	users := mountUsers(dir)
 	if derr := detach(m.dir); derr != nil {
 		return fmt.Errorf("unmount %s: %w (in use by %s), and detaching it failed: %v", m.dir, ErrBusy, describeUsers(users), derr)
 	}
