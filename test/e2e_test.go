@@ -289,6 +289,7 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 		{[]string{"meta", "--listen", "127.0.0.1:0"}, "data"},
 		{[]string{"status", "--data", stopped}, "no strata up is running"},
 		{[]string{"meta", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--disk-reserve", "lots"}, "disk-reserve"},
+		{[]string{"up", "--data", t.TempDir(), "--mount", t.TempDir(), "--meta-disk-reserve", "-5"}, "meta-disk-reserve"},
 		{[]string{"stripe", "set", "--size", "8G", "/tmp"}, "multiple of 64 kib"},
 		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0"}, "target"},
 		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--target", "/nonexistent/strata/x"}, "nonexistent"},

@@ -126,7 +126,7 @@ func explainXattr(what, path string, err error) error {
 	return fmt.Errorf("%s %s: %w", what, path, err)
 }
 
-// parseSize reads sizes like 4M, 4MiB, 64k, 1G or plain bytes (binary units).
+// parseSize reads sizes like 4M, 4MiB, 64k, 1G, 2T or plain bytes (binary units).
 func parseSize(s string) (uint64, error) {
 	s = strings.TrimSpace(s)
 	mult := uint64(1)
@@ -134,7 +134,7 @@ func parseSize(s string) (uint64, error) {
 	for _, suf := range []struct {
 		s string
 		m uint64
-	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
+	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"TIB", 1 << 40}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1}} {
 		if strings.HasSuffix(up, suf.s) {
 			mult = suf.m
 			up = strings.TrimSuffix(up, suf.s)

@@ -27,7 +27,7 @@ func init() {
 		strictMetaSync                            bool
 		stores, targetsPerStore                   int
 		writeThrough, kernelReadAhead             int64
-		pprofAddr                                 string
+		pprofAddr, metaDiskReserve                string
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -53,13 +53,17 @@ on the same --data it serves the same files.`,
 			if kernelReadAhead < 0 {
 				return usagef("--kernel-read-ahead-bytes %d: must not be negative", kernelReadAhead)
 			}
+			reserve, err := parseSize(metaDiskReserve)
+			if err != nil {
+				return usagef("--meta-disk-reserve %q: %v", metaDiskReserve, err)
+			}
 			if pprofAddr != "" {
 				startPprof(pprofAddr)
 			}
 			return runUp(cmd.Context(), upOptions{
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore, strictMetaSync: strictMetaSync,
-				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead,
+				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
 			})
 		},
 	}
@@ -72,6 +76,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().BoolVar(&strictMetaSync, "strict-meta-sync", false, "answer every namespace change only once it is on stable storage (default: at the next fsync/close barrier, or within 5 ms)")
 	cmd.Flags().Int64Var(&writeThrough, "write-through-bytes", client.DefaultConfig().WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
 	cmd.Flags().Int64Var(&kernelReadAhead, "kernel-read-ahead-bytes", fuse.DefaultKernelReadAhead, kernelReadAheadUsage)
+	cmd.Flags().StringVar(&metaDiskReserve, "meta-disk-reserve", "256M", "free space the metadata service keeps on the disk under --data: below it, creates, links, renames and xattrs fail with ENOSPC (0: none)")
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
 	rootCmd.AddCommand(cmd)
@@ -82,6 +87,7 @@ type upOptions struct {
 	stores, targetsPerStore                   int
 	strictMetaSync                            bool
 	writeThrough, kernelReadAhead             int64
+	metaDiskReserve                           int64 // 0: none
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -134,6 +140,10 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	mcfg.ListenAddr = o.metaListen
 	mcfg.ClusterKey = key
 	mcfg.StrictSync = o.strictMetaSync
+	mcfg.DiskReserve = o.metaDiskReserve
+	if o.metaDiskReserve == 0 {
+		mcfg.DiskReserve = -1 // none
+	}
 	msvc, err := meta.Open(mcfg)
 	if err != nil {
 		return fmt.Errorf("start metadata service: %w", err)
