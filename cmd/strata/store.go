@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os/signal"
 	"syscall"
@@ -102,7 +101,7 @@ func refusedTargets(ctx context.Context, s *store.Server) <-chan error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if err := s.RegisterError(); errors.Is(err, syscall.EXDEV) {
+				if err := s.Refused(); err != nil {
 					ch <- err
 					return
 				}

@@ -184,7 +184,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	}
 	refused := func() error {
 		for i, srv := range servers {
-			if err := srv.RegisterError(); errors.Is(err, syscall.EXDEV) {
+			if err := srv.Refused(); err != nil {
 				return fmt.Errorf("storage server %d: %w", i, err)
 			}
 		}

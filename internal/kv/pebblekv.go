@@ -215,35 +215,39 @@ func (s *pebblekv) Sync() error {
 }
 
 func (s *pebblekv) Flush() error {
-	start := time.Now()
 	// AsyncFlush itself waits when the engine stalls writes (memtables
-	// full, and flushes failing: a full disk), so it is waited for under
-	// the same give-up rule as the flush. A goroutine left behind then
-	// stays blocked in the engine; the store is failing anyway.
-	type started struct {
-		done <-chan struct{}
-		err  error
-	}
-	st := make(chan started, 1)
-	go func() {
+	// full, and flushes failing: a full disk), so it runs under await too.
+	err, stuck := s.await(func() error {
 		done, err := s.db.AsyncFlush()
-		st <- started{done, err}
-	}()
-	var done <-chan struct{}
+		if err != nil {
+			return fmt.Errorf("kv flush: %w", err)
+		}
+		<-done
+		return nil
+	})
+	if stuck != nil {
+		return fmt.Errorf("kv flush of %s failing for over %v: %w", s.dir, s.giveUp, stuck)
+	}
+	return err
+}
+
+// await runs op and returns its error, unless the engine's background
+// writes keep failing meanwhile (for s.giveUp, errors still coming since
+// op began): then it returns the latest of those as stuck at once, and op
+// stays behind, blocked in the engine — the store is failing anyway.
+func (s *pebblekv) await(op func() error) (err, stuck error) {
+	start := time.Now()
+	res := make(chan error, 1)
+	go func() { res <- op() }()
 	t := time.NewTicker(min(s.giveUp/10, time.Second))
 	defer t.Stop()
 	for {
 		select {
-		case r := <-st:
-			if r.err != nil {
-				return fmt.Errorf("kv flush: %w", r.err)
-			}
-			done = r.done
-		case <-done:
-			return nil
+		case err := <-res:
+			return err, nil
 		case <-t.C:
-			if err := s.bg.failing(start, s.giveUp); err != nil {
-				return fmt.Errorf("kv flush of %s failing for over %v: %w", s.dir, s.giveUp, err)
+			if stuck := s.bg.failing(start, s.giveUp); stuck != nil {
+				return nil, stuck
 			}
 		}
 	}
@@ -265,24 +269,14 @@ func (s *pebblekv) Close() error {
 	}
 	// The engine's Close waits for writes stalled behind flushes that keep
 	// failing (a full disk): bounded like Flush, abandoning it then.
-	start := time.Now()
-	closed := make(chan error, 1)
-	go func() { closed <- s.db.Close() }()
-	t := time.NewTicker(min(s.giveUp/10, time.Second))
-	defer t.Stop()
-	for {
-		select {
-		case err := <-closed:
-			if err != nil {
-				return errors.Join(flushErr, fmt.Errorf("kv close: %w", err))
-			}
-			return flushErr
-		case <-t.C:
-			if err := s.bg.failing(start, s.giveUp); err != nil {
-				return errors.Join(flushErr, fmt.Errorf("kv close of %s abandoned: the engine is stuck on writes failing for over %v: %w", s.dir, s.giveUp, err))
-			}
-		}
+	err, stuck := s.await(s.db.Close)
+	switch {
+	case stuck != nil:
+		return errors.Join(flushErr, fmt.Errorf("kv close of %s abandoned: the engine is stuck on writes failing for over %v: %w", s.dir, s.giveUp, stuck))
+	case err != nil:
+		return errors.Join(flushErr, fmt.Errorf("kv close: %w", err))
 	}
+	return flushErr
 }
 
 type getter interface {

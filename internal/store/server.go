@@ -130,10 +130,10 @@ func Open(cfg Config) (*Server, error) {
 		select {
 		case <-s.registered:
 		case <-time.After(registerWait):
-			if err := s.RegisterError(); errors.Is(err, syscall.EXDEV) {
+			if err := s.Refused(); err != nil {
 				s.log.Error("metadata service refuses a target", "meta", cfg.MetaAddr, "err", err)
 			} else {
-				s.log.Warn("metadata service not reachable yet; serving known targets and registering in the background", "meta", cfg.MetaAddr, "err", err)
+				s.log.Warn("metadata service not reachable yet; serving known targets and registering in the background", "meta", cfg.MetaAddr)
 			}
 		}
 	}
@@ -194,12 +194,11 @@ func (s *Server) TargetUUIDs() []string {
 	return out
 }
 
-// RegisterError is the error of the last registration attempt, nil once
-// one succeeded (or before the first ended). errors.Is(err,
-// syscall.EXDEV): the metadata service refused a target as another file
-// system's, which retrying does not change.
-func (s *Server) RegisterError() error {
-	if p := s.regErr.Load(); p != nil {
+// Refused is the error of the last registration attempt when the
+// metadata service refused a target as another file system's (EXDEV), a
+// refusal that retrying does not change; nil otherwise.
+func (s *Server) Refused() error {
+	if p := s.regErr.Load(); p != nil && errors.Is(*p, syscall.EXDEV) {
 		return *p
 	}
 	return nil

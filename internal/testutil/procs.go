@@ -1,7 +1,6 @@
 package testutil
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stratafs/strata/internal/mountinfo"
 )
 
 // Binary returns the strata binary for real-process tests: $STRATA_BIN, or a
@@ -188,24 +189,16 @@ func WaitFor(d time.Duration, cond func() error) error {
 	}
 }
 
-// IsMounted reports whether dir is a Strata FUSE mount point (mountinfo).
+// IsMounted reports whether dir is a FUSE mount point (mountinfo).
 func IsMounted(dir string) bool {
-	f, err := os.Open("/proc/self/mountinfo")
+	abs, _ := filepath.Abs(dir)
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return false
 	}
-	defer f.Close()
-	abs, _ := filepath.Abs(dir)
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 10 || fields[4] != abs {
-			continue
-		}
-		for i, x := range fields {
-			if x == "-" && i+1 < len(fields) && strings.HasPrefix(fields[i+1], "fuse") {
-				return true
-			}
+	for _, m := range ms {
+		if m.Point == abs && strings.HasPrefix(m.FSType, "fuse") {
+			return true
 		}
 	}
 	return false
