@@ -37,8 +37,9 @@ func newChunkCache(s *Server, max int) *chunkCache {
 }
 
 // maxCreateJoins bounds how often a creator joins another caller's open
-// that then finds no chunk (a reader's, which does not create); each such
-// join means that open finished, so the creator soon opens its own.
+// that then finds no chunk: a reader's open creates for a creator that
+// joined it in time (wantCreate), so this only takes a creator that came
+// after the reader's open had already failed.
 const maxCreateJoins = 64
 
 // get returns a referenced handle for (t, ino), opening the chunk if
@@ -51,6 +52,9 @@ func (cc *chunkCache) get(t *target, ino uint64, create bool) (*chunk, error) {
 		if c := cc.mu.m[key]; c != nil {
 			c.refs++
 			cc.mu.lru.MoveToFront(c.elem)
+			if create {
+				c.wantCreate = true
+			}
 			cc.mu.Unlock()
 			<-c.ready
 			if c.openErr == nil {
@@ -72,6 +76,16 @@ func (cc *chunkCache) get(t *target, ino uint64, create bool) (*chunk, error) {
 			v.closeFiles()
 		}
 		err := c.open(create, cc.s)
+		if errors.Is(err, errNotExist) {
+			// A creator that joined this open is served by it, or it
+			// could starve behind readers that keep finding nothing.
+			cc.mu.Lock()
+			join := c.wantCreate
+			cc.mu.Unlock()
+			if join {
+				err = c.open(true, cc.s)
+			}
+		}
 		c.openErr = err
 		if err != nil {
 			// Out of the map before the waiters wake: a creator that

@@ -110,6 +110,9 @@ type chunk struct {
 	gone  bool          // no longer in the cache map: the last release closes
 	elem  *list.Element // position in the LRU list
 	ready chan struct{} // closed when open finished; then openErr is set
+	// wantCreate: a creator waits on this handle's open, which does not
+	// create; should that find no chunk, it creates one instead.
+	wantCreate bool
 	// openErr is written once before ready is closed.
 	openErr error
 
