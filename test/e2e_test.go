@@ -481,3 +481,69 @@ func TestUpRefusesTargetsOfAnotherFileSystem(t *testing.T) {
 		t.Fatalf("%s is mounted after the refused start", u.mnt)
 	}
 }
+
+// TestUpAfterMetadataRestoredFromOlderCopy: the metadata directory is put
+// back to a copy taken before a file was written. The restored service
+// would hand that file's inode number to the next new file, whose holes
+// would then read the forgotten file's chunks; the targets' inode
+// ceilings make it skip those numbers, so a new sparse file reads zeros.
+func TestUpAfterMetadataRestoredFromOlderCopy(t *testing.T) {
+	u := newUpRun(t)
+	stop := func() {
+		t.Helper()
+		if err := u.P.Stop(60 * time.Second); err != nil {
+			t.Fatalf("stop: %v\n%s", err, u.P.Tail(20))
+		}
+	}
+	stop()
+	meta, backup := filepath.Join(u.data, "meta"), filepath.Join(u.dir, "meta-backup")
+	if out, err := exec.Command("cp", "-a", meta, backup).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	u.P = startUp(t, u.bin, u.dir, u.data, u.mnt)
+	forgotten := filepath.Join(u.mnt, "forgotten")
+	if err := os.WriteFile(forgotten, bytes.Repeat([]byte("OLDDATA!"), 400000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(forgotten, &st); err != nil {
+		t.Fatal(err)
+	}
+	oldIno := st.Ino
+	stop()
+	if err := os.RemoveAll(meta); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(backup, meta); err != nil {
+		t.Fatal(err)
+	}
+	u.P = startUp(t, u.bin, u.dir, u.data, u.mnt)
+	if _, err := os.Stat(forgotten); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the restored metadata knows the file written after the copy: %v", err)
+	}
+	fresh := filepath.Join(u.mnt, "fresh")
+	f, err := os.Create(fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(3200000); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Stat(fresh, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Ino == oldIno {
+		t.Fatalf("the new file got the forgotten file's inode number %d", oldIno)
+	}
+	got, err := os.ReadFile(fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := bytes.IndexFunc(got, func(r rune) bool { return r != 0 }); i >= 0 || len(got) != 3200000 {
+		t.Fatalf("new sparse file (inode %d; the forgotten one was %d): %d bytes, non-zero from offset %d: %q",
+			st.Ino, oldIno, len(got), i, got[i:min(i+16, len(got))])
+	}
+}

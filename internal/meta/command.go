@@ -28,6 +28,7 @@ const (
 	opRegister
 	opReap
 	opReapMany // appended: op numbers are part of the log format
+	opRaiseIno // NextIno = max(NextIno, Ino): a target holds chunks up to there
 )
 
 // command is one state-machine command. The leader fills in everything that
@@ -96,7 +97,7 @@ func (c *command) encode(b []byte) []byte {
 	e.I64(c.Now)
 	c.Hdr.Encode(e)
 	switch c.Op {
-	case opInit, opSessionClose, opReap:
+	case opInit, opSessionClose, opReap, opRaiseIno:
 		e.U64(c.Ino)
 	case opReapMany:
 		e.U64s(c.Inos)
@@ -164,6 +165,11 @@ func (c *command) encode(b []byte) []byte {
 			e.String(t.UUID)
 			e.String(t.Path)
 		}
+		// Appended section (absent in entries written before it): each
+		// target's inode ceiling.
+		for _, t := range c.Targets {
+			e.U64(t.InoCeiling)
+		}
 	}
 	return e.B
 }
@@ -179,7 +185,7 @@ func decodeCommand(b []byte, c *command) error {
 	c.Now = d.I64()
 	c.Hdr.Decode(d)
 	switch c.Op {
-	case opInit, opSessionClose, opReap:
+	case opInit, opSessionClose, opReap, opRaiseIno:
 		c.Ino = d.U64()
 	case opReapMany:
 		c.Inos = d.U64s()
@@ -250,6 +256,11 @@ func decodeCommand(b []byte, c *command) error {
 		for i := range c.Targets {
 			c.Targets[i].UUID = d.String()
 			c.Targets[i].Path = d.String()
+		}
+		if len(d.B) > 0 {
+			for i := range c.Targets {
+				c.Targets[i].InoCeiling = d.U64()
+			}
 		}
 	default:
 		return fmt.Errorf("unknown command op %d", c.Op)

@@ -202,7 +202,7 @@ func (f *fsm) commitLocked(b kv.Batch) {
 // mutating reports whether op carries a ReqHeader worth deduplicating.
 func (o op) deduped() bool {
 	switch o {
-	case opInit, opSessionOpen, opSessionClose, opRegister, opReap, opReapMany:
+	case opInit, opSessionOpen, opSessionClose, opRegister, opReap, opReapMany, opRaiseIno:
 		return false
 	}
 	return true

@@ -231,6 +231,7 @@ func (s *Service) register() {
 		if err := s.checkForeignTargets(r.Targets); err != nil {
 			return nil, err
 		}
+		next := s.fsm.nextIno()
 		res, err := s.propose(&command{Op: opRegister, Now: now(), Addr: r.Addr, Host: r.Host, Targets: r.Targets})
 		if err != nil {
 			return nil, err
@@ -241,6 +242,9 @@ func (s *Service) register() {
 		var resp rpc.RegisterServerResp
 		if err := rpc.Unmarshal(res.body, &resp); err != nil {
 			return nil, rpc.Errorf(syscall.EIO, "register answer: %v", err)
+		}
+		for _, t := range r.Targets {
+			s.warnIfBehind(t.InoCeiling, next, "target "+t.Path)
 		}
 		s.live.registered(resp.ServerID, r.Host, resp.TargetIDs, r.Targets, time.Now())
 		s.log.Info("storage server registered", "server", resp.ServerID, "addr", r.Addr, "host", r.Host, "targets", resp.TargetIDs)
@@ -256,6 +260,14 @@ func (s *Service) register() {
 		srv, err := schema.DecodeServer(v)
 		if err != nil {
 			return nil, rpc.Errorf(syscall.EIO, "server %d: %v", r.ServerID, err)
+		}
+		// A server's targets become placement candidates only once no
+		// inode number below their chunks' can be handed out again.
+		if next := s.fsm.nextIno(); r.InoCeiling > next {
+			if err := s.raiseIno(r.InoCeiling); err != nil {
+				return nil, err
+			}
+			s.warnIfBehind(r.InoCeiling, next, "storage server "+srv.Addr)
 		}
 		s.live.heartbeat(r.ServerID, srv.Host, r.Targets, r.FSIDs, r.RawFree, time.Now())
 		return empty, nil
@@ -479,6 +491,27 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 		LockGrace: ls.grace, LockGracePending: uint32(ls.pending),
 		Problems: s.problems(),
 	}, nil
+}
+
+// raiseIno makes the state machine skip every inode number below ceiling.
+func (s *Service) raiseIno(ceiling uint64) error {
+	res, err := s.propose(&command{Op: opRaiseIno, Now: now(), Ino: ceiling})
+	if err != nil {
+		return err
+	}
+	return res.err()
+}
+
+// warnIfBehind logs when a target's chunks prove the namespace older than
+// the data: some chunk file has an inode number at or above the one the
+// service would have handed out next (ceilings are rounded up to
+// rpc.InoCeilingStep, so only a ceiling a whole step above next proves it).
+func (s *Service) warnIfBehind(ceiling, next uint64, who string) {
+	if ceiling >= rpc.InoCeilingStep && ceiling-rpc.InoCeilingStep >= next {
+		s.log.Warn("the metadata is older than the storage targets' chunks (restored from an older copy?): "+
+			"inode numbers below the targets' ceiling are no longer handed out; chunk files of files the metadata does not know stay as unreferenced data",
+			"from", who, "next_inode_was", next, "ceiling", ceiling)
+	}
 }
 
 // checkForeignTargets refuses targets that were registered before (their

@@ -271,6 +271,9 @@ func (x *opCtx) apply(c *command) ([]byte, error) {
 		return x.register(c)
 	case opReap:
 		return x.reap(c)
+	case opRaiseIno:
+		x.raiseIno(c.Ino)
+		return nil, nil
 	case opReapMany:
 		// Each reap is a whole step of its own: flush it and empty the
 		// small inode cache before the next (reaps only fail on kv errors).
@@ -919,6 +922,9 @@ func (x *opCtx) register(c *command) ([]byte, error) {
 		seen[t.UUID] = true
 	}
 	ctr := &x.f.ctr
+	for _, t := range c.Targets {
+		x.raiseIno(t.InoCeiling)
+	}
 	existing := make([]*schema.Target, len(c.Targets))
 	var serverID uint32
 	for i, t := range c.Targets {
@@ -1024,6 +1030,14 @@ func (x *opCtx) servers() ([]schema.Server, error) {
 		out = append(out, s)
 	}
 	return out, it.Error()
+}
+
+// raiseIno makes sure no inode number below ceiling is handed out again:
+// a target holds chunk files up to there.
+func (x *opCtx) raiseIno(ceiling uint64) {
+	if ctr := &x.f.ctr; ceiling > ctr.NextIno {
+		ctr.NextIno = ceiling
+	}
 }
 
 // reap deletes an orphan whose data the leader removed from the targets.

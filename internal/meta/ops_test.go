@@ -764,3 +764,74 @@ func TestMetadataDiskReserve(t *testing.T) {
 	s.disk.reserve.Store(1 << 20)
 	c.mustCreate(1, "new", fileMode)
 }
+
+// A target's inode ceiling, from its registration or its server's
+// heartbeats, is never handed out below again: a metadata store restored
+// from an older copy skips the numbers whose chunks the targets hold.
+// Ceilings at or below the next number change nothing.
+func TestInoCeilingRaisesNextIno(t *testing.T) {
+	s, c := newNamespace(t)
+	a := c.mustCreate(1, "a", fileMode)
+	reg := func(ceiling uint64) rpc.RegisterServerResp {
+		t.Helper()
+		var resp rpc.RegisterServerResp
+		req := &rpc.RegisterServerReq{Addr: "127.0.0.1:1", Host: "h", Targets: []rpc.TargetReg{
+			{UUID: "u1", Path: "/t/u1", TotalBytes: 1 << 40, FreeBytes: 1 << 39, PrevID: 1, InoCeiling: ceiling}}}
+		if err := c.call(rpc.MRegisterServer, req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	reg(a.Ino) // below the next number: nothing changes
+	if b := c.mustCreate(1, "b", fileMode); b.Ino != a.Ino+1 {
+		t.Fatalf("a ceiling below the next inode moved it: b is %d after a %d", b.Ino, a.Ino)
+	}
+	const regCeiling = 5 * rpc.InoCeilingStep
+	resp := reg(regCeiling)
+	if f := c.mustCreate(1, "c", fileMode); f.Ino != regCeiling {
+		t.Fatalf("after a registration with ceiling %d the next file is %d", regCeiling, f.Ino)
+	}
+	const beatCeiling = regCeiling + 12345
+	beat := &rpc.ServerHeartbeatReq{ServerID: resp.ServerID, Targets: []rpc.TargetUsage{{ID: resp.TargetIDs[0], TotalBytes: 1 << 40, FreeBytes: 1 << 39}}, InoCeiling: beatCeiling}
+	if err := c.call(rpc.MServerHeartbeat, beat, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f := c.mustCreate(1, "d", fileMode); f.Ino != beatCeiling {
+		t.Fatalf("after a heartbeat with ceiling %d the next file is %d", beatCeiling, f.Ino)
+	}
+	// Durable: the raised counter survives a restart.
+	cfg := s.cfg
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := openService(t, cfg)
+	c2 := newClient(t, s2.Addr())
+	c2.registerTargets("127.0.0.1:1", "u1", "u2", "u3")
+	if f := c2.mustCreate(1, "e", fileMode); f.Ino != beatCeiling+1 {
+		t.Fatalf("after a restart the next file is %d, want %d", f.Ino, beatCeiling+1)
+	}
+}
+
+// Registration entries written before inode ceilings existed (no
+// trailing section) still decode, with no ceilings.
+func TestRegisterCommandWithoutCeilings(t *testing.T) {
+	c := command{Op: opRegister, Now: 1, Addr: "a:1", Host: "h", Targets: []rpc.TargetReg{
+		{UUID: "u1", Path: "/p1", InoCeiling: 7}, {UUID: "u2", Path: "/p2", InoCeiling: 9}}}
+	b := c.encode(nil)
+	var got command
+	if err := decodeCommand(b, &got); err != nil || got.Targets[0].InoCeiling != 7 || got.Targets[1].InoCeiling != 9 {
+		t.Fatalf("decode: %v %+v", err, got.Targets)
+	}
+	section := &rpc.Enc{}
+	for _, t := range c.Targets {
+		section.U64(t.InoCeiling)
+	}
+	old := b[:len(b)-len(section.B)]
+	if err := decodeCommand(old, &got); err != nil || len(got.Targets) != 2 || got.Targets[1].UUID != "u2" ||
+		got.Targets[0].InoCeiling != 0 || got.Targets[1].InoCeiling != 0 {
+		t.Fatalf("decode of the old format: %v %+v", err, got.Targets)
+	}
+	if err := decodeCommand(b[:len(b)-1], &got); err == nil {
+		t.Fatal("a cut ceiling section decoded")
+	}
+}

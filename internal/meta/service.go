@@ -346,6 +346,13 @@ func (f *fsm) initialized() bool {
 	return f.ctr.NextIno != 0
 }
 
+// nextIno is the inode number the next create gets.
+func (f *fsm) nextIno() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ctr.NextIno
+}
+
 // notLeader is the answer of a node that cannot serve: see ErrNotLeader.
 func (s *Service) notLeader() error {
 	addr, id := s.node.Leader()

@@ -740,7 +740,18 @@ type TargetReg struct {
 	// know the target refuses one with a PrevID: it holds the chunks of
 	// another file system (or of a lost metadata store).
 	PrevID uint32
+	// InoCeiling bounds the inode numbers of the target's chunk files:
+	// all are below it (a multiple of InoCeilingStep; 0: unknown). The
+	// metadata service never hands out a number below it again, so that
+	// a metadata store restored from an older copy does not give a new
+	// file the number — and the chunks — of one it forgot.
+	InoCeiling uint64
 }
+
+// InoCeilingStep is the granularity of TargetReg.InoCeiling: a target
+// records a new ceiling (a synced write of its identity file) once per
+// this many inode numbers.
+const InoCeilingStep = 1 << 16
 
 // RegisterServerReq announces a storage server (at start, and again if a
 // heartbeat answers ESTALE). Answers RegisterServerResp with ids in the same
@@ -764,6 +775,7 @@ func (m *RegisterServerReq) Encode(e *Enc) {
 		e.U64(t.FSID)
 		e.U64(t.RawFree)
 		e.U32(t.PrevID)
+		e.U64(t.InoCeiling)
 	}
 }
 
@@ -780,6 +792,7 @@ func (m *RegisterServerReq) Decode(d *Dec) {
 		t.FSID = d.U64()
 		t.RawFree = d.U64()
 		t.PrevID = d.U32()
+		t.InoCeiling = d.U64()
 	}
 }
 
@@ -812,6 +825,11 @@ type ServerHeartbeatReq struct {
 	Targets  []TargetUsage
 	FSIDs    []uint64
 	RawFree  []uint64
+	// InoCeiling is the highest TargetReg.InoCeiling of the server's
+	// targets: a metadata service restored from an older copy learns of
+	// the inode numbers it forgot also from servers that do not register
+	// again.
+	InoCeiling uint64
 }
 
 func (m *ServerHeartbeatReq) Encode(e *Enc) {
@@ -824,6 +842,7 @@ func (m *ServerHeartbeatReq) Encode(e *Enc) {
 	}
 	e.U64s(m.FSIDs)
 	e.U64s(m.RawFree)
+	e.U64(m.InoCeiling)
 }
 
 func (m *ServerHeartbeatReq) Decode(d *Dec) {
@@ -836,6 +855,7 @@ func (m *ServerHeartbeatReq) Decode(d *Dec) {
 	}
 	m.FSIDs = d.U64s()
 	m.RawFree = d.U64s()
+	m.InoCeiling = d.U64()
 }
 
 // ServerInfo and TargetInfo describe the cluster registry with health.

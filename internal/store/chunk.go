@@ -160,6 +160,9 @@ func (c *chunk) open(create bool, s *Server) error {
 		if !create {
 			return errNotExist
 		}
+		if err := c.t.coverIno(c.ino); err != nil {
+			return c.ioErr("record the target's inode ceiling", 0, err)
+		}
 		if err := c.t.makeChunkDir(dir); err != nil {
 			return c.ioErr("create chunk directory", 0, err)
 		}

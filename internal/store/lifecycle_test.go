@@ -214,6 +214,7 @@ type fakeMeta struct {
 	mu          sync.Mutex
 	lastReg     rpc.RegisterServerReq
 	lastBeatIDs []uint32
+	lastBeatIno uint64 // the last heartbeat's InoCeiling
 }
 
 func startFakeMeta(t *testing.T, addr string) *fakeMeta {
@@ -240,6 +241,7 @@ func startFakeMeta(t *testing.T, addr string) *fakeMeta {
 		}
 		f.mu.Lock()
 		f.lastBeatIDs = nil
+		f.lastBeatIno = r.InoCeiling
 		for _, u := range r.Targets {
 			f.lastBeatIDs = append(f.lastBeatIDs, u.ID)
 		}
@@ -389,4 +391,100 @@ func TestIdentityFile(t *testing.T) {
 	if err := json.Unmarshal(b, &id); err != nil || id.Format != targetFormat || len(id.UUID) != 36 || id.Created.IsZero() {
 		t.Fatalf("identity %s: %v", b, err)
 	}
+}
+
+// TestInoCeiling: the identity file records a bound on the target's chunk
+// inode numbers before a chunk above it exists, the bound survives a
+// restart (and is found by a scan on a target that never recorded one),
+// and the metadata service hears it — exactly (one past the highest inode)
+// for the chunks made since the start, so that in normal operation it
+// never exceeds the service's next inode number.
+func TestInoCeiling(t *testing.T) {
+	meta := startFakeMeta(t, "127.0.0.1:0")
+	e := newEnv(t, 1, func(c *Config) {
+		c.MetaAddr = meta.addr
+		c.HeartbeatInterval = 20 * time.Millisecond
+	})
+	idPath := filepath.Join(e.dirs[0], identityName)
+	readID := func() identity {
+		t.Helper()
+		b, err := os.ReadFile(idPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var id identity
+		if err := json.Unmarshal(b, &id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	recorded := func() uint64 { return readID().InoCeiling }
+	registered := func() uint64 {
+		meta.mu.Lock()
+		defer meta.mu.Unlock()
+		return meta.lastReg.Targets[0].InoCeiling
+	}
+	beat := func(want uint64) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("a heartbeat with inode ceiling %d", want), func() bool {
+			meta.mu.Lock()
+			defer meta.mu.Unlock()
+			return meta.lastBeatIno == want
+		})
+	}
+	if got := recorded(); got != 1 {
+		t.Fatalf("fresh target records ceiling %d, want 1", got)
+	}
+	if got := registered(); got != 1 {
+		t.Fatalf("fresh target registered with ceiling %d, want 1", got)
+	}
+	e.mustWrite(10, 5, 0, []byte("a"), false)
+	if got := recorded(); got != rpc.InoCeilingStep {
+		t.Fatalf("after chunk 5 the identity records %d, want %d", got, rpc.InoCeilingStep)
+	}
+	beat(6) // exact: one past the chunk, not the recorded (rounded) ceiling
+	const high = 2*rpc.InoCeilingStep + 7
+	e.mustWrite(10, high, 0, []byte("b"), false)
+	if got := recorded(); got != 3*rpc.InoCeilingStep {
+		t.Fatalf("after chunk %d the identity records %d, want %d", high, got, 3*rpc.InoCeilingStep)
+	}
+	beat(high + 1)
+	e.mustWrite(10, 9, 0, []byte("c"), false) // below: nothing changes
+	if got := recorded(); got != 3*rpc.InoCeilingStep {
+		t.Fatalf("a lower chunk moved the ceiling to %d", got)
+	}
+
+	e.restart()
+	if got := registered(); got != 3*rpc.InoCeilingStep {
+		t.Fatalf("after a restart the registration says %d, want the recorded %d", got, 3*rpc.InoCeilingStep)
+	}
+	// A target formatted before ceilings were recorded: found by a scan.
+	e.stop()
+	id := readID()
+	id.InoCeiling = 0
+	if err := writeIdentity(e.dirs[0], id); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(readFileString(t, idPath), "ino_ceiling") {
+		t.Fatal("the identity file still names a ceiling")
+	}
+	e.start()
+	if got := recorded(); got != 3*rpc.InoCeilingStep {
+		t.Fatalf("the scan recorded %d, want %d", got, 3*rpc.InoCeilingStep)
+	}
+	if got := registered(); got != 3*rpc.InoCeilingStep {
+		t.Fatalf("after the scan the registration says %d", got)
+	}
+	if got := e.mustRead(10, high, 0, 1); string(got) != "b" {
+		t.Fatalf("chunk %d reads %q after the scan", high, got)
+	}
+}
+
+func readFileString(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

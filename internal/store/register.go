@@ -76,6 +76,7 @@ func (s *Server) registerOnce(ctx context.Context, cl *rpc.Client) error {
 		req.Targets = append(req.Targets, rpc.TargetReg{
 			UUID: t.uuid, Path: absPath(t.path), TotalBytes: t.totalBytes.Load(), FreeBytes: t.freeBytes.Load(),
 			FSID: t.fsid.Load(), RawFree: t.rawFree.Load(), PrevID: t.id.Load(),
+			InoCeiling: t.inoHigh.Load(),
 		})
 	}
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
@@ -117,12 +118,7 @@ func (s *Server) registerOnce(ctx context.Context, cl *rpc.Client) error {
 // rememberID stores the assigned id in the target's identity file so that
 // a restart serves the target before it has registered again.
 func (s *Server) rememberID(t *target, id uint32) {
-	idn, err := readOrFormat(t.path)
-	if err == nil {
-		idn.ID = id
-		err = writeIdentity(t.path, idn)
-	}
-	if err != nil {
+	if err := t.updateIdentity(func(i *identity) { i.ID = id }); err != nil {
 		s.log.Warn("cannot record target id in identity file", "target", t.path, "err", err)
 	}
 }
@@ -145,6 +141,7 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *rpc.Client) {
 			req.Targets = append(req.Targets, rpc.TargetUsage{ID: t.id.Load(), TotalBytes: t.totalBytes.Load(), FreeBytes: t.freeBytes.Load()})
 			req.FSIDs = append(req.FSIDs, t.fsid.Load())
 			req.RawFree = append(req.RawFree, t.rawFree.Load())
+			req.InoCeiling = max(req.InoCeiling, t.inoHigh.Load())
 		}
 		cctx, cancel := context.WithTimeout(ctx, max(s.cfg.HeartbeatInterval, time.Second))
 		err := cl.Call(cctx, rpc.MServerHeartbeat, req, &rpc.Empty{})

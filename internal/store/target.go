@@ -9,6 +9,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,6 +47,12 @@ type identity struct {
 	// yet). It lets a restarted server serve its data before it has
 	// registered again.
 	ID uint32 `json:"id,omitempty"`
+	// InoCeiling: every chunk file here has an inode number below it (a
+	// multiple of rpc.InoCeilingStep, or 1 while there are none; raised,
+	// and synced, before a chunk at or above it is created). 0 or absent:
+	// not recorded yet (a target formatted by an earlier release), found
+	// by scanning the chunk directories at open.
+	InoCeiling uint64 `json:"ino_ceiling,omitempty"`
 }
 
 // ErrFormat marks a target directory this build cannot serve: another
@@ -60,6 +68,16 @@ type target struct {
 	reserve uint64 // free bytes a write must leave
 
 	id atomic.Uint32 // id assigned by the metadata service (or 1..n standalone)
+
+	// identMu serializes rewrites of the identity file.
+	identMu sync.Mutex
+	// inoCeiling is the identity file's InoCeiling; inoHigh is what the
+	// metadata service is told: the ceiling found at open, then raised to
+	// one past each chunk created since — exact for the chunks this
+	// process made, so that it stays below the service's next inode
+	// number in normal operation (the step-rounded ceiling would not).
+	inoCeiling atomic.Uint64
+	inoHigh    atomic.Uint64
 
 	// Capacity, refreshed by statfs at most every statfsMaxAge, and on
 	// every write while free space is close to the reserve.
@@ -111,6 +129,17 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 	t := &target{path: dir, uuid: id.UUID, lockFd: fd}
 	t.ours.m = map[uint64]struct{}{}
 	t.id.Store(id.ID)
+	if id.InoCeiling == 0 {
+		if id.InoCeiling, err = scanCeiling(dir); err == nil {
+			err = t.updateIdentity(func(i *identity) { i.InoCeiling = max(i.InoCeiling, id.InoCeiling) })
+		}
+		if err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("target %s: record the inode ceiling: %w", dir, err)
+		}
+	}
+	t.inoCeiling.Store(id.InoCeiling)
+	t.inoHigh.Store(id.InoCeiling)
 	if err := t.statfs(); err != nil {
 		unix.Close(fd)
 		return nil, err
@@ -171,11 +200,94 @@ func format(dir string) (identity, error) {
 				ErrFormat, dir, identityName, e.Name())
 		}
 	}
-	id := identity{Format: targetFormat, UUID: newUUID(), Created: time.Now().UTC().Truncate(time.Second)}
+	id := identity{Format: targetFormat, UUID: newUUID(), Created: time.Now().UTC().Truncate(time.Second), InoCeiling: 1}
 	if err := writeIdentity(dir, id); err != nil {
 		return identity{}, err
 	}
 	return id, nil
+}
+
+// updateIdentity rewrites the identity file with change applied.
+func (t *target) updateIdentity(change func(*identity)) error {
+	t.identMu.Lock()
+	defer t.identMu.Unlock()
+	id, err := readOrFormat(t.path)
+	if err != nil {
+		return err
+	}
+	change(&id)
+	return writeIdentity(t.path, id)
+}
+
+// ceilingFor is the inode ceiling that covers ino.
+func ceilingFor(ino uint64) uint64 {
+	return (ino/rpc.InoCeilingStep + 1) * rpc.InoCeilingStep
+}
+
+// coverIno makes the recorded inode ceiling cover ino before a chunk file
+// for it is created.
+func (t *target) coverIno(ino uint64) error {
+	for {
+		h := t.inoHigh.Load()
+		if ino < h || t.inoHigh.CompareAndSwap(h, ino+1) {
+			break
+		}
+	}
+	if ino < t.inoCeiling.Load() {
+		return nil
+	}
+	c := ceilingFor(ino)
+	if err := t.updateIdentity(func(i *identity) { i.InoCeiling = max(i.InoCeiling, c) }); err != nil {
+		return err
+	}
+	for {
+		old := t.inoCeiling.Load()
+		if old >= c || t.inoCeiling.CompareAndSwap(old, c) {
+			return nil
+		}
+	}
+}
+
+// scanCeiling finds the inode ceiling of a target whose identity file does
+// not record one, from the names of its chunk files.
+func scanCeiling(dir string) (uint64, error) {
+	root := filepath.Join(dir, chunksDir)
+	var top uint64
+	found := false
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && p == root {
+				return fs.SkipAll
+			}
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		name := d.Name()
+		base, ok := strings.CutSuffix(name, ".data")
+		if !ok {
+			base, ok = strings.CutSuffix(name, ".sum")
+		}
+		if !ok {
+			return nil
+		}
+		ino, perr := strconv.ParseUint(base, 16, 64)
+		if perr != nil {
+			return nil
+		}
+		if !found || ino > top {
+			top, found = ino, true
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("scan %s: %w", root, err)
+	}
+	if !found {
+		return 1, nil
+	}
+	return ceilingFor(top), nil
 }
 
 // writeIdentity replaces the identity file atomically and durably.
