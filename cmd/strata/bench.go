@@ -346,7 +346,7 @@ dropped between phases when root, and every byte read is checked. fio measures t
 
 func peersCommand() *cobra.Command {
 	var f benchFlags
-	var dir, systems string
+	var dir, systems, upFlags string
 	cmd := &cobra.Command{
 		Use:   "peers",
 		Short: "Set up local dir, passthrough FUSE, GlusterFS, MooseFS (and Strata) here and benchmark them side by side",
@@ -379,7 +379,7 @@ also after a failure or Ctrl-C. Needs root.`,
 			ctx, cancel := signalContext()
 			defer cancel()
 			start := time.Now()
-			rep, runErr := peers.Run(ctx, peers.Config{Bench: bc, Dir: dir, Systems: syss, Self: exe, Log: os.Stderr})
+			rep, runErr := peers.Run(ctx, peers.Config{Bench: bc, Dir: dir, Systems: syss, Self: exe, Log: os.Stderr, UpFlags: strings.Fields(upFlags)})
 			if rep == nil || len(rep.Results) == 0 {
 				if runErr == nil {
 					runErr = errors.New("no results")
@@ -387,6 +387,9 @@ also after a failure or Ctrl-C. Needs root.`,
 				return runErr
 			}
 			rep.Notes = append(rep.Notes, fmt.Sprintf("peers run took %s", time.Since(start).Round(time.Second)))
+			if upFlags != "" {
+				rep.Notes = append(rep.Notes, "strata up ran with "+strings.Join(strings.Fields(upFlags), " "))
+			}
 			if f.outDir == "" && f.jsonPath == "" {
 				f.outDir = "bench-peers"
 			}
@@ -409,5 +412,6 @@ also after a failure or Ctrl-C. Needs root.`,
 	}
 	cmd.Flags().StringVar(&dir, "dir", "/var/tmp/strata-bench-peers", "work directory on the disk under test (everything is created below it)")
 	cmd.Flags().StringVar(&systems, "systems", strings.Join(peers.Systems, ","), "systems to include")
+	cmd.Flags().StringVar(&upFlags, "strata-up-flags", "", "extra flags for `strata up`, e.g. \"--sync-policy async\" (default: none)")
 	return cmd
 }

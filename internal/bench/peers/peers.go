@@ -29,6 +29,9 @@ type Config struct {
 	Systems []string
 	// Self is the strata binary (for passthrough and up).
 	Self string
+	// UpFlags are extra flags for `strata up` (e.g. --sync-policy async),
+	// to compare Strata's settings against the same peers.
+	UpFlags []string
 	// Log receives progress notes (normally os.Stderr).
 	Log io.Writer
 }
@@ -37,6 +40,11 @@ type Config struct {
 // tears everything down and returns one report. Teardown also runs when ctx
 // is cancelled (SIGINT/SIGTERM) or anything fails.
 func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
+	for _, f := range cfg.UpFlags {
+		if name, _, _ := strings.Cut(f, "="); name == "--data" || name == "--mount" {
+			return nil, fmt.Errorf("strata up flags: %s is the run's own", name)
+		}
+	}
 	if os.Geteuid() != 0 {
 		return nil, errors.New("peers needs root (packages, namespaces, mounts, dropping caches)")
 	}
@@ -55,7 +63,7 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
 		return nil, err
 	}
-	e := &env{dir: dir, self: cfg.Self, logf: logf, pkgs: newInstaller(logf)}
+	e := &env{dir: dir, self: cfg.Self, logf: logf, pkgs: newInstaller(logf), upFlags: cfg.UpFlags}
 	if err := e.pkgs.ensure(ctx, basePackages...); err != nil {
 		logf("%v (continuing: no fio limit, unmounting without fusermount3)", err)
 	}

@@ -128,6 +128,9 @@ func TestCommandLines(t *testing.T) {
 	if got := upArgv("/bin/strata", "/w/strata-data", "/w/strata-mnt"); !reflect.DeepEqual(got, []string{"/bin/strata", "up", "--data", "/w/strata-data", "--mount", "/w/strata-mnt"}) {
 		t.Errorf("up: %q", got)
 	}
+	if got := upArgv("/bin/strata", "/d", "/m", "--sync-policy", "async"); !reflect.DeepEqual(got, []string{"/bin/strata", "up", "--data", "/d", "--mount", "/m", "--sync-policy", "async"}) {
+		t.Errorf("up with flags: %q", got)
+	}
 	// The up command line is recognised as a leftover by its paths.
 	if !argvHasAny(bytesArgs(upArgv("/bin/strata", "/w/strata-data", "/w/strata-mnt")), hostDaemonPaths("/w")) {
 		t.Error("up's command line does not carry the leftover marks")
@@ -242,6 +245,15 @@ func TestTurnOrderBalancesNeighbours(t *testing.T) {
 			if c != want {
 				t.Errorf("n=%d: system %d right after %d in %d turns, want %d", n, k[1], k[0], c, want)
 			}
+		}
+	}
+}
+
+func TestUpFlagsMayNotMoveTheCluster(t *testing.T) {
+	for _, f := range [][]string{{"--data", "/x"}, {"--mount=/y"}} {
+		_, err := Run(context.Background(), Config{Dir: t.TempDir(), UpFlags: f})
+		if err == nil || !strings.Contains(err.Error(), "is the run's own") {
+			t.Errorf("up flags %q: %v", f, err)
 		}
 	}
 }

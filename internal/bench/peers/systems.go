@@ -34,6 +34,8 @@ type env struct {
 	self string // the strata binary
 	logf func(string, ...any)
 	pkgs *installer
+	// upFlags are extra flags for strata up.
+	upFlags []string
 }
 
 func (e *env) logPath(name string) string { return filepath.Join(e.dir, "logs", name+".log") }
@@ -113,8 +115,8 @@ const (
 func (s *strataFS) name() string { return "strata" }
 
 // upArgv is the command line of the cluster.
-func upArgv(self, data, mnt string) []string {
-	return []string{self, "up", "--data", data, "--mount", mnt}
+func upArgv(self, data, mnt string, extra ...string) []string {
+	return append([]string{self, "up", "--data", data, "--mount", mnt}, extra...)
 }
 
 func (s *strataFS) setup(ctx context.Context) (string, error) {
@@ -129,7 +131,7 @@ func (s *strataFS) setup(ctx context.Context) (string, error) {
 		}
 	}
 	var err error
-	if s.d, err = start("strata up", s.env.logPath("strata-up"), upArgv(s.env.self, s.data, s.mnt)...); err != nil {
+	if s.d, err = start("strata up", s.env.logPath("strata-up"), upArgv(s.env.self, s.data, s.mnt, s.env.upFlags...)...); err != nil {
 		return "", err
 	}
 	if err := waitMount(ctx, s.mnt, strataFSType, s.d, 90*time.Second); err != nil {
