@@ -487,8 +487,14 @@ func TestUpRefusesTargetsOfAnotherFileSystem(t *testing.T) {
 // would hand that file's inode number to the next new file, whose holes
 // would then read the forgotten file's chunks; the targets' inode
 // ceilings make it skip those numbers, so a new sparse file reads zeros.
+// `strata fsck` then finds the forgotten file's chunks and removes them,
+// and the files the metadata knows keep their data.
 func TestUpAfterMetadataRestoredFromOlderCopy(t *testing.T) {
 	u := newUpRun(t)
+	kept := bytes.Repeat([]byte("kept data "), 250000)
+	if err := os.WriteFile(filepath.Join(u.mnt, "kept"), kept, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	stop := func() {
 		t.Helper()
 		if err := u.P.Stop(60 * time.Second); err != nil {
@@ -545,5 +551,27 @@ func TestUpAfterMetadataRestoredFromOlderCopy(t *testing.T) {
 	if i := bytes.IndexFunc(got, func(r rune) bool { return r != 0 }); i >= 0 || len(got) != 3200000 {
 		t.Fatalf("new sparse file (inode %d; the forgotten one was %d): %d bytes, non-zero from offset %d: %q",
 			st.Ino, oldIno, len(got), i, got[i:min(i+16, len(got))])
+	}
+
+	// The forgotten file's 4 chunks (3.2 MB in 1 MiB stripes) are orphans.
+	fsck := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(u.bin, append([]string{"fsck", "--data", u.data}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("strata fsck %q: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	if out := fsck(); !strings.Contains(out, "4 orphan chunks found; run again with --remove-orphans") {
+		t.Fatalf("fsck after the restore:\n%s", out)
+	}
+	if out := fsck("--remove-orphans"); !strings.Contains(out, "4 orphan chunks found, 4 removed") {
+		t.Fatalf("fsck --remove-orphans:\n%s", out)
+	}
+	if out := fsck(); !strings.Contains(out, "no orphan chunks") {
+		t.Fatalf("fsck after the removal:\n%s", out)
+	}
+	if b, err := os.ReadFile(filepath.Join(u.mnt, "kept")); err != nil || !bytes.Equal(b, kept) {
+		t.Fatalf("the file written before the copy after fsck: %v (%d bytes, want %d)", err, len(b), len(kept))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -101,6 +102,12 @@ func TestDeadStoreGivesBoundedEIO(t *testing.T) {
 	// Metadata keeps working too.
 	if err := os.WriteFile(filepath.Join(mnt, "after"), nil, 0o644); err != nil {
 		t.Errorf("create after store loss: %v", err)
+	}
+	// fsck checks the live targets and says which it could not.
+	if out, err := exec.Command(c.Bin, "fsck", "--meta", c.MetaAddr, "--key-file", c.KeyFile).CombinedOutput(); err != nil ||
+		!strings.Contains(string(out), "no orphan chunks") || !strings.Contains(string(out), "1 targets not checked") ||
+		!strings.Contains(string(out), "store0") {
+		t.Errorf("strata fsck with a store down: %v\n%s", err, out)
 	}
 	// The server comes back: the file is readable again.
 	c.StartStore(0)

@@ -40,6 +40,21 @@ type upInfo struct {
 }
 
 func (a *adminFlags) dial() (*rpc.Client, error) {
+	meta, key, err := a.resolve()
+	if err != nil {
+		return nil, err
+	}
+	return adminClient(meta, key), nil
+}
+
+// adminClient is a client of a cluster's service at addr for the admin
+// commands: one connection, short timeouts.
+func adminClient(addr string, key []byte) *rpc.Client {
+	return rpc.NewClient(addr, rpc.ClientConfig{Key: key, Conns: 1, DialTimeout: 3 * time.Second, CallTimeout: 10 * time.Second})
+}
+
+// resolve finds the metadata service's address and the cluster key.
+func (a *adminFlags) resolve() (string, []byte, error) {
 	meta, keyFile := a.meta, a.keyFile
 	if meta == "" {
 		meta = os.Getenv("STRATA_META")
@@ -64,15 +79,15 @@ func (a *adminFlags) dial() (*rpc.Client, error) {
 		if _, err := os.Stat(filepath.Join(a.data, "cluster.key")); err == nil {
 			// A local cluster's directory without its cluster.json,
 			// which strata up writes while it runs.
-			return nil, fmt.Errorf("no strata up is running on %s (start it: strata up --data %s), or pass --meta ADDR for another cluster", a.data, a.data)
+			return "", nil, fmt.Errorf("no strata up is running on %s (start it: strata up --data %s), or pass --meta ADDR for another cluster", a.data, a.data)
 		}
-		return nil, usagef("no metadata service address: pass --meta ADDR, set STRATA_META, or run from the directory holding strata-data/")
+		return "", nil, usagef("no metadata service address: pass --meta ADDR, set STRATA_META, or run from the directory holding strata-data/")
 	}
 	key, err := readKeyFile(keyFile)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
-	return rpc.NewClient(meta, rpc.ClientConfig{Key: key, Conns: 1, DialTimeout: 3 * time.Second, CallTimeout: 10 * time.Second}), nil
+	return meta, key, nil
 }
 
 func init() {
@@ -93,9 +108,7 @@ func init() {
 				return fmt.Errorf("cluster status from %s: %w", c.Addr(), err)
 			}
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
+				return printJSON(st)
 			}
 			printStatus(os.Stdout, &st, showLocks)
 			return nil
@@ -105,6 +118,13 @@ func init() {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().BoolVar(&showLocks, "locks", false, "list the file locks held (fcntl and flock), with the client holding each")
 	rootCmd.AddCommand(cmd)
+}
+
+// printJSON prints v indented, for the admin commands' --json.
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 func printStatus(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {

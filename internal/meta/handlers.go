@@ -82,7 +82,7 @@ func (s *Service) register() {
 	// only as long as its caller's context lets it): in-process callers
 	// (strata up) run them on their own goroutine.
 	s.srv.Inline(rpc.MLookup, rpc.MGetAttr, rpc.MReadlink, rpc.MReadDir, rpc.MGetXattr,
-		rpc.MListXattr, rpc.MStatFS, rpc.MListTargets, rpc.MSync)
+		rpc.MListXattr, rpc.MStatFS, rpc.MListTargets, rpc.MSync, rpc.MInodesKnown)
 	handle(s, rpc.MSessionOpen, func(_ context.Context, r *rpc.SessionOpenReq) (rpc.Message, error) {
 		lease := uint32(min(s.cfg.SessionLease.Milliseconds(), math.MaxUint32))
 		res, err := s.propose(&command{Op: opSessionOpen, Now: now(), Host: r.Host, MountPoint: r.MountPoint, Pid: r.Pid, LeaseMs: lease})
@@ -273,6 +273,22 @@ func (s *Service) register() {
 		return empty, nil
 	})
 	handle(s, rpc.MClusterStatus, s.clusterStatus)
+	handle(s, rpc.MInodesKnown, func(_ context.Context, r *rpc.InodesKnownReq) (rpc.Message, error) {
+		if len(r.Inos) > rpc.MaxInodesKnown {
+			return nil, rpc.Errorf(syscall.EINVAL, "%d inode numbers in one call; at most %d", len(r.Inos), rpc.MaxInodesKnown)
+		}
+		resp := &rpc.InodesKnownResp{NextIno: s.fsm.nextIno(), Known: make([]bool, len(r.Inos))}
+		for i, ino := range r.Inos {
+			_, err := s.db.Get(schema.InodeKey(ino))
+			switch {
+			case err == nil:
+				resp.Known[i] = true
+			case !errors.Is(err, kv.ErrNotFound):
+				return nil, rpc.Errorf(syscall.EIO, "read inode %d: %v", ino, err)
+			}
+		}
+		return resp, nil
+	})
 	handle(s, rpc.MListTargets, func(_ context.Context, _ *rpc.Empty) (rpc.Message, error) {
 		_, targets, err := s.registry()
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -834,4 +835,30 @@ func TestRegisterCommandWithoutCeilings(t *testing.T) {
 	if err := decodeCommand(b[:len(b)-1], &got); err == nil {
 		t.Fatal("a cut ceiling section decoded")
 	}
+}
+
+// MInodesKnown tells existing inodes (files, directories, unlinked ones
+// whose chunks the reaper has yet to remove) from numbers the namespace
+// does not know, with the next number.
+func TestInodesKnown(t *testing.T) {
+	_, c := newNamespace(t)
+	f := c.mustCreate(1, "f", fileMode)
+	d := c.mustCreate(1, "d", dirMode)
+	gone := c.mustCreate(1, "gone", fileMode)
+	if _, err := c.unlink(1, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	var r rpc.InodesKnownResp
+	inos := []uint64{rootIno, f.Ino, d.Ino, gone.Ino, d.Ino + 1000}
+	if err := c.call(rpc.MInodesKnown, &rpc.InodesKnownReq{Inos: inos}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if want := []bool{true, true, true, true, false}; !slices.Equal(r.Known, want) {
+		t.Fatalf("known %v for %v, want %v", r.Known, inos, want)
+	}
+	if r.NextIno != gone.Ino+1 {
+		t.Fatalf("next inode %d, want %d", r.NextIno, gone.Ino+1)
+	}
+	err := c.call(rpc.MInodesKnown, &rpc.InodesKnownReq{Inos: make([]uint64, rpc.MaxInodesKnown+1)}, &r)
+	wantErrno(t, err, syscall.EINVAL, "too many inode numbers")
 }

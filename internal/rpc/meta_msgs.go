@@ -36,7 +36,49 @@ const (
 	// storage: the barrier behind a client's fsync, fsyncdir and close
 	// under the sync policy.
 	MSync
+	// MInodesKnown (InodesKnownReq, InodesKnownResp) tells which inode
+	// numbers the namespace knows: `strata fsck` finds chunk files no
+	// file owns.
+	MInodesKnown
 )
+
+// InodesKnownReq asks which of Inos exist (as files, directories, or
+// unlinked files still open). At most MaxInodesKnown a call.
+type InodesKnownReq struct{ Inos []uint64 }
+
+// MaxInodesKnown bounds InodesKnownReq.Inos.
+const MaxInodesKnown = 65536
+
+func (m *InodesKnownReq) Encode(e *Enc) { e.U64s(m.Inos) }
+func (m *InodesKnownReq) Decode(d *Dec) { m.Inos = d.U64s() }
+
+// InodesKnownResp: Known[i] answers Inos[i]. NextIno is the number the
+// next new inode gets, read before the lookups: a chunk of an inode at or
+// above it may belong to a file created since.
+type InodesKnownResp struct {
+	NextIno uint64
+	Known   []bool
+}
+
+func (m *InodesKnownResp) Encode(e *Enc) {
+	e.U64(m.NextIno)
+	b := make([]byte, len(m.Known))
+	for i, k := range m.Known {
+		if k {
+			b[i] = 1
+		}
+	}
+	e.Bytes(b)
+}
+
+func (m *InodesKnownResp) Decode(d *Dec) {
+	m.NextIno = d.U64()
+	b := d.Bytes()
+	m.Known = make([]bool, len(b))
+	for i, v := range b {
+		m.Known[i] = v != 0
+	}
+}
 
 // Empty is the request or response of a method that carries nothing.
 type Empty struct{}

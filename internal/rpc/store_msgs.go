@@ -13,7 +13,45 @@ const (
 	SRemove
 	SChunkStat
 	SRemoveMany
+	// SListChunks (ListChunksReq, ListChunksResp) lists a target's chunk
+	// files, for `strata fsck`.
+	SListChunks
 )
+
+// ListChunksReq lists the chunk files of Target, a few of its 65,536
+// fan-out directories at a time: from directory From on, whole directories,
+// until at least Max chunks (or the last directory) are listed.
+type ListChunksReq struct {
+	Target uint32
+	From   uint32
+	Max    uint32
+}
+
+func (m *ListChunksReq) Encode(e *Enc) { e.U32(m.Target); e.U32(m.From); e.U32(m.Max) }
+func (m *ListChunksReq) Decode(d *Dec) { m.Target = d.U32(); m.From = d.U32(); m.Max = d.U32() }
+
+// ListChunksResp: the inode numbers of the chunks listed and their files'
+// sizes; Next is the directory to list from next, Done when none is left.
+type ListChunksResp struct {
+	Inos  []uint64
+	Bytes []uint64
+	Next  uint32
+	Done  bool
+}
+
+func (m *ListChunksResp) Encode(e *Enc) {
+	e.U64s(m.Inos)
+	e.U64s(m.Bytes)
+	e.U32(m.Next)
+	e.Bool(m.Done)
+}
+
+func (m *ListChunksResp) Decode(d *Dec) {
+	m.Inos = d.U64s()
+	m.Bytes = d.U64s()
+	m.Next = d.U32()
+	m.Done = d.Bool()
+}
 
 // ChunkID names one chunk file: the part of inode Ino stored on Target.
 type ChunkID struct {

@@ -286,6 +286,7 @@ func (s *Server) register() {
 	rpc.Handle(s.rpc, rpc.SRemove, s.handleRemove)
 	rpc.Handle(s.rpc, rpc.SRemoveMany, s.handleRemoveMany)
 	rpc.Handle(s.rpc, rpc.SChunkStat, s.handleChunkStat)
+	rpc.Handle(s.rpc, rpc.SListChunks, s.handleListChunks)
 }
 
 // target resolves a target id.
@@ -490,6 +491,28 @@ func (s *Server) handleChunkStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.Chu
 	size := c.size.Load()
 	s.cache.release(c)
 	return &rpc.ChunkStatResp{Size: uint64(size), Exists: true}, nil
+}
+
+// fanOutDirs is the number of chunk directories of a target
+// (chunks/XX/YY).
+const fanOutDirs = 1 << 16
+
+func (s *Server) handleListChunks(ctx context.Context, r *rpc.ListChunksReq) (*rpc.ListChunksResp, error) {
+	t, err := s.target(r.Target, 0)
+	if err != nil {
+		return nil, err
+	}
+	resp := &rpc.ListChunksResp{Next: r.From}
+	for resp.Next = t.skipAbsent(resp.Next); resp.Next < fanOutDirs && len(resp.Inos) < int(max(r.Max, 1)); resp.Next = t.skipAbsent(resp.Next + 1) {
+		if err := ctx.Err(); err != nil {
+			return nil, rpc.Errorf(syscall.ETIMEDOUT, "list chunks of target %s: %v", t.path, err)
+		}
+		if err := t.listChunkDir(resp.Next, resp); err != nil {
+			return nil, s.failed(rpc.Errorf(syscall.EIO, "list chunks of target %s: %v", t.path, err))
+		}
+	}
+	resp.Done = resp.Next >= fanOutDirs
+	return resp, nil
 }
 
 // failed logs disk-level failures (not the routine ENOSPC) before they are

@@ -130,7 +130,7 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 	t.ours.m = map[uint64]struct{}{}
 	t.id.Store(id.ID)
 	if id.InoCeiling == 0 {
-		if id.InoCeiling, err = scanCeiling(dir); err == nil {
+		if id.InoCeiling, err = t.scanCeiling(); err == nil {
 			err = t.updateIdentity(func(i *identity) { i.InoCeiling = max(i.InoCeiling, id.InoCeiling) })
 		}
 		if err != nil {
@@ -250,39 +250,20 @@ func (t *target) coverIno(ino uint64) error {
 
 // scanCeiling finds the inode ceiling of a target whose identity file does
 // not record one, from the names of its chunk files.
-func scanCeiling(dir string) (uint64, error) {
-	root := filepath.Join(dir, chunksDir)
+func (t *target) scanCeiling() (uint64, error) {
+	var resp rpc.ListChunksResp
 	var top uint64
 	found := false
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) && p == root {
-				return fs.SkipAll
+	for i := t.skipAbsent(0); i < fanOutDirs; i = t.skipAbsent(i + 1) {
+		resp.Inos, resp.Bytes = resp.Inos[:0], resp.Bytes[:0]
+		if err := t.listChunkDir(i, &resp); err != nil {
+			return 0, fmt.Errorf("scan the chunks of %s: %w", t.path, err)
+		}
+		for _, ino := range resp.Inos {
+			if !found || ino > top {
+				top, found = ino, true
 			}
-			return err
 		}
-		if d.IsDir() {
-			return nil
-		}
-		name := d.Name()
-		base, ok := strings.CutSuffix(name, ".data")
-		if !ok {
-			base, ok = strings.CutSuffix(name, ".sum")
-		}
-		if !ok {
-			return nil
-		}
-		ino, perr := strconv.ParseUint(base, 16, 64)
-		if perr != nil {
-			return nil
-		}
-		if !found || ino > top {
-			top, found = ino, true
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("scan %s: %w", root, err)
 	}
 	if !found {
 		return 1, nil
@@ -391,6 +372,60 @@ func (t *target) checkSpace(n int, ino uint64) error {
 func (t *target) chunkPath(ino uint64) (dir, base string) {
 	dir = filepath.Join(t.path, chunksDir, hex2(byte(ino)), hex2(byte(ino>>8)))
 	return dir, fmt.Sprintf("%016x", ino)
+}
+
+// skipAbsent returns the first fan-out directory from i on whose top
+// directory (chunks/XX) exists, or fanOutDirs.
+func (t *target) skipAbsent(i uint32) uint32 {
+	for i < fanOutDirs && i%256 == 0 {
+		if _, err := os.Stat(filepath.Join(t.path, chunksDir, hex2(byte(i>>8)))); !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		i += 256
+	}
+	return i
+}
+
+// listChunkDir appends the chunks of fan-out directory i (chunks/XX/YY with
+// XX = i>>8, YY = i&0xff) to resp: one entry per inode with a data or
+// sidecar file (a sidecar alone is what a remove cut short leaves), with
+// the data file's size.
+func (t *target) listChunkDir(i uint32, resp *rpc.ListChunksResp) error {
+	dir := filepath.Join(t.path, chunksDir, hex2(byte(i>>8)), hex2(byte(i)))
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	seen := map[uint64]int{} // ino → index in resp
+	for _, e := range ents {
+		base, isData := strings.CutSuffix(e.Name(), ".data")
+		if !isData {
+			var ok bool
+			if base, ok = strings.CutSuffix(e.Name(), ".sum"); !ok {
+				continue
+			}
+		}
+		ino, err := strconv.ParseUint(base, 16, 64)
+		if err != nil || len(base) != 16 {
+			continue
+		}
+		k, ok := seen[ino]
+		if !ok {
+			k = len(resp.Inos)
+			seen[ino] = k
+			resp.Inos = append(resp.Inos, ino)
+			resp.Bytes = append(resp.Bytes, 0)
+		}
+		if isData {
+			if info, err := e.Info(); err == nil {
+				resp.Bytes[k] = uint64(info.Size())
+			}
+		}
+	}
+	return nil
 }
 
 func hex2(b byte) string {
