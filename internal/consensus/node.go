@@ -519,12 +519,23 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		if i := strings.Index(line, "]"); i >= 0 && i+1 < len(line) {
 			line = strings.TrimSpace(line[i+1:])
 		}
+		if lvl == slog.LevelWarn && firstElection(line) {
+			lvl = slog.LevelInfo
+		}
 		w.log.Log(context.Background(), lvl, line)
 	}
 	return len(p), nil
 }
 
 var _ io.Writer = (*logWriter)(nil)
+
+// firstElection reports raft's "heartbeat timeout reached, starting
+// election" when no leader was known before: every start of a node logs
+// it (raft's Warn), which is routine, unlike losing a known leader.
+func firstElection(line string) bool {
+	return strings.Contains(line, "heartbeat timeout reached, starting election") &&
+		strings.Contains(line, "last-leader-addr= ") && strings.HasSuffix(line, "last-leader-id=")
+}
 
 // migrateLog moves log entries kept by an older build in the pebble store
 // (before the WAL existed) into the WAL, then deletes them there.
