@@ -575,3 +575,49 @@ func TestUpAfterMetadataRestoredFromOlderCopy(t *testing.T) {
 		t.Fatalf("the file written before the copy after fsck: %v (%d bytes, want %d)", err, len(b), len(kept))
 	}
 }
+
+// TestFsckWhileWriting: `strata fsck --remove-orphans` running while files
+// are created and written removes nothing of theirs: only inode numbers
+// handed out before a check starts are judged, and those are known.
+func TestFsckWhileWriting(t *testing.T) {
+	u := newUpRun(t)
+	const files = 300
+	content := func(i int) []byte { return bytes.Repeat([]byte(fmt.Sprintf("file %d ", i)), 40000+i) }
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < files; i++ {
+			if err := os.WriteFile(filepath.Join(u.mnt, fmt.Sprintf("f%d", i)), content(i), 0o644); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	var writeErr error
+	checks := 0
+	for deadline := time.Now().Add(2 * time.Minute); ; checks++ {
+		out, err := exec.Command(u.bin, "fsck", "--data", u.data, "--remove-orphans").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "no orphan chunks") {
+			t.Fatalf("fsck %d while writing: %v\n%s", checks, err, out)
+		}
+		select {
+		case writeErr = <-done:
+		default:
+			if time.Now().Before(deadline) {
+				continue
+			}
+			t.Fatal("the writer did not finish within 2 minutes")
+		}
+		break
+	}
+	if writeErr != nil {
+		t.Fatal(writeErr)
+	}
+	t.Logf("%d checks ran while the files were written", checks+1)
+	for i := 0; i < files; i++ {
+		b, err := os.ReadFile(filepath.Join(u.mnt, fmt.Sprintf("f%d", i)))
+		if err != nil || !bytes.Equal(b, content(i)) {
+			t.Fatalf("f%d after fsck: %v (%d bytes, want %d)", i, err, len(b), len(content(i)))
+		}
+	}
+}
