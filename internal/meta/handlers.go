@@ -525,7 +525,7 @@ func (s *Service) raiseIno(ceiling uint64) error {
 func (s *Service) warnIfBehind(ceiling, next uint64, who string) {
 	if ceiling >= rpc.InoCeilingStep && ceiling-rpc.InoCeilingStep >= next {
 		s.log.Warn("the metadata is older than the storage targets' chunks (restored from an older copy?): "+
-			"inode numbers below the targets' ceiling are no longer handed out; chunk files of files the metadata does not know stay as unreferenced data",
+			"inode numbers below the targets' ceiling are no longer handed out; the chunks of files the metadata does not know stay behind as orphans (strata fsck lists them, --remove-orphans deletes them)",
 			"from", who, "next_inode_was", next, "ceiling", ceiling)
 	}
 }
