@@ -41,8 +41,9 @@ func init() {
 		Short: "find chunk files that no file owns (and remove them with --remove-orphans)",
 		Long: `Lists the chunk files of every target whose storage server is up and asks the metadata
 service which of their inodes it knows. A chunk of an inode the namespace does not know is an
-orphan: left by a metadata store restored from an older copy, or by a removal cut short. Chunks
-of files created while the check runs are never counted (only inode numbers handed out before
+orphan: left by a metadata store restored from an older copy, or written by a mount after its
+file was deleted (a mount cut off from the cluster past its session lease). Chunks of files
+created while the check runs are never taken for orphans (only inode numbers handed out before
 it started are judged). Targets whose server is down are listed as not checked. Nothing changes
 without --remove-orphans.`,
 		Args: cobra.NoArgs,
