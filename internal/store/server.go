@@ -503,7 +503,8 @@ func (s *Server) handleListChunks(ctx context.Context, r *rpc.ListChunksReq) (*r
 		return nil, err
 	}
 	resp := &rpc.ListChunksResp{Next: r.From}
-	for resp.Next = t.skipAbsent(resp.Next); resp.Next < fanOutDirs && len(resp.Inos) < int(max(r.Max, 1)); resp.Next = t.skipAbsent(resp.Next + 1) {
+	walk := newFanOutWalk(t)
+	for resp.Next = walk.next(resp.Next); resp.Next < fanOutDirs && len(resp.Inos) < int(max(r.Max, 1)); resp.Next = walk.next(resp.Next + 1) {
 		if err := ctx.Err(); err != nil {
 			return nil, rpc.Errorf(syscall.ETIMEDOUT, "list chunks of target %s: %v", t.path, err)
 		}

@@ -254,7 +254,8 @@ func (t *target) scanCeiling() (uint64, error) {
 	var resp rpc.ListChunksResp
 	var top uint64
 	found := false
-	for i := t.skipAbsent(0); i < fanOutDirs; i = t.skipAbsent(i + 1) {
+	walk := newFanOutWalk(t)
+	for i := walk.next(0); i < fanOutDirs; i = walk.next(i + 1) {
 		resp.Inos, resp.Bytes = resp.Inos[:0], resp.Bytes[:0]
 		if err := t.listChunkDir(i, &resp); err != nil {
 			return 0, fmt.Errorf("scan the chunks of %s: %w", t.path, err)
@@ -374,17 +375,47 @@ func (t *target) chunkPath(ino uint64) (dir, base string) {
 	return dir, fmt.Sprintf("%016x", ino)
 }
 
-// skipAbsent returns the first fan-out directory from i on whose top
-// directory (chunks/XX) exists, or fanOutDirs.
-func (t *target) skipAbsent(i uint32) uint32 {
-	for i < fanOutDirs && i%256 == 0 {
-		if _, err := os.Stat(filepath.Join(t.path, chunksDir, hex2(byte(i>>8)))); !errors.Is(err, fs.ErrNotExist) {
-			break
+// fanOutWalk walks a target's fan-out directories in order, visiting only
+// those that exist: it reads each top directory (chunks/XX) once instead of
+// probing its 256 subdirectories one by one.
+type fanOutWalk struct {
+	t       *target
+	top     int       // the XX whose subdirectories present describes; -1: none
+	present [256]bool // chunks/XX/YY exists
+}
+
+func newFanOutWalk(t *target) *fanOutWalk { return &fanOutWalk{t: t, top: -1} }
+
+// next returns the first existing fan-out directory from i on, or
+// fanOutDirs.
+func (w *fanOutWalk) next(i uint32) uint32 {
+	for ; i < fanOutDirs; i++ {
+		if xx := int(i >> 8); xx != w.top {
+			w.top = xx
+			w.present = [256]bool{}
+			ents, err := os.ReadDir(filepath.Join(w.t.path, chunksDir, hex2(byte(xx))))
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				w.present = allPresent // unreadable: let the listing report it
+			}
+			for _, e := range ents {
+				if v, err := strconv.ParseUint(e.Name(), 16, 8); err == nil && len(e.Name()) == 2 {
+					w.present[v] = true
+				}
+			}
 		}
-		i += 256
+		if w.present[i&0xff] {
+			return i
+		}
 	}
 	return i
 }
+
+var allPresent = func() (a [256]bool) {
+	for i := range a {
+		a[i] = true
+	}
+	return a
+}()
 
 // listChunkDir appends the chunks of fan-out directory i (chunks/XX/YY with
 // XX = i>>8, YY = i&0xff) to resp: one entry per inode with a data or
