@@ -31,8 +31,11 @@ type Client struct {
 	m    *metrics
 
 	clientID atomic.Uint64 // current session id; changes when the session is reopened
-	seq      atomic.Uint64 // ReqHeader.Seq source
-	leaseMs  atomic.Uint32
+	// metaNow is the metadata service's time in its last heartbeat
+	// answer: the next heartbeat's open-file list is made after it.
+	metaNow atomic.Int64
+	seq     atomic.Uint64 // ReqHeader.Seq source
+	leaseMs atomic.Uint32
 
 	// Namespace changes are answered before they are durable (see
 	// meta.Config.StrictSync); metaChanged counts this client's calls that
@@ -499,6 +502,7 @@ func (c *Client) heartbeatLoop() {
 
 // heartbeat sends one heartbeat now.
 func (c *Client) heartbeat(ctx context.Context) error {
+	listedAfter := c.metaNow.Load() // read before the list is made
 	c.mu.Lock()
 	open := make([]uint64, 0, len(c.mu.inodes))
 	for ino := range c.mu.inodes {
@@ -508,9 +512,12 @@ func (c *Client) heartbeat(ctx context.Context) error {
 	c.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
 	defer cancel()
-	req := &rpc.SessionHeartbeatReq{ClientID: c.clientID.Load(), OpenInodes: open, LockEpoch: c.lockEpoch()}
+	req := &rpc.SessionHeartbeatReq{ClientID: c.clientID.Load(), OpenInodes: open, LockEpoch: c.lockEpoch(), ListedAfter: listedAfter}
 	var resp rpc.SessionHeartbeatResp
 	err := c.meta.Call(cctx, rpc.MSessionHeartbeat, req, &resp)
+	if err == nil && resp.Now > 0 {
+		c.metaNow.Store(resp.Now)
+	}
 	if errors.Is(err, syscall.ESTALE) {
 		return c.reopenSession(ctx, c.clientID.Load())
 	}

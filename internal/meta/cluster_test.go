@@ -214,7 +214,7 @@ func TestOrphanReaping(t *testing.T) {
 
 	// the client holds f open; g is closed
 	beat := func() {
-		if err := c.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.id, OpenInodes: []uint64{f.Ino}}, nil); err != nil {
+		if err := c.heartbeat(f.Ino); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -240,7 +240,7 @@ func TestOrphanReaping(t *testing.T) {
 		t.Fatalf("open orphan = %+v", a)
 	}
 	// the client closes f
-	if err := c.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.id}, nil); err != nil {
+	if err := c.heartbeat(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "f's chunks removed", func() bool { return len(store.removed()) == 4 })
@@ -255,6 +255,60 @@ func TestOrphanReaping(t *testing.T) {
 		t.Fatalf("removals on targets %v, want %v", seen, reg.TargetIDs)
 	}
 	waitFor(t, "f reaped", func() bool { _, err := c.getattr(f.Ino); return err != nil })
+}
+
+// An open-file list made before its client opened a file, which reaches
+// the service after another client unlinked it, does not let the reaper
+// take the file: the list's age is what counts (the answer time the client
+// echoes), not when the heartbeat arrived.
+func TestOrphanNotReapedOnStaleOpenList(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.OrphanGrace = 100 * time.Millisecond
+	s := openService(t, cfg)
+	store := newFakeStore(t)
+	a := newClient(t, s.Addr())
+	b := newClient(t, s.Addr())
+	a.registerTargets(store.addr, "t1")
+	f := a.mustCreate(1, "f", fileMode)
+	if err := a.heartbeat(); err != nil { // a's list, made before a opens f
+		t.Fatal(err)
+	}
+	listedAfter := a.now.Load()
+	// a opens f; b unlinks it; b reports (twice: its second list is
+	// known to postdate the unlink).
+	if _, err := b.unlink(1, "f"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := b.heartbeat(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a's heartbeat with the list made before its open arrives now.
+	stale := &rpc.SessionHeartbeatReq{ClientID: a.id, ListedAfter: listedAfter}
+	if err := a.call(rpc.MSessionHeartbeat, stale, &rpc.SessionHeartbeatResp{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := len(store.removed()); n != 0 {
+		t.Fatalf("%d chunks of a file open on a removed on the strength of a list older than the unlink", n)
+	}
+	// a's next lists name f; once a closes it, f goes.
+	for i := 0; i < 2; i++ {
+		if err := a.heartbeat(f.Ino); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := len(store.removed()); n != 0 {
+		t.Fatalf("%d chunks of an open file removed", n)
+	}
+	waitFor(t, "f's chunks removed after a closed it", func() bool {
+		if err := a.heartbeat(); err != nil {
+			t.Fatal(err)
+		}
+		return len(store.removed()) == 1
+	})
 }
 
 func TestOrphanWaitsForStore(t *testing.T) {
@@ -304,7 +358,7 @@ func TestOrphanReapingMany(t *testing.T) {
 		c.unlink(1, fmt.Sprintf("f%d", i))
 	}
 	beat := func() {
-		if err := c.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.id}, nil); err != nil {
+		if err := c.heartbeat(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -336,8 +390,11 @@ func TestCloseWhileReaping(t *testing.T) {
 		for i := 0; i < n; i++ {
 			c.unlink(1, fmt.Sprintf("f%d", i))
 		}
-		if err := c.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.id}, nil); err != nil {
-			t.Fatal(err)
+		// The second heartbeat's list is known to postdate the unlinks.
+		for i := 0; i < 2; i++ {
+			if err := c.heartbeat(); err != nil {
+				t.Fatal(err)
+			}
 		}
 		waitFor(t, "reaping under way", func() bool { return len(store.removed()) > 0 })
 		done := make(chan error, 1)

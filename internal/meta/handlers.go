@@ -101,11 +101,16 @@ func (s *Service) register() {
 		return &resp, nil
 	})
 	handle(s, rpc.MSessionHeartbeat, func(_ context.Context, r *rpc.SessionHeartbeatReq) (rpc.Message, error) {
-		if !s.sess.heartbeat(r.ClientID, r.OpenInodes, time.Now()) {
+		var builtAfter time.Time
+		if r.ListedAfter > 0 {
+			builtAfter = time.Unix(0, r.ListedAfter)
+		}
+		t := time.Now()
+		if !s.sess.heartbeat(r.ClientID, r.OpenInodes, builtAfter, t) {
 			return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d (expired or closed): open a new one", r.ClientID)
 		}
 		s.locks.reclaimed(r.ClientID, r.LockEpoch)
-		return &rpc.SessionHeartbeatResp{LockEpoch: s.locks.epoch()}, nil
+		return &rpc.SessionHeartbeatResp{LockEpoch: s.locks.epoch(), Now: t.UnixNano()}, nil
 	})
 	handle(s, rpc.MSessionClose, func(_ context.Context, r *rpc.SessionCloseReq) (rpc.Message, error) {
 		if err := s.closeSession(r.ClientID); err != nil {

@@ -39,6 +39,7 @@ type client struct {
 	c   *rpc.Client
 	id  uint64
 	seq atomic.Uint64
+	now atomic.Int64 // the service's time in the last heartbeat answer
 }
 
 func newClient(t testing.TB, addr string) *client {
@@ -57,6 +58,17 @@ func (c *client) call(m rpc.Method, req, resp rpc.Message) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	return c.c.Call(ctx, m, req, resp)
+}
+
+// heartbeat reports open as the session's open files, listed after the
+// last heartbeat answer (as the real client does).
+func (c *client) heartbeat(open ...uint64) error {
+	var resp rpc.SessionHeartbeatResp
+	err := c.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.id, OpenInodes: open, ListedAfter: c.now.Load()}, &resp)
+	if err == nil {
+		c.now.Store(resp.Now)
+	}
+	return err
 }
 
 func (c *client) hdr() rpc.ReqHeader { return rpc.ReqHeader{ClientID: c.id, Seq: c.seq.Add(1)} }

@@ -24,12 +24,27 @@ type sessions struct {
 	mu struct {
 		sync.Mutex
 		m map[uint64]*sessionState
+		// floor is when this leader loaded the sessions: an echoed time
+		// from before it came from another leader's clock and is not
+		// trusted.
+		floor time.Time
 	}
 }
 
 type sessionState struct {
 	lastSeen time.Time
 	open     []uint64 // as last reported
+	// builtAfter: the open set was made after this time of ours (zero:
+	// no set known yet). A heartbeat's receipt says nothing of when its
+	// client listed its open files — one listed before an open and
+	// received after another client's unlink would let the reaper delete
+	// a file still open — so the client echoes the time of the previous
+	// answer it got, which it listed after.
+	builtAfter time.Time
+	// created is when this leader opened the session (zero for sessions
+	// loaded at leadership start): the first heartbeat, which has no
+	// answer to echo, was listed after it.
+	created time.Time
 }
 
 func newSessions() *sessions {
@@ -60,13 +75,17 @@ func (s *sessions) load(db kv.Reader, now time.Time) error {
 	}
 	s.mu.Lock()
 	s.mu.m = m
+	s.mu.floor = now
 	s.mu.Unlock()
 	return nil
 }
 
+// add records a session opened now. Its open files are unknown until its
+// first heartbeat (a client whose session expired opens a new one with
+// files open), which it lists after our answer.
 func (s *sessions) add(id uint64, now time.Time) {
 	s.mu.Lock()
-	s.mu.m[id] = &sessionState{lastSeen: now}
+	s.mu.m[id] = &sessionState{lastSeen: now, created: now}
 	s.mu.Unlock()
 }
 
@@ -96,8 +115,11 @@ func (s *sessions) count() int {
 	return len(s.mu.m)
 }
 
-// heartbeat renews a lease; false if the session is unknown.
-func (s *sessions) heartbeat(id uint64, open []uint64, now time.Time) bool {
+// heartbeat renews a lease and records the open set, listed by the client
+// after builtAfter (zero: unknown, e.g. the first heartbeat to this
+// leader); false if the session is unknown. A set older than the one
+// recorded (heartbeats overtaking each other) is ignored.
+func (s *sessions) heartbeat(id uint64, open []uint64, builtAfter, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st, ok := s.mu.m[id]
@@ -105,6 +127,16 @@ func (s *sessions) heartbeat(id uint64, open []uint64, now time.Time) bool {
 		return false
 	}
 	st.lastSeen = now
+	if builtAfter.Before(s.mu.floor) {
+		builtAfter = time.Time{} // another leader's clock
+	}
+	if builtAfter.Before(st.created) {
+		builtAfter = st.created // listed after our answer to its opening
+	}
+	if builtAfter.IsZero() && !st.builtAfter.IsZero() || builtAfter.Before(st.builtAfter) {
+		return true // not known to be newer than the list we have
+	}
+	st.builtAfter = builtAfter
 	st.open = append(st.open[:0], open...)
 	return true
 }
@@ -133,8 +165,12 @@ func (s *sessions) oldestReport() time.Time {
 	defer s.mu.Unlock()
 	var oldest time.Time
 	for _, st := range s.mu.m {
-		if oldest.IsZero() || st.lastSeen.Before(oldest) {
-			oldest = st.lastSeen
+		at := st.builtAfter
+		if at.IsZero() {
+			at = time.Unix(0, 1) // nothing listed yet: older than any orphan
+		}
+		if oldest.IsZero() || at.Before(oldest) {
+			oldest = at
 		}
 	}
 	return oldest

@@ -276,27 +276,46 @@ type SessionHeartbeatReq struct {
 	ClientID   uint64
 	OpenInodes []uint64
 	LockEpoch  uint64
+	// ListedAfter is SessionHeartbeatResp.Now of the last answer the
+	// client got before it listed OpenInodes (0: none yet): the service
+	// knows from it how recent the list is, which the time it receives
+	// the heartbeat does not tell.
+	ListedAfter int64
 }
 
 func (m *SessionHeartbeatReq) Encode(e *Enc) {
 	e.U64(m.ClientID)
 	e.U64s(m.OpenInodes)
 	e.U64(m.LockEpoch)
+	e.I64(m.ListedAfter)
 }
 func (m *SessionHeartbeatReq) Decode(d *Dec) {
 	m.ClientID = d.U64()
 	m.OpenInodes = d.U64s()
 	m.LockEpoch = optionalU64(d)
+	if d.Len() > 0 {
+		m.ListedAfter = d.I64()
+	}
 }
 
 // SessionHeartbeatResp carries the service's lock epoch: a number that
 // changes whenever the lock table starts empty (a restarted service, a new
 // leader). A client whose locks were granted under another epoch reclaims
 // them (LockReq.Reclaim) and then reports the epoch in its next heartbeat.
-type SessionHeartbeatResp struct{ LockEpoch uint64 }
+type SessionHeartbeatResp struct {
+	LockEpoch uint64
+	// Now is the service's time of the answer (unix ns), for the next
+	// SessionHeartbeatReq.ListedAfter.
+	Now int64
+}
 
-func (m *SessionHeartbeatResp) Encode(e *Enc) { e.U64(m.LockEpoch) }
-func (m *SessionHeartbeatResp) Decode(d *Dec) { m.LockEpoch = optionalU64(d) }
+func (m *SessionHeartbeatResp) Encode(e *Enc) { e.U64(m.LockEpoch); e.I64(m.Now) }
+func (m *SessionHeartbeatResp) Decode(d *Dec) {
+	m.LockEpoch = optionalU64(d)
+	if d.Len() > 0 {
+		m.Now = d.I64()
+	}
+}
 
 // optionalU64 reads a trailing field added within version 1: absent (an
 // older peer) reads as zero.
