@@ -183,7 +183,12 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&WriteReq{Chunk: ChunkID{1, 2}, Off: 3, Sync: true, Data: []byte("hi")},
 		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, FSIDs: []uint64{7}, RawFree: []uint64{4}},
 		&SetAttrReq{Valid: SetMode | SetSize, Size: 1 << 40, Mtime: -5},
-		&SessionHeartbeatReq{ClientID: 3, OpenInodes: []uint64{4, 5}, LockEpoch: 77},
+		&SessionHeartbeatReq{ClientID: 3, OpenInodes: []uint64{4, 5}, LockEpoch: 77, ListedAfter: 1763885000123456789},
+		&SessionHeartbeatResp{LockEpoch: 9, Now: 1763885000123456789},
+		&ListChunksReq{Target: 3, From: 300, Max: 8192},
+		&ListChunksResp{Inos: []uint64{5, 1 << 40}, Bytes: []uint64{7, 0}, Next: 301, Done: true},
+		&InodesKnownReq{Inos: []uint64{1, 2, 1 << 33}},
+		&InodesKnownResp{NextIno: 1 << 20, Known: []bool{true, false, true}},
 		&LockReq{ClientID: 1, Ino: 2, Start: 3, End: 4, Type: LockRead, Reclaim: true},
 	}
 	for _, m := range msgs {
@@ -199,12 +204,15 @@ func TestMessagesRoundTrip(t *testing.T) {
 		// Every strict prefix fails to decode, never panics.
 		// Fields appended within version 1 may be missing (older peers):
 		// exactly that prefix decodes, with the fields zero.
-		opt := optionalTail(m)
+		optional := map[int]bool{}
+		for _, n := range optionalTails(m) {
+			optional[len(b)-n] = true
+		}
 		for i := 0; i < len(b); i++ {
 			err := Unmarshal(b[:i], newLike(m))
-			if i == len(b)-opt && opt > 0 {
+			if optional[i] {
 				if err != nil {
-					t.Fatalf("%T without its optional tail: %v", m, err)
+					t.Fatalf("%T without its optional tail of %d bytes: %v", m, len(b)-i, err)
 				}
 				continue
 			}
@@ -215,17 +223,28 @@ func TestMessagesRoundTrip(t *testing.T) {
 	}
 }
 
-// optionalTail is the encoded size of m's trailing fields that decoders
-// treat as optional.
-func optionalTail(m Message) int {
-	var e Enc
+// optionalTails are the encoded sizes of the trailing runs of m's fields
+// that decoders treat as optional (each run may be missing).
+func optionalTails(m Message) []int {
+	var tails []int
+	add := func(fields ...func(*Enc)) {
+		var e Enc
+		for _, f := range fields {
+			f(&e)
+		}
+		tails = append(tails, len(e.B))
+	}
 	switch x := m.(type) {
 	case *LockReq:
-		e.Bool(x.Reclaim)
+		add(func(e *Enc) { e.Bool(x.Reclaim) })
 	case *SessionHeartbeatReq:
-		e.U64(x.LockEpoch)
+		add(func(e *Enc) { e.I64(x.ListedAfter) })
+		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.ListedAfter) })
+	case *SessionHeartbeatResp:
+		add(func(e *Enc) { e.I64(x.Now) })
+		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.Now) })
 	}
-	return len(e.B)
+	return tails
 }
 
 func newLike(m Message) Message {
@@ -248,6 +267,16 @@ func newLike(m Message) Message {
 		return &SetAttrReq{}
 	case *SessionHeartbeatReq:
 		return &SessionHeartbeatReq{}
+	case *SessionHeartbeatResp:
+		return &SessionHeartbeatResp{}
+	case *ListChunksReq:
+		return &ListChunksReq{}
+	case *ListChunksResp:
+		return &ListChunksResp{}
+	case *InodesKnownReq:
+		return &InodesKnownReq{}
+	case *InodesKnownResp:
+		return &InodesKnownResp{}
 	}
 	panic("add type")
 }
