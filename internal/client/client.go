@@ -85,6 +85,11 @@ type Client struct {
 		inodes   map[uint64]*inode // open inodes, refcounted by handles
 		openSent bool              // every open inode has been reported in a heartbeat
 		closed   bool
+		// opening holds, per open or create under way, metaNow when it
+		// started: until its inode is in inodes, a heartbeat's list may
+		// lack it, so the list is dated no later than that.
+		opening map[uint64]int64
+		nextTok uint64
 	}
 	locks     heldLocks     // locks this client holds (reclaimed after a service restart)
 	sessionMu sync.Mutex    // serialises session reopening
@@ -121,6 +126,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	})
 	c.targets.init(c)
 	c.mu.inodes = map[uint64]*inode{}
+	c.mu.opening = map[uint64]int64{}
 	c.mu.openSent = true
 	c.kick = make(chan struct{}, 1)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -504,6 +510,9 @@ func (c *Client) heartbeatLoop() {
 func (c *Client) heartbeat(ctx context.Context) error {
 	listedAfter := c.metaNow.Load() // read before the list is made
 	c.mu.Lock()
+	for _, start := range c.mu.opening {
+		listedAfter = min(listedAfter, start)
+	}
 	open := make([]uint64, 0, len(c.mu.inodes))
 	for ino := range c.mu.inodes {
 		open = append(open, ino)

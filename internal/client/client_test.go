@@ -670,6 +670,62 @@ func TestOpenUnlinked(t *testing.T) {
 	}
 }
 
+// An open under way — its answer in, its inode not yet in the open set —
+// keeps the reaper off a file another client unlinks meanwhile: the
+// heartbeats made then are dated no later than the open's start. Opening
+// a file that was unlinked elsewhere and is not open here fails ENOENT.
+func TestOpenUnderWayHoldsReaper(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 2})
+	a := tc.client(nil)
+	b := tc.client(nil)
+	f := create(t, b, RootIno, "x", syscall.O_RDWR)
+	if _, err := f.WriteAt(bg, pattern(3, 0, 1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	ino := f.Ino()
+	if err := f.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ { // a's heartbeats are dated from here on
+		if err := a.heartbeat(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tok := a.beginOpen()
+	if _, err := b.Unlink(bg, RootIno, "x"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := a.heartbeat(bg); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.heartbeat(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(3 * time.Second) // several reaper passes (grace 1 s)
+	if _, err := b.GetAttr(bg, ino); err != nil {
+		t.Fatalf("the unlinked file was reaped while an open of it was under way: %v", err)
+	}
+	a.endOpen(tok)
+	if _, err := a.Open(bg, ino, syscall.O_RDONLY); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("open of a file unlinked elsewhere: %v, want ENOENT", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if err := a.heartbeat(bg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.GetAttr(bg, ino); errors.Is(err, syscall.ENOENT) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the orphan was not reaped once the open had ended")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 func TestNamespace(t *testing.T) {
 	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
 	c := tc.client(nil)

@@ -43,11 +43,29 @@ func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error)
 	if c.closed() {
 		return nil, ErrClosed
 	}
+	tok := c.beginOpen()
 	var resp rpc.AttrResp
 	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
+		c.endOpen(tok)
 		return nil, metaErr(c, "open", err)
 	}
-	return c.openAttr(ctx, &resp.Attr, flags)
+	return c.openAttr(ctx, &resp.Attr, flags, tok)
+}
+
+// beginOpen records an open or create under way (see Client.mu.opening);
+// openAttr or endOpen ends it.
+func (c *Client) beginOpen() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.mu.nextTok++
+	c.mu.opening[c.mu.nextTok] = c.metaNow.Load()
+	return c.mu.nextTok
+}
+
+func (c *Client) endOpen(tok uint64) {
+	c.mu.Lock()
+	delete(c.mu.opening, tok)
+	c.mu.Unlock()
 }
 
 // CreateOpen creates a regular file and opens it with flags, in one
@@ -56,11 +74,13 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 	if c.closed() {
 		return nil, ErrClosed
 	}
+	tok := c.beginOpen()
 	a, ch, err := c.createIdx(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid})
 	if err != nil {
+		c.endOpen(tok)
 		return nil, err
 	}
-	f, err := c.openAttr(ctx, &a, flags&^syscall.O_TRUNC)
+	f, err := c.openAttr(ctx, &a, flags&^syscall.O_TRUNC, tok)
 	if err != nil {
 		return nil, err
 	}
@@ -68,21 +88,35 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 	return f, nil
 }
 
-func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int) (*File, error) {
+// openAttr opens the file a describes and ends the open tok (beginOpen)
+// in the same step as the inode joins the open set.
+func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int, tok uint64) (*File, error) {
 	a := *ap
 	ino := a.Ino
-	switch a.Mode & syscall.S_IFMT {
-	case syscall.S_IFREG:
-	case syscall.S_IFDIR:
-		return nil, fmt.Errorf("open inode %d: %w", ino, syscall.EISDIR)
-	default:
-		return nil, fmt.Errorf("open inode %d of type %o: %w", ino, a.Mode&syscall.S_IFMT, syscall.EINVAL)
+	var err error
+	switch {
+	case a.Mode&syscall.S_IFMT == syscall.S_IFDIR:
+		err = fmt.Errorf("open inode %d: %w", ino, syscall.EISDIR)
+	case a.Mode&syscall.S_IFMT != syscall.S_IFREG:
+		err = fmt.Errorf("open inode %d of type %o: %w", ino, a.Mode&syscall.S_IFMT, syscall.EINVAL)
+	case len(a.Layout.Targets) == 0 || a.Layout.StripeSize == 0:
+		err = fmt.Errorf("open inode %d: file has no layout: %w", ino, syscall.EIO)
 	}
-	if len(a.Layout.Targets) == 0 || a.Layout.StripeSize == 0 {
-		return nil, fmt.Errorf("open inode %d: file has no layout: %w", ino, syscall.EIO)
+	if err != nil {
+		c.endOpen(tok)
+		return nil, err
 	}
 	c.mu.Lock()
+	delete(c.mu.opening, tok)
 	in := c.mu.inodes[ino]
+	if in == nil && a.Nlink == 0 {
+		// Unlinked by another client before this open reached the
+		// service, and not open here: its data may be reaped any
+		// moment, as the open files this client reported did not list
+		// it. The name was gone before the open: as if it never was.
+		c.mu.Unlock()
+		return nil, fmt.Errorf("open inode %d: unlinked by another client: %w", ino, syscall.ENOENT)
+	}
 	if in == nil {
 		in = newInode(c, &a)
 		c.mu.inodes[ino] = in
