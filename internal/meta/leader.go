@@ -130,8 +130,12 @@ func (s *sessions) heartbeat(id uint64, open []uint64, builtAfter, now time.Time
 	if builtAfter.Before(s.mu.floor) {
 		builtAfter = time.Time{} // another leader's clock
 	}
-	if builtAfter.Before(st.created) {
-		builtAfter = st.created // listed after our answer to its opening
+	if builtAfter.IsZero() {
+		// No answer to echo yet: a client's first list, made after our
+		// answer to its opening. (An echo older than that — a client
+		// that reopened its session with opens under way — stays as it
+		// is: it is all the client vouches for.)
+		builtAfter = st.created
 	}
 	if builtAfter.IsZero() && !st.builtAfter.IsZero() || builtAfter.Before(st.builtAfter) {
 		return true // not known to be newer than the list we have
