@@ -137,7 +137,7 @@ func (s *sessions) heartbeat(id uint64, open []uint64, builtAfter, now time.Time
 		// is: it is all the client vouches for.)
 		builtAfter = st.created
 	}
-	if builtAfter.IsZero() && !st.builtAfter.IsZero() || builtAfter.Before(st.builtAfter) {
+	if builtAfter.Before(st.builtAfter) { // (a zero time is before any other)
 		return true // not known to be newer than the list we have
 	}
 	st.builtAfter = builtAfter

@@ -211,6 +211,10 @@ func format(dir string) (identity, error) {
 func (t *target) updateIdentity(change func(*identity)) error {
 	t.identMu.Lock()
 	defer t.identMu.Unlock()
+	return t.updateIdentityLocked(change)
+}
+
+func (t *target) updateIdentityLocked(change func(*identity)) error {
 	id, err := readOrFormat(t.path)
 	if err != nil {
 		return err
@@ -236,16 +240,17 @@ func (t *target) coverIno(ino uint64) error {
 	if ino < t.inoCeiling.Load() {
 		return nil
 	}
+	t.identMu.Lock()
+	defer t.identMu.Unlock()
+	if ino < t.inoCeiling.Load() {
+		return nil // raised by a concurrent chunk meanwhile
+	}
 	c := ceilingFor(ino)
-	if err := t.updateIdentity(func(i *identity) { i.InoCeiling = max(i.InoCeiling, c) }); err != nil {
+	if err := t.updateIdentityLocked(func(i *identity) { i.InoCeiling = max(i.InoCeiling, c) }); err != nil {
 		return err
 	}
-	for {
-		old := t.inoCeiling.Load()
-		if old >= c || t.inoCeiling.CompareAndSwap(old, c) {
-			return nil
-		}
-	}
+	t.inoCeiling.Store(c)
+	return nil
 }
 
 // scanCeiling finds the inode ceiling of a target whose identity file does
