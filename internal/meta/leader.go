@@ -127,15 +127,15 @@ func (s *sessions) heartbeat(id uint64, open []uint64, builtAfter, now time.Time
 		return false
 	}
 	st.lastSeen = now
-	if builtAfter.Before(s.mu.floor) {
-		builtAfter = time.Time{} // another leader's clock
-	}
-	if builtAfter.IsZero() {
+	switch {
+	case builtAfter.IsZero():
 		// No answer to echo yet: a client's first list, made after our
 		// answer to its opening. (An echo older than that — a client
 		// that reopened its session with opens under way — stays as it
 		// is: it is all the client vouches for.)
 		builtAfter = st.created
+	case builtAfter.Before(s.mu.floor):
+		builtAfter = time.Time{} // another leader's clock: age unknown
 	}
 	if builtAfter.Before(st.builtAfter) { // (a zero time is before any other)
 		return true // not known to be newer than the list we have
