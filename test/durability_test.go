@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/stratafs/strata/internal/testutil"
 )
 
@@ -52,6 +54,23 @@ func TestKill9Durability(t *testing.T) {
 	if _, err := f.Write(bytes.Repeat([]byte{0xAB}, 1<<20)); err != nil { // unsynced tail
 		t.Fatal(err)
 	}
+	// A file written through O_TMPFILE, named with linkat, then closed.
+	tmp, err := os.OpenFile(filepath.Join(mnt, "d1"), unix.O_TMPFILE|os.O_RDWR, 0o640)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tdata := make([]byte, 2<<20+7)
+	rng.Read(tdata)
+	if _, err := tmp.Write(tdata); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", tmp.Fd()), unix.AT_FDCWD, filepath.Join(mnt, "d1", "from-tmpfile"), unix.AT_SYMLINK_FOLLOW); err != nil {
+		t.Fatal(err)
+	}
+	if err := tmp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want["d1/from-tmpfile"], sizes["d1/from-tmpfile"] = sha256.Sum256(tdata), len(tdata)
 	// Renames and unlinks that returned are committed metadata.
 	if err := os.Rename(filepath.Join(mnt, "d1", "closed-0"), filepath.Join(mnt, "d1", "d2", "moved")); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,8 @@ func TestMain(m *testing.M) {
 		os.Exit(nto1Worker())
 	case "lock":
 		os.Exit(lockWorker())
+	case "tmpfile":
+		os.Exit(tmpfileWorker())
 	}
 	flag.Parse()
 	os.Exit(m.Run())

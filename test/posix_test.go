@@ -21,12 +21,13 @@ import (
 // second mount of the same cluster for the cross-mount checks.
 func TestPOSIXOnStrata(t *testing.T) {
 	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 2, TargetsPerStore: 2, Mounts: 2})
-	runPOSIXSuite(t, c.Mount(0), c.Mount(1))
+	runPOSIXSuite(t, c.Mount(0), c.Mount(1), c.Dir)
 }
 
 // runPOSIXSuite checks POSIX behaviour on root (a mounted file system).
-// other, if not "", is a second mount of the same file system.
-func runPOSIXSuite(t *testing.T, root, other string) {
+// other, if not "", is a second mount of the same file system; dataDir,
+// if not "", holds the cluster's targets (to see that data is freed).
+func runPOSIXSuite(t *testing.T, root, other, dataDir string) {
 	sub := func(name string, f func(t *testing.T, dir string)) {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join(root, name)
@@ -354,6 +355,115 @@ func runPOSIXSuite(t *testing.T, root, other string) {
 			t.Fatalf("read of unlinked open file: %v", err)
 		}
 	})
+	sub("tmpfile", func(t *testing.T, dir string) {
+		// O_TMPFILE: a file in no directory, readable and writable
+		// through its descriptor, named by linkat unless O_EXCL was
+		// given, and its data freed after the last close otherwise.
+		fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR, 0o640)
+		if err != nil {
+			t.Fatalf("open O_TMPFILE: %v", err)
+		}
+		defer unix.Close(fd)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			t.Fatal(err)
+		}
+		if want := uint32(0o640 &^ currentUmask()); st.Nlink != 0 || st.Mode != unix.S_IFREG|want {
+			t.Fatalf("tmpfile: nlink %d mode %o, want 0 and %o", st.Nlink, st.Mode, unix.S_IFREG|want)
+		}
+		data := bytes.Repeat([]byte("tmpfile!"), 3<<17) // 3 MiB: several stripes
+		if n, err := unix.Pwrite(fd, data, 0); err != nil || n != len(data) {
+			t.Fatalf("write: %d %v", n, err)
+		}
+		got := make([]byte, len(data))
+		if n, err := unix.Pread(fd, got, 0); err != nil || n != len(data) || !bytes.Equal(got, data) {
+			t.Fatalf("read back: %d %v", n, err)
+		}
+		if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {
+			t.Fatalf("the directory lists %v (%v), want nothing", ents, err)
+		}
+		named := filepath.Join(dir, "named")
+		if err := unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, named, unix.AT_SYMLINK_FOLLOW); err != nil {
+			t.Fatalf("linkat of the tmpfile: %v", err)
+		}
+		if err := unix.Fstat(fd, &st); err != nil || st.Nlink != 1 {
+			t.Fatalf("after linkat: nlink %d, %v", st.Nlink, err)
+		}
+		unix.Close(fd)
+		if x, err := os.ReadFile(named); err != nil || !bytes.Equal(x, data) {
+			t.Fatalf("named tmpfile reads %d bytes, %v", len(x), err)
+		}
+		if other != "" {
+			if x, err := os.ReadFile(filepath.Join(other, "tmpfile", "named")); err != nil || !bytes.Equal(x, data) {
+				t.Fatalf("named tmpfile on the other mount reads %d bytes, %v", len(x), err)
+			}
+		}
+		// O_EXCL: never to be named (the kernel refuses linkat).
+		xfd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY|unix.O_EXCL, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", xfd), unix.AT_FDCWD, filepath.Join(dir, "x"), unix.AT_SYMLINK_FOLLOW); !errors.Is(err, unix.ENOENT) {
+			t.Errorf("linkat of an O_EXCL tmpfile: %v, want ENOENT", err)
+		}
+		if _, err := unix.Pwrite(xfd, data, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fsync(xfd); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fstat(xfd, &st); err != nil {
+			t.Fatal(err)
+		}
+		if dataDir != "" && chunkFiles(t, dataDir, st.Ino) == 0 {
+			t.Fatalf("the open O_EXCL tmpfile (inode %d) has no chunk files after fsync", st.Ino)
+		}
+		unix.Close(xfd)
+		if _, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDONLY, 0o600); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("O_TMPFILE read-only: %v, want EINVAL", err)
+		}
+		// Permission: another user cannot make one in a directory it may
+		// not write.
+		self := worldExecutableSelf(t)
+		asNobodyTmpfile := func() string {
+			w := exec.Command(self)
+			w.Env = append(os.Environ(), "STRATA_TEST_WORKER=tmpfile", "TMPFILE_DIR="+dir)
+			w.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			out, _ := w.CombinedOutput()
+			return string(out)
+		}
+		os.Chmod(dir, 0o755)
+		if out := asNobodyTmpfile(); out != "permission denied" {
+			t.Errorf("O_TMPFILE by another user in a 0755 directory: %q, want permission denied", out)
+		}
+		os.Chmod(dir, 0o777)
+		if out := asNobodyTmpfile(); out != "ok" {
+			t.Errorf("O_TMPFILE by another user in a 0777 directory: %q, want ok", out)
+		}
+		if dataDir == "" {
+			return
+		}
+		// The unnamed file's chunks go once no mount holds it open; the
+		// named one's stay.
+		if err := testutil.WaitFor(60*time.Second, func() error {
+			if n := chunkFiles(t, dataDir, st.Ino); n != 0 {
+				return fmt.Errorf("%d chunk files of the closed O_EXCL tmpfile (inode %d) remain", n, st.Ino)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+		var nst unix.Stat_t
+		if err := unix.Stat(named, &nst); err != nil {
+			t.Fatal(err)
+		}
+		if n := chunkFiles(t, dataDir, nst.Ino); n == 0 {
+			t.Errorf("the named tmpfile (inode %d) has no chunk files", nst.Ino)
+		}
+		if x, err := os.ReadFile(named); err != nil || !bytes.Equal(x, data) {
+			t.Fatalf("named tmpfile after reaping reads %d bytes, %v", len(x), err)
+		}
+	})
 	sub("mmap", func(t *testing.T, dir string) {
 		p := filepath.Join(dir, "mm")
 		f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
@@ -511,6 +621,63 @@ func lockWorker() int {
 		time.Sleep(5 * time.Minute)
 	}
 	return 0
+}
+
+// tmpfileWorker opens an O_TMPFILE file in TMPFILE_DIR and prints "ok" or
+// the error.
+func tmpfileWorker() int {
+	fd, err := unix.Open(os.Getenv("TMPFILE_DIR"), unix.O_TMPFILE|unix.O_RDWR, 0o600)
+	if err != nil {
+		fmt.Print(err)
+		return 1
+	}
+	unix.Close(fd)
+	fmt.Print("ok")
+	return 0
+}
+
+// worldExecutableSelf copies the test binary where any user may run it
+// (go test builds it in a directory only its owner may enter).
+func worldExecutableSelf(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "strata-test-bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "worker")
+	if err := os.WriteFile(p, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// chunkFiles counts the chunk data files of inode ino under dir (the
+// targets' layout: chunks/<ino&0xff>/<(ino>>8)&0xff>/<ino in hex>.data).
+func chunkFiles(t *testing.T, dir string, ino uint64) int {
+	t.Helper()
+	name := fmt.Sprintf("%016x.data", ino)
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && d.Name() == name && filepath.Base(filepath.Dir(filepath.Dir(filepath.Dir(p)))) == "chunks" {
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("walk %s: %v", dir, err)
+	}
+	return n
 }
 
 func asNobody(name string, args ...string) ([]byte, error) {

@@ -238,7 +238,7 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 			switch {
 			case answeredBeforeDurable(m):
 				c.noteChange(err, resp)
-				if m != rpc.MCreate && m != rpc.MUnlink {
+				if m != rpc.MCreate && m != rpc.MUnlink && m != rpc.MTmpfile {
 					c.dirs.reset() // creates and unlinks answer their directory's attributes
 				}
 			case err == nil && answeredDurable(m, req):
@@ -273,7 +273,7 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 // before the change is on stable storage (meta's command.answerBeforeDurable).
 func answeredBeforeDurable(m rpc.Method) bool {
 	switch m {
-	case rpc.MCreate, rpc.MSetAttr, rpc.MUnlink, rpc.MRmdir, rpc.MRename, rpc.MLink,
+	case rpc.MCreate, rpc.MTmpfile, rpc.MSetAttr, rpc.MUnlink, rpc.MRmdir, rpc.MRename, rpc.MLink,
 		rpc.MSetXattr, rpc.MRemoveXattr, rpc.MSetDirLayout:
 		return true
 	}

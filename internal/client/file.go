@@ -49,7 +49,7 @@ func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error)
 		c.endOpen(tok)
 		return nil, metaErr(c, "open", err)
 	}
-	return c.openAttr(ctx, &resp.Attr, flags, tok)
+	return c.openAttr(ctx, &resp.Attr, flags, tok, false)
 }
 
 // beginOpen records an open or create under way (see Client.mu.opening);
@@ -80,7 +80,7 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 		c.endOpen(tok)
 		return nil, err
 	}
-	f, err := c.openAttr(ctx, &a, flags&^syscall.O_TRUNC, tok)
+	f, err := c.openAttr(ctx, &a, flags&^syscall.O_TRUNC, tok, false)
 	if err != nil {
 		return nil, err
 	}
@@ -88,9 +88,37 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 	return f, nil
 }
 
+// TmpfileOpen makes a regular file in no directory (open(2) with
+// O_TMPFILE in directory parent) and opens it with flags. The file has no
+// links: its data lives while it is open here and is reaped after the last
+// close, unless Link gives it a name first.
+func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid uint32, flags int) (*File, error) {
+	if c.closed() {
+		return nil, ErrClosed
+	}
+	// The open is under way before the file exists, so this client's
+	// open-file lists are dated no later than the file's creation until the
+	// file is in the open set: the reaper cannot take it in between.
+	tok := c.beginOpen()
+	var resp rpc.ChangeResp
+	req := &rpc.CreateReq{Hdr: c.hdr(), Parent: parent, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid}
+	if err := c.metaCall(ctx, rpc.MTmpfile, req, &resp); err != nil {
+		c.endOpen(tok)
+		return nil, metaErr(c, "tmpfile", err)
+	}
+	c.m.op("tmpfile")
+	f, err := c.openAttr(ctx, &resp.Attr, flags&^(syscall.O_TRUNC|syscall.O_CREAT|syscall.O_EXCL), tok, true)
+	if err != nil {
+		return nil, err
+	}
+	f.in.noteMetaIndex(resp.Index, resp.Term, c.metaChanged.Load())
+	return f, nil
+}
+
 // openAttr opens the file a describes and ends the open tok (beginOpen)
-// in the same step as the inode joins the open set.
-func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int, tok uint64) (*File, error) {
+// in the same step as the inode joins the open set. tmpfile: a describes a
+// file TmpfileOpen just made, which has no links by design.
+func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int, tok uint64, tmpfile bool) (*File, error) {
 	a := *ap
 	ino := a.Ino
 	var err error
@@ -109,7 +137,7 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int, tok uint
 	c.mu.Lock()
 	delete(c.mu.opening, tok)
 	in := c.mu.inodes[ino]
-	if in == nil && a.Nlink == 0 {
+	if in == nil && a.Nlink == 0 && !tmpfile {
 		// Unlinked by another client before this open reached the
 		// service, and not open here: its data may be reaped any
 		// moment, as the open files this client reported did not list

@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/stratafs/strata/internal/client"
 	"github.com/stratafs/strata/internal/rpc"
@@ -71,12 +72,33 @@ func (fs *fileSystem) Create(cancel <-chan struct{}, in *gofuse.CreateIn, name s
 	if err != nil {
 		return fs.errno("create", in.NodeId, err)
 	}
+	fs.answerCreate(f, in, out)
+	return gofuse.OK
+}
+
+// answerCreate fills the answer to a create of f: its entry and handle.
+func (fs *fileSystem) answerCreate(f *client.File, in *gofuse.CreateIn, out *gofuse.CreateOut) {
 	a := f.Attr()
 	fs.fillEntry(&a, &out.EntryOut)
 	out.Fh = fs.addHandle(f)
 	if in.Flags&syscall.O_DIRECT != 0 {
 		out.OpenFlags = gofuse.FOPEN_DIRECT_IO
 	}
+}
+
+// Tmpfile answers open(2) with O_TMPFILE: a regular file in no directory,
+// open for the caller. It gets a name only through linkat (the kernel
+// allows that unless O_EXCL was given); otherwise its data goes after the
+// last close. A metadata service without it answers ENOSYS, which the
+// kernel keeps for the mount: O_TMPFILE then fails with EOPNOTSUPP and
+// programs fall back to named temporary files.
+func (fs *fileSystem) Tmpfile(cancel <-chan struct{}, in *gofuse.CreateIn, out *gofuse.CreateOut) gofuse.Status {
+	flags := int(in.Flags) &^ (syscall.O_TRUNC | syscall.O_CREAT | syscall.O_EXCL | unix.O_TMPFILE)
+	f, err := fs.c.TmpfileOpen(fs.ctx(), in.NodeId, in.Mode, in.Uid, in.Gid, flags)
+	if err != nil {
+		return fs.errno("tmpfile", in.NodeId, err)
+	}
+	fs.answerCreate(f, in, out)
 	return gofuse.OK
 }
 

@@ -257,6 +257,65 @@ func TestOrphanReaping(t *testing.T) {
 	waitFor(t, "f reaped", func() bool { _, err := c.getattr(f.Ino); return err != nil })
 }
 
+// A file made with O_TMPFILE is an orphan from its start: reaped once its
+// client's lists, made after the create, no longer name it — not on the
+// strength of a list made before it existed — unless linkat named it.
+func TestTmpfileReaping(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.OrphanGrace = 100 * time.Millisecond
+	s := openService(t, cfg)
+	store := newFakeStore(t)
+	c := newClient(t, s.Addr())
+	c.registerTargets(store.addr, "t1", "t2")
+	if err := c.heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	tmp, err := c.tmpfile(1, fileMode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := c.tmpfile(1, fileMode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A list dated before the creates (as the client's are while its open
+	// is under way) does not count, whatever it lacks.
+	if err := c.heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if n := len(store.removed()); n != 0 {
+		t.Fatalf("%d chunks of new tmpfiles removed on a list older than their creation", n)
+	}
+	for i := 0; i < 3; i++ { // both open
+		if err := c.heartbeat(tmp.Ino, kept.Ino); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := len(store.removed()); n != 0 {
+		t.Fatalf("%d chunks of open tmpfiles removed", n)
+	}
+	if _, err := c.link(kept.Ino, 1, "kept"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the closed tmpfile's chunks removed", func() bool {
+		if err := c.heartbeat(); err != nil {
+			t.Fatal(err)
+		}
+		return len(store.removed()) == 2
+	})
+	for _, ch := range store.removed() {
+		if ch.Ino != tmp.Ino {
+			t.Fatalf("removed a chunk of inode %d, want only the unnamed tmpfile %d", ch.Ino, tmp.Ino)
+		}
+	}
+	waitFor(t, "the tmpfile's inode gone", func() bool { _, err := c.getattr(tmp.Ino); return err != nil })
+	if a, err := c.lookup(1, "kept"); err != nil || a.Nlink != 1 {
+		t.Fatalf("named tmpfile after reaping = %+v, %v", a, err)
+	}
+}
+
 // An open-file list made before its client opened a file, which reaches
 // the service after another client unlinked it, does not let the reaper
 // take the file: the list's age is what counts (the answer time the client

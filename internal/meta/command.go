@@ -29,6 +29,7 @@ const (
 	opReap
 	opReapMany // appended: op numbers are part of the log format
 	opRaiseIno // NextIno = max(NextIno, Ino): a target holds chunks up to there
+	opTmpfile  // a regular file with no name (O_TMPFILE): operands as opCreate, Name empty
 )
 
 // command is one state-machine command. The leader fills in everything that
@@ -82,7 +83,7 @@ const commandFormatV1 = 1
 // after the data was deleted, would contradict what is on the targets.
 func (c *command) answerBeforeDurable() bool {
 	switch c.Op {
-	case opCreate, opUnlink, opRmdir, opRename, opLink, opSetXattr, opRemoveXattr, opSetDirLayout:
+	case opCreate, opTmpfile, opUnlink, opRmdir, opRename, opLink, opSetXattr, opRemoveXattr, opSetDirLayout:
 		return true
 	case opSetAttr:
 		return c.Valid&rpc.SetSize == 0
@@ -101,7 +102,7 @@ func (c *command) encode(b []byte) []byte {
 		e.U64(c.Ino)
 	case opReapMany:
 		e.U64s(c.Inos)
-	case opCreate:
+	case opCreate, opTmpfile:
 		e.U64(c.Parent)
 		e.String(c.Name)
 		e.U32(c.Mode)
@@ -189,7 +190,7 @@ func decodeCommand(b []byte, c *command) error {
 		c.Ino = d.U64()
 	case opReapMany:
 		c.Inos = d.U64s()
-	case opCreate:
+	case opCreate, opTmpfile:
 		c.Parent = d.U64()
 		c.Name = d.String()
 		c.Mode = d.U32()

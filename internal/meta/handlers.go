@@ -35,6 +35,17 @@ func handle[Req any, PReq interface {
 }
 
 // mutate proposes c and turns the answer into an rpc answer.
+// place fills in the live targets a new regular file may be placed on and
+// the round-robin start (ENOSPC when there are none).
+func (s *Service) place(ctx context.Context, c *command) error {
+	c.Cands = s.placementCandidates(ctx)
+	if len(c.Cands) == 0 {
+		return rpc.Errorf(syscall.ENOSPC, "cannot place a new file: %s", s.live.noCandidates(time.Now()))
+	}
+	c.RRStart = s.rr.Add(1)
+	return nil
+}
+
 func (s *Service) mutate(c *command) (rpc.Message, error) {
 	r, err := s.propose(c)
 	if err != nil {
@@ -135,11 +146,19 @@ func (s *Service) register() {
 		c := &command{Op: opCreate, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name, Mode: r.Mode,
 			Uid: r.Uid, Gid: r.Gid, Rdev: r.Rdev, Symlink: r.SymlinkTarget}
 		if r.Mode&modeType == modeReg || r.Mode&modeType == 0 {
-			c.Cands = s.placementCandidates(ctx)
-			if len(c.Cands) == 0 {
-				return nil, rpc.Errorf(syscall.ENOSPC, "cannot place a new file: %s", s.live.noCandidates(time.Now()))
+			if err := s.place(ctx, c); err != nil {
+				return nil, err
 			}
-			c.RRStart = s.rr.Add(1)
+		}
+		return s.mutate(c)
+	})
+	handle(s, rpc.MTmpfile, func(ctx context.Context, r *rpc.CreateReq) (rpc.Message, error) {
+		if r.Name != "" {
+			return nil, rpc.Errorf(syscall.EINVAL, "a file made with O_TMPFILE has no name (got %q)", r.Name)
+		}
+		c := &command{Op: opTmpfile, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid}
+		if err := s.place(ctx, c); err != nil {
+			return nil, err
 		}
 		return s.mutate(c)
 	})

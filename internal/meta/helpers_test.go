@@ -79,6 +79,19 @@ func (c *client) create(parent uint64, name string, mode uint32) (rpc.Attr, erro
 	return r.Attr, err
 }
 
+// tmpfile makes a file with no name in parent (O_TMPFILE).
+func (c *client) tmpfile(parent uint64, mode uint32) (rpc.Attr, error) {
+	var r rpc.ChangeResp
+	err := c.call(rpc.MTmpfile, &rpc.CreateReq{Hdr: c.hdr(), Parent: parent, Mode: mode}, &r)
+	return r.Attr, err
+}
+
+func (c *client) link(ino, parent uint64, name string) (rpc.Attr, error) {
+	var r rpc.AttrResp
+	err := c.call(rpc.MLink, &rpc.LinkReq{Hdr: c.hdr(), Ino: ino, NewParent: parent, NewName: name}, &r)
+	return r.Attr, err
+}
+
 func (c *client) mustCreate(parent uint64, name string, mode uint32) rpc.Attr {
 	c.t.Helper()
 	a, err := c.create(parent, name, mode)

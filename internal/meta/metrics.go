@@ -41,7 +41,7 @@ var methodNames = map[rpc.Method]string{
 	rpc.MSetXattr: "setxattr", rpc.MListXattr: "listxattr", rpc.MRemoveXattr: "removexattr",
 	rpc.MCommitSize: "commit_size", rpc.MGetLk: "getlk", rpc.MSetLk: "setlk", rpc.MSetDirLayout: "set_dir_layout",
 	rpc.MRegisterServer: "register_server", rpc.MServerHeartbeat: "server_heartbeat",
-	rpc.MClusterStatus: "cluster_status", rpc.MListTargets: "list_targets", rpc.MSync: "sync",
+	rpc.MClusterStatus: "cluster_status", rpc.MListTargets: "list_targets", rpc.MSync: "sync", rpc.MTmpfile: "tmpfile",
 }
 
 func newMetrics() *metrics {

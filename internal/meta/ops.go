@@ -245,6 +245,8 @@ func (x *opCtx) apply(c *command) ([]byte, error) {
 		return x.init()
 	case opCreate:
 		return x.create(c)
+	case opTmpfile:
+		return x.tmpfile(c)
 	case opSetAttr:
 		return x.setAttr(c)
 	case opUnlink:
@@ -375,6 +377,43 @@ func (x *opCtx) create(c *command) ([]byte, error) {
 	}
 	x.touchDir(c.Parent, parent)
 	if err := x.setDentry(c.Parent, c.Name, schema.Dentry{Ino: ino, Type: in.Mode & modeType}); err != nil {
+		return nil, err
+	}
+	return x.changeBody(ino, &in, c.Parent, parent), nil
+}
+
+// tmpfile makes a regular file that no directory names (open with
+// O_TMPFILE in directory c.Parent): an orphan from the start, kept while a
+// client holds it open and reaped after, unless linkat gives it a name
+// first (link). Like Linux, it leaves the directory unchanged; the new file
+// takes the directory's default layout and, under a setgid directory, its
+// group.
+func (x *opCtx) tmpfile(c *command) ([]byte, error) {
+	parent, err := x.dir(c.Parent)
+	if err != nil {
+		return nil, err
+	}
+	if parent.Nlink == 0 {
+		return nil, rpc.Errorf(syscall.ENOENT, "directory %d was removed", c.Parent)
+	}
+	if c.Mode&modeType != 0 && c.Mode&modeType != modeReg {
+		return nil, rpc.Errorf(syscall.EINVAL, "O_TMPFILE makes regular files, not type %o", c.Mode&modeType)
+	}
+	in := schema.Inode{Mode: modeReg | c.Mode&^modeType, Uid: c.Uid, Gid: c.Gid, Atime: x.now, Mtime: x.now, Ctime: x.now}
+	if parent.Mode&modeSetgid != 0 {
+		in.Gid = parent.Gid
+	}
+	l, err := placeFile(parent.Layout, c.Cands, c.RRStart)
+	if err != nil {
+		return nil, err
+	}
+	in.Layout = l
+	ctr := &x.f.ctr
+	ino := ctr.NextIno
+	ctr.NextIno++
+	ctr.Inodes++
+	x.put(ino, in)
+	if err := x.b.Set(schema.OrphanKey(ino), schema.AppendOrphan(nil, schema.Orphan{Since: x.now, Tmpfile: true})); err != nil {
 		return nil, err
 	}
 	return x.changeBody(ino, &in, c.Parent, parent), nil
@@ -730,8 +769,19 @@ func (x *opCtx) link(c *command) ([]byte, error) {
 	if in.Mode&modeType == modeDir {
 		return nil, rpc.Errorf(syscall.EPERM, "cannot hard-link directory %d", c.Ino)
 	}
+	tmp := false
 	if in.Nlink == 0 {
-		return nil, rpc.Errorf(syscall.ENOENT, "inode %d was unlinked", c.Ino)
+		// Only a file made with O_TMPFILE and never linked may get a
+		// name back (the kernel asks so only for one opened without
+		// O_EXCL); an unlinked file stays gone.
+		o, ok, err := x.orphan(c.Ino)
+		if err != nil {
+			return nil, err
+		}
+		if !ok || !o.Tmpfile {
+			return nil, rpc.Errorf(syscall.ENOENT, "inode %d was unlinked", c.Ino)
+		}
+		tmp = true
 	}
 	parent, err := x.dir(c.NewParent)
 	if err != nil {
@@ -752,6 +802,12 @@ func (x *opCtx) link(c *command) ([]byte, error) {
 	x.touchDir(c.NewParent, parent)
 	if err := x.setDentry(c.NewParent, c.NewName, schema.Dentry{Ino: c.Ino, Type: in.Mode & modeType}); err != nil {
 		return nil, err
+	}
+	if tmp {
+		// Named now: no longer the reaper's once it is closed.
+		if err := x.b.Delete(schema.OrphanKey(c.Ino)); err != nil {
+			return nil, err
+		}
 	}
 	return x.attrBody(c.Ino, in), nil
 }
@@ -1038,6 +1094,22 @@ func (x *opCtx) raiseIno(ceiling uint64) {
 	if ctr := &x.f.ctr; ceiling > ctr.NextIno {
 		ctr.NextIno = ceiling
 	}
+}
+
+// orphan reads ino's orphan record, if it has one.
+func (x *opCtx) orphan(ino uint64) (schema.Orphan, bool, error) {
+	v, err := x.b.Get(schema.OrphanKey(ino))
+	if errors.Is(err, kv.ErrNotFound) {
+		return schema.Orphan{}, false, nil
+	}
+	if err != nil {
+		return schema.Orphan{}, false, err
+	}
+	o, err := schema.DecodeOrphan(v)
+	if err != nil {
+		return schema.Orphan{}, false, fmt.Errorf("orphan record of inode %d: %w", ino, err)
+	}
+	return o, true, nil
 }
 
 // reap deletes an orphan whose data the leader removed from the targets.

@@ -311,6 +311,74 @@ func TestLink(t *testing.T) {
 	}
 }
 
+// O_TMPFILE: a file with no links that the directory does not list and
+// whose change leaves the directory as it was; linkat names it once (and
+// it is then an ordinary file), while an unlinked file can never be named
+// again.
+func TestTmpfile(t *testing.T) {
+	_, c := newNamespace(t)
+	d := c.mustCreate(1, "d", modeDir|0o2775)
+	if _, err := setattr(c, rpc.SetAttrReq{Ino: d.Ino, Valid: rpc.SetGid, Gid: 42}); err != nil {
+		t.Fatal(err)
+	}
+	before := c.mustGetattr(d.Ino)
+	tmp, err := c.tmpfile(d.Ino, fileMode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tmp.Nlink != 0 || tmp.Mode != fileMode || tmp.Gid != 42 || len(tmp.Layout.Targets) != 3 {
+		t.Fatalf("tmpfile = %+v, want nlink 0, mode %o, gid 42 (setgid directory), 3 targets", tmp, fileMode)
+	}
+	if after := c.mustGetattr(d.Ino); after.Mtime != before.Mtime || after.Ctime != before.Ctime || after.Nlink != before.Nlink {
+		t.Fatalf("O_TMPFILE changed its directory: %+v, before %+v", after, before)
+	}
+	if ents, err := c.readdirAll(d.Ino, 0, false); err != nil || len(ents) != 0 {
+		t.Fatalf("directory lists %v (%v), want nothing", ents, err)
+	}
+	if a := c.mustGetattr(tmp.Ino); a.Nlink != 0 {
+		t.Fatalf("getattr of the open tmpfile = %+v", a)
+	}
+
+	named, err := c.link(tmp.Ino, d.Ino, "named")
+	if err != nil || named.Nlink != 1 {
+		t.Fatalf("linkat of the tmpfile = %+v, %v", named, err)
+	}
+	if got, err := c.lookup(d.Ino, "named"); err != nil || got.Ino != tmp.Ino {
+		t.Fatalf("lookup of the named tmpfile = %+v, %v", got, err)
+	}
+	if a, err := c.link(tmp.Ino, 1, "second"); err != nil || a.Nlink != 2 {
+		t.Fatalf("second link = %+v, %v", a, err)
+	}
+	// Unlinked again, it is an ordinary orphan: no name can bring it back.
+	c.unlink(d.Ino, "named")
+	if a, err := c.unlink(1, "second"); err != nil || a.Nlink != 0 {
+		t.Fatalf("unlink last link = %+v, %v", a, err)
+	}
+	_, err = c.link(tmp.Ino, 1, "again")
+	wantErrno(t, err, syscall.ENOENT, "link of a once-named tmpfile after its last unlink")
+	f := c.mustCreate(1, "f", fileMode)
+	c.unlink(1, "f")
+	_, err = c.link(f.Ino, 1, "f2")
+	wantErrno(t, err, syscall.ENOENT, "link of an unlinked file")
+
+	_, err = c.tmpfile(d.Ino, dirMode)
+	wantErrno(t, err, syscall.EINVAL, "tmpfile of directory type")
+	var r rpc.ChangeResp
+	err = c.call(rpc.MTmpfile, &rpc.CreateReq{Hdr: c.hdr(), Parent: d.Ino, Name: "x", Mode: fileMode}, &r)
+	wantErrno(t, err, syscall.EINVAL, "tmpfile with a name")
+	g := c.mustCreate(1, "g", fileMode)
+	_, err = c.tmpfile(g.Ino, fileMode)
+	wantErrno(t, err, syscall.ENOTDIR, "tmpfile in a file")
+	gone := c.mustCreate(1, "gone", dirMode)
+	if err := c.rmdir(1, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.tmpfile(gone.Ino, fileMode)
+	wantErrno(t, err, syscall.ENOENT, "tmpfile in a removed directory")
+	_, err = c.tmpfile(1<<40, fileMode)
+	wantErrno(t, err, syscall.ENOENT, "tmpfile in a missing directory")
+}
+
 func setattr(c *client, req rpc.SetAttrReq) (rpc.Attr, error) {
 	req.Hdr = c.hdr()
 	var r rpc.AttrResp
@@ -752,6 +820,8 @@ func TestMetadataDiskReserve(t *testing.T) {
 	}
 	_, err = c.create(1, "newdir", dirMode)
 	wantErrno(t, err, syscall.ENOSPC, "mkdir on a full metadata disk")
+	_, err = c.tmpfile(1, fileMode)
+	wantErrno(t, err, syscall.ENOSPC, "O_TMPFILE on a full metadata disk")
 	if _, err := c.unlink(1, "gone"); err != nil {
 		t.Fatalf("unlink on a full metadata disk: %v", err)
 	}

@@ -40,6 +40,11 @@ const (
 	// numbers the namespace knows: `strata fsck` finds chunk files no
 	// file owns.
 	MInodesKnown
+	// MTmpfile (CreateReq with an empty Name, ChangeResp) makes a regular
+	// file that no directory names, for open(2) with O_TMPFILE: an orphan
+	// from the start, reaped once no client holds it open unless MLink
+	// gives it a name first.
+	MTmpfile
 )
 
 // InodesKnownReq asks which of Inos exist (as files, directories, or

@@ -12,7 +12,8 @@
 //	'd'     'd' parent(8) name                     Dentry         directory entry (name → inode)
 //	'i'     'i' ino(8)                             Inode          inode record
 //	'i'     'i' ino(8) 'x' name                    raw bytes      extended attribute of ino
-//	'o'     'o' ino(8)                             Orphan         unlinked inode waiting for reaping
+//	'o'     'o' ino(8)                             Orphan         inode without links (unlinked, or
+//	                                                              O_TMPFILE) waiting for reaping
 //	'r'     'r' client(8) seq(8)                   Result         dedupe record: answer to (client, seq)
 //	's'     's' client(8)                          Session        open client session
 //	'R'     'R' 'S' server(4)                      Server         registered storage server
@@ -36,7 +37,8 @@
 //
 // # Version history
 //
-// 1 — initial layout.
+// 1 — initial layout. Later, within version 1: Orphan gained an optional
+// trailing Tmpfile flag (absent means false; written only when true).
 //
 // # Pitfalls
 //

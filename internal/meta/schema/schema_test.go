@@ -100,8 +100,19 @@ func TestValueRoundTrip(t *testing.T) {
 	if g, err := DecodeCounters(AppendCounters(nil, &c)); err != nil || g != c {
 		t.Errorf("counters: %+v %v", g, err)
 	}
-	if g, err := DecodeOrphan(AppendOrphan(nil, Orphan{Since: 42})); err != nil || g.Since != 42 {
+	if g, err := DecodeOrphan(AppendOrphan(nil, Orphan{Since: 42})); err != nil || g != (Orphan{Since: 42}) {
 		t.Errorf("orphan: %+v %v", g, err)
+	}
+	if g, err := DecodeOrphan(AppendOrphan(nil, Orphan{Since: 42, Tmpfile: true})); err != nil || g != (Orphan{Since: 42, Tmpfile: true}) {
+		t.Errorf("tmpfile orphan: %+v %v", g, err)
+	}
+	// An orphan of an unlinked file keeps the layout of records written
+	// before the Tmpfile flag (format byte, Since) in both directions.
+	if b := AppendOrphan(nil, Orphan{Since: 42}); !bytes.Equal(b, []byte{formatV1, 84}) {
+		t.Errorf("orphan encoding %x, want %x", b, []byte{formatV1, 84})
+	}
+	if _, err := DecodeOrphan([]byte{formatV1, 84, 1, 0}); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("orphan with trailing bytes after the flag: %v, want ErrCorrupt", err)
 	}
 	s := Session{Host: "h", MountPoint: "/m", Pid: 9, Opened: 11}
 	if g, err := DecodeSession(AppendSession(nil, &s)); err != nil || g != s {

@@ -162,14 +162,24 @@ func DecodeCounters(b []byte) (Counters, error) {
 	return c, finish("counters", d)
 }
 
-// Orphan records an unlinked inode whose data still has to be removed.
+// Orphan records an inode without links whose data still has to be
+// removed once no client holds it open: an unlinked file, or a file made
+// with O_TMPFILE.
 type Orphan struct {
-	Since int64 // ns since epoch, the unlink's time
+	Since int64 // ns since epoch, the unlink's (or the O_TMPFILE create's) time
+	// Tmpfile: made nameless by O_TMPFILE and never linked since, so it may
+	// still be given a name (linkat of its open descriptor). An unlinked
+	// file may not. Encoded as an optional trailing byte, written only when
+	// set, so that other orphans keep the layout older versions read.
+	Tmpfile bool
 }
 
 func AppendOrphan(b []byte, o Orphan) []byte {
 	e := begin(b)
 	e.I64(o.Since)
+	if o.Tmpfile {
+		e.Bool(true)
+	}
 	return e.B
 }
 
@@ -179,6 +189,9 @@ func DecodeOrphan(b []byte) (Orphan, error) {
 		return Orphan{}, err
 	}
 	o := Orphan{Since: d.I64()}
+	if d.Err() == nil && len(d.B) > 0 {
+		o.Tmpfile = d.Bool()
+	}
 	return o, finish("orphan", d)
 }
 
