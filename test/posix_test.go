@@ -464,6 +464,85 @@ func runPOSIXSuite(t *testing.T, root, other, dataDir string) {
 			t.Fatalf("named tmpfile after reaping reads %d bytes, %v", len(x), err)
 		}
 	})
+	sub("seek_hole", func(t *testing.T, dir string) {
+		// SEEK_DATA and SEEK_HOLE over a sparse file striped over every
+		// target: data written across stripe units, a punched hole, a
+		// hole at the end; asked on the writing handle before any fsync
+		// (buffered writes count) and on the other mount after close.
+		const K, M = 4096, 1 << 20
+		p := filepath.Join(dir, "sparse")
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		for _, w := range [][2]int64{{0, 8 * K}, {3*M - 4*K, 12 * K}, {9 * M, M + 4*K}} {
+			if _, err := f.WriteAt(bytes.Repeat([]byte{0x5a}, int(w[1])), w[0]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 9*M+64*K, 64*K); err != nil {
+			t.Fatal(err)
+		}
+		const size = 16 * M
+		if err := f.Truncate(size); err != nil {
+			t.Fatal(err)
+		}
+		data := [][2]int64{{0, 8 * K}, {3*M - 4*K, 3*M + 8*K}, {9 * M, 9*M + 64*K}, {9*M + 128*K, 10*M + 4*K}}
+		want := func(off int64, whence int) (int64, error) {
+			if off >= size {
+				return 0, unix.ENXIO
+			}
+			for _, d := range data {
+				if off < d[1] {
+					if whence == unix.SEEK_DATA {
+						return max(off, d[0]), nil
+					}
+					if off >= d[0] {
+						return d[1], nil
+					}
+					return off, nil
+				}
+			}
+			if whence == unix.SEEK_DATA {
+				return 0, unix.ENXIO
+			}
+			return off, nil
+		}
+		offs := []int64{size - 1, size, size + M}
+		for o := int64(0); o < size; o += 64 * K {
+			offs = append(offs, o)
+		}
+		for _, d := range data {
+			offs = append(offs, d[0]-1, d[0], d[0]+1, d[1]-1, d[1], d[1]+1)
+		}
+		check := func(where string, fd int) {
+			for _, o := range offs {
+				if o < 0 {
+					continue
+				}
+				for _, wh := range []int{unix.SEEK_DATA, unix.SEEK_HOLE} {
+					got, err := unix.Seek(fd, o, wh)
+					exp, expErr := want(o, wh)
+					if err != expErr || (err == nil && got != exp) {
+						t.Errorf("%s: lseek(%d, whence %d) = %d, %v; want %d, %v", where, o, wh, got, err, exp, expErr)
+					}
+				}
+			}
+		}
+		check("writing handle", int(f.Fd()))
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if other != "" {
+			g, err := os.Open(filepath.Join(other, "seek_hole", "sparse"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			check("other mount", int(g.Fd()))
+			g.Close()
+		}
+	})
 	sub("mmap", func(t *testing.T, dir string) {
 		p := filepath.Join(dir, "mm")
 		f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)

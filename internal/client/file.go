@@ -501,6 +501,62 @@ func (f *File) Flush(ctx context.Context) error {
 	return f.lockErr()
 }
 
+// Seek answers lseek's SEEK_DATA (data) or SEEK_HOLE (!data): the first
+// byte of data, or of a hole, at or after off. Holes are the ranges no
+// write reached and punched ranges, as the targets' chunk files keep them;
+// the end of the file starts one. ENXIO when off is at or past the end, or
+// for SEEK_DATA when only holes follow. Writes buffered here are sent
+// first, so that what this client wrote counts.
+func (f *File) Seek(ctx context.Context, off int64, data bool) (int64, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("seek to %d: %w", off, syscall.EINVAL)
+	}
+	in := f.in
+	if err := in.drain(ctx); err != nil {
+		return 0, err
+	}
+	size := int64(f.Size())
+	if off >= size {
+		return 0, fmt.Errorf("seek from %d in a file of %d bytes: %w", off, size, syscall.ENXIO)
+	}
+	f.c.m.op("seek")
+	// Each chunk is asked from the first of its bytes at or after off; the
+	// file's answer is the nearest of theirs (the striping is monotonic in
+	// each chunk).
+	l := in.layout
+	type answer struct {
+		off   int64
+		found bool
+		err   error
+	}
+	answers := make([]answer, len(l.Targets))
+	var wg sync.WaitGroup
+	for slot, target := range l.Targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var resp rpc.SeekResp
+			req := &rpc.SeekReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(l.ChunkFrom(off, slot)), Data: data}
+			err := f.c.storeCall(ctx, "seek", target, rpc.SSeek, req, &resp)
+			answers[slot] = answer{off: l.FileOff(slot, int64(resp.Off)), found: resp.Found, err: err}
+		}()
+	}
+	wg.Wait()
+	best := size // a hole starts at the end
+	for _, a := range answers {
+		if a.err != nil {
+			return 0, a.err
+		}
+		if a.found && a.off < best {
+			best = a.off
+		}
+	}
+	if data && best >= size {
+		return 0, fmt.Errorf("no data after %d in a file of %d bytes: %w", off, size, syscall.ENXIO)
+	}
+	return best, nil
+}
+
 // SetLk is Client.SetLk for a lock taken through this handle: a later
 // loss of the owner's locks on the file fails the handle (lockErr).
 func (f *File) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struct{}) error {

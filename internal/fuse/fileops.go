@@ -174,6 +174,28 @@ func (fs *fileSystem) Flush(cancel <-chan struct{}, in *gofuse.FlushIn) gofuse.S
 	return fs.errno("flush", in.NodeId, err)
 }
 
+// Lseek answers SEEK_DATA and SEEK_HOLE (the kernel handles the other
+// whences itself), so that sparse-aware tools (cp, tar --sparse, backup
+// programs) skip the holes of striped files instead of reading zeros.
+func (fs *fileSystem) Lseek(cancel <-chan struct{}, in *gofuse.LseekIn, out *gofuse.LseekOut) gofuse.Status {
+	h := fs.handle(in.Fh)
+	if h == nil {
+		return gofuse.EBADF
+	}
+	if in.Whence != unix.SEEK_DATA && in.Whence != unix.SEEK_HOLE {
+		return gofuse.EINVAL
+	}
+	if in.Offset > math.MaxInt64 {
+		return gofuse.Status(syscall.ENXIO)
+	}
+	off, err := h.f.Seek(fs.ctx(), int64(in.Offset), in.Whence == unix.SEEK_DATA)
+	if err != nil {
+		return fs.errno("lseek", in.NodeId, err)
+	}
+	out.Offset = uint64(off)
+	return gofuse.OK
+}
+
 func (fs *fileSystem) Fsync(cancel <-chan struct{}, in *gofuse.FsyncIn) gofuse.Status {
 	h := fs.handle(in.Fh)
 	if h == nil {

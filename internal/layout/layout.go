@@ -106,6 +106,32 @@ func (l Layout) Split(off, n int64) []Extent {
 	return out
 }
 
+// ChunkFrom is the first offset in slot's chunk file whose byte lies at or
+// after file offset off: off's own chunk offset when off falls on slot,
+// else the start of slot's next stripe unit after off.
+func (l Layout) ChunkFrom(off int64, slot int) int64 {
+	s := int64(l.StripeSize)
+	c := int64(l.StripeCount)
+	unit := off / s
+	row, col := unit/c, unit%c
+	switch {
+	case col == int64(slot):
+		return row*s + off%s
+	case col < int64(slot):
+		return row * s
+	default:
+		return (row + 1) * s
+	}
+}
+
+// FileOff is the file offset of the byte at chunkOff in slot's chunk file
+// (the inverse of Locate).
+func (l Layout) FileOff(slot int, chunkOff int64) int64 {
+	s := int64(l.StripeSize)
+	row := chunkOff / s
+	return (row*int64(l.StripeCount)+int64(slot))*s + chunkOff%s
+}
+
 // ChunkSize is the length the chunk file of slot must have for a file of
 // fileSize bytes (bytes of the slot's units that lie below fileSize).
 func (l Layout) ChunkSize(fileSize int64, slot int) int64 {

@@ -55,6 +55,36 @@ func TestChunkSizeMatchesSplit(t *testing.T) {
 	}
 }
 
+// ChunkFrom and FileOff agree with Locate byte by byte: ChunkFrom(off,
+// slot) is the chunk offset of the first file byte at or after off that
+// lies on slot, and FileOff inverts Locate.
+func TestChunkFromAndFileOff(t *testing.T) {
+	for _, count := range []uint32{1, 2, 3, 4} {
+		const unit = 16
+		l := Layout{StripeSize: unit, StripeCount: count, Targets: make([]uint32, count)}
+		end := int64(unit * count * 4)
+		for off := int64(0); off < end; off++ {
+			for slot := 0; slot < int(count); slot++ {
+				x := off
+				for {
+					if sl, _ := l.Locate(x); sl == slot {
+						break
+					}
+					x++
+				}
+				_, want := l.Locate(x)
+				if got := l.ChunkFrom(off, slot); got != want {
+					t.Fatalf("count %d: ChunkFrom(%d, slot %d) = %d, want %d (file offset %d)", count, off, slot, got, want, x)
+				}
+			}
+			slot, co := l.Locate(off)
+			if got := l.FileOff(slot, co); got != off {
+				t.Fatalf("count %d: FileOff(Locate(%d)) = %d", count, off, got)
+			}
+		}
+	}
+}
+
 func TestValidate(t *testing.T) {
 	good := Layout{StripeSize: 1 << 20, StripeCount: 2, Targets: []uint32{1, 2}}
 	if err := good.Validate(); err != nil {

@@ -37,8 +37,9 @@
 // records) may predate them. LockReq gained Reclaim and SessionHeartbeatReq
 // LockEpoch (read as zero when absent); SetLk answers LockGrant and
 // SessionHeartbeat answers SessionHeartbeatResp instead of Empty (an empty
-// body reads as epoch 0, which clients ignore). MInodesKnown and MTmpfile
-// were added at the end; an older service answers them as unknown methods.
+// body reads as epoch 0, which clients ignore). MInodesKnown, MTmpfile and
+// SSeek were added at the end; an older service answers them as unknown
+// methods (ENOSYS).
 //
 // Architecture Invariant: no other package opens sockets for Strata's
 // internal traffic.

@@ -189,6 +189,8 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&ListChunksResp{Inos: []uint64{5, 1 << 40}, Bytes: []uint64{7, 0}, Next: 301, Done: true},
 		&InodesKnownReq{Inos: []uint64{1, 2, 1 << 33}},
 		&InodesKnownResp{NextIno: 1 << 20, Known: []bool{true, false, true}},
+		&SeekReq{Chunk: ChunkID{3, 1 << 40}, Off: 1 << 33, Data: true},
+		&SeekResp{Off: 1<<33 + 5, Found: true},
 		&LockReq{ClientID: 1, Ino: 2, Start: 3, End: 4, Type: LockRead, Reclaim: true},
 	}
 	for _, m := range msgs {
@@ -277,6 +279,10 @@ func newLike(m Message) Message {
 		return &InodesKnownReq{}
 	case *InodesKnownResp:
 		return &InodesKnownResp{}
+	case *SeekReq:
+		return &SeekReq{}
+	case *SeekResp:
+		return &SeekResp{}
 	}
 	panic("add type")
 }

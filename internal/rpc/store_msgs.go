@@ -16,7 +16,32 @@ const (
 	// SListChunks (ListChunksReq, ListChunksResp) lists a target's chunk
 	// files, for `strata fsck`.
 	SListChunks
+	// SSeek (SeekReq, SeekResp) finds the next data or hole in a chunk
+	// file: lseek's SEEK_DATA and SEEK_HOLE, for sparse-aware copies.
+	SSeek
 )
+
+// SeekReq asks for the first data (Data) or hole (!Data) at or after Off
+// in a chunk file.
+type SeekReq struct {
+	Chunk ChunkID
+	Off   uint64
+	Data  bool
+}
+
+func (m *SeekReq) Encode(e *Enc) { m.Chunk.Encode(e); e.U64(m.Off); e.Bool(m.Data) }
+func (m *SeekReq) Decode(d *Dec) { m.Chunk.Decode(d); m.Off = d.U64(); m.Data = d.Bool() }
+
+// SeekResp: Off is the data or hole found; Found is false when the chunk
+// has no data at or after the offset (a hole is always found: the chunk's
+// end, or the offset itself past it, starts one).
+type SeekResp struct {
+	Off   uint64
+	Found bool
+}
+
+func (m *SeekResp) Encode(e *Enc) { e.U64(m.Off); e.Bool(m.Found) }
+func (m *SeekResp) Decode(d *Dec) { m.Off = d.U64(); m.Found = d.Bool() }
 
 // ListChunksReq lists the chunk files of Target, a few of its 65,536
 // fan-out directories at a time: from directory From on, whole directories,

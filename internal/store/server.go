@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -287,6 +289,7 @@ func (s *Server) register() {
 	rpc.Handle(s.rpc, rpc.SRemoveMany, s.handleRemoveMany)
 	rpc.Handle(s.rpc, rpc.SChunkStat, s.handleChunkStat)
 	rpc.Handle(s.rpc, rpc.SListChunks, s.handleListChunks)
+	rpc.Handle(s.rpc, rpc.SSeek, s.handleSeek)
 }
 
 // target resolves a target id.
@@ -491,6 +494,46 @@ func (s *Server) handleChunkStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.Chu
 	size := c.size.Load()
 	s.cache.release(c)
 	return &rpc.ChunkStatResp{Size: uint64(size), Exists: true}, nil
+}
+
+// handleSeek answers lseek's SEEK_DATA or SEEK_HOLE on a chunk file. A
+// chunk that does not exist is all hole; so is everything past its end.
+func (s *Server) handleSeek(ctx context.Context, r *rpc.SeekReq) (*rpc.SeekResp, error) {
+	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkRange(t, r.Chunk.Ino, r.Off, 0, "seek"); err != nil {
+		return nil, err
+	}
+	hole := &rpc.SeekResp{Off: r.Off, Found: !r.Data} // what a missing chunk or its end answers
+	c, err := s.cache.get(t, r.Chunk.Ino, false)
+	if errors.Is(err, errNotExist) {
+		return hole, nil
+	}
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	defer s.cache.release(c)
+	size := c.size.Load()
+	off := int64(r.Off)
+	if off >= size {
+		return hole, nil
+	}
+	whence := unix.SEEK_HOLE
+	if r.Data {
+		whence = unix.SEEK_DATA
+	}
+	n, err := unix.Seek(c.dataFd, off, whence)
+	switch {
+	case errors.Is(err, unix.ENXIO): // no data after off (a hole runs to the end)
+		return hole, nil
+	case err != nil:
+		return nil, s.failed(c.ioErr("seek", off, err))
+	case r.Data && n >= size:
+		return hole, nil
+	}
+	return &rpc.SeekResp{Off: uint64(min(n, size)), Found: true}, nil
 }
 
 // fanOutDirs is the number of chunk directories of a target

@@ -219,6 +219,54 @@ func flipBit(t *testing.T, path string, off int64) {
 	}
 }
 
+// SSeek: SEEK_DATA and SEEK_HOLE on a chunk file, including an absent
+// chunk (all hole), a punched range, offsets past the end and bad input.
+func TestSeekDataHole(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	seek := func(ino, off uint64, data bool) rpc.SeekResp {
+		t.Helper()
+		var r rpc.SeekResp
+		if err := e.cl.Call(t.Context(), rpc.SSeek, &rpc.SeekReq{Chunk: rpc.ChunkID{Target: 1, Ino: ino}, Off: off, Data: data}, &r); err != nil {
+			t.Fatalf("seek %d data=%v: %v", off, data, err)
+		}
+		return r
+	}
+	if r := seek(7, 0, true); r.Found {
+		t.Fatalf("SEEK_DATA in an absent chunk = %+v, want none", r)
+	}
+	if r := seek(7, 123, false); !r.Found || r.Off != 123 {
+		t.Fatalf("SEEK_HOLE in an absent chunk = %+v, want 123", r)
+	}
+	const K = 4096
+	e.mustWrite(1, 7, 0, bytes.Repeat([]byte{1}, 8*K), false)    // [0, 8K)
+	e.mustWrite(1, 7, 64*K, bytes.Repeat([]byte{2}, 8*K), false) // [64K, 72K)
+	if err := e.call(rpc.SPunch, &rpc.PunchReq{Chunk: rpc.ChunkID{Target: 1, Ino: 7}, Off: 4 * K, Len: 4 * K}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		off   uint64
+		data  bool
+		want  uint64
+		found bool
+	}{
+		{0, true, 0, true}, {0, false, 4 * K, true}, {4 * K, true, 64 * K, true}, {5 * K, false, 5 * K, true},
+		{10 * K, true, 64 * K, true}, {64 * K, false, 72 * K, true}, {70 * K, true, 70 * K, true},
+		{72 * K, true, 0, false}, {72 * K, false, 72 * K, true}, {1 << 30, false, 1 << 30, true}, {1 << 30, true, 0, false},
+	} {
+		r := seek(7, c.off, c.data)
+		if r.Found != c.found || (c.found && r.Off != c.want) {
+			t.Errorf("seek(%d, data=%v) = %+v, want found=%v off %d", c.off, c.data, r, c.found, c.want)
+		}
+	}
+	var r rpc.SeekResp
+	if err := e.cl.Call(t.Context(), rpc.SSeek, &rpc.SeekReq{Chunk: rpc.ChunkID{Target: 1, Ino: 7}, Off: 1 << 62, Data: true}, &r); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("seek beyond the chunk limit: %v, want EINVAL", err)
+	}
+	if err := e.cl.Call(t.Context(), rpc.SSeek, &rpc.SeekReq{Chunk: rpc.ChunkID{Target: 99, Ino: 7}, Data: true}, &r); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("seek on an unknown target: %v, want ENOENT", err)
+	}
+}
+
 func TestCorruptionGivesEIO(t *testing.T) {
 	logs := captureLogs(t)
 	e := newEnv(t, 1, nil)
