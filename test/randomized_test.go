@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/stratafs/strata/internal/testutil"
 )
 
@@ -59,7 +61,7 @@ func TestRandomOpsAgainstLocal(t *testing.T) {
 	deadline := time.Now().Add(*randDuration)
 	ops := 0
 	for ; ops < *randOps && time.Now().Before(deadline); ops++ {
-		op := rng.Intn(10)
+		op := rng.Intn(12)
 		a, b := pick(), pick()
 		off := int64(rng.Intn(3 << 20))
 		n := rng.Intn(300 << 10)
@@ -118,6 +120,29 @@ func TestRandomOpsAgainstLocal(t *testing.T) {
 			case 9:
 				desc = fmt.Sprintf("read whole %s", a)
 				reads[i], err = os.ReadFile(pa)
+			case 10: // a file written nameless (O_TMPFILE), then named a
+				desc = fmt.Sprintf("tmpfile in %s off=%d len=%d, linkat to %s", filepath.Dir(a), off, n, a)
+				var fd int
+				fd, err = unix.Open(filepath.Dir(pa), unix.O_TMPFILE|unix.O_RDWR, 0o640)
+				if err == nil {
+					_, err = unix.Pwrite(fd, data, off)
+					if err == nil {
+						err = unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, pa, unix.AT_SYMLINK_FOLLOW)
+					}
+					if cerr := unix.Close(fd); err == nil {
+						err = cerr
+					}
+				}
+			case 11: // where data and holes are (writes and truncates make both)
+				desc = fmt.Sprintf("lseek SEEK_DATA/SEEK_HOLE %s from %d", a, off)
+				var f *os.File
+				f, err = os.Open(pa)
+				if err == nil {
+					d, derr := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+					h, herr := unix.Seek(int(f.Fd()), off, unix.SEEK_HOLE)
+					reads[i] = []byte(fmt.Sprintf("data %d %v hole %d %v", d, derr, h, herr))
+					f.Close()
+				}
 			}
 			res[i] = errno(err)
 		}

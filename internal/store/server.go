@@ -497,7 +497,10 @@ func (s *Server) handleChunkStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.Chu
 }
 
 // handleSeek answers lseek's SEEK_DATA or SEEK_HOLE on a chunk file. A
-// chunk that does not exist is all hole; so is everything past its end.
+// chunk that does not exist is all hole; so is everything past its end,
+// which counts from the end of its last block (the bytes after the last
+// write in that block are there, as zeros, as in a local file's last
+// block).
 func (s *Server) handleSeek(ctx context.Context, r *rpc.SeekReq) (*rpc.SeekResp, error) {
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
@@ -516,9 +519,16 @@ func (s *Server) handleSeek(ctx context.Context, r *rpc.SeekReq) (*rpc.SeekResp,
 	}
 	defer s.cache.release(c)
 	size := c.size.Load()
+	end := blocks(size) << blockShift
 	off := int64(r.Off)
-	if off >= size {
+	switch {
+	case off >= end:
 		return hole, nil
+	case off >= size: // in the last block, after the last byte written
+		if r.Data {
+			return &rpc.SeekResp{Off: r.Off, Found: true}, nil
+		}
+		return &rpc.SeekResp{Off: uint64(end), Found: true}, nil
 	}
 	whence := unix.SEEK_HOLE
 	if r.Data {
@@ -532,8 +542,10 @@ func (s *Server) handleSeek(ctx context.Context, r *rpc.SeekReq) (*rpc.SeekResp,
 		return nil, s.failed(c.ioErr("seek", off, err))
 	case r.Data && n >= size:
 		return hole, nil
+	case !r.Data && n >= size:
+		n = end
 	}
-	return &rpc.SeekResp{Off: uint64(min(n, size)), Found: true}, nil
+	return &rpc.SeekResp{Off: uint64(n), Found: true}, nil
 }
 
 // fanOutDirs is the number of chunk directories of a target

@@ -258,6 +258,21 @@ func TestSeekDataHole(t *testing.T) {
 			t.Errorf("seek(%d, data=%v) = %+v, want found=%v off %d", c.off, c.data, r, c.found, c.want)
 		}
 	}
+	// A chunk ending inside a block: the rest of that block is data (as
+	// in a local file), the hole starts at the block's end.
+	e.mustWrite(1, 8, 0, bytes.Repeat([]byte{3}, 5000), false)
+	for _, c := range []struct {
+		off   uint64
+		data  bool
+		want  uint64
+		found bool
+	}{
+		{0, false, 2 * K, true}, {6000, true, 6000, true}, {6000, false, 2 * K, true}, {2 * K, true, 0, false}, {2 * K, false, 2 * K, true},
+	} {
+		if r := seek(8, c.off, c.data); r.Found != c.found || (c.found && r.Off != c.want) {
+			t.Errorf("chunk ending mid-block: seek(%d, data=%v) = %+v, want found=%v off %d", c.off, c.data, r, c.found, c.want)
+		}
+	}
 	var r rpc.SeekResp
 	if err := e.cl.Call(t.Context(), rpc.SSeek, &rpc.SeekReq{Chunk: rpc.ChunkID{Target: 1, Ino: 7}, Off: 1 << 62, Data: true}, &r); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("seek beyond the chunk limit: %v, want EINVAL", err)
