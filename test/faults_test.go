@@ -133,9 +133,23 @@ func dropCaches() {
 // TestMetaRestartSurvivedByMount: a running mount keeps working across a
 // metadata-service restart (kill -9 and start again on the same data).
 func TestMetaRestartSurvivedByMount(t *testing.T) {
-	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 2})
+	// A short orphan grace: the restarted service's reaper starts at once
+	// and must still leave the nameless file the mount holds open.
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 2, MetaArgs: []string{"--orphan-grace", "500ms"}})
 	mnt := c.Mount(0)
 	if err := os.WriteFile(filepath.Join(mnt, "before"), []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tmp, err := os.OpenFile(mnt, unix.O_TMPFILE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmp.Close()
+	nameless := bytes.Repeat([]byte("kept while open "), 1<<16)
+	if _, err := tmp.Write(nameless); err != nil {
+		t.Fatal(err)
+	}
+	if err := tmp.Sync(); err != nil {
 		t.Fatal(err)
 	}
 	c.Meta.Kill()
@@ -160,6 +174,17 @@ func TestMetaRestartSurvivedByMount(t *testing.T) {
 	}
 	if err := os.Mkdir(filepath.Join(mnt, "after"), 0o755); err != nil {
 		t.Errorf("mkdir after restart: %v", err)
+	}
+	// Several reaper passes later, the open O_TMPFILE file still has its
+	// data and can be named.
+	time.Sleep(4 * time.Second)
+	named := filepath.Join(mnt, "named-after-restart")
+	if err := unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", tmp.Fd()), unix.AT_FDCWD, named, unix.AT_SYMLINK_FOLLOW); err != nil {
+		t.Fatalf("linkat of the open tmpfile after the restart: %v", err)
+	}
+	tmp.Close()
+	if b, err := os.ReadFile(named); err != nil || !bytes.Equal(b, nameless) {
+		t.Fatalf("tmpfile named after the restart reads %d bytes, %v; want its %d bytes", len(b), err, len(nameless))
 	}
 }
 

@@ -238,6 +238,7 @@ type ProcOptions struct {
 	TargetsPerStore int        // default 2
 	Mounts          int        // default 1
 	MountArgs       []string   // extra flags for strata mount, e.g. --io-timeout 3s
+	MetaArgs        []string   // extra flags for strata meta, e.g. --orphan-grace 1s
 	TargetDirs      [][]string // optional: explicit target dirs per store
 }
 
@@ -266,7 +267,7 @@ func StartProcCluster(t testing.TB, o ProcOptions) *ProcCluster {
 		t.Fatal(err)
 	}
 	c.MetaAddr = FreePort(t)
-	c.metaArgs = []string{"meta", "--listen", c.MetaAddr, "--data", filepath.Join(c.Dir, "meta"), "--key-file", c.KeyFile}
+	c.metaArgs = append([]string{"meta", "--listen", c.MetaAddr, "--data", filepath.Join(c.Dir, "meta"), "--key-file", c.KeyFile}, o.MetaArgs...)
 	t.Cleanup(c.stopAll)
 	c.StartMeta()
 	for i := 0; i < o.Stores; i++ {
