@@ -543,6 +543,65 @@ func runPOSIXSuite(t *testing.T, root, other, dataDir string) {
 			g.Close()
 		}
 	})
+	sub("blocks", func(t *testing.T, dir string) {
+		// st_blocks is the space the chunks take, not the size: du and
+		// sparse-aware copies (cp decides by st_blocks) see holes.
+		const M = 1 << 20
+		blocksOf := func(p string) int64 {
+			var st unix.Stat_t
+			if err := unix.Stat(p, &st); err != nil {
+				t.Fatal(err)
+			}
+			return st.Blocks
+		}
+		// The kernel may keep attributes for up to the attribute timeout.
+		waitBlocks := func(p string, ok func(int64) bool, what string) {
+			t.Helper()
+			var b int64
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				if b = blocksOf(p); ok(b) || time.Now().After(deadline) {
+					break
+				}
+			}
+			if !ok(b) {
+				t.Errorf("%s: %d blocks of 512 bytes", what, b)
+			}
+		}
+		sparse := filepath.Join(dir, "sparse")
+		f, err := os.Create(sparse)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(bytes.Repeat([]byte("s"), 10000), 5*M); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Truncate(100 * M); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		waitBlocks(sparse, func(b int64) bool { return b*512 >= 10000 && b*512 < M }, "10,000 bytes in a 100 MiB file")
+		dense := filepath.Join(dir, "dense")
+		if err := os.WriteFile(dense, bytes.Repeat([]byte("d"), 8*M), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		waitBlocks(dense, func(b int64) bool { return b*512 >= 8*M && b*512 <= 9*M }, "an 8 MiB file written whole")
+		if err := os.Truncate(dense, M); err != nil {
+			t.Fatal(err)
+		}
+		waitBlocks(dense, func(b int64) bool { return b*512 >= M && b*512 <= 2*M }, "the 8 MiB file cut to 1 MiB")
+		if cp, err := exec.LookPath("cp"); err == nil {
+			cp2 := filepath.Join(dir, "copy")
+			if out, err := exec.Command(cp, "--sparse=auto", sparse, cp2).CombinedOutput(); err != nil {
+				t.Fatalf("cp: %v %s", err, out)
+			}
+			a, _ := os.ReadFile(sparse)
+			b, _ := os.ReadFile(cp2)
+			if !bytes.Equal(a, b) {
+				t.Fatal("cp --sparse=auto copy differs")
+			}
+			waitBlocks(cp2, func(b int64) bool { return b*512 < M }, "cp --sparse=auto copy of the sparse file")
+		}
+	})
 	sub("mmap", func(t *testing.T, dir string) {
 		p := filepath.Join(dir, "mm")
 		f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)

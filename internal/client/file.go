@@ -725,6 +725,7 @@ func (f *File) Punch(ctx context.Context, off, n int64) error {
 	in.mu.dirty = true
 	for _, r := range rs {
 		in.mu.unsynced[r.slot] = true
+		in.mu.allocOld[r.slot] = true
 	}
 	in.mu.Unlock()
 	f.c.m.op("punch")

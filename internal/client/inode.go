@@ -68,6 +68,7 @@ type inode struct {
 		mtime     int64      // mtime of our last write, valid when dirty
 		dirty     bool       // writes (size/mtime) not yet committed to metadata
 		unsynced  []bool     // per slot: written since the last SSync
+		allocOld  []bool     // per slot: written or punched since its space was last reported
 		pending   []*wbuf    // per slot: coalescing buffer not yet submitted
 		inflight  []*wbuf    // submitted, not yet acknowledged
 		err       error      // first write-behind error, not yet reported by flush/fsync
@@ -112,6 +113,7 @@ func newInode(c *Client, a *rpc.Attr) *inode {
 	in.mu.attr = *a
 	n := len(a.Layout.Targets)
 	in.mu.unsynced = make([]bool, n)
+	in.mu.allocOld = make([]bool, n)
 	in.mu.pending = make([]*wbuf, n)
 	return in
 }
@@ -220,6 +222,7 @@ func (in *inode) submitLocked(w *wbuf) {
 	w.done = make(chan struct{})
 	in.mu.inflight = append(in.mu.inflight, w)
 	in.mu.unsynced[w.slot] = true
+	in.mu.allocOld[w.slot] = true
 	go in.writeOut(w)
 }
 
@@ -339,16 +342,9 @@ func (in *inode) syncTargets(ctx context.Context) error {
 		return nil
 	}
 	errs := make([]error, len(slots))
-	var wg sync.WaitGroup
-	for i, s := range slots {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t := in.layout.Targets[s]
-			errs[i] = in.c.storeCall(ctx, "sync", t, rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}}, nil)
-		}()
-	}
-	wg.Wait()
+	in.eachSlot(slots, func(i int, t uint32) {
+		errs[i] = in.c.storeCall(ctx, "sync", t, rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}}, nil)
+	})
 	err := errors.Join(errs...)
 	if err != nil {
 		in.mu.Lock()
@@ -373,13 +369,24 @@ func (in *inode) commit(ctx context.Context) error {
 	}
 	size, mtime := in.mu.size, in.mu.mtime
 	in.mu.dirty = false
+	var slots []int
+	for s, old := range in.mu.allocOld {
+		if old {
+			slots = append(slots, s)
+			in.mu.allocOld[s] = false
+		}
+	}
 	in.mu.Unlock()
+	alloc := in.statAlloc(ctx, slots)
 	var resp rpc.AttrResp
-	err := in.c.metaCall(ctx, rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: in.c.hdr(), Ino: in.ino, Size: size, Mtime: mtime}, &resp)
+	err := in.c.metaCall(ctx, rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: in.c.hdr(), Ino: in.ino, Size: size, Mtime: mtime, Alloc: alloc}, &resp)
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if err != nil {
 		in.mu.dirty = true
+		for _, s := range slots {
+			in.mu.allocOld[s] = true
+		}
 		return metaErr(in.c, "commit size", err)
 	}
 	in.mu.attr = resp.Attr
@@ -387,6 +394,43 @@ func (in *inode) commit(ctx context.Context) error {
 		in.mu.size = resp.Attr.Size
 	}
 	return nil
+}
+
+// eachSlot runs fn for every slots[i] (with its target) in parallel and
+// waits for them all.
+func (in *inode) eachSlot(slots []int, fn func(i int, target uint32)) {
+	var wg sync.WaitGroup
+	for i, s := range slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(i, in.layout.Targets[s])
+		}()
+	}
+	wg.Wait()
+}
+
+// statAlloc asks the targets of slots (in parallel) how much space their
+// chunks take now, for the size commit to report (stat's st_blocks). A
+// chunk whose server does not say (an older one) or cannot be reached is
+// left out: its space stays as last reported, and the commit goes on.
+func (in *inode) statAlloc(ctx context.Context, slots []int) []rpc.SlotAlloc {
+	if len(slots) == 0 {
+		return nil
+	}
+	got := make([]rpc.ChunkStatResp, len(slots))
+	in.eachSlot(slots, func(i int, t uint32) {
+		if err := in.c.storeCall(ctx, "stat", t, rpc.SChunkStat, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}}, &got[i]); err != nil {
+			got[i] = rpc.ChunkStatResp{}
+		}
+	})
+	var out []rpc.SlotAlloc
+	for i, s := range slots {
+		if got[i].HasAlloc {
+			out = append(out, rpc.SlotAlloc{Slot: uint32(s), Bytes: got[i].Alloc})
+		}
+	}
+	return out
 }
 
 func firstErr(errs []error) error {

@@ -99,7 +99,10 @@ func (fs *fileSystem) errno(op string, ino uint64, err error) gofuse.Status {
 func (fs *fileSystem) fillAttr(a *rpc.Attr, out *gofuse.Attr) {
 	out.Ino = a.Ino
 	out.Size = a.Size
-	out.Blocks = (a.Size + 511) / 512
+	out.Blocks = (a.Size + 511) / 512 // as if dense, when the space is not known
+	if a.BlocksKnown && a.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		out.Blocks = a.Blocks // what the chunks take (du, sparse-aware copies)
+	}
 	out.Atime, out.Atimensec = splitNs(a.Atime)
 	out.Mtime, out.Mtimensec = splitNs(a.Mtime)
 	out.Ctime, out.Ctimensec = splitNs(a.Ctime)

@@ -71,6 +71,9 @@ type command struct {
 
 	// orphan reaping (opReapMany)
 	Inos []uint64
+
+	// space of a file's chunks (opCommitSize)
+	Alloc []rpc.SlotAlloc
 }
 
 const commandFormatV1 = 1
@@ -149,6 +152,9 @@ func (c *command) encode(b []byte) []byte {
 		e.U64(c.Size)
 		e.I64(c.Mtime)
 		e.Bool(c.ClearSuid)
+		// Appended (absent in entries written before it): the space of
+		// the chunks the client changed.
+		rpc.EncodeSlotAllocs(e, c.Alloc)
 	case opSetDirLayout:
 		e.U64(c.Ino)
 		e.U64(c.Size)
@@ -240,6 +246,7 @@ func decodeCommand(b []byte, c *command) error {
 		c.Size = d.U64()
 		c.Mtime = d.I64()
 		c.ClearSuid = d.Bool()
+		c.Alloc = rpc.DecodeSlotAllocs(d)
 	case opSetDirLayout:
 		c.Ino = d.U64()
 		c.Size = d.U64()

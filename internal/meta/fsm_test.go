@@ -78,7 +78,7 @@ func randomCommands(seed int64, n int) [][]byte {
 		d := dirs[rng.Intn(len(dirs))]
 		d2 := dirs[rng.Intn(len(dirs))]
 		var c command
-		switch rng.Intn(10) {
+		switch rng.Intn(11) {
 		case 0, 1:
 			c = command{Op: opCreate, Parent: d, Name: name(), Mode: fileMode, Cands: cands, RRStart: uint64(i)}
 		case 2:
@@ -98,6 +98,9 @@ func randomCommands(seed int64, n int) [][]byte {
 			c = command{Op: opSetAttr, Ino: uint64(rng.Intn(i + 2)), Valid: rpc.SetMode | rpc.SetSize, Mode: 0o600, Size: uint64(i)}
 		case 9:
 			c = command{Op: opTmpfile, Parent: d, Mode: fileMode, Cands: cands, RRStart: uint64(i)}
+		case 10:
+			c = command{Op: opCommitSize, Ino: uint64(rng.Intn(i + 2)), Size: uint64(rng.Intn(1 << 30)), Mtime: now,
+				Alloc: []rpc.SlotAlloc{{Slot: uint32(rng.Intn(4)), Bytes: uint64(rng.Intn(1 << 30))}}}
 		}
 		c.Now, c.Hdr = now, h
 		cmds = append(cmds, c.encode(nil))

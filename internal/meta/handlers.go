@@ -230,7 +230,7 @@ func (s *Service) register() {
 		return &rpc.SyncResp{Durable: s.node.DurableIndex(), Term: term}, nil
 	})
 	handle(s, rpc.MCommitSize, func(_ context.Context, r *rpc.CommitSizeReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid})
+		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid, Alloc: r.Alloc})
 	})
 	handle(s, rpc.MGetLk, func(ctx context.Context, r *rpc.LockReq) (rpc.Message, error) {
 		if !s.sess.known(r.ClientID) {

@@ -74,7 +74,7 @@ func (c *client) heartbeat(open ...uint64) error {
 func (c *client) hdr() rpc.ReqHeader { return rpc.ReqHeader{ClientID: c.id, Seq: c.seq.Add(1)} }
 
 func (c *client) create(parent uint64, name string, mode uint32) (rpc.Attr, error) {
-	var r rpc.AttrResp
+	var r rpc.ChangeResp
 	err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: parent, Name: name, Mode: mode}, &r)
 	return r.Attr, err
 }

@@ -217,8 +217,10 @@ func checkName(name string) error {
 }
 
 func toAttr(ino uint64, in *schema.Inode) rpc.Attr {
-	return rpc.Attr{Ino: ino, Mode: in.Mode, Nlink: in.Nlink, Uid: in.Uid, Gid: in.Gid, Rdev: in.Rdev,
+	a := rpc.Attr{Ino: ino, Mode: in.Mode, Nlink: in.Nlink, Uid: in.Uid, Gid: in.Gid, Rdev: in.Rdev,
 		Size: in.Size, Atime: in.Atime, Mtime: in.Mtime, Ctime: in.Ctime, Layout: in.Layout}
+	a.Blocks, a.BlocksKnown = in.AllocBlocks()
+	return a
 }
 
 func (x *opCtx) attrBody(ino uint64, in *schema.Inode) []byte {
@@ -343,6 +345,7 @@ func (x *opCtx) create(c *command) ([]byte, error) {
 			return nil, err
 		}
 		in.Layout = l
+		in.Alloc = make([]uint64, len(l.Targets)) // no chunk yet: no space
 	case modeDir:
 		if parent.Nlink >= maxDirNlink {
 			return nil, rpc.Errorf(syscall.EMLINK, "directory %d has too many subdirectories", c.Parent)
@@ -408,6 +411,7 @@ func (x *opCtx) tmpfile(c *command) ([]byte, error) {
 		return nil, err
 	}
 	in.Layout = l
+	in.Alloc = make([]uint64, len(l.Targets))
 	ctr := &x.f.ctr
 	ino := ctr.NextIno
 	ctr.NextIno++
@@ -480,6 +484,17 @@ func (x *opCtx) setAttr(c *command) ([]byte, error) {
 		in.Size = c.Size
 		if c.Valid&(rpc.SetMtime|rpc.SetMtimeNow) == 0 {
 			in.Mtime = x.now
+		}
+		// The chunks were cut to the new size: none keeps more than its
+		// part of it (rounded up to whole blocks); a later commit says
+		// exactly.
+		if in.Alloc != nil {
+			alloc := make([]uint64, len(in.Alloc))
+			for slot, a := range in.Alloc {
+				limit := uint64(in.Layout.ChunkSize(int64(in.Size), slot)+4095) &^ 4095
+				alloc[slot] = min(a, limit)
+			}
+			in.Alloc = alloc
 		}
 	}
 	switch {
@@ -897,6 +912,18 @@ func (x *opCtx) commitSize(c *command) ([]byte, error) {
 		if in.Mode&modeGrpX != 0 {
 			in.Mode &^= modeSetgid
 		}
+	}
+	if len(c.Alloc) > 0 {
+		// Slots never reported count as empty: a client reports every
+		// chunk it wrote, and a chunk nobody wrote takes no space.
+		alloc := make([]uint64, len(in.Layout.Targets))
+		copy(alloc, in.Alloc)
+		for _, a := range c.Alloc {
+			if int(a.Slot) < len(alloc) {
+				alloc[a.Slot] = a.Bytes
+			}
+		}
+		in.Alloc = alloc
 	}
 	x.mark(c.Ino)
 	return x.attrBody(c.Ino, in), nil

@@ -513,6 +513,45 @@ func TestCommitSize(t *testing.T) {
 	}
 }
 
+// The space of a file's chunks (st_blocks): known and zero for a new file,
+// set per chunk by size commits (each chunk as its last reporter saw it),
+// and cut by a truncate to what the new size can hold. (A record without
+// the list, an older version's, reads as unknown: schema's round trip.)
+func TestAllocBlocks(t *testing.T) {
+	_, c := newNamespace(t) // 3 targets: stripe count 3
+	f := c.mustCreate(1, "f", fileMode)
+	if !f.BlocksKnown || f.Blocks != 0 {
+		t.Fatalf("new file: blocks %d known %v, want 0 known", f.Blocks, f.BlocksKnown)
+	}
+	commit := func(alloc ...rpc.SlotAlloc) rpc.Attr {
+		t.Helper()
+		var r rpc.AttrResp
+		if err := c.call(rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: c.hdr(), Ino: f.Ino, Size: 3 << 20, Mtime: 10, Alloc: alloc}, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r.Attr
+	}
+	if a := commit(rpc.SlotAlloc{Slot: 0, Bytes: 1 << 20}, rpc.SlotAlloc{Slot: 2, Bytes: 4096}); a.Blocks != (1<<20+4096)/512 || !a.BlocksKnown {
+		t.Fatalf("after a commit of two chunks: blocks %d known %v", a.Blocks, a.BlocksKnown)
+	}
+	// Another client's commit of chunk 1, and of chunk 2 again (punched).
+	commit(rpc.SlotAlloc{Slot: 1, Bytes: 8192}, rpc.SlotAlloc{Slot: 2, Bytes: 0}, rpc.SlotAlloc{Slot: 9, Bytes: 1 << 40})
+	if a := c.mustGetattr(f.Ino); a.Blocks != (1<<20+8192)/512 {
+		t.Fatalf("getattr after the second commit: blocks %d, want %d (slot 9 is not the file's)", a.Blocks, (1<<20+8192)/512)
+	}
+	if a := commit(); a.Blocks != (1<<20+8192)/512 {
+		t.Fatalf("a commit without space reports changed it: %d", a.Blocks)
+	}
+	// Truncate to 100 KiB: chunk 0 keeps at most 100 KiB, the others none.
+	a, err := setattr(c, rpc.SetAttrReq{Ino: f.Ino, Valid: rpc.SetSize, Size: 100 << 10})
+	if err != nil || a.Blocks != (100<<10)/512 {
+		t.Fatalf("after truncate to 100 KiB: blocks %d, %v", a.Blocks, err)
+	}
+	if ents, err := c.readdirAll(1, 0, true); err != nil || len(ents) != 1 || ents[0].Attr.Blocks != (100<<10)/512 || !ents[0].Attr.BlocksKnown {
+		t.Fatalf("readdirplus: %+v %v", ents, err)
+	}
+}
+
 func TestSetDirLayout(t *testing.T) {
 	_, c := newNamespace(t) // 3 targets
 	d := c.mustCreate(1, "d", dirMode)

@@ -39,7 +39,10 @@
 // SessionHeartbeat answers SessionHeartbeatResp instead of Empty (an empty
 // body reads as epoch 0, which clients ignore). MInodesKnown, MTmpfile and
 // SSeek were added at the end; an older service answers them as unknown
-// methods (ENOSYS).
+// methods (ENOSYS). Answers with attributes (AttrResp, ChangeResp,
+// ReadDirResp) gained a trailing run with each Attr's Blocks, CommitSizeReq
+// a trailing Alloc list and ChunkStatResp a trailing Alloc: absent, they
+// read as unknown.
 //
 // Architecture Invariant: no other package opens sockets for Strata's
 // internal traffic.

@@ -117,6 +117,27 @@ type Attr struct {
 	Mtime  int64
 	Ctime  int64
 	Layout layout.Layout // file: its layout; directory: default for new children
+	// Blocks is the space a regular file's chunks take on the targets, in
+	// 512-byte units, as last reported by a client's size commit; valid
+	// when BlocksKnown (files last written before it was kept are not).
+	// Not part of Attr's own encoding: the answers that carry attributes
+	// append it at their end (encodeBlocks), so that older answers (dedupe
+	// records) still decode, as unknown.
+	Blocks      uint64
+	BlocksKnown bool
+}
+
+// encodeBlocks and decodeBlocks are the appended tail of an answer with
+// attributes: decodeBlocks reads an absent tail as unknown.
+func encodeBlocks(e *Enc, a *Attr) { e.U64(a.Blocks); e.Bool(a.BlocksKnown) }
+
+func decodeBlocks(d *Dec, a *Attr) {
+	if d.Len() == 0 {
+		a.Blocks, a.BlocksKnown = 0, false
+		return
+	}
+	a.Blocks = d.U64()
+	a.BlocksKnown = d.Bool()
 }
 
 func (a *Attr) Encode(e *Enc) {
@@ -170,10 +191,11 @@ type AttrResp struct {
 	Stamp
 }
 
-func (m *AttrResp) Encode(e *Enc) { m.Attr.Encode(e); m.Stamp.Encode(e) }
+func (m *AttrResp) Encode(e *Enc) { m.Attr.Encode(e); m.Stamp.Encode(e); encodeBlocks(e, &m.Attr) }
 func (m *AttrResp) Decode(d *Dec) {
 	m.Attr.Decode(d)
 	m.Stamp.Decode(d)
+	decodeBlocks(d, &m.Attr)
 }
 
 // Stamp is the raft index and term of the log entry a namespace change was
@@ -218,6 +240,7 @@ func (m *ChangeResp) Encode(e *Enc) {
 	m.Dir.Encode(e)
 	e.U64(m.Index)
 	e.U64(m.Term)
+	encodeBlocks(e, &m.Attr)
 }
 
 func (m *ChangeResp) Decode(d *Dec) {
@@ -225,6 +248,7 @@ func (m *ChangeResp) Decode(d *Dec) {
 	m.Dir.Decode(d)
 	m.Index = d.U64()
 	m.Term = d.U64()
+	decodeBlocks(d, &m.Attr)
 }
 
 // SyncReq asks MSync to return once the raft log is on stable storage up
@@ -567,6 +591,9 @@ func (m *ReadDirResp) Encode(e *Enc) {
 		x.Attr.Encode(e)
 	}
 	e.Bool(m.EOF)
+	for i := range m.Entries {
+		encodeBlocks(e, &m.Entries[i].Attr)
+	}
 }
 
 func (m *ReadDirResp) Decode(d *Dec) {
@@ -580,6 +607,9 @@ func (m *ReadDirResp) Decode(d *Dec) {
 		x.Attr.Decode(d)
 	}
 	m.EOF = d.Bool()
+	for i := range m.Entries {
+		decodeBlocks(d, &m.Entries[i].Attr)
+	}
 }
 
 // StatFSResp is the file-system-wide capacity (request: Empty).
@@ -662,6 +692,15 @@ type CommitSizeReq struct {
 	Size      uint64
 	Mtime     int64
 	ClearSuid bool
+	// Alloc: the chunks this client changed and the space each takes now
+	// (appended; absent from older clients).
+	Alloc []SlotAlloc
+}
+
+// SlotAlloc is the space (bytes) the chunk of layout slot Slot takes.
+type SlotAlloc struct {
+	Slot  uint32
+	Bytes uint64
 }
 
 func (m *CommitSizeReq) Encode(e *Enc) {
@@ -670,6 +709,7 @@ func (m *CommitSizeReq) Encode(e *Enc) {
 	e.U64(m.Size)
 	e.I64(m.Mtime)
 	e.Bool(m.ClearSuid)
+	EncodeSlotAllocs(e, m.Alloc)
 }
 
 func (m *CommitSizeReq) Decode(d *Dec) {
@@ -678,6 +718,32 @@ func (m *CommitSizeReq) Decode(d *Dec) {
 	m.Size = d.U64()
 	m.Mtime = d.I64()
 	m.ClearSuid = d.Bool()
+	m.Alloc = DecodeSlotAllocs(d)
+}
+
+// EncodeSlotAllocs appends allocs; DecodeSlotAllocs reads them, nil when
+// the tail is absent (written before they existed).
+func EncodeSlotAllocs(e *Enc, allocs []SlotAlloc) {
+	e.U64(uint64(len(allocs)))
+	for _, a := range allocs {
+		e.U32(a.Slot)
+		e.U64(a.Bytes)
+	}
+}
+
+func DecodeSlotAllocs(d *Dec) []SlotAlloc {
+	if d.Len() == 0 {
+		return nil
+	}
+	n := d.Count()
+	if n == 0 {
+		return nil
+	}
+	out := make([]SlotAlloc, n)
+	for i := range out {
+		out[i] = SlotAlloc{Slot: d.U32(), Bytes: d.U64()}
+	}
+	return out
 }
 
 // Lock types (as fcntl).

@@ -190,6 +190,10 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&InodesKnownReq{Inos: []uint64{1, 2, 1 << 33}},
 		&InodesKnownResp{NextIno: 1 << 20, Known: []bool{true, false, true}},
 		&SeekReq{Chunk: ChunkID{3, 1 << 40}, Off: 1 << 33, Data: true},
+		&AttrResp{Attr: Attr{Ino: 5, Size: 7, Blocks: 3, BlocksKnown: true}, Stamp: Stamp{Index: 9, Term: 2}},
+		&ChangeResp{Attr: Attr{Ino: 5, Blocks: 8, BlocksKnown: true}, Dir: Attr{Ino: 1}, Index: 4, Term: 1},
+		&CommitSizeReq{Hdr: ReqHeader{1, 2}, Ino: 5, Size: 9, Mtime: 3, Alloc: []SlotAlloc{{0, 4096}, {3, 1 << 33}}},
+		&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true},
 		&SeekResp{Off: 1<<33 + 5, Found: true},
 		&LockReq{ClientID: 1, Ino: 2, Start: 3, End: 4, Type: LockRead, Reclaim: true},
 	}
@@ -236,7 +240,23 @@ func optionalTails(m Message) []int {
 		}
 		tails = append(tails, len(e.B))
 	}
+	blocks := func(a *Attr) func(*Enc) { return func(e *Enc) { encodeBlocks(e, a) } }
 	switch x := m.(type) {
+	case *ReadDirResp:
+		var fs []func(*Enc)
+		for i := range x.Entries {
+			fs = append(fs, blocks(&x.Entries[i].Attr))
+		}
+		add(fs...)
+	case *AttrResp:
+		add(blocks(&x.Attr))
+		add(func(e *Enc) { x.Stamp.Encode(e) }, blocks(&x.Attr))
+	case *ChangeResp:
+		add(blocks(&x.Attr))
+	case *CommitSizeReq:
+		add(func(e *Enc) { EncodeSlotAllocs(e, x.Alloc) })
+	case *ChunkStatResp:
+		add(func(e *Enc) { e.U64(x.Alloc); e.Bool(x.HasAlloc) })
 	case *LockReq:
 		add(func(e *Enc) { e.Bool(x.Reclaim) })
 	case *SessionHeartbeatReq:
@@ -281,6 +301,14 @@ func newLike(m Message) Message {
 		return &InodesKnownResp{}
 	case *SeekReq:
 		return &SeekReq{}
+	case *AttrResp:
+		return &AttrResp{}
+	case *ChangeResp:
+		return &ChangeResp{}
+	case *CommitSizeReq:
+		return &CommitSizeReq{}
+	case *ChunkStatResp:
+		return &ChunkStatResp{}
 	case *SeekResp:
 		return &SeekResp{}
 	}

@@ -215,10 +215,28 @@ func (m *ChunkReq) Decode(d *Dec) { m.Chunk.Decode(d) }
 type ChunkStatResp struct {
 	Size   uint64 // length of the chunk file; 0 if absent
 	Exists bool
+	// Alloc is the space the chunk's data takes on the target's disk
+	// (bytes); valid when HasAlloc (appended: older stores send neither).
+	Alloc    uint64
+	HasAlloc bool
 }
 
-func (m *ChunkStatResp) Encode(e *Enc) { e.U64(m.Size); e.Bool(m.Exists) }
-func (m *ChunkStatResp) Decode(d *Dec) { m.Size = d.U64(); m.Exists = d.Bool() }
+func (m *ChunkStatResp) Encode(e *Enc) {
+	e.U64(m.Size)
+	e.Bool(m.Exists)
+	e.U64(m.Alloc)
+	e.Bool(m.HasAlloc)
+}
+
+func (m *ChunkStatResp) Decode(d *Dec) {
+	m.Size = d.U64()
+	m.Exists = d.Bool()
+	m.Alloc, m.HasAlloc = 0, false
+	if d.Len() > 0 {
+		m.Alloc = d.U64()
+		m.HasAlloc = d.Bool()
+	}
+}
 
 // ChunksReq names many chunks; used by RemoveMany (the metadata service's
 // orphan reaper removes the chunks of many deleted files in one call).

@@ -486,14 +486,18 @@ func (s *Server) handleChunkStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.Chu
 	}
 	c, err := s.cache.get(t, r.Chunk.Ino, false)
 	if errors.Is(err, errNotExist) {
-		return &rpc.ChunkStatResp{}, nil
+		return &rpc.ChunkStatResp{HasAlloc: true}, nil
 	}
 	if err != nil {
 		return nil, s.failed(err)
 	}
+	defer s.cache.release(c)
 	size := c.size.Load()
-	s.cache.release(c)
-	return &rpc.ChunkStatResp{Size: uint64(size), Exists: true}, nil
+	var st unix.Stat_t
+	if err := unix.Fstat(c.dataFd, &st); err != nil {
+		return nil, s.failed(c.ioErr("stat data file", 0, err))
+	}
+	return &rpc.ChunkStatResp{Size: uint64(size), Exists: true, Alloc: uint64(st.Blocks) * 512, HasAlloc: true}, nil
 }
 
 // handleSeek answers lseek's SEEK_DATA or SEEK_HOLE on a chunk file. A

@@ -138,15 +138,15 @@ func firstDiff(a, b []byte) int {
 
 func TestHolesTruncatePunchStat(t *testing.T) {
 	e := newEnv(t, 1, nil)
-	if st := e.stat(1, 9); st.Exists || st.Size != 0 {
+	if st := e.stat(1, 9); st.Exists || st.Size != 0 || !st.HasAlloc || st.Alloc != 0 {
 		t.Fatalf("absent chunk stat %+v", st)
 	}
 	if b := e.mustRead(1, 9, 0, 100); len(b) != 0 {
 		t.Fatalf("absent chunk read %d bytes", len(b))
 	}
 	e.mustWrite(1, 9, 1<<20, []byte("tail"), false)
-	if st := e.stat(1, 9); !st.Exists || st.Size != 1<<20+4 {
-		t.Fatalf("stat %+v", st)
+	if st := e.stat(1, 9); !st.Exists || st.Size != 1<<20+4 || !st.HasAlloc || st.Alloc < 4 || st.Alloc >= 1<<20 {
+		t.Fatalf("stat %+v, want the space of the written tail only (the rest is a hole)", st)
 	}
 	b := e.mustRead(1, 9, 0, 2<<20)
 	if len(b) != 1<<20+4 || !bytes.Equal(b[:1<<20], make([]byte, 1<<20)) || string(b[1<<20:]) != "tail" {

@@ -38,7 +38,8 @@
 // # Version history
 //
 // 1 — initial layout. Later, within version 1: Orphan gained an optional
-// trailing Tmpfile flag (absent means false; written only when true).
+// trailing Tmpfile flag (absent means false; written only when true), and
+// Inode an optional trailing Alloc list (absent: space not known).
 //
 // # Pitfalls
 //

@@ -92,6 +92,23 @@ func TestValueRoundTrip(t *testing.T) {
 	if err := DecodeInode(AppendInode(nil, &in), &got); err != nil || !reflect.DeepEqual(in, got) {
 		t.Errorf("inode: %+v %v", got, err)
 	}
+	if b, ok := got.AllocBlocks(); ok || b != 0 || got.Alloc != nil {
+		t.Errorf("inode without Alloc: blocks %d known %v (%v), want unknown", b, ok, got.Alloc)
+	}
+	// The space per chunk is an optional tail: an inode with it decodes
+	// with it; one without (every record written before it) without.
+	withAlloc := in
+	withAlloc.Alloc = []uint64{8192, 1000}
+	got = Inode{Alloc: []uint64{7}}
+	if err := DecodeInode(AppendInode(nil, &withAlloc), &got); err != nil || !reflect.DeepEqual(withAlloc, got) {
+		t.Errorf("inode with Alloc: %+v %v", got, err)
+	}
+	if b, ok := got.AllocBlocks(); !ok || b != 18 {
+		t.Errorf("blocks of 9,192 bytes = %d (known %v), want 18", b, ok)
+	}
+	if old := AppendInode(nil, &in); !bytes.HasPrefix(AppendInode(nil, &withAlloc), old) {
+		t.Errorf("the Alloc tail is not appended after the older fields")
+	}
 	de := Dentry{Ino: 99, Type: 0040000}
 	if g, err := DecodeDentry(AppendDentry(nil, de)); err != nil || g != de {
 		t.Errorf("dentry: %+v %v", g, err)

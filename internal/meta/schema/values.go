@@ -55,6 +55,24 @@ type Inode struct {
 	Entries uint64
 	// Symlink is a symlink's target.
 	Symlink string
+	// Alloc is, for a regular file, the space each chunk (by layout slot)
+	// takes on its target, as clients last reported at a size commit; nil
+	// while never reported (files written before it was kept). Encoded as
+	// an optional tail, present only when not nil.
+	Alloc []uint64
+}
+
+// AllocBlocks is the file's space in 512-byte units and whether it is
+// known (Alloc reported).
+func (in *Inode) AllocBlocks() (uint64, bool) {
+	if in.Alloc == nil {
+		return 0, false
+	}
+	var sum uint64
+	for _, a := range in.Alloc {
+		sum += a
+	}
+	return (sum + 511) / 512, true
 }
 
 // AppendInode appends the encoding of in to b.
@@ -73,6 +91,9 @@ func AppendInode(b []byte, in *Inode) []byte {
 	e.U64(in.Parent)
 	e.U64(in.Entries)
 	e.String(in.Symlink)
+	if in.Alloc != nil {
+		e.U64s(in.Alloc)
+	}
 	return e.B
 }
 
@@ -95,6 +116,13 @@ func DecodeInode(b []byte, in *Inode) error {
 	in.Parent = d.U64()
 	in.Entries = d.U64()
 	in.Symlink = d.String()
+	in.Alloc = nil
+	if d.Err() == nil && d.Len() > 0 {
+		in.Alloc = d.U64s()
+		if in.Alloc == nil {
+			in.Alloc = []uint64{}
+		}
+	}
 	return finish("inode", d)
 }
 
