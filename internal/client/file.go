@@ -530,18 +530,16 @@ func (f *File) Seek(ctx context.Context, off int64, data bool) (int64, error) {
 		err   error
 	}
 	answers := make([]answer, len(l.Targets))
-	var wg sync.WaitGroup
-	for slot, target := range l.Targets {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var resp rpc.SeekResp
-			req := &rpc.SeekReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(l.ChunkFrom(off, slot)), Data: data}
-			err := f.c.storeCall(ctx, "seek", target, rpc.SSeek, req, &resp)
-			answers[slot] = answer{off: l.FileOff(slot, int64(resp.Off)), found: resp.Found, err: err}
-		}()
+	slots := make([]int, len(l.Targets))
+	for i := range slots {
+		slots[i] = i
 	}
-	wg.Wait()
+	in.eachSlot(slots, func(slot int, target uint32) {
+		var resp rpc.SeekResp
+		req := &rpc.SeekReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(l.ChunkFrom(off, slot)), Data: data}
+		err := f.c.storeCall(ctx, "seek", target, rpc.SSeek, req, &resp)
+		answers[slot] = answer{off: l.FileOff(slot, int64(resp.Off)), found: resp.Found, err: err}
+	})
 	best := size // a hole starts at the end
 	for _, a := range answers {
 		if a.err != nil {
