@@ -22,6 +22,7 @@ type testCluster struct {
 	key    []byte
 	meta   *meta.Service
 	stores []*store.Server
+	mounts []*Mounted // in mount order
 }
 
 func requireFUSE(t testing.TB) {
@@ -106,6 +107,7 @@ func (tc *testCluster) mountWith(mod func(*client.Config), opts Options) (string
 		c.Close()
 		tc.t.Skipf("skipping: cannot mount FUSE: %v", err)
 	}
+	tc.mounts = append(tc.mounts, m)
 	tc.t.Cleanup(func() {
 		if err := m.Unmount(); err != nil {
 			tc.t.Errorf("unmount: %v", err)

@@ -8,7 +8,8 @@
 //
 // NodeId is the Strata inode number (root = 1). Inode numbers are never
 // reused while a client may hold them, so the kernel's lookup counts need
-// no bookkeeping and Forget is a no-op. File handles map to client.File;
+// no bookkeeping; Forget only drops what the adapter remembers of what it
+// told the kernel about the inode. File handles map to client.File;
 // directory handles hold a listing cursor.
 //
 // Mount options: fsname and subtype "strata" (type fuse.strata),

@@ -169,6 +169,7 @@ func (fs *fileSystem) Flush(cancel <-chan struct{}, in *gofuse.FlushIn) gofuse.S
 		a := h.f.Committed()
 		if a.Ino != 0 {
 			fs.reported.Store(a.Ino, reportedAttr{size: a.Size, mtime: a.Mtime})
+			fs.noteBlocks(&a)
 		}
 	}
 	return fs.errno("flush", in.NodeId, err)
@@ -201,7 +202,24 @@ func (fs *fileSystem) Fsync(cancel <-chan struct{}, in *gofuse.FsyncIn) gofuse.S
 	if h == nil {
 		return gofuse.EBADF
 	}
-	return fs.errno("fsync", in.NodeId, h.f.Fsync(fs.ctx()))
+	err := h.f.Fsync(fs.ctx())
+	if err == nil {
+		a := h.f.Committed()
+		fs.noteBlocks(&a)
+	}
+	return fs.errno("fsync", in.NodeId, err)
+}
+
+// noteBlocks has the kernel drop its cached attributes of a file whose
+// space a size commit changed from what the kernel was last told.
+func (fs *fileSystem) noteBlocks(a *rpc.Attr) {
+	if !a.BlocksKnown || a.Ino == 0 {
+		return
+	}
+	if v, ok := fs.blocks.Load(a.Ino); ok && v.(uint64) != a.Blocks && fs.server != nil {
+		fs.blocks.Store(a.Ino, a.Blocks)
+		fs.server.InodeNotify(a.Ino, -1, 0) // attributes only
+	}
 }
 
 func (fs *fileSystem) Release(cancel <-chan struct{}, in *gofuse.ReleaseIn) {

@@ -18,7 +18,7 @@ import (
 // fileSystem implements gofuse.RawFileSystem over a client.Client. NodeId
 // is the Strata inode number (root = 1); the kernel's lookup counts need
 // no bookkeeping because inode numbers are never reused while a client may
-// hold them, so Forget is a no-op.
+// hold them, so Forget only drops the adapter's notes on the inode.
 type fileSystem struct {
 	gofuse.RawFileSystem // defaults: ENOSYS for what is not implemented here
 	c                    *client.Client
@@ -35,6 +35,11 @@ type fileSystem struct {
 	// still valid (close-to-open). Entries are small; they are dropped
 	// when the kernel forgets the inode.
 	reported sync.Map // ino → reportedAttr
+	// blocks remembers the st_blocks last sent to the kernel for a
+	// regular file whose space is known, so that a close whose size
+	// commit changed it can have the kernel drop its cached attributes
+	// (du right after cp sees the copy's space).
+	blocks sync.Map // ino → uint64
 
 	// lockOwners records, per inode, the POSIX lock owners that took
 	// record locks through this mount, so that flush can release them
@@ -102,6 +107,7 @@ func (fs *fileSystem) fillAttr(a *rpc.Attr, out *gofuse.Attr) {
 	out.Blocks = (a.Size + 511) / 512 // as if dense, when the space is not known
 	if a.BlocksKnown && a.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		out.Blocks = a.Blocks // what the chunks take (du, sparse-aware copies)
+		fs.blocks.Store(a.Ino, a.Blocks)
 	}
 	out.Atime, out.Atimensec = splitNs(a.Atime)
 	out.Mtime, out.Mtimensec = splitNs(a.Mtime)
@@ -149,7 +155,13 @@ func (fs *fileSystem) Lookup(cancel <-chan struct{}, h *gofuse.InHeader, name st
 	return gofuse.OK
 }
 
-func (fs *fileSystem) Forget(nodeid, nlookup uint64) {}
+// Forget: the kernel evicted the inode, and with it whatever it cached;
+// what the adapter remembered of what it told the kernel goes too, so that
+// a scan of millions of files does not leave an entry per file behind.
+func (fs *fileSystem) Forget(nodeid, nlookup uint64) {
+	fs.reported.Delete(nodeid)
+	fs.blocks.Delete(nodeid)
+}
 
 func (fs *fileSystem) GetAttr(cancel <-chan struct{}, in *gofuse.GetAttrIn, out *gofuse.AttrOut) gofuse.Status {
 	a, err := fs.c.GetAttr(fs.ctx(), in.NodeId)

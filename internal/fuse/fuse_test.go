@@ -347,3 +347,41 @@ func asNobody(name string, args ...string) (string, error) {
 }
 
 var _ = client.RootIno
+
+// The adapter's per-inode notes (what it told the kernel: size and mtime
+// for keep-cache, st_blocks) go when the kernel forgets the inode: a scan
+// of many files must not leave one entry per file in the daemon.
+func TestForgetDropsInodeNotes(t *testing.T) {
+	requireFUSE(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make the kernel evict inodes (drop_caches)")
+	}
+	tc := startCluster(t, 1, 1)
+	dir, _ := tc.mount(nil)
+	fs := tc.mounts[0].fs
+	const n = 300
+	for i := 0; i < n; i++ {
+		must(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d", i)), []byte("x"), 0o644))
+	}
+	count := func(m *sync.Map) int {
+		k := 0
+		m.Range(func(any, any) bool { k++; return true })
+		return k
+	}
+	if r, b := count(&fs.reported), count(&fs.blocks); r < n || b < n {
+		t.Fatalf("after writing %d files: %d keep-cache notes, %d block notes", n, r, b)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		unix.Sync()
+		must(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0o644))
+		r, b := count(&fs.reported), count(&fs.blocks)
+		if r < n/10 && b < n/10 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the kernel dropped its inodes: %d keep-cache notes, %d block notes remain of %d", r, b, n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
