@@ -61,7 +61,8 @@ func TestRandomOpsAgainstLocal(t *testing.T) {
 	deadline := time.Now().Add(*randDuration)
 	ops := 0
 	for ; ops < *randOps && time.Now().Before(deadline); ops++ {
-		op := rng.Intn(12)
+		op := rng.Intn(13)
+		off2 := int64(rng.Intn(3 << 20))
 		a, b := pick(), pick()
 		off := int64(rng.Intn(3 << 20))
 		n := rng.Intn(300 << 10)
@@ -142,6 +143,21 @@ func TestRandomOpsAgainstLocal(t *testing.T) {
 					h, herr := unix.Seek(int(f.Fd()), off, unix.SEEK_HOLE)
 					reads[i] = []byte(fmt.Sprintf("data %d %v hole %d %v", d, derr, h, herr))
 					f.Close()
+				}
+			case 12: // copy_file_range from a to b (b created if missing)
+				desc = fmt.Sprintf("copy_file_range %s off=%d → %s off=%d len=%d", a, off, b, off2, n)
+				var in, out *os.File
+				if in, err = os.Open(pa); err == nil {
+					if out, err = os.OpenFile(pb, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+						offIn, offOut := off, off2
+						var k int
+						k, err = unix.CopyFileRange(int(in.Fd()), &offIn, int(out.Fd()), &offOut, n, 0)
+						reads[i] = []byte(fmt.Sprintf("copied %d", k))
+						if cerr := out.Close(); err == nil {
+							err = cerr
+						}
+					}
+					in.Close()
 				}
 			}
 			res[i] = errno(err)

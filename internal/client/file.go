@@ -555,6 +555,59 @@ func (f *File) Seek(ctx context.Context, off int64, data bool) (int64, error) {
 	return best, nil
 }
 
+// copyPiece is how much CopyRange moves per step.
+const copyPiece = 1 << 20
+
+// CopyRange copies up to n bytes from src at srcOff to dst at dstOff
+// through this client, without the data crossing into the kernel and out
+// again (copy_file_range). It stops early at src's end, when cancel is
+// closed, or on an error, and returns what was copied; the copy is
+// buffered in dst like any write (made durable by its fsync or close). The
+// ranges must not overlap within one file (the kernel checks that).
+func CopyRange(ctx context.Context, src *File, srcOff int64, dst *File, dstOff, n int64, cancel <-chan struct{}) (int64, error) {
+	if srcOff < 0 || dstOff < 0 || n < 0 {
+		return 0, fmt.Errorf("copy %d bytes from %d to %d: %w", n, srcOff, dstOff, syscall.EINVAL)
+	}
+	// What this client buffered for src is on the stores before it is
+	// read (its own read path does not look into write-behind).
+	if err := src.in.drain(ctx); err != nil {
+		return 0, err
+	}
+	src.c.m.op("copy_file_range")
+	buf := getBuf()[:copyPiece]
+	defer putBuf(buf)
+	var done int64
+	for done < n {
+		select {
+		case <-cancel:
+			if done > 0 {
+				return done, nil
+			}
+			return 0, syscall.EINTR
+		default:
+		}
+		want := min(copyPiece, n-done)
+		d, err := src.ReadBuffers(ctx, buf[:want], srcOff+done)
+		if err != nil {
+			return done, err
+		}
+		got := int64(d.Len())
+		for _, b := range d.Bufs {
+			k, werr := dst.WriteAt(ctx, b, dstOff+done)
+			done += int64(k)
+			if werr != nil {
+				d.Release()
+				return done, werr
+			}
+		}
+		d.Release()
+		if got < want {
+			break // src ends here
+		}
+	}
+	return done, nil
+}
+
 // SetLk is Client.SetLk for a lock taken through this handle: a later
 // loss of the owner's locks on the file fails the handle (lockErr).
 func (f *File) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struct{}) error {
