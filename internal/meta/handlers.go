@@ -34,7 +34,6 @@ func handle[Req any, PReq interface {
 	})
 }
 
-// mutate proposes c and turns the answer into an rpc answer.
 // place fills in the live targets a new regular file may be placed on and
 // the round-robin start (ENOSPC when there are none).
 func (s *Service) place(ctx context.Context, c *command) error {
@@ -46,6 +45,7 @@ func (s *Service) place(ctx context.Context, c *command) error {
 	return nil
 }
 
+// mutate proposes c and turns the answer into an rpc answer.
 func (s *Service) mutate(c *command) (rpc.Message, error) {
 	r, err := s.propose(c)
 	if err != nil {

@@ -491,7 +491,7 @@ func (x *opCtx) setAttr(c *command) ([]byte, error) {
 		if in.Alloc != nil {
 			alloc := make([]uint64, len(in.Alloc))
 			for slot, a := range in.Alloc {
-				limit := uint64(in.Layout.ChunkSize(int64(in.Size), slot)+4095) &^ 4095
+				limit := uint64(in.Layout.ChunkSize(int64(in.Size), slot)+allocBlock-1) &^ (allocBlock - 1)
 				alloc[slot] = min(a, limit)
 			}
 			in.Alloc = alloc
@@ -1122,6 +1122,10 @@ func (x *opCtx) raiseIno(ceiling uint64) {
 		ctr.NextIno = ceiling
 	}
 }
+
+// allocBlock is the unit a target's disk allocates chunk space in (the
+// stores' 4 KiB block), for bounding a truncated chunk's space.
+const allocBlock = 4096
 
 // orphan reads ino's orphan record, if it has one.
 func (x *opCtx) orphan(ino uint64) (schema.Orphan, bool, error) {
