@@ -65,7 +65,7 @@ func init() {
 	f.StringVar(&cfg.MetaAddr, "meta", "", "metadata service address host:port (default $STRATA_META)")
 	f.StringVar(&keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE)")
 	f.DurationVar(&cfg.IOTimeout, "io-timeout", cfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
-	f.StringVar(&cfg.SyncPolicy, "sync-policy", cfg.SyncPolicy, "sync: close makes data durable like fsync; async: close only hands data to the servers")
+	f.StringVar(&cfg.SyncPolicy, "sync-policy", cfg.SyncPolicy, syncPolicyUsage)
 	f.Int64Var(&cfg.WriteBehindBytes, "write-behind-bytes", cfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
 	f.Int64Var(&cfg.ReadAheadBytes, "read-ahead-bytes", cfg.ReadAheadBytes, "how far ahead of a sequential reader to prefetch (0 = off)")
 	f.Int64Var(&cfg.WriteThroughBytes, "write-through-bytes", cfg.WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
@@ -74,6 +74,10 @@ func init() {
 	f.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request")
 	rootCmd.AddCommand(cmd)
 }
+
+// syncPolicyUsage explains --sync-policy (mount and up).
+const syncPolicyUsage = "sync: close puts written data on stable storage and commits the size durably (a close that wrote nothing waits for nothing; names are durable within 5 ms or at fsync); " +
+	"strict: every close is an fsync, also for the file's create; async: close only hands data to the servers (scratch-grade)"
 
 // runMount mounts and serves until a signal or an external unmount.
 func runMount(cfg client.Config, mountpoint string, opts fuse.Options) error {

@@ -44,8 +44,8 @@ on the same --data it serves the same files.`,
 			if targetsPerStore < 1 || targetsPerStore > 16 {
 				return usagef("--targets-per-store %d: want 1..16", targetsPerStore)
 			}
-			if syncPolicy != "sync" && syncPolicy != "async" {
-				return usagef("--sync-policy %q: want sync or async", syncPolicy)
+			if !client.ValidSyncPolicy(syncPolicy) {
+				return usagef("--sync-policy %q: want sync, strict or async", syncPolicy)
 			}
 			if writeThrough < 0 {
 				return usagef("--write-through-bytes %d: must not be negative", writeThrough)
@@ -72,7 +72,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().StringVar(&metaListen, "meta-listen", "127.0.0.1:0", "metadata service address (port 0: any free port; `strata status` finds it in --data)")
 	cmd.Flags().IntVar(&stores, "stores", 2, "number of storage servers")
 	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
-	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", "sync: close and fsync wait for stable storage; async: scratch-grade, faster")
+	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", syncPolicyUsage)
 	cmd.Flags().BoolVar(&strictMetaSync, "strict-meta-sync", false, "answer every namespace change only once it is on stable storage (default: at the next fsync/close barrier, or within 5 ms)")
 	cmd.Flags().Int64Var(&writeThrough, "write-through-bytes", client.DefaultConfig().WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
 	cmd.Flags().Int64Var(&kernelReadAhead, "kernel-read-ahead-bytes", fuse.DefaultKernelReadAhead, kernelReadAheadUsage)

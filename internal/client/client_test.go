@@ -919,11 +919,25 @@ func checkHeld(t *testing.T, rd *ReadData, want []byte) {
 	}
 }
 
-// Close of a created file and SyncMeta are the barriers that make namespace
-// changes durable; the changes themselves are answered before.
+// metaCallCount is how many metadata calls c has made.
+func metaCallCount(t *testing.T, c *Client) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.m.metaOps.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// SyncMeta is the barrier that makes namespace changes durable; the
+// changes themselves are answered before. Under the sync policy a close
+// that wrote nothing waits for nothing (the create is durable within the
+// log's sync delay), a close that wrote data commits its size durably and
+// with it the create; under strict every close is a barrier.
 func TestMetaBarriers(t *testing.T) {
 	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
 	c := tc.client(nil)
+	strict := tc.client(func(cfg *Config) { cfg.SyncPolicy = SyncPolicyStrict })
 	ctx := context.Background()
 	durable := func() (d, a uint64) {
 		st, err := c.ClusterStatus(ctx)
@@ -948,19 +962,60 @@ func TestMetaBarriers(t *testing.T) {
 	if d, a := durable(); d < a {
 		t.Fatalf("after SyncMeta durable %d < applied %d", d, a)
 	}
-	time.Sleep(50 * time.Millisecond)
+
+	// sync, nothing written: the close makes no metadata call at all, and
+	// the log still becomes durable by itself soon after.
 	f, err := c.CreateOpen(ctx, 1, "empty", 0o644, 0, 0, syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := metaCallCount(t, c)
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := metaCallCount(t, c) - calls; n != 0 {
+		t.Fatalf("close of a new empty file under sync made %v metadata calls, want 0", n)
+	}
+	_, applied := durable()
+	deadline := time.Now().Add(10 * time.Second)
+	for d, _ := durable(); d < applied; d, _ = durable() {
+		if time.Now().After(deadline) {
+			t.Fatalf("log durable at %d, still below the create's %d after 10 s", d, applied)
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	// sync, data written: the close's size commit is durable, and covers
+	// the create it follows.
+	time.Sleep(50 * time.Millisecond)
+	f, err = c.CreateOpen(ctx, 1, "data", 0o644, 0, 0, syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(ctx, []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, a := durable(); d < a {
+		t.Fatalf("after close of a written file durable %d < applied %d", d, a)
+	}
+
+	// strict: the close of a new empty file is a barrier.
+	time.Sleep(50 * time.Millisecond)
+	f, err = strict.CreateOpen(ctx, 1, "strict", 0o644, 0, 0, syscall.O_WRONLY)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d, a := durable(); d >= a {
 		t.Fatalf("create answered with durable %d >= applied %d", d, a)
 	}
-	if err := f.Release(ctx); err != nil { // close under the sync policy
+	if err := f.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if d, a := durable(); d < a {
-		t.Fatalf("after close of a new empty file durable %d < applied %d", d, a)
+		t.Fatalf("after a strict close of a new empty file durable %d < applied %d", d, a)
 	}
 }
 
@@ -978,13 +1033,7 @@ func TestDirAttrCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	metaCalls := func() float64 {
-		var m dto.Metric
-		if err := a.m.metaOps.Write(&m); err != nil {
-			t.Fatal(err)
-		}
-		return m.GetCounter().GetValue()
-	}
+	metaCalls := func() float64 { return metaCallCount(t, a) }
 
 	if _, err := a.Create(ctx, d.Ino, "f", 0o644, 0, 0); err != nil {
 		t.Fatal(err)

@@ -8,13 +8,31 @@ import (
 
 // Sync policies (Config.SyncPolicy).
 const (
-	// SyncPolicySync makes close behave like fsync: data on stable storage
-	// of every target the handle wrote, size committed. The default.
+	// SyncPolicySync makes close put the file's data on stable storage of
+	// every target written and commit its size durably, which also makes
+	// every namespace change applied before that commit durable (the
+	// metadata log is sequential): a closed file with data survives a
+	// crash of any machine. A close that wrote nothing waits for nothing:
+	// the file's entry (an empty file's create, a chmod) was written to the
+	// metadata log before it was answered, so it survives a kill of the
+	// daemons, and the log is on stable storage within its sync delay
+	// (5 ms) — fsync (of the file or its directory) makes it so at once.
+	// The default.
 	SyncPolicySync = "sync"
+	// SyncPolicyStrict makes every close an fsync: as sync, and a close
+	// that wrote nothing also waits until the file's own namespace changes
+	// (its create, mode changes) are on the metadata service's stable
+	// storage.
+	SyncPolicyStrict = "strict"
 	// SyncPolicyAsync makes close only drain write-behind to the servers
 	// (their memory) and commit the size: faster, scratch-grade.
 	SyncPolicyAsync = "async"
 )
+
+// ValidSyncPolicy reports whether p names a sync policy.
+func ValidSyncPolicy(p string) bool {
+	return p == SyncPolicySync || p == SyncPolicyStrict || p == SyncPolicyAsync
+}
 
 // Config configures a Client. The zero value is not valid; start from
 // DefaultConfig.
@@ -27,7 +45,8 @@ type Config struct {
 	// (metadata or storage) before it fails: EIO for storage, the
 	// transport error (ErrUnavailable, EIO at the POSIX layer) for meta.
 	IOTimeout time.Duration
-	// SyncPolicy is SyncPolicySync or SyncPolicyAsync (see there).
+	// SyncPolicy is SyncPolicySync, SyncPolicyStrict or SyncPolicyAsync
+	// (see there).
 	SyncPolicy string
 	// WriteBehindBytes bounds the memory of data accepted by WriteAt but
 	// not yet acknowledged by the stores, for the whole client. WriteAt
@@ -97,8 +116,8 @@ func (c *Config) Validate() error {
 	if c.IOTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("io timeout %v must be positive", c.IOTimeout))
 	}
-	if c.SyncPolicy != SyncPolicySync && c.SyncPolicy != SyncPolicyAsync {
-		errs = append(errs, fmt.Errorf("sync policy %q: want %q or %q", c.SyncPolicy, SyncPolicySync, SyncPolicyAsync))
+	if !ValidSyncPolicy(c.SyncPolicy) {
+		errs = append(errs, fmt.Errorf("sync policy %q: want %q, %q or %q", c.SyncPolicy, SyncPolicySync, SyncPolicyStrict, SyncPolicyAsync))
 	}
 	if c.WriteBehindBytes < 4<<20 {
 		errs = append(errs, fmt.Errorf("write-behind bytes %d must be at least 4 MiB", c.WriteBehindBytes))

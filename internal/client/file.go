@@ -480,11 +480,16 @@ func gather(buf []byte, r *slotRange, p []byte, base int64) []byte {
 	return buf
 }
 
-// Flush is called on every close of a file descriptor. Under the sync
-// policy it is Fsync; under async it drains write-behind to the stores and
-// commits size and mtime, without asking the stores to sync.
+// Flush is called on every close of a file descriptor. It drains
+// write-behind to the stores and commits size and mtime. Under the sync
+// policy it first has the stores put what the file's handles wrote on
+// stable storage, and the size commit is then a durable one (it covers
+// every metadata change applied before it, the file's create included);
+// under strict it is Fsync, which also waits for the file's own namespace
+// changes when no commit covered them; under async the stores are not
+// asked to sync.
 func (f *File) Flush(ctx context.Context) error {
-	if f.c.cfg.SyncPolicy == SyncPolicySync {
+	if f.c.cfg.SyncPolicy == SyncPolicyStrict {
 		return f.Fsync(ctx)
 	}
 	f.c.m.op("flush")
@@ -494,6 +499,11 @@ func (f *File) Flush(ctx context.Context) error {
 	}
 	if err := in.takeErr(); err != nil {
 		return err
+	}
+	if f.c.cfg.SyncPolicy == SyncPolicySync {
+		if err := in.syncTargets(ctx); err != nil {
+			return err
+		}
 	}
 	if err := in.commit(ctx); err != nil {
 		return err
