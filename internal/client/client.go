@@ -36,6 +36,9 @@ type Client struct {
 	metaNow atomic.Int64
 	seq     atomic.Uint64 // ReqHeader.Seq source
 	leaseMs atomic.Uint32
+	// noSyncStat: a storage server answered SSyncStat with ENOSYS (an
+	// older version); syncs and space reports are two calls from then on.
+	noSyncStat atomic.Bool
 
 	// Namespace changes are answered before they are durable (see
 	// meta.Config.StrictSync); metaChanged counts this client's calls that

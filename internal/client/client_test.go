@@ -5,13 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	dto "github.com/prometheus/client_model/go"
+	"io"
 	"math/rand"
+	"net/http"
+	"regexp"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/stratafs/strata/internal/rpc"
 )
@@ -1349,5 +1354,85 @@ func TestBarrierChecksStampsDespiteDurableAnswer(t *testing.T) {
 	// Nothing new: the next barrier needs no call and keeps nothing.
 	if err := c.SyncMeta(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// storeRequests sums, over every store of tc, the requests of one method
+// (the store's method label) served so far.
+func storeRequests(t *testing.T, tc *testCluster, method string) int {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^strata_store_request_seconds_count\{method="` + method + `"\} (\d+)$`)
+	n := 0
+	for _, s := range tc.stores {
+		resp, err := http.Get("http://" + s.MetricsAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := re.FindSubmatch(body); m != nil {
+			k, _ := strconv.Atoi(string(m[1]))
+			n += k
+		}
+	}
+	return n
+}
+
+// A close (and an fsync) syncs the chunks it wrote and learns their space
+// in one call per chunk (SSyncStat); against a server without it (ENOSYS
+// remembered, as noSyncStat) the client makes the two calls. Either way
+// the size commit reports the space: st_blocks of a sparse file counts its
+// data, not its size.
+func TestSyncReportsSpace(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 2, targets: 1, metrics: true})
+	ctx := context.Background()
+	for _, older := range []bool{false, true} {
+		c := tc.client(nil)
+		c.noSyncStat.Store(older)
+		name := fmt.Sprintf("sparse-%v", older)
+		f, err := c.CreateOpen(ctx, 1, name, 0o644, 0, 0, syscall.O_RDWR)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := bytes.Repeat([]byte{7}, 64<<10)
+		for _, off := range []int64{0, 5 << 20, 40 << 20} { // 3 × 64 KiB over both targets
+			if _, err := f.WriteAt(ctx, data, off); err != nil {
+				t.Fatal(err)
+			}
+		}
+		syncs, stats := storeRequests(t, tc, "sync_stat"), storeRequests(t, tc, "chunk_stat")
+		if err := f.Fsync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		syncs, stats = storeRequests(t, tc, "sync_stat")-syncs, storeRequests(t, tc, "chunk_stat")-stats
+		if older && (syncs != 0 || stats == 0) {
+			t.Fatalf("older servers: fsync made %d SSyncStat and %d SChunkStat calls, want 0 and some", syncs, stats)
+		}
+		if !older && (syncs == 0 || stats != 0) {
+			t.Fatalf("fsync made %d SSyncStat and %d SChunkStat calls, want some and 0", syncs, stats)
+		}
+		a, err := c.GetAttr(ctx, f.Ino())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := a.Blocks * 512; !a.BlocksKnown || got < 3*64<<10 || got >= 1<<20 {
+			t.Fatalf("older %v: st_blocks says %d bytes (known %v) for 192 KiB of data in a %d-byte file", older, got, a.BlocksKnown, a.Size)
+		}
+		// A second write and the close: the space grows, reported by the close.
+		if _, err := f.WriteAt(ctx, bytes.Repeat([]byte{8}, 1<<20), 20<<20); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if a, err = c.GetAttr(ctx, f.Ino()); err != nil {
+			t.Fatal(err)
+		}
+		if got := a.Blocks * 512; got < 1<<20+3*64<<10 || got >= 2<<20 {
+			t.Fatalf("older %v: after the close st_blocks says %d bytes for 1.19 MiB of data", older, got)
+		}
 	}
 }

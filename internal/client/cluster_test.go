@@ -28,6 +28,7 @@ type testCluster struct {
 type clusterOpts struct {
 	stores, targets int
 	reserve         uint64 // store.Config.ReserveBytes
+	metrics         bool   // stores serve /metrics (store.Server.MetricsAddr)
 }
 
 func startCluster(t testing.TB, o clusterOpts) *testCluster {
@@ -55,6 +56,9 @@ func startCluster(t testing.TB, o clusterOpts) *testCluster {
 		cfg.Targets = targets
 		cfg.ClusterKey = tc.key
 		cfg.ReserveBytes = o.reserve
+		if o.metrics {
+			cfg.MetricsAddr = "127.0.0.1:0"
+		}
 		tc.scfg = append(tc.scfg, cfg)
 		s, err := store.Open(cfg)
 		if err != nil {

@@ -453,7 +453,7 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 		}
 	}
 	if f.sync {
-		if err := in.commit(ctx); err != nil {
+		if err := in.commit(ctx, nil); err != nil {
 			return 0, err
 		}
 	}
@@ -500,12 +500,14 @@ func (f *File) Flush(ctx context.Context) error {
 	if err := in.takeErr(); err != nil {
 		return err
 	}
+	var alloc []rpc.SlotAlloc
 	if f.c.cfg.SyncPolicy == SyncPolicySync {
-		if err := in.syncTargets(ctx); err != nil {
+		var err error
+		if alloc, err = in.syncTargets(ctx); err != nil {
 			return err
 		}
 	}
-	if err := in.commit(ctx); err != nil {
+	if err := in.commit(ctx, alloc); err != nil {
 		return err
 	}
 	return f.lockErr()
@@ -703,10 +705,11 @@ func (f *File) Fsync(ctx context.Context) error {
 	if err := in.takeErr(); err != nil {
 		return err
 	}
-	if err := in.syncTargets(ctx); err != nil {
+	alloc, err := in.syncTargets(ctx)
+	if err != nil {
 		return err
 	}
-	if err := in.commit(ctx); err != nil {
+	if err := in.commit(ctx, alloc); err != nil {
 		return err
 	}
 	in.mu.Lock()

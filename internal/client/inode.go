@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -327,43 +328,75 @@ func (in *inode) takeErr() error {
 	return err
 }
 
-// syncTargets makes every slot written since the last sync durable.
-func (in *inode) syncTargets(ctx context.Context) error {
+// syncTargets makes every slot written since the last sync durable. The
+// slots whose space the next size commit must report (allocOld) are
+// synced with SSyncStat, which answers that space too: it returns them,
+// for commit, and clears their allocOld (a write after that sets it
+// again, and the commit then asks afresh).
+func (in *inode) syncTargets(ctx context.Context) ([]rpc.SlotAlloc, error) {
+	withStat := !in.c.noSyncStat.Load()
 	in.mu.Lock()
 	var slots []int
+	var stat []bool
 	for s, u := range in.mu.unsynced {
 		if u {
 			slots = append(slots, s)
 			in.mu.unsynced[s] = false
+			st := withStat && in.mu.allocOld[s]
+			stat = append(stat, st)
+			if st {
+				in.mu.allocOld[s] = false
+			}
 		}
 	}
 	in.mu.Unlock()
 	if len(slots) == 0 {
-		return nil
+		return nil, nil
 	}
 	errs := make([]error, len(slots))
+	got := make([]rpc.ChunkStatResp, len(slots))
 	in.eachSlot(slots, func(i int, t uint32) {
-		errs[i] = in.c.storeCall(ctx, "sync", t, rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}}, nil)
-	})
-	err := errors.Join(errs...)
-	if err != nil {
-		in.mu.Lock()
-		for i, s := range slots {
-			if errs[i] != nil {
-				in.mu.unsynced[s] = true
+		req := &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}}
+		if stat[i] {
+			errs[i] = in.c.storeCall(ctx, "sync", t, rpc.SSyncStat, req, &got[i])
+			if !errIs(errs[i], syscall.ENOSYS) {
+				return
 			}
+			in.c.noSyncStat.Store(true) // an older server: two calls from now on
+			got[i] = rpc.ChunkStatResp{}
 		}
-		in.mu.Unlock()
-		return firstErr(errs)
+		errs[i] = in.c.storeCall(ctx, "sync", t, rpc.SSync, req, nil)
+	})
+	err := firstErr(errs)
+	var alloc []rpc.SlotAlloc
+	in.mu.Lock()
+	for i, s := range slots {
+		if errs[i] != nil {
+			in.mu.unsynced[s] = true
+		}
+		if !stat[i] {
+			continue
+		}
+		if err == nil && got[i].HasAlloc {
+			alloc = append(alloc, rpc.SlotAlloc{Slot: uint32(s), Bytes: got[i].Alloc})
+		} else {
+			in.mu.allocOld[s] = true // the commit asks for it
+		}
 	}
-	return nil
+	in.mu.Unlock()
+	return alloc, err
 }
 
 // commit reports our size and mtime to the metadata service (CommitSize
-// takes the max of sizes, so N-to-1 writers converge on the right size).
-func (in *inode) commit(ctx context.Context) error {
+// takes the max of sizes, so N-to-1 writers converge on the right size),
+// with the space of the chunks written or punched since the last commit:
+// pre holds what syncTargets learnt; the other slots are asked here.
+func (in *inode) commit(ctx context.Context, pre []rpc.SlotAlloc) error {
 	in.mu.Lock()
 	if !in.mu.dirty {
+		for _, a := range pre { // reported with the next commit
+			in.mu.allocOld[a.Slot] = true
+		}
 		in.mu.Unlock()
 		return nil
 	}
@@ -378,6 +411,11 @@ func (in *inode) commit(ctx context.Context) error {
 	}
 	in.mu.Unlock()
 	alloc := in.statAlloc(ctx, slots)
+	for _, a := range pre {
+		if !slices.Contains(slots, int(a.Slot)) { // else asked again after a later write: newer
+			alloc = append(alloc, a)
+		}
+	}
 	var resp rpc.AttrResp
 	err := in.c.metaCall(ctx, rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: in.c.hdr(), Ino: in.ino, Size: size, Mtime: mtime, Alloc: alloc}, &resp)
 	in.mu.Lock()
@@ -386,6 +424,9 @@ func (in *inode) commit(ctx context.Context) error {
 		in.mu.dirty = true
 		for _, s := range slots {
 			in.mu.allocOld[s] = true
+		}
+		for _, a := range pre {
+			in.mu.allocOld[a.Slot] = true
 		}
 		return metaErr(in.c, "commit size", err)
 	}

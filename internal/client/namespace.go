@@ -83,7 +83,7 @@ func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (r
 			if err := in.drain(ctx); err != nil {
 				return rpc.Attr{}, err
 			}
-			if err := in.commit(ctx); err != nil {
+			if err := in.commit(ctx, nil); err != nil {
 				return rpc.Attr{}, err
 			}
 		}

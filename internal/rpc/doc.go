@@ -37,8 +37,8 @@
 // records) may predate them. LockReq gained Reclaim and SessionHeartbeatReq
 // LockEpoch (read as zero when absent); SetLk answers LockGrant and
 // SessionHeartbeat answers SessionHeartbeatResp instead of Empty (an empty
-// body reads as epoch 0, which clients ignore). MInodesKnown, MTmpfile and
-// SSeek were added at the end; an older service answers them as unknown
+// body reads as epoch 0, which clients ignore). MInodesKnown, MTmpfile,
+// SSeek and SSyncStat were added at the end; an older service answers them as unknown
 // methods (ENOSYS). Answers with attributes (AttrResp, ChangeResp,
 // ReadDirResp) gained a trailing run with each Attr's Blocks, CommitSizeReq
 // a trailing Alloc list and ChunkStatResp a trailing Alloc: absent, they

@@ -19,6 +19,11 @@ const (
 	// SSeek (SeekReq, SeekResp) finds the next data or hole in a chunk
 	// file: lseek's SEEK_DATA and SEEK_HOLE, for sparse-aware copies.
 	SSeek
+	// SSyncStat (ChunkReq, ChunkStatResp) is SSync and then SChunkStat in
+	// one call: a close or fsync syncs the chunks it wrote and reports
+	// their space with the size commit. A server without it answers
+	// ENOSYS; the client then makes the two calls.
+	SSyncStat
 )
 
 // SeekReq asks for the first data (Data) or hole (!Data) at or after Off

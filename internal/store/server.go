@@ -290,6 +290,7 @@ func (s *Server) register() {
 	rpc.Handle(s.rpc, rpc.SChunkStat, s.handleChunkStat)
 	rpc.Handle(s.rpc, rpc.SListChunks, s.handleListChunks)
 	rpc.Handle(s.rpc, rpc.SSeek, s.handleSeek)
+	rpc.Handle(s.rpc, rpc.SSyncStat, s.handleSyncStat)
 }
 
 // target resolves a target id.
@@ -438,6 +439,21 @@ func (s *Server) handlePunch(ctx context.Context, r *rpc.PunchReq) (*rpc.Empty, 
 }
 
 func (s *Server) handleSync(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, error) {
+	if _, err := s.syncChunk(r, false); err != nil {
+		return nil, err
+	}
+	return &rpc.Empty{}, nil
+}
+
+// handleSyncStat syncs a chunk and answers its stat, as handleSync and
+// then handleChunkStat would.
+func (s *Server) handleSyncStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.ChunkStatResp, error) {
+	return s.syncChunk(r, true)
+}
+
+// syncChunk puts a chunk's data on stable storage and, when stat is set,
+// answers its length and space.
+func (s *Server) syncChunk(r *rpc.ChunkReq, stat bool) (*rpc.ChunkStatResp, error) {
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
 		return nil, err
@@ -448,17 +464,19 @@ func (s *Server) handleSync(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, e
 	// clean; a clean chunk on disk is durable by the flag's invariant.
 	c, err := s.cache.get(t, r.Chunk.Ino, false)
 	if errors.Is(err, errNotExist) {
-		return &rpc.Empty{}, nil
+		return &rpc.ChunkStatResp{HasAlloc: true}, nil
 	}
 	if err != nil {
 		return nil, s.failed(err)
 	}
-	err = c.sync()
-	s.cache.release(c)
-	if err != nil {
+	defer s.cache.release(c)
+	if err := c.sync(); err != nil {
 		return nil, s.failed(err)
 	}
-	return &rpc.Empty{}, nil
+	if !stat {
+		return nil, nil
+	}
+	return s.chunkStat(c)
 }
 
 func (s *Server) handleRemove(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, error) {
@@ -492,6 +510,11 @@ func (s *Server) handleChunkStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.Chu
 		return nil, s.failed(err)
 	}
 	defer s.cache.release(c)
+	return s.chunkStat(c)
+}
+
+// chunkStat answers an open chunk's length and the space its data takes.
+func (s *Server) chunkStat(c *chunk) (*rpc.ChunkStatResp, error) {
 	size := c.size.Load()
 	var st unix.Stat_t
 	if err := unix.Fstat(c.dataFd, &st); err != nil {

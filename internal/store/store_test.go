@@ -136,6 +136,33 @@ func firstDiff(a, b []byte) int {
 	return min(len(a), len(b))
 }
 
+// SSyncStat answers what SChunkStat answers after the sync: nothing for an
+// absent chunk (known to take no space), the length and space of a written
+// one; an unknown target is an error, not an empty answer.
+func TestSyncStat(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	syncStat := func(tgt uint32, ino uint64) (rpc.ChunkStatResp, error) {
+		var r rpc.ChunkStatResp
+		err := e.cl.Call(context.Background(), rpc.SSyncStat, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: tgt, Ino: ino}}, &r)
+		return r, err
+	}
+	if st, err := syncStat(1, 9); err != nil || st.Exists || st.Size != 0 || !st.HasAlloc || st.Alloc != 0 {
+		t.Fatalf("absent chunk: %+v, %v", st, err)
+	}
+	e.mustWrite(1, 9, 0, bytes.Repeat([]byte{1}, 64<<10), false)
+	e.mustWrite(1, 9, 3<<20, []byte("tail"), false)
+	st, err := syncStat(1, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := e.stat(1, 9); st != want || !st.Exists || st.Size != 3<<20+4 || st.Alloc < 64<<10 || st.Alloc >= 1<<20 {
+		t.Fatalf("sync stat %+v, chunk stat %+v: want equal, 3 MiB+4 long, 64 KiB+ of space", st, want)
+	}
+	if _, err := syncStat(7, 9); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("unknown target: %v, want ENOENT", err)
+	}
+}
+
 func TestHolesTruncatePunchStat(t *testing.T) {
 	e := newEnv(t, 1, nil)
 	if st := e.stat(1, 9); st.Exists || st.Size != 0 || !st.HasAlloc || st.Alloc != 0 {
