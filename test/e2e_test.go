@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -562,10 +563,23 @@ func TestUpAfterMetadataRestoredFromOlderCopy(t *testing.T) {
 		}
 		return string(out)
 	}
-	if out := fsck(); !strings.Contains(out, "4 orphan chunks found; run again with --remove-orphans") {
+	out := fsck("--progress")
+	if !strings.Contains(out, "4 orphan chunks found; run again with --remove-orphans") {
 		t.Fatalf("fsck after the restore:\n%s", out)
 	}
-	if out := fsck("--remove-orphans"); !strings.Contains(out, "4 orphan chunks found, 4 removed") {
+	// --progress: a line per target as it is done (stderr), whose orphans
+	// add up to the report's.
+	lines := regexp.MustCompile(`(?m)^fsck: target \d+ \(.+ on .+\), [1-4] of 4: \d+ chunks, (\d+) orphans, 0 removed`).FindAllStringSubmatch(out, -1)
+	orphans := 0
+	for _, l := range lines {
+		n, _ := strconv.Atoi(l[1])
+		orphans += n
+	}
+	if len(lines) != 4 || orphans != 4 {
+		t.Fatalf("fsck --progress: %d target lines counting %d orphans, want 4 and 4:\n%s", len(lines), orphans, out)
+	}
+	// Without a terminal and without --progress: no progress lines.
+	if out := fsck("--remove-orphans"); !strings.Contains(out, "4 orphan chunks found, 4 removed") || strings.Contains(out, "fsck: target") {
 		t.Fatalf("fsck --remove-orphans:\n%s", out)
 	}
 	if out := fsck(); !strings.Contains(out, "no orphan chunks") {

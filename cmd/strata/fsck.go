@@ -7,8 +7,10 @@ import (
 	"io"
 	"os"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/stratafs/strata/internal/rpc"
 )
@@ -35,7 +37,7 @@ const fsckRemoveBatch = 1024
 
 func init() {
 	var af adminFlags
-	var remove, asJSON bool
+	var remove, asJSON, progress bool
 	cmd := &cobra.Command{
 		Use:   "fsck",
 		Short: "find chunk files that no file owns (and remove them with --remove-orphans)",
@@ -52,7 +54,11 @@ without --remove-orphans.`,
 			if err != nil {
 				return err
 			}
-			res, err := fsck(cmd.Context(), meta, key, remove)
+			var pw io.Writer
+			if progress || (!cmd.Flags().Changed("progress") && isTerminal(os.Stderr)) {
+				pw = os.Stderr
+			}
+			res, err := fsck(cmd.Context(), meta, key, remove, pw)
 			if err != nil {
 				return err
 			}
@@ -66,11 +72,53 @@ without --remove-orphans.`,
 	af.register(cmd)
 	cmd.Flags().BoolVar(&remove, "remove-orphans", false, "remove the orphan chunk files found")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&progress, "progress", false, "report progress on stderr: each target when done, and every few seconds while one is listed (default: when stderr is a terminal)")
 	rootCmd.AddCommand(cmd)
 }
 
-// fsck checks every target of the cluster whose metadata service is at meta.
-func fsck(ctx context.Context, meta string, key []byte, remove bool) ([]*fsckTarget, error) {
+// fsckProgressEvery is how often a target being listed is reported.
+const fsckProgressEvery = 2 * time.Second
+
+// fsckProgress reports a check under way to w (nil: nowhere).
+type fsckProgress struct {
+	w     io.Writer
+	start time.Time
+	last  time.Time
+}
+
+// listing reports r mid-listing, at most every fsckProgressEvery.
+func (p *fsckProgress) listing(r *fsckTarget) {
+	if p.w == nil || time.Since(p.last) < fsckProgressEvery {
+		return
+	}
+	p.last = time.Now()
+	fmt.Fprintf(p.w, "fsck: target %d (%s on %s): %d chunks listed, %d orphans so far (%s)\n",
+		r.ID, r.Path, r.Addr, r.Chunks, r.Orphans, time.Since(p.start).Round(time.Second))
+}
+
+// done reports r's outcome.
+func (p *fsckProgress) done(r *fsckTarget, i, n int) {
+	if p.w == nil {
+		return
+	}
+	p.last = time.Now()
+	if !r.Checked {
+		fmt.Fprintf(p.w, "fsck: target %d (%s on %s), %d of %d: not checked: %s\n", r.ID, r.Path, r.Addr, i, n, r.Skipped)
+		return
+	}
+	fmt.Fprintf(p.w, "fsck: target %d (%s on %s), %d of %d: %d chunks, %d orphans, %d removed (%s)\n",
+		r.ID, r.Path, r.Addr, i, n, r.Chunks, r.Orphans, r.Removed, time.Since(p.start).Round(time.Millisecond))
+}
+
+// isTerminal reports whether f is a terminal.
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// fsck checks every target of the cluster whose metadata service is at meta,
+// reporting its progress to progress (nil: nowhere).
+func fsck(ctx context.Context, meta string, key []byte, remove bool, progress io.Writer) ([]*fsckTarget, error) {
 	mc := adminClient(meta, key)
 	defer mc.Close()
 	var st rpc.ClusterStatusResp
@@ -89,12 +137,14 @@ func fsck(ctx context.Context, meta string, key []byte, remove bool) ([]*fsckTar
 			c.Close()
 		}
 	}()
+	p := &fsckProgress{w: progress, start: time.Now()}
 	var out []*fsckTarget
-	for _, ti := range st.Targets {
+	for i, ti := range st.Targets {
 		r := &fsckTarget{ID: ti.ID, Path: ti.Path, Addr: ti.Addr}
 		out = append(out, r)
 		if !ti.Alive {
 			r.Skipped = "its storage server is down"
+			p.done(r, i+1, len(st.Targets))
 			continue
 		}
 		sc := stores[ti.Addr]
@@ -102,7 +152,7 @@ func fsck(ctx context.Context, meta string, key []byte, remove bool) ([]*fsckTar
 			sc = adminClient(ti.Addr, key)
 			stores[ti.Addr] = sc
 		}
-		if err := fsckTargetChunks(ctx, mc, sc, r, start.NextIno); err != nil {
+		if err := fsckTargetChunks(ctx, mc, sc, r, start.NextIno, p); err != nil {
 			var se *storeError
 			if !errors.As(err, &se) {
 				return nil, err
@@ -110,6 +160,7 @@ func fsck(ctx context.Context, meta string, key []byte, remove bool) ([]*fsckTar
 			// A server that died since the status: the others are
 			// still worth checking.
 			r.Skipped, r.Chunks, r.Orphans, r.OrphanBytes, r.orphanChunks = se.Error(), 0, 0, 0, nil
+			p.done(r, i+1, len(st.Targets))
 			continue
 		}
 		r.Checked = true
@@ -118,13 +169,14 @@ func fsck(ctx context.Context, meta string, key []byte, remove bool) ([]*fsckTar
 				return out, err
 			}
 		}
+		p.done(r, i+1, len(st.Targets))
 	}
 	return out, nil
 }
 
 // fsckTargetChunks lists r's chunks page by page and counts those whose
 // inode, below next, the namespace does not know.
-func fsckTargetChunks(ctx context.Context, mc, sc *rpc.Client, r *fsckTarget, next uint64) error {
+func fsckTargetChunks(ctx context.Context, mc, sc *rpc.Client, r *fsckTarget, next uint64, p *fsckProgress) error {
 	for from := uint32(0); ; {
 		var page rpc.ListChunksResp
 		if err := sc.Call(ctx, rpc.SListChunks, &rpc.ListChunksReq{Target: r.ID, From: from, Max: fsckListPage}, &page); err != nil {
@@ -151,6 +203,7 @@ func fsckTargetChunks(ctx context.Context, mc, sc *rpc.Client, r *fsckTarget, ne
 				r.OrphanBytes += page.Bytes[lo+i]
 				r.orphanChunks = append(r.orphanChunks, rpc.ChunkID{Target: r.ID, Ino: ino})
 			}
+			p.listing(r)
 		}
 		if page.Done {
 			return nil
