@@ -1436,3 +1436,51 @@ func TestSyncReportsSpace(t *testing.T) {
 		}
 	}
 }
+
+// A space answer a sync got is not committed once the chunk was written
+// again and a newer answer was reported in between (two handles of one
+// file closing at once): st_blocks keeps the newer figure.
+func TestStaleSyncSpaceDropped(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 2, targets: 1})
+	c := tc.client(nil)
+	ctx := context.Background()
+	f, err := c.CreateOpen(ctx, 1, "f", 0o644, 0, 0, syscall.O_RDWR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.in.layout.StripeCount != 2 || f.in.layout.StripeSize != 1<<20 {
+		t.Fatalf("layout %+v, want 2 stripes of 1 MiB", f.in.layout)
+	}
+	write := func(off int64, n int) {
+		t.Helper()
+		if _, err := f.WriteAt(ctx, bytes.Repeat([]byte{1}, n), off); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.in.drain(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, 64<<10) // slot 0
+	pre, err := f.in.syncTargets(ctx)
+	if err != nil || len(pre) != 1 || pre[0].Slot != 0 {
+		t.Fatalf("sync answered %+v, %v; want slot 0's space", pre, err)
+	}
+	write(2<<20, 1<<20) // slot 0 again, reported by another commit
+	if err := f.in.commit(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	write(1<<20, 64<<10) // slot 1: the first commit has something to send
+	if err := f.in.commit(ctx, pre); err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.GetAttr(ctx, f.Ino())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := int64(a.Blocks) * 512; got < 1<<20+128<<10 {
+		t.Fatalf("st_blocks says %d bytes, want at least 1.125 MiB: the stale answer replaced the newer one", got)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

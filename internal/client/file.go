@@ -500,7 +500,7 @@ func (f *File) Flush(ctx context.Context) error {
 	if err := in.takeErr(); err != nil {
 		return err
 	}
-	var alloc []rpc.SlotAlloc
+	var alloc []slotSpace
 	if f.c.cfg.SyncPolicy == SyncPolicySync {
 		var err error
 		if alloc, err = in.syncTargets(ctx); err != nil {
@@ -789,7 +789,7 @@ func (f *File) Punch(ctx context.Context, off, n int64) error {
 	in.mu.dirty = true
 	for _, r := range rs {
 		in.mu.unsynced[r.slot] = true
-		in.mu.allocOld[r.slot] = true
+		in.markAllocLocked(r.slot)
 	}
 	in.mu.Unlock()
 	f.c.m.op("punch")

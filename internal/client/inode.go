@@ -70,6 +70,7 @@ type inode struct {
 		dirty     bool       // writes (size/mtime) not yet committed to metadata
 		unsynced  []bool     // per slot: written since the last SSync
 		allocOld  []bool     // per slot: written or punched since its space was last reported
+		allocGen  []uint64   // per slot: writes and punches so far (markAlloc), to tell a space answer's age
 		pending   []*wbuf    // per slot: coalescing buffer not yet submitted
 		inflight  []*wbuf    // submitted, not yet acknowledged
 		err       error      // first write-behind error, not yet reported by flush/fsync
@@ -115,6 +116,7 @@ func newInode(c *Client, a *rpc.Attr) *inode {
 	n := len(a.Layout.Targets)
 	in.mu.unsynced = make([]bool, n)
 	in.mu.allocOld = make([]bool, n)
+	in.mu.allocGen = make([]uint64, n)
 	in.mu.pending = make([]*wbuf, n)
 	return in
 }
@@ -223,7 +225,7 @@ func (in *inode) submitLocked(w *wbuf) {
 	w.done = make(chan struct{})
 	in.mu.inflight = append(in.mu.inflight, w)
 	in.mu.unsynced[w.slot] = true
-	in.mu.allocOld[w.slot] = true
+	in.markAllocLocked(w.slot)
 	go in.writeOut(w)
 }
 
@@ -328,22 +330,37 @@ func (in *inode) takeErr() error {
 	return err
 }
 
+// slotSpace is a chunk's space as a sync answered it, with the slot's
+// allocGen when it was asked.
+type slotSpace struct {
+	rpc.SlotAlloc
+	gen uint64
+}
+
+// markAllocLocked notes a write or punch of slot: its space changes.
+func (in *inode) markAllocLocked(slot int) {
+	in.mu.allocOld[slot] = true
+	in.mu.allocGen[slot]++
+}
+
 // syncTargets makes every slot written since the last sync durable. The
 // slots whose space the next size commit must report (allocOld) are
 // synced with SSyncStat, which answers that space too: it returns them,
 // for commit, and clears their allocOld (a write after that sets it
 // again, and the commit then asks afresh).
-func (in *inode) syncTargets(ctx context.Context) ([]rpc.SlotAlloc, error) {
+func (in *inode) syncTargets(ctx context.Context) ([]slotSpace, error) {
 	withStat := !in.c.noSyncStat.Load()
 	in.mu.Lock()
 	var slots []int
 	var stat []bool
+	var gens []uint64
 	for s, u := range in.mu.unsynced {
 		if u {
 			slots = append(slots, s)
 			in.mu.unsynced[s] = false
 			st := withStat && in.mu.allocOld[s]
 			stat = append(stat, st)
+			gens = append(gens, in.mu.allocGen[s])
 			if st {
 				in.mu.allocOld[s] = false
 			}
@@ -368,7 +385,7 @@ func (in *inode) syncTargets(ctx context.Context) ([]rpc.SlotAlloc, error) {
 		errs[i] = in.c.storeCall(ctx, "sync", t, rpc.SSync, req, nil)
 	})
 	err := firstErr(errs)
-	var alloc []rpc.SlotAlloc
+	var alloc []slotSpace
 	in.mu.Lock()
 	for i, s := range slots {
 		if errs[i] != nil {
@@ -378,7 +395,7 @@ func (in *inode) syncTargets(ctx context.Context) ([]rpc.SlotAlloc, error) {
 			continue
 		}
 		if err == nil && got[i].HasAlloc {
-			alloc = append(alloc, rpc.SlotAlloc{Slot: uint32(s), Bytes: got[i].Alloc})
+			alloc = append(alloc, slotSpace{rpc.SlotAlloc{Slot: uint32(s), Bytes: got[i].Alloc}, gens[i]})
 		} else {
 			in.mu.allocOld[s] = true // the commit asks for it
 		}
@@ -390,11 +407,19 @@ func (in *inode) syncTargets(ctx context.Context) ([]rpc.SlotAlloc, error) {
 // commit reports our size and mtime to the metadata service (CommitSize
 // takes the max of sizes, so N-to-1 writers converge on the right size),
 // with the space of the chunks written or punched since the last commit:
-// pre holds what syncTargets learnt; the other slots are asked here.
-func (in *inode) commit(ctx context.Context, pre []rpc.SlotAlloc) error {
+// pre holds what syncTargets learnt; the other slots are asked here. A
+// pre answer of a slot written since it was asked is dropped: the slot is
+// asked again here, or another commit reported a newer answer.
+func (in *inode) commit(ctx context.Context, pre []slotSpace) error {
 	in.mu.Lock()
+	var use []rpc.SlotAlloc
+	for _, p := range pre {
+		if in.mu.allocGen[p.Slot] == p.gen {
+			use = append(use, p.SlotAlloc)
+		}
+	}
 	if !in.mu.dirty {
-		for _, a := range pre { // reported with the next commit
+		for _, a := range use { // reported with the next commit
 			in.mu.allocOld[a.Slot] = true
 		}
 		in.mu.Unlock()
@@ -411,8 +436,8 @@ func (in *inode) commit(ctx context.Context, pre []rpc.SlotAlloc) error {
 	}
 	in.mu.Unlock()
 	alloc := in.statAlloc(ctx, slots)
-	for _, a := range pre {
-		if !slices.Contains(slots, int(a.Slot)) { // else asked again after a later write: newer
+	for _, a := range use {
+		if !slices.Contains(slots, int(a.Slot)) { // asked afresh: that answer stands
 			alloc = append(alloc, a)
 		}
 	}
@@ -425,7 +450,7 @@ func (in *inode) commit(ctx context.Context, pre []rpc.SlotAlloc) error {
 		for _, s := range slots {
 			in.mu.allocOld[s] = true
 		}
-		for _, a := range pre {
+		for _, a := range use {
 			in.mu.allocOld[a.Slot] = true
 		}
 		return metaErr(in.c, "commit size", err)
