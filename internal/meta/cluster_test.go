@@ -202,13 +202,20 @@ func TestRegistry(t *testing.T) {
 	}
 }
 
-func TestOrphanReaping(t *testing.T) {
+// reapingSetup starts a metadata service that reaps orphans after grace, a
+// fake store serving two targets, and a client that registered them.
+func reapingSetup(t *testing.T, grace time.Duration) (*fakeStore, *client, rpc.RegisterServerResp) {
+	t.Helper()
 	cfg := testConfig(t, "")
-	cfg.OrphanGrace = 200 * time.Millisecond
+	cfg.OrphanGrace = grace
 	s := openService(t, cfg)
 	store := newFakeStore(t)
 	c := newClient(t, s.Addr())
-	reg := c.registerTargets(store.addr, "t1", "t2")
+	return store, c, c.registerTargets(store.addr, "t1", "t2")
+}
+
+func TestOrphanReaping(t *testing.T) {
+	store, c, reg := reapingSetup(t, 200*time.Millisecond)
 	f := c.mustCreate(1, "f", fileMode)
 	g := c.mustCreate(1, "g", fileMode)
 
@@ -261,12 +268,7 @@ func TestOrphanReaping(t *testing.T) {
 // client's lists, made after the create, no longer name it — not on the
 // strength of a list made before it existed — unless linkat named it.
 func TestTmpfileReaping(t *testing.T) {
-	cfg := testConfig(t, "")
-	cfg.OrphanGrace = 100 * time.Millisecond
-	s := openService(t, cfg)
-	store := newFakeStore(t)
-	c := newClient(t, s.Addr())
-	c.registerTargets(store.addr, "t1", "t2")
+	store, c, _ := reapingSetup(t, 100*time.Millisecond)
 	if err := c.heartbeat(); err != nil {
 		t.Fatal(err)
 	}
@@ -402,12 +404,7 @@ var _ sync.Mutex
 // TestOrphanReapingMany: a burst of unlinks is reaped in batches (one Raft
 // command for many inodes) and every inode and chunk goes.
 func TestOrphanReapingMany(t *testing.T) {
-	cfg := testConfig(t, "")
-	cfg.OrphanGrace = 100 * time.Millisecond
-	s := openService(t, cfg)
-	store := newFakeStore(t)
-	c := newClient(t, s.Addr())
-	c.registerTargets(store.addr, "t1", "t2")
+	store, c, _ := reapingSetup(t, 100*time.Millisecond)
 	const n = 40 // more than one opCtx's inode cache
 	var inos []uint64
 	for i := 0; i < n; i++ {

@@ -439,7 +439,7 @@ func (s *Server) handlePunch(ctx context.Context, r *rpc.PunchReq) (*rpc.Empty, 
 }
 
 func (s *Server) handleSync(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, error) {
-	if _, err := s.syncChunk(r, false); err != nil {
+	if _, err := s.syncStat(r, true, false); err != nil {
 		return nil, err
 	}
 	return &rpc.Empty{}, nil
@@ -448,12 +448,12 @@ func (s *Server) handleSync(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, e
 // handleSyncStat syncs a chunk and answers its stat, as handleSync and
 // then handleChunkStat would.
 func (s *Server) handleSyncStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.ChunkStatResp, error) {
-	return s.syncChunk(r, true)
+	return s.syncStat(r, true, true)
 }
 
-// syncChunk puts a chunk's data on stable storage and, when stat is set,
-// answers its length and space.
-func (s *Server) syncChunk(r *rpc.ChunkReq, stat bool) (*rpc.ChunkStatResp, error) {
+// syncStat puts a chunk's data on stable storage when sync is set and
+// answers its length and space when stat is (an absent chunk: none).
+func (s *Server) syncStat(r *rpc.ChunkReq, sync, stat bool) (*rpc.ChunkStatResp, error) {
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
 		return nil, err
@@ -470,8 +470,10 @@ func (s *Server) syncChunk(r *rpc.ChunkReq, stat bool) (*rpc.ChunkStatResp, erro
 		return nil, s.failed(err)
 	}
 	defer s.cache.release(c)
-	if err := c.sync(); err != nil {
-		return nil, s.failed(err)
+	if sync {
+		if err := c.sync(); err != nil {
+			return nil, s.failed(err)
+		}
 	}
 	if !stat {
 		return nil, nil
@@ -498,19 +500,7 @@ func (s *Server) handleRemove(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty,
 }
 
 func (s *Server) handleChunkStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.ChunkStatResp, error) {
-	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
-	if err != nil {
-		return nil, err
-	}
-	c, err := s.cache.get(t, r.Chunk.Ino, false)
-	if errors.Is(err, errNotExist) {
-		return &rpc.ChunkStatResp{HasAlloc: true}, nil
-	}
-	if err != nil {
-		return nil, s.failed(err)
-	}
-	defer s.cache.release(c)
-	return s.chunkStat(c)
+	return s.syncStat(r, false, true)
 }
 
 // chunkStat answers an open chunk's length and the space its data takes.
