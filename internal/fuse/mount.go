@@ -13,6 +13,7 @@ import (
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/stratafs/strata/internal/client"
+	"github.com/stratafs/strata/internal/mountinfo"
 )
 
 // Options tunes a mount. The zero value gives the defaults.
@@ -78,7 +79,7 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*Mounted, error) 
 	fs := newFileSystem(c, opts)
 	mo := &gofuse.MountOptions{
 		AllowOther:    !opts.NoAllowOther && os.Geteuid() == 0,
-		FsName:        "strata",
+		FsName:        mountinfo.Source(c.Config().MetaAddr), // names the cluster: admin commands find it from a path
 		Name:          "strata",
 		MaxWrite:      1 << 20,
 		MaxReadAhead:  1 << 20,

@@ -47,7 +47,11 @@ func PrepareMountPoint(dir string, create bool) error {
 		case stale:
 			return fmt.Errorf("mount point %s is a disconnected %s mount: unmount it first (fusermount3 -uz %s)", dir, top, dir)
 		case top == fsType:
-			return fmt.Errorf("mount point %s is already a Strata mount: stop the strata serving it, or unmount it (fusermount3 -u %s)", dir, dir)
+			holder := "the strata serving it"
+			if h := mountinfo.Holder(dir); h != "" {
+				holder = "the strata serving it, " + h
+			}
+			return fmt.Errorf("mount point %s is already a Strata mount: stop %s, or unmount it (fusermount3 -u %s)", dir, holder, dir)
 		}
 	}
 	if !create {

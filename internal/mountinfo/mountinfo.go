@@ -1,6 +1,10 @@
 // Package mountinfo reads the kernel's table of this process's mounts
 // (/proc/self/mountinfo): what the benchmark reports as the file system
 // under a directory, and what the mount command checks before mounting.
+// It also tells a Strata mount from others (OnStrata: statfs and the
+// table agree) and keeps the runtime records of the running mount daemons
+// (Record), through which the admin commands find a cluster and a refused
+// mount point names the process serving it.
 package mountinfo
 
 import (
