@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -624,23 +625,28 @@ func TestRefusedReclaimFailsOpenHandles(t *testing.T) {
 	}
 }
 
+// TestENOSPC: targets whose free space is all below their reserve have
+// nothing a write may use. statfs (df on a mount) says so — no space
+// available — and a create is refused with ENOSPC naming the reason,
+// instead of a file placed where its first write fails. (A write that
+// meets the reserve on a target that still had room is the store's test,
+// TestENOSPCKeepsDataIntact, and test/TestFullTargetGivesENOSPC.)
 func TestENOSPC(t *testing.T) {
-	tc := startCluster(t, clusterOpts{stores: 1, targets: 1, reserve: 1 << 62})
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 2, reserve: 1 << 62})
 	c := tc.client(nil)
-	f := create(t, c, RootIno, "full", syscall.O_RDWR)
-	defer f.Release(bg)
-	f.WriteAt(bg, make([]byte, 1<<20), 0)
-	err := f.Fsync(bg)
-	if !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("fsync on a full target: %v, want ENOSPC", err)
-	}
-	fd, err := c.CreateOpen(bg, RootIno, "full-direct", 0o644, 0, 0, syscall.O_RDWR|syscall.O_DIRECT)
+	fs, err := c.StatFS(bg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer fd.Release(bg)
-	if _, err := fd.WriteAt(bg, make([]byte, 4096), 0); !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("direct write on a full target: %v, want ENOSPC", err)
+	if fs.AvailBytes != 0 {
+		t.Fatalf("statfs: %d bytes available where every write meets ENOSPC", fs.AvailBytes)
+	}
+	if fs.TotalBytes == 0 || fs.FreeBytes == 0 {
+		t.Fatalf("statfs: size %d, free %d: want the disk's figures (only the available space is taken by the reserve)", fs.TotalBytes, fs.FreeBytes)
+	}
+	_, err = c.CreateOpen(bg, RootIno, "full", 0o644, 0, 0, syscall.O_RDWR)
+	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "full") {
+		t.Fatalf("create with every target below its reserve: %v, want ENOSPC saying the targets are full", err)
 	}
 }
 

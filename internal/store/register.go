@@ -74,7 +74,7 @@ func (s *Server) registerOnce(ctx context.Context, cl *rpc.Client) error {
 	for _, t := range s.targets {
 		_ = t.statfs()
 		req.Targets = append(req.Targets, rpc.TargetReg{
-			UUID: t.uuid, Path: absPath(t.path), TotalBytes: t.totalBytes.Load(), FreeBytes: t.freeBytes.Load(),
+			UUID: t.uuid, Path: absPath(t.path), TotalBytes: t.totalBytes.Load(), FreeBytes: t.availBytes(),
 			FSID: t.fsid.Load(), RawFree: t.rawFree.Load(), PrevID: t.id.Load(),
 			InoCeiling: t.inoHigh.Load(),
 		})
@@ -138,7 +138,7 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *rpc.Client) {
 		req := &rpc.ServerHeartbeatReq{ServerID: s.serverID.Load()}
 		for _, t := range s.targets {
 			_ = t.statfs()
-			req.Targets = append(req.Targets, rpc.TargetUsage{ID: t.id.Load(), TotalBytes: t.totalBytes.Load(), FreeBytes: t.freeBytes.Load()})
+			req.Targets = append(req.Targets, rpc.TargetUsage{ID: t.id.Load(), TotalBytes: t.totalBytes.Load(), FreeBytes: t.availBytes()})
 			req.FSIDs = append(req.FSIDs, t.fsid.Load())
 			req.RawFree = append(req.RawFree, t.rawFree.Load())
 			req.InoCeiling = max(req.InoCeiling, t.inoHigh.Load())

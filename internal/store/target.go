@@ -348,6 +348,22 @@ func (t *target) statfs() error {
 	return nil
 }
 
+// availBytes is the space writes may still use: the free space less the
+// reserve, below which checkSpace answers ENOSPC. It is what the server
+// reports to the metadata service as the target's free space, so that
+// placement, statfs of a mount (df) and strata status agree with what a
+// write meets.
+func (t *target) availBytes() uint64 {
+	free := t.freeBytes.Load()
+	if t.noReserve.Load() {
+		return free
+	}
+	if free < t.reserve {
+		return 0
+	}
+	return free - t.reserve
+}
+
 // reserveCheckBytes: while the cached free space exceeds reserve plus this
 // margin plus the write, the cached figure (at most statfsMaxAge old) is
 // trusted; closer to the limit every write measures again.
