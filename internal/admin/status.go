@@ -1,0 +1,185 @@
+package admin
+
+import (
+	"math"
+	"strings"
+	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// The JSON of `strata status --json`. Conventions of every --json of the
+// admin commands: snake_case names, units in the names (_bytes,
+// _seconds), times as RFC 3339 strings, null for unknown.
+
+// Status is the document of `strata status --json`.
+type Status struct {
+	Meta     MetaStatus     `json:"meta"`
+	Health   string         `json:"health"`   // "ok" or "failing"
+	Problems []string       `json:"problems"` // one sentence each; empty when ok
+	Inodes   uint64         `json:"inodes"`
+	Sessions uint32         `json:"sessions"`
+	Servers  []ServerStatus `json:"servers"`
+	Targets  []TargetStatus `json:"targets"`
+	Capacity Capacity       `json:"capacity"`
+	Clients  []ClientStatus `json:"clients"`
+	Locks    LockStatus     `json:"locks"`
+}
+
+// MetaStatus is the metadata service as the answering node sees it.
+type MetaStatus struct {
+	Leader       string  `json:"leader"` // address of the leader ("" while none is known)
+	Term         uint64  `json:"term"`
+	CommitIndex  uint64  `json:"commit_index"`
+	DurableIndex uint64  `json:"durable_index"`
+	Voters       []Voter `json:"voters"`
+}
+
+// Voter is one member of the metadata service's Raft group.
+type Voter struct {
+	Address      string `json:"address"`
+	State        string `json:"state"` // leader, follower, candidate or unreachable
+	AppliedIndex uint64 `json:"applied_index"`
+}
+
+// ServerStatus is one storage server.
+type ServerStatus struct {
+	ID                  uint32   `json:"id"`
+	Address             string   `json:"address"`
+	Host                string   `json:"host"`
+	Alive               bool     `json:"alive"`
+	HeartbeatAgeSeconds *float64 `json:"heartbeat_age_seconds"` // null: none since this node leads
+}
+
+// TargetStatus is one storage target. AvailBytes is what writes may still
+// use: the file system's free space less the target's reserve.
+type TargetStatus struct {
+	ID         uint32 `json:"id"`
+	ServerID   uint32 `json:"server_id"`
+	Address    string `json:"address"`
+	Path       string `json:"path"`
+	SizeBytes  uint64 `json:"size_bytes"`
+	AvailBytes uint64 `json:"avail_bytes"`
+	Alive      bool   `json:"alive"`
+}
+
+// Capacity is the file system's as df on a mount shows it: targets that
+// share a file system count once; used is size less free space (blocks
+// reserved for root are not used), avail is what writes may use.
+type Capacity struct {
+	SizeBytes   uint64  `json:"size_bytes"`
+	UsedBytes   uint64  `json:"used_bytes"`
+	AvailBytes  uint64  `json:"avail_bytes"`
+	UsedPercent float64 `json:"used_percent"` // used / (used + avail), as df
+}
+
+// ClientStatus is one mount's session.
+type ClientStatus struct {
+	ID                  uint64   `json:"id"`
+	Host                string   `json:"host"`
+	MountPoint          string   `json:"mount_point"`
+	Pid                 uint32   `json:"pid"`
+	OpenedAt            string   `json:"opened_at"`             // RFC 3339
+	HeartbeatAgeSeconds *float64 `json:"heartbeat_age_seconds"` // null: not known to a follower
+	OpenFiles           uint32   `json:"open_files"`
+	Locks               uint32   `json:"locks"`
+}
+
+// LockStatus summarises the locks the metadata service holds.
+type LockStatus struct {
+	Held uint32 `json:"held"`
+	// Grace: after a metadata restart new locks wait until
+	// GracePendingClients clients have reclaimed theirs.
+	Grace               bool   `json:"grace"`
+	GracePendingClients uint32 `json:"grace_pending_clients"`
+	List                []Lock `json:"list"` // with --locks (at most 1000); else empty
+}
+
+// Lock is one held lock.
+type Lock struct {
+	Inode  uint64  `json:"inode"`
+	Kind   string  `json:"kind"` // fcntl or flock
+	Type   string  `json:"type"` // read or write
+	Start  uint64  `json:"start"`
+	End    *uint64 `json:"end"` // inclusive; null: to the end of the file, however it grows
+	Client uint64  `json:"client"`
+	Pid    uint32  `json:"pid"` // 0: unknown
+}
+
+// CapacityOf computes the df figures from the statfs answer.
+func CapacityOf(fs rpc.StatFSResp) Capacity {
+	free := max(fs.FreeBytes, fs.AvailBytes)
+	c := Capacity{SizeBytes: fs.TotalBytes, AvailBytes: fs.AvailBytes}
+	if fs.TotalBytes > free {
+		c.UsedBytes = fs.TotalBytes - free
+	}
+	if d := c.UsedBytes + c.AvailBytes; d > 0 {
+		// df rounds up: 0.1% used shows as 1%; keep one decimal instead.
+		c.UsedPercent = math.Ceil(1000*float64(c.UsedBytes)/float64(d)) / 10
+	}
+	return c
+}
+
+// StatusOf builds the JSON document; withLocks lists the locks.
+func StatusOf(st *rpc.ClusterStatusResp, fs rpc.StatFSResp, withLocks bool) Status {
+	out := Status{
+		Meta: MetaStatus{
+			Leader: st.Leader, Term: st.Term, CommitIndex: st.CommitIndex, DurableIndex: st.DurableIndex,
+			Voters: []Voter{{Address: st.MetaAddr, State: strings.ToLower(st.RaftState), AppliedIndex: st.AppliedIndex}},
+		},
+		Health: "ok", Problems: append([]string{}, st.Problems...),
+		Inodes: st.Inodes, Sessions: st.Sessions,
+		Servers: []ServerStatus{}, Targets: []TargetStatus{}, Clients: []ClientStatus{},
+		Capacity: CapacityOf(fs),
+		Locks:    LockStatus{Held: st.LocksTotal, Grace: st.LockGrace, GracePendingClients: st.LockGracePending, List: []Lock{}},
+	}
+	if strings.EqualFold(st.RaftState, "leader") {
+		out.Meta.Leader = st.MetaAddr
+	}
+	if len(st.Problems) > 0 {
+		out.Health = "failing"
+	}
+	for _, s := range st.Servers {
+		out.Servers = append(out.Servers, ServerStatus{ID: s.ID, Address: s.Addr, Host: s.Host, Alive: s.Alive, HeartbeatAgeSeconds: ageSeconds(s.LastSeenMs)})
+	}
+	for _, t := range st.Targets {
+		out.Targets = append(out.Targets, TargetStatus{ID: t.ID, ServerID: t.ServerID, Address: t.Addr, Path: t.Path,
+			SizeBytes: t.TotalBytes, AvailBytes: t.FreeBytes, Alive: t.Alive})
+	}
+	for _, c := range st.Clients {
+		out.Clients = append(out.Clients, ClientStatus{ID: c.ID, Host: c.Host, MountPoint: c.MountPoint, Pid: c.Pid,
+			OpenedAt: time.UnixMilli(c.OpenedMs).UTC().Format(time.RFC3339), HeartbeatAgeSeconds: ageSeconds(c.LastSeenMs),
+			OpenFiles: c.OpenFiles, Locks: c.Locks})
+	}
+	if withLocks {
+		for _, l := range st.Locks {
+			out.Locks.List = append(out.Locks.List, LockOf(l))
+		}
+	}
+	return out
+}
+
+// LockOf converts one lock of the status answer.
+func LockOf(l rpc.LockInfo) Lock {
+	out := Lock{Inode: l.Ino, Kind: "fcntl", Type: "read", Start: l.Start, Client: l.Client, Pid: l.Pid}
+	if l.Flock {
+		out.Kind = "flock"
+	}
+	if l.Type == rpc.LockWrite {
+		out.Type = "write"
+	}
+	if l.End != math.MaxUint64 {
+		end := l.End
+		out.End = &end
+	}
+	return out
+}
+
+// ageSeconds turns a millisecond age (negative: unknown) into seconds.
+func ageSeconds(ms int64) *float64 {
+	if ms < 0 {
+		return nil
+	}
+	s := float64(ms) / 1000
+	return &s
+}
