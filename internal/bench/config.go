@@ -58,7 +58,8 @@ type Config struct {
 	// PhaseTimeout bounds every phase (worker start to last result).
 	PhaseTimeout time.Duration
 
-	// Fio measures the raw limit of LimitDir (default: Path) with fio
+	// Fio measures the raw limit of LimitDir (default: see LimitDir: the
+	// disk under Path, also when Path is a Strata mount) with fio
 	// before the suite when fio is installed.
 	Fio        bool
 	LimitDir   string

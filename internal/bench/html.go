@@ -75,7 +75,7 @@ figure{margin:1em 0}figure svg{max-width:100%;height:auto}
 <tr><th class="l">date</th><td class="l">{{.Machine.Date}}</td></tr>
 <tr><th class="l">path</th><td class="l">{{.Machine.Path}} ({{.Machine.FSType}})</td></tr>
 <tr><th class="l">caches dropped</th><td class="l">{{.Machine.CachesDropped}}</td></tr>
-{{with .Limit}}<tr><th class="l">raw limit ({{.Tool}}, {{.Directory}})</th><td class="l">seq write {{num .SeqWriteMiBps}} MiB/s, seq read {{num .SeqReadMiBps}} MiB/s, random write {{num .RandWriteIOPS}} IOPS, random read {{num .RandReadIOPS}} IOPS — {{.Pattern}}</td></tr>{{end}}
+{{with .Limit}}<tr><th class="l">raw limit ({{.Tool}}, {{.Directory}}{{with .Measured}}: {{.}}{{end}})</th><td class="l">seq write {{num .SeqWriteMiBps}} MiB/s, seq read {{num .SeqReadMiBps}} MiB/s, random write {{num .RandWriteIOPS}} IOPS, random read {{num .RandReadIOPS}} IOPS — {{.Pattern}}</td></tr>{{end}}
 {{range .Notes}}<tr><th class="l">note</th><td class="l">{{.}}</td></tr>{{end}}
 </table>{{end}}{{end}}
 <h2>Figures</h2>

@@ -31,8 +31,11 @@ type Machine struct {
 
 // Limit is the raw limit of the backing storage, measured with fio.
 type Limit struct {
-	Tool          string  `json:"tool"` // "fio-3.33"
-	Directory     string  `json:"directory"`
+	Tool      string `json:"tool"` // "fio-3.33"
+	Directory string `json:"directory"`
+	// Measured says what Directory is: the benchmarked path's disk, the
+	// disk under a Strata mount, or the mount itself.
+	Measured      string  `json:"measured,omitempty"`
 	SeqWriteMiBps float64 `json:"seq_write_mib_s"`
 	SeqReadMiBps  float64 `json:"seq_read_mib_s"`
 	RandWriteIOPS float64 `json:"rand_write_iops"`

@@ -97,14 +97,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer r.Close()
 	rep := &Report{Machine: CurrentMachine(r.cfg.Path)}
 	if r.cfg.Fio {
-		dir := r.cfg.LimitDir
-		if dir == "" {
-			dir = r.cfg.Path
-		}
+		dir, what := LimitDir(r.cfg.Path, r.cfg.LimitDir)
+		r.prog.note("raw limit: fio measures %s (%s)", dir, what)
 		lim, err := MeasureLimit(ctx, dir, r.cfg.FioBytes, r.cfg.FioRuntime, r.prog)
 		if err != nil {
 			r.note("no fio limit: %v", err)
 		} else {
+			lim.Measured = what
 			rep.Limit = lim
 		}
 	}
