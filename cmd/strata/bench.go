@@ -49,14 +49,14 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.odirect, "odirect", true, "random: use O_DIRECT when the file system accepts it")
 	fl.IntVar(&f.repeat, "repeat", 1, "run every phase N times and report the median")
 	fl.BoolVar(&f.fio, "fio", true, "measure the raw limit of the backing directory with fio first")
-	fl.StringVar(&f.limitDir, "limit-dir", "", "directory for the fio limit (default: the benchmarked path)")
+	fl.StringVar(&f.limitDir, "limit-dir", "", "directory for the fio limit (default: the benchmarked path's disk; on a Strata mount of a local strata up, its data directory)")
 	fl.StringVar(&f.fioSize, "fio-size", "512M", "fio: sequential file size per job (4 jobs)")
 	fl.DurationVar(&f.phaseTimeout, "phase-timeout", 15*time.Minute, "abort a phase that runs longer than this")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of random offsets and stat order")
 	fl.StringVar(&f.label, "label", "", "system label of the results (default: the path's base name)")
 	fl.StringVar(&f.jsonPath, "json", "", "write the JSON results here (default OUT/results.json)")
-	fl.StringVar(&f.strataData, "strata-data", "", "on a Strata mount: the `strata up` --data directory, so the shared file is striped over every live target `strata status` lists (default: stripe count 0, all targets up to 8)")
-	fl.StringVar(&f.outDir, "out", "", "directory for plots and report.html (default: the JSON file's directory, else ./bench-results)")
+	fl.StringVar(&f.strataData, "strata-data", "", "on a Strata mount: the --data directory of its strata up, so the shared file is striped over every live target strata status lists (default: stripe count 0, all targets up to 8)")
+	fl.StringVar(&f.outDir, "out", "", "directory for plots and report.html (default: the JSON file's directory, else bench-results/ in the working directory, which .gitignore ignores)")
 }
 
 // config builds the bench configuration: the default or quick preset, with
@@ -412,6 +412,6 @@ also after a failure or Ctrl-C. Needs root.`,
 	}
 	cmd.Flags().StringVar(&dir, "dir", "/var/tmp/strata-bench-peers", "work directory on the disk under test (everything is created below it)")
 	cmd.Flags().StringVar(&systems, "systems", strings.Join(peers.Systems, ","), "systems to include")
-	cmd.Flags().StringVar(&upFlags, "strata-up-flags", "", "extra flags for `strata up`, e.g. \"--sync-policy async\" (default: none)")
+	cmd.Flags().StringVar(&upFlags, "strata-up-flags", "", "extra flags for the Strata peer's strata up, e.g. \"--sync-policy async\" (default: none)")
 	return cmd
 }

@@ -12,6 +12,8 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/stratafs/strata/internal/admin"
 )
 
 // rootCmd gathers the subcommands; each subcommand's file adds itself in init.
@@ -29,6 +31,7 @@ var logLevel string
 
 func init() {
 	rootCmd.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	rootCmd.SetVersionTemplate("{{.Version}}")
 }
 
 func setupLogging(cmd *cobra.Command) error {
@@ -64,12 +67,50 @@ func main() {
 	if os.Getenv("GOMAXPROCS") == "" && runtime.NumCPU() < 4 && (len(os.Args) < 2 || os.Args[1] != "bench") {
 		runtime.GOMAXPROCS(4)
 	}
-	if err := rootCmd.Execute(); err != nil {
-		fmt.Fprintf(os.Stderr, "strata: %v\n", err)
-		var ue usageError
-		if errors.As(err, &ue) {
-			os.Exit(2)
+	os.Exit(execute())
+}
+
+// Exit statuses: 0 success, 1 a runtime failure, 2 a usage error (bad
+// flags or arguments, an unknown command) — everywhere.
+const (
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// running is set once a command's RunE starts: an error before it came
+// from parsing the command line (cobra's flag, argument and unknown
+// command errors, which carry no type of their own).
+var running bool
+
+// execute runs the command line and returns the exit status.
+func execute() int {
+	rootCmd.Version = admin.Version() // cobra adds --version
+	markRunning(rootCmd)
+	err := rootCmd.Execute()
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "strata: %v\n", err)
+	var ue usageError
+	if !running || errors.As(err, &ue) {
+		if !running {
+			fmt.Fprintln(os.Stderr, "(strata --help, or strata COMMAND --help, lists the commands and flags)")
 		}
-		os.Exit(1)
+		return exitUsage
+	}
+	return exitFailure
+}
+
+// markRunning wraps every command's RunE so that running tells a usage
+// error from a runtime one.
+func markRunning(c *cobra.Command) {
+	if run := c.RunE; run != nil {
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			running = true
+			return run(cmd, args)
+		}
+	}
+	for _, sub := range c.Commands() {
+		markRunning(sub)
 	}
 }

@@ -64,7 +64,7 @@ func init() {
 			if err != nil {
 				return err
 			}
-			defer lock.Close()
+			defer lock.release()
 			svc, err := meta.Open(cfg)
 			if err != nil {
 				return err
@@ -81,7 +81,7 @@ func init() {
 	f.StringVar(&data, "data", "", "data directory (required)")
 	f.StringVar(&raftAddr, "raft-addr", "", "raft address (default: 127.0.0.1:0 on loopback, else listen port+1)")
 	f.StringVar(&keyFile, "key-file", "", "file holding the cluster key (default: empty key)")
-	f.StringVar(&metricsAddr, "metrics", "", "serve Prometheus metrics on this address (optional)")
+	metricsFlag(f, &metricsAddr)
 	f.StringVar(&nodeID, "node-id", "", "raft node id (default: saved in the data dir, or random)")
 	f.DurationVar(&serverTimeout, "server-timeout", d.ServerTimeout, "storage server considered dead after this long without heartbeat")
 	f.DurationVar(&sessionLease, "session-lease", d.SessionLease, "client session lease")

@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/stratafs/strata/internal/client"
 	"github.com/stratafs/strata/internal/fuse"
+	"github.com/stratafs/strata/internal/mountinfo"
 )
 
 func init() {
@@ -58,7 +60,7 @@ func init() {
 			if err := cfg.Validate(); err != nil {
 				return usagef("mount: %v", err)
 			}
-			return runMount(cfg, args[0], fuse.Options{Debug: debugFuse, KernelReadAhead: kernelReadAheadOption(kernelReadAhead)})
+			return runMount(cfg, keyFile, args[0], fuse.Options{Debug: debugFuse, KernelReadAhead: kernelReadAheadOption(kernelReadAhead)})
 		},
 	}
 	f := cmd.Flags()
@@ -70,7 +72,7 @@ func init() {
 	f.Int64Var(&cfg.ReadAheadBytes, "read-ahead-bytes", cfg.ReadAheadBytes, "how far ahead of a sequential reader to prefetch (0 = off)")
 	f.Int64Var(&cfg.WriteThroughBytes, "write-through-bytes", cfg.WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
 	f.Int64Var(&kernelReadAhead, "kernel-read-ahead-bytes", kernelReadAhead, kernelReadAheadUsage)
-	f.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics")
+	metricsFlag(f, &cfg.MetricsAddr)
 	f.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request")
 	rootCmd.AddCommand(cmd)
 }
@@ -80,7 +82,7 @@ const syncPolicyUsage = "sync: close puts written data on stable storage and com
 	"strict: every close is an fsync, also for the file's create; async: close only hands data to the servers (scratch-grade)"
 
 // runMount mounts and serves until a signal or an external unmount.
-func runMount(cfg client.Config, mountpoint string, opts fuse.Options) error {
+func runMount(cfg client.Config, keyFile, mountpoint string, opts fuse.Options) error {
 	if abs, err := filepath.Abs(mountpoint); err == nil {
 		if err := fuse.PrepareMountPoint(abs, false); err != nil {
 			return err
@@ -96,6 +98,15 @@ func runMount(cfg client.Config, mountpoint string, opts fuse.Options) error {
 	m, err := fuse.Mount(c, mountpoint, opts)
 	if err != nil {
 		return err
+	}
+	if abs, err := filepath.Abs(keyFile); err == nil {
+		keyFile = abs
+	}
+	removeRecord, err := mountinfo.WriteRecord(mountinfo.Record{Mount: cfg.MountPoint, Meta: cfg.MetaAddr, KeyFile: keyFile})
+	if err != nil {
+		slog.Warn("admin commands will not find this mount's key file", "err", err)
+	} else {
+		defer removeRecord()
 	}
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -121,6 +132,14 @@ func runMount(cfg client.Config, mountpoint string, opts fuse.Options) error {
 		slog.Info("file system was unmounted externally", "mountpoint", mountpoint)
 	}
 	return nil
+}
+
+// metricsFlag registers --metrics-addr, the one name of every daemon, and
+// the old --metrics of meta and store as a hidden deprecated alias.
+func metricsFlag(f *pflag.FlagSet, addr *string) {
+	f.StringVar(addr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
+	f.StringVar(addr, "metrics", "", "old name of --metrics-addr")
+	_ = f.MarkDeprecated("metrics", "use --metrics-addr")
 }
 
 const kernelReadAheadUsage = "the kernel's read-ahead window for the mount: at least 1 MiB lets sequential reads travel as 1 MiB requests (0 = keep the kernel's 128 KiB; setting it needs root)"

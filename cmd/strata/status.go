@@ -2,23 +2,27 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/stratafs/strata/internal/admin"
 	"github.com/stratafs/strata/internal/rpc"
 )
 
-// adminFlags locate a running cluster for the admin commands: --meta and
-// --key-file, else $STRATA_META / $STRATA_KEY_FILE, else the cluster file
-// that `strata up` writes in --data (default ./strata-data).
+// adminFlags locate a running cluster for the admin commands (see
+// admin.Locate): --meta and --key-file, else $STRATA_META /
+// $STRATA_KEY_FILE, else --data's cluster.json, else the Strata mount the
+// working directory is on, else ./strata-data, else the one strata up
+// running on this machine.
 type adminFlags struct {
 	meta    string
 	keyFile string
@@ -26,17 +30,9 @@ type adminFlags struct {
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&a.meta, "meta", "", "metadata service address (default $STRATA_META or the local cluster's)")
-	cmd.Flags().StringVar(&a.keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE or the local cluster's)")
-	cmd.Flags().StringVar(&a.data, "data", "./strata-data", "data directory of a local cluster started by `strata up`")
-}
-
-// upInfo is what `strata up` records in DATA/cluster.json.
-type upInfo struct {
-	Meta    string `json:"meta"`
-	KeyFile string `json:"key_file"`
-	Mount   string `json:"mount"`
-	Pid     int    `json:"pid"`
+	cmd.Flags().StringVar(&a.meta, "meta", "", "metadata service address (default $STRATA_META, the mount the working directory is on, or the running strata up)")
+	cmd.Flags().StringVar(&a.keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE, or the one the mount or strata up was started with)")
+	cmd.Flags().StringVar(&a.data, "data", "", "data directory of a local cluster started by strata up (default: ./strata-data if present)")
 }
 
 func (a *adminFlags) dial() (*rpc.Client, error) {
@@ -55,39 +51,20 @@ func adminClient(addr string, key []byte) *rpc.Client {
 
 // resolve finds the metadata service's address and the cluster key.
 func (a *adminFlags) resolve() (string, []byte, error) {
-	meta, keyFile := a.meta, a.keyFile
-	if meta == "" {
-		meta = os.Getenv("STRATA_META")
-	}
-	if keyFile == "" {
-		keyFile = os.Getenv("STRATA_KEY_FILE")
-	}
-	if meta == "" || keyFile == "" {
-		if b, err := os.ReadFile(filepath.Join(a.data, "cluster.json")); err == nil {
-			var info upInfo
-			if json.Unmarshal(b, &info) == nil {
-				if meta == "" {
-					meta = info.Meta
-				}
-				if keyFile == "" {
-					keyFile = info.KeyFile
-				}
-			}
+	wd, _ := os.Getwd()
+	c, err := admin.Locate(admin.Query{Meta: a.meta, KeyFile: a.keyFile, Data: a.data, Dir: wd})
+	if err != nil {
+		if errors.Is(err, admin.ErrNoCluster) || errors.Is(err, admin.ErrNoPath) {
+			return "", nil, usageError{err}
 		}
+		return "", nil, err
 	}
-	if meta == "" {
-		if _, err := os.Stat(filepath.Join(a.data, "cluster.key")); err == nil {
-			// A local cluster's directory without its cluster.json,
-			// which strata up writes while it runs.
-			return "", nil, fmt.Errorf("no strata up is running on %s (start it: strata up --data %s), or pass --meta ADDR for another cluster", a.data, a.data)
-		}
-		return "", nil, usagef("no metadata service address: pass --meta ADDR, set STRATA_META, or run from the directory holding strata-data/")
-	}
-	key, err := readKeyFile(keyFile)
+	key, err := readKeyFile(c.KeyFile)
 	if err != nil {
 		return "", nil, err
 	}
-	return meta, key, nil
+	slog.Debug("cluster located", "meta", c.Meta, "key_file", c.KeyFile, "from", c.From)
+	return c.Meta, key, nil
 }
 
 func init() {
@@ -107,10 +84,14 @@ func init() {
 			if err := c.Call(cmd.Context(), rpc.MClusterStatus, &rpc.Empty{}, &st); err != nil {
 				return fmt.Errorf("cluster status from %s: %w", c.Addr(), err)
 			}
-			if asJSON {
-				return printJSON(st)
+			var fs rpc.StatFSResp
+			if err := c.Call(cmd.Context(), rpc.MStatFS, &rpc.Empty{}, &fs); err != nil {
+				return fmt.Errorf("capacity from %s: %w", c.Addr(), err)
 			}
-			printStatus(os.Stdout, &st, showLocks)
+			if asJSON {
+				return printJSON(admin.StatusOf(&st, fs, showLocks))
+			}
+			printStatus(os.Stdout, &st, admin.CapacityOf(fs), showLocks)
 			return nil
 		},
 	}
@@ -127,7 +108,7 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
-func printStatus(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {
+func printStatus(out io.Writer, st *rpc.ClusterStatusResp, capa admin.Capacity, showLocks bool) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "metadata\t%s\traft %s, term %d, commit %d, applied %d, durable %d\tinodes %d, sessions %d\n",
 		st.MetaAddr, st.RaftState, st.Term, st.CommitIndex, st.AppliedIndex, st.DurableIndex, st.Inodes, st.Sessions)
@@ -141,27 +122,23 @@ func printStatus(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {
 	fmt.Fprintln(out)
 	fmt.Fprintln(w, "SERVER\tADDRESS\tHOST\tHEALTH\tLAST SEEN")
 	for _, s := range st.Servers {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s ago\n", s.ID, s.Addr, s.Host, health(s.Alive), time.Duration(s.LastSeenMs)*time.Millisecond)
+		seen := "-" // no heartbeat since this node leads
+		if s.LastSeenMs >= 0 {
+			seen = (time.Duration(s.LastSeenMs) * time.Millisecond).String() + " ago"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", s.ID, s.Addr, s.Host, health(s.Alive), seen)
 	}
 	w.Flush()
 	fmt.Fprintln(out)
-	var total, free uint64
-	fmt.Fprintln(w, "TARGET\tSERVER\tPATH\tSIZE\tFREE\tUSED%\tHEALTH")
+	// AVAIL is what writes may still use: the free space less the
+	// target's reserve, below which it answers ENOSPC. The total is df's.
+	fmt.Fprintln(w, "TARGET\tSERVER\tPATH\tSIZE\tUSED\tAVAIL\tUSE%\tHEALTH")
 	for _, t := range st.Targets {
-		total += t.TotalBytes
-		free += t.FreeBytes
-		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.ServerID, t.Path, humanBytes(t.TotalBytes), humanBytes(t.FreeBytes), usedPct(t.TotalBytes, t.FreeBytes), health(t.Alive))
+		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t\t%s\t\t%s\n", t.ID, t.ServerID, t.Path, humanBytes(t.TotalBytes), humanBytes(t.FreeBytes), health(t.Alive))
 	}
-	shared := st.TotalBytes != 0 && st.TotalBytes != total
-	if shared {
-		// Targets share a disk: the sum would count it several times.
-		total, free = st.TotalBytes, st.FreeBytes
-	}
-	fmt.Fprintf(w, "total\t\t\t%s\t%s\t%s\t\n", humanBytes(total), humanBytes(free), usedPct(total, free))
+	fmt.Fprintf(w, "total\t\t\t%s\t%s\t%s\t%.1f%%\t\n", humanBytes(capa.SizeBytes), humanBytes(capa.UsedBytes), humanBytes(capa.AvailBytes), capa.UsedPercent)
 	w.Flush()
-	if shared {
-		fmt.Fprintln(out, "(targets on one file system of one host are counted once in the total, as df shows it)")
-	}
+	fmt.Fprintln(out, "(as df on the mount: targets on one file system of one host count once; AVAIL is what writes may use, above each target's reserve)")
 	fmt.Fprintln(out)
 	printClients(out, st, showLocks)
 }
@@ -190,7 +167,7 @@ func printClients(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {
 	}
 	if !showLocks {
 		if st.LocksTotal > 0 {
-			fmt.Fprintln(out, "(`strata status --locks` lists them)")
+			fmt.Fprintln(out, "(strata status --locks lists them)")
 		}
 		return
 	}
@@ -233,13 +210,6 @@ func health(alive bool) string {
 		return "up"
 	}
 	return "DOWN"
-}
-
-func usedPct(total, free uint64) string {
-	if total == 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.1f%%", 100*float64(total-free)/float64(total))
 }
 
 func humanBytes(b uint64) string {

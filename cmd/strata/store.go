@@ -83,7 +83,7 @@ down) and serves clients at --listen.`,
 	f.StringVar(&advertise, "advertise", "", "address clients dial (default: the listen address)")
 	f.StringArrayVar(&targets, "target", nil, "target directory (repeat for several)")
 	f.StringVar(&keyFile, "key-file", "", "file holding the cluster key (whitespace trimmed; default: empty key)")
-	f.StringVar(&metricsAddr, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
+	metricsFlag(f, &metricsAddr)
 	f.DurationVar(&heartbeat, "heartbeat-interval", time.Second, "period of heartbeats to the metadata service")
 	rootCmd.AddCommand(cmd)
 }

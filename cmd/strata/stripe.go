@@ -12,21 +12,10 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/stratafs/strata/internal/admin"
 	"github.com/stratafs/strata/internal/layout"
+	"github.com/stratafs/strata/internal/mountinfo"
 )
-
-// LayoutXattr is the virtual extended attribute through which a Strata mount
-// shows and sets layouts (like Lustre's lfs over ioctls, but it needs no key
-// and the kernel checks the caller's write permission for a set). It is not
-// listed by listxattr, so copying tools do not carry it along.
-const layoutXattr = "user.strata.layout"
-
-// layoutJSON is the contract of `strata stripe get --json`.
-type layoutJSON struct {
-	StripeSize  uint32   `json:"stripe_size"`
-	StripeCount uint32   `json:"stripe_count"`
-	Targets     []uint32 `json:"targets"`
-}
 
 func init() {
 	stripe := &cobra.Command{
@@ -53,12 +42,29 @@ func init() {
 			if err != nil {
 				return usagef("--size %q: %v", size, err)
 			}
-			if sz != 0 && (sz < layout.MinStripeSize || sz > layout.MaxStripeSize || sz%layout.MinStripeSize != 0) {
+			if cmd.Flags().Changed("size") && sz != 0 && (sz < layout.MinStripeSize || sz > layout.MaxStripeSize || sz%layout.MinStripeSize != 0) {
 				return usagef("--size %s: a stripe size is a multiple of %s from %s to %s (0: the default, %s)", size,
 					humanBytes(layout.MinStripeSize), humanBytes(layout.MinStripeSize), humanBytes(layout.MaxStripeSize), humanBytes(layout.DefaultStripeSize))
 			}
-			val := fmt.Sprintf("stripe_count=%d,stripe_size=%d", count, sz)
-			if err := unix.Setxattr(args[0], layoutXattr, []byte(val), 0); err != nil {
+			dir := args[0]
+			if err := requireStrata(dir); err != nil {
+				return err
+			}
+			cur, err := getLayout(dir)
+			if err != nil {
+				return err
+			}
+			var countp, sizep *uint32
+			if cmd.Flags().Changed("count") {
+				c := uint32(count)
+				countp = &c
+			}
+			if cmd.Flags().Changed("size") {
+				s := uint32(sz)
+				sizep = &s
+			}
+			val := admin.SetValue(cur, countp, sizep)
+			if err := unix.Setxattr(dir, admin.LayoutXattr, []byte(val), 0); err != nil {
 				if errors.Is(err, unix.EINVAL) && count > 0 {
 					// Size and count passed the checks above: what the
 					// metadata service refuses is a count over its targets.
@@ -69,25 +75,20 @@ func init() {
 			return nil
 		},
 	}
-	set.Flags().IntVar(&count, "count", 0, "stripe count: number of targets each new file spans (0 = all, capped at 8)")
-	set.Flags().StringVar(&size, "size", "0", "stripe size, e.g. 1M, 4M, 65536 (0 = 1 MiB)")
+	set.Flags().IntVar(&count, "count", 0, "stripe count: number of targets each new file spans (0 = all, capped at 8; not given: keep the directory's)")
+	set.Flags().StringVar(&size, "size", "0", "stripe size, e.g. 1M, 4M, 65536 (0 = 1 MiB; not given: keep the directory's)")
 	var asJSON bool
 	get := &cobra.Command{
 		Use:   "get [--json] PATH",
 		Short: "show a file's layout (stripe size, count, targets) or a directory's default",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			buf := make([]byte, 4096)
-			n, err := unix.Getxattr(args[0], layoutXattr, buf)
+			if err := requireStrata(args[0]); err != nil {
+				return err
+			}
+			l, err := getLayout(args[0])
 			if err != nil {
-				return explainXattr("get layout of", args[0], err)
-			}
-			var l layoutJSON
-			if err := json.Unmarshal(buf[:n], &l); err != nil {
-				return fmt.Errorf("layout of %s: unexpected answer %q: %w", args[0], buf[:n], err)
-			}
-			if l.Targets == nil {
-				l.Targets = []uint32{}
+				return err
 			}
 			if asJSON {
 				return json.NewEncoder(os.Stdout).Encode(l)
@@ -111,9 +112,46 @@ func init() {
 			return nil
 		},
 	}
-	get.Flags().BoolVar(&asJSON, "json", false, `print {"stripe_size": …, "stripe_count": …, "targets": [ids]}`)
+	get.Flags().BoolVar(&asJSON, "json", false, "print JSON: stripe_size, stripe_count, targets (ids)")
 	stripe.AddCommand(set, get)
 	rootCmd.AddCommand(stripe)
+}
+
+// requireStrata refuses a path that is not on a Strata mount: a layout
+// xattr set there would be an ordinary xattr that means nothing.
+func requireStrata(path string) error {
+	if _, err := os.Stat(path); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return usagef("%s does not exist", path)
+		}
+		return err
+	}
+	_, ok, err := mountinfo.OnStrata(path)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		what := ""
+		if mm, err := mountinfo.Containing(path); err == nil {
+			what = fmt.Sprintf(" (it is on %s, a %s file system)", mm.Point, mm.FSType)
+		}
+		return usagef("%s is not on a Strata mount%s: layouts exist only there", path, what)
+	}
+	return nil
+}
+
+// getLayout reads path's layout through the virtual xattr.
+func getLayout(path string) (admin.Layout, error) {
+	buf := make([]byte, 4096)
+	n, err := unix.Getxattr(path, admin.LayoutXattr, buf)
+	if err != nil {
+		return admin.Layout{}, explainXattr("get layout of", path, err)
+	}
+	l, err := admin.ParseLayout(buf[:n])
+	if err != nil {
+		return admin.Layout{}, fmt.Errorf("layout of %s: %w", path, err)
+	}
+	return l, nil
 }
 
 func explainXattr(what, path string, err error) error {

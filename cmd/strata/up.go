@@ -14,9 +14,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/stratafs/strata/internal/admin"
 	"github.com/stratafs/strata/internal/client"
 	"github.com/stratafs/strata/internal/fuse"
 	"github.com/stratafs/strata/internal/meta"
+	"github.com/stratafs/strata/internal/mountinfo"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/store"
 )
@@ -60,16 +62,20 @@ on the same --data it serves the same files.`,
 			if pprofAddr != "" {
 				startPprof(pprofAddr)
 			}
-			return runUp(cmd.Context(), upOptions{
+			err = runUp(cmd.Context(), upOptions{
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore, strictMetaSync: strictMetaSync,
 				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
 			})
+			if err == nil {
+				fmt.Fprintln(os.Stderr, "strata: stopped cleanly: unmounted, every service closed")
+			}
+			return err
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data", "./strata-data", "directory holding all cluster state")
 	cmd.Flags().StringVar(&mountDir, "mount", "./mnt", "mount point (created if missing)")
-	cmd.Flags().StringVar(&metaListen, "meta-listen", "127.0.0.1:0", "metadata service address (port 0: any free port; `strata status` finds it in --data)")
+	cmd.Flags().StringVar(&metaListen, "meta-listen", "127.0.0.1:0", "metadata service address (port 0: any free port; strata status finds it without flags)")
 	cmd.Flags().IntVar(&stores, "stores", 2, "number of storage servers")
 	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
 	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", syncPolicyUsage)
@@ -106,7 +112,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	defer lock.Close()
+	defer lock.release()
 	if err := fuse.PrepareMountPoint(mountDir, true); err != nil {
 		return err
 	}
@@ -217,12 +223,17 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		return nil
 	})
 
-	info := upInfo{Meta: msvc.Addr(), KeyFile: keyFile, Mount: mountDir, Pid: os.Getpid()}
+	info := admin.UpInfo{Meta: msvc.Addr(), KeyFile: keyFile, Mount: mountDir, Pid: os.Getpid()}
 	b, _ := json.MarshalIndent(info, "", "  ")
 	if err := os.WriteFile(filepath.Join(dataDir, "cluster.json"), append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write cluster.json: %w", err)
 	}
 	stops = append(stops, func() error { os.Remove(filepath.Join(dataDir, "cluster.json")); return nil })
+	removeRecord, err := mountinfo.WriteRecord(mountinfo.Record{Mount: mountDir, Meta: msvc.Addr(), KeyFile: keyFile, Data: dataDir})
+	if err != nil {
+		return err
+	}
+	stops = append(stops, func() error { removeRecord(); return nil })
 	fmt.Fprintf(os.Stderr, "strata: mounted at %s (metadata %s, %d storage servers × %d targets, data in %s). Ctrl-C to stop.\n",
 		mountDir, msvc.Addr(), o.stores, o.targetsPerStore, dataDir)
 
