@@ -102,14 +102,18 @@ func TestUpServesAndRestarts(t *testing.T) {
 			return fmt.Errorf("strata status --json: %v\n%s", err, out)
 		}
 		var st struct {
-			LocksTotal int
-			Clients    []struct{ MountPoint string }
+			Locks struct {
+				Held int `json:"held"`
+			} `json:"locks"`
+			Clients []struct {
+				MountPoint string `json:"mount_point"`
+			} `json:"clients"`
 		}
 		if err := json.Unmarshal(out, &st); err != nil {
 			return fmt.Errorf("status JSON: %v\n%s", err, out)
 		}
-		if st.LocksTotal != 0 || len(st.Clients) != 1 || st.Clients[0].MountPoint != mnt {
-			return fmt.Errorf("after close: %d locks, clients %+v (want 0 locks, one client at %s)", st.LocksTotal, st.Clients, mnt)
+		if st.Locks.Held != 0 || len(st.Clients) != 1 || st.Clients[0].MountPoint != mnt {
+			return fmt.Errorf("after close: %d locks, clients %+v (want 0 locks, one client at %s)", st.Locks.Held, st.Clients, mnt)
 		}
 		return nil
 	}); err != nil {

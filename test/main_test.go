@@ -18,5 +18,14 @@ func TestMain(m *testing.M) {
 		os.Exit(tmpfileWorker())
 	}
 	flag.Parse()
-	os.Exit(m.Run())
+	// The strata processes of the tests keep their runtime records (how
+	// strata status finds a running cluster) apart from the machine's.
+	rt, err := os.MkdirTemp("", "strata-test-runtime.")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("STRATA_RUNTIME_DIR", rt)
+	code := m.Run()
+	os.RemoveAll(rt)
+	os.Exit(code)
 }
