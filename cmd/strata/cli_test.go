@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -185,5 +186,27 @@ func TestMetricsFlagOneName(t *testing.T) {
 	out, errOut, _ := strata(t, nil, "store", "--metrics", "127.0.0.1:0")
 	if !strings.Contains(out+errOut, "--metrics-addr") {
 		t.Errorf("strata store --metrics does not point to --metrics-addr:\n%s%s", out, errOut)
+	}
+}
+
+// TestFsckJSONNames: fsck --json follows the JSON convention (snake_case;
+// "address" as in status).
+func TestFsckJSONNames(t *testing.T) {
+	b, err := json.Marshal(fsckTarget{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	snake := regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+	for k := range m {
+		if !snake.MatchString(k) {
+			t.Errorf("fsck JSON name %q is not snake_case", k)
+		}
+	}
+	if _, ok := m["address"]; !ok {
+		t.Errorf("fsck JSON has no \"address\": %s", b)
 	}
 }

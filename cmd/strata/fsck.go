@@ -19,7 +19,7 @@ import (
 type fsckTarget struct {
 	ID           uint32 `json:"id"`
 	Path         string `json:"path"`
-	Addr         string `json:"addr"`
+	Addr         string `json:"address"`
 	Checked      bool   `json:"checked"`
 	Skipped      string `json:"skipped,omitempty"` // why it was not checked
 	Chunks       uint64 `json:"chunks"`
