@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -57,12 +58,22 @@ func TestStatusFindsTheClusterWithoutFlags(t *testing.T) {
 			} `json:"voters"`
 		} `json:"meta"`
 		Capacity struct {
-			SizeBytes  uint64 `json:"size_bytes"`
-			AvailBytes uint64 `json:"avail_bytes"`
+			SizeBytes   uint64  `json:"size_bytes"`
+			AvailBytes  uint64  `json:"avail_bytes"`
+			UsedPercent float64 `json:"used_percent"`
 		} `json:"capacity"`
 	}
 	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || st.Meta.Leader == "" || st.Meta.Term == 0 || len(st.Meta.Voters) != 1 || st.Capacity.SizeBytes == 0 {
 		t.Fatalf("strata status --json: exit %d, %v: %+v\n%s", code, err, st, out)
+	}
+	// The capacity is df's on the mount (free space moves: within a few points).
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(u.mnt, &fs); err != nil {
+		t.Fatal(err)
+	}
+	used, avail := float64(fs.Blocks-fs.Bfree), float64(fs.Bavail)
+	if df := 100 * used / (used + avail); st.Capacity.UsedPercent < df-3 || st.Capacity.UsedPercent > df+3 {
+		t.Fatalf("strata status says %.1f%% used, df on the mount %.1f%%", st.Capacity.UsedPercent, df)
 	}
 	m, ok, err := mountinfo.OnStrata(u.mnt)
 	if err != nil || !ok {

@@ -134,7 +134,7 @@ func printStatus(out io.Writer, st *rpc.ClusterStatusResp, capa admin.Capacity, 
 	// target's reserve, below which it answers ENOSPC. The total is df's.
 	fmt.Fprintln(w, "TARGET\tSERVER\tPATH\tSIZE\tUSED\tAVAIL\tUSE%\tHEALTH")
 	for _, t := range st.Targets {
-		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t\t%s\t\t%s\n", t.ID, t.ServerID, t.Path, humanBytes(t.TotalBytes), humanBytes(t.FreeBytes), health(t.Alive))
+		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t-\t%s\t-\t%s\n", t.ID, t.ServerID, t.Path, humanBytes(t.TotalBytes), humanBytes(t.FreeBytes), health(t.Alive))
 	}
 	fmt.Fprintf(w, "total\t\t\t%s\t%s\t%s\t%.1f%%\t\n", humanBytes(capa.SizeBytes), humanBytes(capa.UsedBytes), humanBytes(capa.AvailBytes), capa.UsedPercent)
 	w.Flush()

@@ -402,11 +402,11 @@ func TestStriperCommands(t *testing.T) {
 	if got := statusArgs("/w/strata-data"); !reflect.DeepEqual(got, []string{"status", "--json", "--data", "/w/strata-data"}) {
 		t.Errorf("status: %q", got)
 	}
-	n, err := liveTargets([]byte(`{"MetaAddr":"127.0.0.1:1","Targets":[{"ID":1,"Alive":true},{"ID":2,"Alive":true},{"ID":3,"Alive":false},{"ID":4,"Alive":true}]}`))
+	n, err := liveTargets([]byte(`{"meta":{"leader":"127.0.0.1:1"},"targets":[{"id":1,"alive":true},{"id":2,"alive":true},{"id":3,"alive":false},{"id":4,"alive":true}]}`))
 	if err != nil || n != 3 {
 		t.Errorf("liveTargets = %d, %v; want 3", n, err)
 	}
-	for _, bad := range []string{`{"Targets":[]}`, `not json`, `{"Targets":[{"ID":1,"Alive":false}]}`} {
+	for _, bad := range []string{`{"targets":[]}`, `not json`, `{"targets":[{"id":1,"alive":false}]}`} {
 		if _, err := liveTargets([]byte(bad)); err == nil {
 			t.Errorf("liveTargets(%s) succeeded", bad)
 		}

@@ -72,13 +72,13 @@ func stripeSetArgs(count int, stripeBytes int64, dir string) []string {
 }
 
 // liveTargets counts the live targets in `strata status --json` output
-// (rpc.ClusterStatusResp, whose fields carry no JSON tags).
+// (admin.Status).
 func liveTargets(statusJSON []byte) (int, error) {
 	var st struct {
 		Targets []struct {
-			ID    uint32
-			Alive bool
-		}
+			ID    uint32 `json:"id"`
+			Alive bool   `json:"alive"`
+		} `json:"targets"`
 	}
 	if err := json.Unmarshal(statusJSON, &st); err != nil {
 		return 0, fmt.Errorf("strata status: unexpected output %q: %w", strings.TrimSpace(string(statusJSON)), err)
