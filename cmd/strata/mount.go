@@ -99,7 +99,7 @@ func runMount(cfg client.Config, keyFile, mountpoint string, opts fuse.Options) 
 	if err != nil {
 		return err
 	}
-	if abs, err := filepath.Abs(keyFile); err == nil {
+	if abs, err := filepath.Abs(keyFile); err == nil && keyFile != "" {
 		keyFile = abs
 	}
 	removeRecord, err := mountinfo.WriteRecord(mountinfo.Record{Mount: cfg.MountPoint, Meta: cfg.MetaAddr, KeyFile: keyFile})
