@@ -210,3 +210,15 @@ func TestFsckJSONNames(t *testing.T) {
 		t.Errorf("fsck JSON has no \"address\": %s", b)
 	}
 }
+
+// TestShortHelpCapitalized: the command list reads alike.
+func TestShortHelpCapitalized(t *testing.T) {
+	for _, c := range allCommands(rootCmd) {
+		if c.Hidden || c.Short == "" {
+			continue
+		}
+		if r := c.Short[0]; r < 'A' || r > 'Z' {
+			t.Errorf("%s: short help %q does not start with a capital", c.CommandPath(), c.Short)
+		}
+	}
+}

@@ -40,7 +40,7 @@ func init() {
 	var remove, asJSON, progress bool
 	cmd := &cobra.Command{
 		Use:   "fsck",
-		Short: "find chunk files that no file owns (and remove them with --remove-orphans)",
+		Short: "Find chunk files that no file owns (and remove them with --remove-orphans)",
 		Long: `Lists the chunk files of every target whose storage server is up and asks the metadata
 service which of their inodes it knows. A chunk of an inode the namespace does not know is an
 orphan: left by a metadata store restored from an older copy, or written by a mount after its

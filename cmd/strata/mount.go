@@ -25,7 +25,7 @@ func init() {
 	kernelReadAhead := int64(fuse.DefaultKernelReadAhead)
 	cmd := &cobra.Command{
 		Use:   "mount --meta ADDR [--key-file FILE] MOUNTPOINT",
-		Short: "mount the Strata file system (FUSE) and serve it until SIGINT/SIGTERM",
+		Short: "Mount the Strata file system (FUSE) and serve it until SIGINT/SIGTERM",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usagef("mount: want exactly one MOUNTPOINT, got %d arguments", len(args))

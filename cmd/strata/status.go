@@ -72,7 +72,7 @@ func init() {
 	var asJSON, showLocks bool
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "show the metadata service, storage servers, targets, capacity and health",
+		Short: "Show the metadata service, storage servers, targets, capacity and health",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := af.dial()
@@ -96,7 +96,7 @@ func init() {
 		},
 	}
 	af.register(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (the fields: README, JSON output)")
 	cmd.Flags().BoolVar(&showLocks, "locks", false, "list the file locks held (fcntl and flock), with the client holding each")
 	rootCmd.AddCommand(cmd)
 }

@@ -20,13 +20,13 @@ import (
 func init() {
 	stripe := &cobra.Command{
 		Use:   "stripe",
-		Short: "show or set how files are striped over targets",
+		Short: "Show or set how files are striped over targets",
 	}
 	var count int
 	var size string
 	set := &cobra.Command{
 		Use:   "set --count N --size S DIR",
-		Short: "set a directory's default layout for new files (0 = system default)",
+		Short: "Set a directory's default layout for new files (0 = system default)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !cmd.Flags().Changed("count") && !cmd.Flags().Changed("size") {
@@ -80,7 +80,7 @@ func init() {
 	var asJSON bool
 	get := &cobra.Command{
 		Use:   "get [--json] PATH",
-		Short: "show a file's layout (stripe size, count, targets) or a directory's default",
+		Short: "Show a file's layout (stripe size, count, targets) or a directory's default",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := requireStrata(args[0]); err != nil {

@@ -33,7 +33,7 @@ func init() {
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "run the embedded local cluster (metadata service, storage servers, FUSE mount) in the foreground",
+		Short: "Run the embedded local cluster (metadata service, storage servers, FUSE mount) in the foreground",
 		Long: `up starts one metadata service, --stores storage servers with --targets-per-store
 targets each, all under --data, and mounts the file system at --mount. It runs in the
 foreground; Ctrl-C (SIGINT) or SIGTERM unmounts and stops everything cleanly. Started again
