@@ -23,12 +23,14 @@ type adminFlags struct {
 	meta    string
 	keyFile string
 	data    string
+	tls     tlsFlags
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&a.meta, "meta", "", "metadata service address (default $STRATA_META or the local cluster's)")
 	cmd.Flags().StringVar(&a.keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE or the local cluster's)")
 	cmd.Flags().StringVar(&a.data, "data", "./strata-data", "data directory of a local cluster started by `strata up`")
+	a.tls.register(cmd.Flags())
 }
 
 // upInfo is what `strata up` records in DATA/cluster.json.
@@ -50,7 +52,7 @@ func (a *adminFlags) dial() (*rpc.Client, error) {
 // adminClient is a client of a cluster's service at addr for the admin
 // commands: one connection, short timeouts.
 func adminClient(addr string, key []byte) *rpc.Client {
-	return rpc.NewClient(addr, rpc.ClientConfig{Key: key, Conns: 1, DialTimeout: 3 * time.Second, CallTimeout: 10 * time.Second})
+	return rpc.NewClient(addr, rpc.ClientConfig{Key: key, TLS: adminTLS, Conns: 1, DialTimeout: 3 * time.Second, CallTimeout: 10 * time.Second})
 }
 
 // resolve finds the metadata service's address and the cluster key.
@@ -85,6 +87,9 @@ func (a *adminFlags) resolve() (string, []byte, error) {
 	}
 	key, err := readKeyFile(keyFile)
 	if err != nil {
+		return "", nil, err
+	}
+	if _, err := a.tls.load(); err != nil {
 		return "", nil, err
 	}
 	return meta, key, nil

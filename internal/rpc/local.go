@@ -177,6 +177,9 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	} else {
 		req.Encode(&e)
 	}
+	if err := checkRequestSize(m, len(e.B)+len(dec.tail)); err != nil {
+		return err
+	}
 	dec.B = e.B
 	// The handler's context carries the deadline. When the caller's ctx
 	// already ends by then (the usual case: clients set one per call),
