@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -223,5 +224,34 @@ func TestAnnouncedFramesDoNotReserveMemory(t *testing.T) {
 	}
 	if grew := int64(peak) - int64(before.HeapInuse); grew > 48<<20 {
 		t.Fatalf("heap in use grew by %d MiB for %d connections that sent 4 KiB each", grew>>20, conns)
+	}
+}
+
+func TestOversizedMessagesRefusedBeforeSending(t *testing.T) {
+	s := NewServer(nil)
+	Handle(s, MGetXattr, func(ctx context.Context, r *XattrReq) (*XattrResp, error) {
+		return &XattrResp{Value: make([]byte, maxSmallFrameBytes)}, nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	defer s.Close()
+	c := NewClient(ln.Addr().String(), ClientConfig{NoLocal: true})
+	defer c.Close()
+	// An answer over its method's limit is replaced by EIO by the server.
+	err = c.Call(context.Background(), MGetXattr, &XattrReq{Name: "user.big"}, &XattrResp{})
+	if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), "exceeds its limit") {
+		t.Fatalf("oversized answer: want EIO naming the limit, got %v", err)
+	}
+	// A request over its method's limit fails before it is sent, and the
+	// connection stays usable.
+	err = c.Call(context.Background(), MGetXattr, &XattrReq{Name: "user.big", Value: make([]byte, maxSmallFrameBytes)}, &XattrResp{})
+	if !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("oversized request: want EINVAL, got %v", err)
+	}
+	if err := c.Call(context.Background(), MGetXattr, &XattrReq{}, &XattrResp{}); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("call after a refused request: want the same EIO again, got %v", err)
 	}
 }
