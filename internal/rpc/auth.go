@@ -89,6 +89,10 @@ func clientHandshake(nc net.Conn, key []byte, deadline time.Time) error {
 	defer nc.SetDeadline(time.Time{})
 	var ns [nonceBytes]byte
 	if err := readHello(nc, ns[:]); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return fmt.Errorf("no greeting from the server (a server using TLS waits for the client to start TLS: is it configured for TLS and this side not?): %w", err)
+		}
 		return err
 	}
 	cn := newNonce()
