@@ -19,6 +19,7 @@ func init() {
 		serverTimeout, sessionLease, orphanGrace, syncDelay  time.Duration
 		strictSync                                           bool
 		diskReserve                                          string
+		tf                                                   tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "meta --listen ADDR --data DIR",
@@ -51,6 +52,9 @@ func init() {
 				}
 				cfg.ClusterKey = bytes.TrimSpace(key)
 			}
+			if cfg.TLS, err = tf.load(); err != nil {
+				return err
+			}
 			if err := cfg.Validate(); err != nil {
 				return usagef("meta: %v", err)
 			}
@@ -82,6 +86,7 @@ func init() {
 	f.StringVar(&raftAddr, "raft-addr", "", "raft address (default: 127.0.0.1:0 on loopback, else listen port+1)")
 	f.StringVar(&keyFile, "key-file", "", "file holding the cluster key (default: empty key)")
 	metricsFlag(f, &metricsAddr)
+	tf.register(f)
 	f.StringVar(&nodeID, "node-id", "", "raft node id (default: saved in the data dir, or random)")
 	f.DurationVar(&serverTimeout, "server-timeout", d.ServerTimeout, "storage server considered dead after this long without heartbeat")
 	f.DurationVar(&sessionLease, "session-lease", d.SessionLease, "client session lease")

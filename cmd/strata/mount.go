@@ -21,6 +21,7 @@ import (
 func init() {
 	cfg := client.DefaultConfig()
 	var keyFile string
+	var tf tlsFlags
 	var debugFuse bool
 	kernelReadAhead := int64(fuse.DefaultKernelReadAhead)
 	cmd := &cobra.Command{
@@ -53,6 +54,9 @@ func init() {
 				return usagef("mount: --kernel-read-ahead-bytes %d: must not be negative", kernelReadAhead)
 			}
 			cfg.ClusterKey = key
+			if cfg.TLS, err = tf.load(); err != nil {
+				return err
+			}
 			cfg.MountPoint = args[0]
 			if abs, err := filepath.Abs(args[0]); err == nil {
 				cfg.MountPoint = abs // as `strata status` shows it
@@ -66,6 +70,7 @@ func init() {
 	f := cmd.Flags()
 	f.StringVar(&cfg.MetaAddr, "meta", "", "metadata service address host:port (default $STRATA_META)")
 	f.StringVar(&keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE)")
+	tf.register(f)
 	f.DurationVar(&cfg.IOTimeout, "io-timeout", cfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
 	f.StringVar(&cfg.SyncPolicy, "sync-policy", cfg.SyncPolicy, syncPolicyUsage)
 	f.Int64Var(&cfg.WriteBehindBytes, "write-behind-bytes", cfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")

@@ -27,12 +27,14 @@ type adminFlags struct {
 	meta    string
 	keyFile string
 	data    string
+	tls     tlsFlags
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&a.meta, "meta", "", "metadata service address (default $STRATA_META, the mount the working directory is on, or the running strata up)")
 	cmd.Flags().StringVar(&a.keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE, or the one the mount or strata up was started with)")
 	cmd.Flags().StringVar(&a.data, "data", "", "data directory of a local cluster started by strata up (default: ./strata-data if present)")
+	a.tls.register(cmd.Flags())
 }
 
 func (a *adminFlags) dial() (*rpc.Client, error) {
@@ -46,7 +48,7 @@ func (a *adminFlags) dial() (*rpc.Client, error) {
 // adminClient is a client of a cluster's service at addr for the admin
 // commands: one connection, short timeouts.
 func adminClient(addr string, key []byte) *rpc.Client {
-	return rpc.NewClient(addr, rpc.ClientConfig{Key: key, Conns: 1, DialTimeout: 3 * time.Second, CallTimeout: 10 * time.Second})
+	return rpc.NewClient(addr, rpc.ClientConfig{Key: key, TLS: adminTLS, Conns: 1, DialTimeout: 3 * time.Second, CallTimeout: 10 * time.Second})
 }
 
 // resolve finds the metadata service's address and the cluster key.
@@ -61,6 +63,9 @@ func (a *adminFlags) resolve() (string, []byte, error) {
 	}
 	key, err := readKeyFile(c.KeyFile)
 	if err != nil {
+		return "", nil, err
+	}
+	if _, err := a.tls.load(); err != nil {
 		return "", nil, err
 	}
 	slog.Debug("cluster located", "meta", c.Meta, "key_file", c.KeyFile, "from", c.From)

@@ -17,6 +17,7 @@ func init() {
 		metaAddr, listenAddr, advertise, keyFile, metricsAddr string
 		targets                                               []string
 		heartbeat                                             time.Duration
+		tf                                                    tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "store --meta ADDR --listen ADDR --target DIR [--target DIR ...]",
@@ -51,6 +52,9 @@ down) and serves clients at --listen.`,
 				return usagef("store: --key-file: %v", err)
 			}
 			cfg.ClusterKey = key
+			if cfg.TLS, err = tf.load(); err != nil {
+				return err
+			}
 			if heartbeat <= 0 {
 				return usagef("store: --heartbeat-interval must be positive, got %v", heartbeat)
 			}
@@ -84,6 +88,7 @@ down) and serves clients at --listen.`,
 	f.StringArrayVar(&targets, "target", nil, "target directory (repeat for several)")
 	f.StringVar(&keyFile, "key-file", "", "file holding the cluster key (whitespace trimmed; default: empty key)")
 	metricsFlag(f, &metricsAddr)
+	tf.register(f)
 	f.DurationVar(&heartbeat, "heartbeat-interval", time.Second, "period of heartbeats to the metadata service")
 	rootCmd.AddCommand(cmd)
 }

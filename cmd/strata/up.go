@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,6 +31,7 @@ func init() {
 		stores, targetsPerStore                   int
 		writeThrough, kernelReadAhead             int64
 		pprofAddr, metaDiskReserve                string
+		tf                                        tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -59,6 +61,10 @@ on the same --data it serves the same files.`,
 			if err != nil {
 				return usagef("--meta-disk-reserve %q: %v", metaDiskReserve, err)
 			}
+			tc, err := tf.load()
+			if err != nil {
+				return err
+			}
 			if pprofAddr != "" {
 				startPprof(pprofAddr)
 			}
@@ -66,6 +72,7 @@ on the same --data it serves the same files.`,
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore, strictMetaSync: strictMetaSync,
 				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
+				tls: tc,
 			})
 			if err == nil {
 				fmt.Fprintln(os.Stderr, "strata: stopped cleanly: unmounted, every service closed")
@@ -85,6 +92,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().StringVar(&metaDiskReserve, "meta-disk-reserve", "256M", "free space the metadata service keeps on the disk under --data: below it, creates, links, renames and xattrs fail with ENOSPC (0: none)")
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
+	tf.register(cmd.Flags())
 	rootCmd.AddCommand(cmd)
 }
 
@@ -93,7 +101,8 @@ type upOptions struct {
 	stores, targetsPerStore                   int
 	strictMetaSync                            bool
 	writeThrough, kernelReadAhead             int64
-	metaDiskReserve                           int64 // 0: none
+	metaDiskReserve                           int64       // 0: none
+	tls                                       *tls.Config // mutual TLS of the services and the client (nil: none)
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -145,6 +154,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	mcfg.DataDir = filepath.Join(dataDir, "meta")
 	mcfg.ListenAddr = o.metaListen
 	mcfg.ClusterKey = key
+	mcfg.TLS = o.tls
 	mcfg.StrictSync = o.strictMetaSync
 	mcfg.DiskReserve = o.metaDiskReserve
 	if o.metaDiskReserve == 0 {
@@ -168,6 +178,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		scfg.MetaAddr = msvc.Addr()
 		scfg.ListenAddr = "127.0.0.1:0"
 		scfg.ClusterKey = key
+		scfg.TLS = o.tls
 		for t := 0; t < o.targetsPerStore; t++ {
 			dir := filepath.Join(dataDir, fmt.Sprintf("store%d", i), fmt.Sprintf("target%d", t))
 			if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -203,6 +214,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	ccfg := client.DefaultConfig()
 	ccfg.MetaAddr = msvc.Addr()
 	ccfg.ClusterKey = key
+	ccfg.TLS = o.tls
 	ccfg.SyncPolicy = o.syncPolicy
 	ccfg.WriteThroughBytes = o.writeThrough
 	ccfg.MountPoint = mountDir
@@ -251,7 +263,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 // waitTargets waits, bounded, until the metadata service lists n live
 // targets; refused ends the wait early with a refusal that will not pass.
 func waitTargets(ctx context.Context, metaAddr string, key []byte, n int, refused func() error) error {
-	c := rpc.NewClient(metaAddr, rpc.ClientConfig{Key: key, Conns: 1})
+	c := rpc.NewClient(metaAddr, rpc.ClientConfig{Key: key, TLS: adminTLS, Conns: 1})
 	defer c.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	var last int

@@ -123,6 +123,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c.meta = rpc.NewClient(cfg.MetaAddr, rpc.ClientConfig{
 		Key:         cfg.ClusterKey,
+		TLS:         cfg.TLS,
 		Conns:       cfg.MetaConns,
 		DialTimeout: min(3*time.Second, cfg.IOTimeout),
 		CallTimeout: cfg.IOTimeout,

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -39,8 +40,12 @@ func ValidSyncPolicy(p string) bool {
 type Config struct {
 	// MetaAddr is the metadata service's address (host:port).
 	MetaAddr string
-	// ClusterKey authenticates this client to every server.
+	// ClusterKey authenticates this client and every server to each
+	// other.
 	ClusterKey []byte
+	// TLS, when set, is the mutual-TLS identity (rpc.LoadTLS) the client
+	// presents to every server, whose certificates it verifies.
+	TLS *tls.Config
 	// IOTimeout bounds how long a call waits for an unreachable server
 	// (metadata or storage) before it fails: EIO for storage, the
 	// transport error (ErrUnavailable, EIO at the POSIX layer) for meta.

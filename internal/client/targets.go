@@ -134,6 +134,7 @@ func (t *targetMap) conn(ctx context.Context, id uint32) (*rpc.Client, string, e
 			if cl == nil {
 				cl = rpc.NewClient(ti.Addr, rpc.ClientConfig{
 					Key:         t.c.cfg.ClusterKey,
+					TLS:         t.c.cfg.TLS,
 					Conns:       t.c.cfg.ConnsPerServer,
 					DialTimeout: min(3*time.Second, t.c.cfg.IOTimeout),
 					CallTimeout: t.c.cfg.IOTimeout,

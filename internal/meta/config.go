@@ -2,6 +2,7 @@ package meta
 
 import (
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -29,8 +30,12 @@ type Config struct {
 	// NodeID is the raft server id; default: the id saved in DataDir, or a
 	// new random one on first start. It cannot change for a data dir.
 	NodeID string
-	// ClusterKey authenticates rpc peers (both directions).
+	// ClusterKey authenticates rpc peers, both directions (see package
+	// rpc for what it does not protect).
 	ClusterKey []byte
+	// TLS, when set, is the mutual-TLS identity (rpc.LoadTLS) of the rpc
+	// service and of its calls to storage servers.
+	TLS *tls.Config
 	// ServerTimeout: a storage server without a heartbeat for this long is
 	// considered dead (its targets get no new files). Default 10 s.
 	ServerTimeout time.Duration

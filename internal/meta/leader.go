@@ -683,7 +683,7 @@ func (s *Service) peer(addr string) *rpc.Client {
 	defer s.peers.Unlock()
 	c := s.peers.m[addr]
 	if c == nil {
-		c = rpc.NewClient(addr, rpc.ClientConfig{Key: s.cfg.ClusterKey, Conns: 1, DialTimeout: 2 * time.Second})
+		c = rpc.NewClient(addr, rpc.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, DialTimeout: 2 * time.Second})
 		s.peers.m[addr] = c
 	}
 	return c

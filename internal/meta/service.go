@@ -155,6 +155,7 @@ func Open(cfg Config) (s *Service, err error) {
 	}
 
 	s.srv = rpc.NewServer(cfg.ClusterKey)
+	s.srv.TLS = cfg.TLS
 	s.srv.Observe = func(m rpc.Method, d time.Duration, err error) {
 		s.requests.Add(1)
 		s.m.observe(m, d, err)

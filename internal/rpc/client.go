@@ -1,12 +1,10 @@
 package rpc
 
 import (
-	"bufio"
-	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -23,6 +21,16 @@ type ClientConfig struct {
 	// NoLocal forces the network path even when the peer serves in this
 	// process (see local.go); for tests of the transport itself.
 	NoLocal bool
+	// TLS, when set, wraps every connection in mutual TLS (LoadTLS)
+	// before the cluster-key handshake.
+	TLS *tls.Config
+	// PingInterval: a connection on which nothing was sent for this long
+	// sends a ping, which keeps it within the server's IdleTimeout;
+	// default 20 s.
+	PingInterval time.Duration
+	// FrameTimeout bounds the arrival of an answer whose header is in;
+	// default 30 s.
+	FrameTimeout time.Duration
 }
 
 // Client calls one peer address over a small pool of multiplexed
@@ -47,6 +55,12 @@ func NewClient(addr string, cfg ClientConfig) *Client {
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 30 * time.Second
+	}
+	if cfg.PingInterval <= 0 {
+		cfg.PingInterval = 20 * time.Second
+	}
+	if cfg.FrameTimeout <= 0 {
+		cfg.FrameTimeout = 30 * time.Second
 	}
 	return &Client{addr: addr, cfg: cfg, conns: make([]*clientConn, cfg.Conns), dialMu: make([]sync.Mutex, cfg.Conns)}
 }
@@ -107,14 +121,31 @@ func (c *Client) conn(ctx context.Context, deadline time.Time) (*clientConn, err
 		return nil, fmt.Errorf("%w: dial %s: %v", ErrUnavailable, c.addr, err)
 	}
 	setNoDelay(nc)
-	if err := clientHandshake(nc, c.cfg.Key, minTime(deadline, time.Now().Add(c.cfg.DialTimeout))); err != nil {
+	hsDeadline := minTime(deadline, time.Now().Add(c.cfg.DialTimeout))
+	if c.cfg.TLS != nil {
+		tc, err := clientTLS(nc, c.cfg.TLS, c.addr, hsDeadline)
+		if err != nil {
+			nc.Close()
+			if errors.Is(err, ErrAuth) {
+				return nil, fmt.Errorf("connect %s: %w", c.addr, err)
+			}
+			return nil, fmt.Errorf("%w: handshake with %s: %v", ErrUnavailable, c.addr, err)
+		}
+		nc = tc
+	}
+	if err := clientHandshake(nc, c.cfg.Key, hsDeadline); err != nil {
 		nc.Close()
+		if c.cfg.TLS != nil {
+			// TLS 1.3: a server refusing our certificate says so
+			// after our side of the TLS handshake completed.
+			err = tlsError(err)
+		}
 		if errors.Is(err, ErrAuth) {
 			return nil, fmt.Errorf("connect %s: %w", c.addr, err)
 		}
 		return nil, fmt.Errorf("%w: handshake with %s: %v", ErrUnavailable, c.addr, err)
 	}
-	ncc := newClientConn(nc)
+	ncc := newClientConn(nc, c.cfg.FrameTimeout, c.cfg.PingInterval)
 	c.mu.Lock()
 	old := c.conns[i]
 	c.conns[i] = ncc
@@ -132,46 +163,60 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
-func clientHandshake(nc net.Conn, key []byte, deadline time.Time) error {
-	_ = nc.SetDeadline(deadline)
-	defer nc.SetDeadline(time.Time{})
-	var in [8 + 16]byte
-	if _, err := io.ReadFull(nc, in[:]); err != nil {
-		return err
-	}
-	if !bytes.Equal(in[:8], magic[:]) {
-		return fmt.Errorf("%w: bad magic %q", ErrMalformed, in[:8])
-	}
-	if _, err := nc.Write(append(magic[:], authProof(key, in[8:])...)); err != nil {
-		return err
-	}
-	var ok [1]byte
-	if _, err := io.ReadFull(nc, ok[:]); err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
-			return ErrAuth
-		}
-		return err
-	}
-	return nil
-}
-
 // clientConn is one multiplexed connection with a reader goroutine.
 type clientConn struct {
-	nc  net.Conn
-	wmu sync.Mutex // serialises frame writes
+	nc           net.Conn
+	frameTimeout time.Duration
+	wmu          sync.Mutex  // serialises frame writes
+	sent         atomic.Bool // a frame was sent since the last ping check
+	done         chan struct{}
 
 	mu struct {
 		sync.Mutex
-		pending map[uint64]chan *frame
+		pending map[uint64]pendingCall
 		err     error // set once the connection is dead
 	}
 }
 
-func newClientConn(nc net.Conn) *clientConn {
-	cc := &clientConn{nc: nc}
-	cc.mu.pending = map[uint64]chan *frame{}
+// pendingCall is a call waiting for its answer.
+type pendingCall struct {
+	m  Method
+	ch chan *frame
+}
+
+func newClientConn(nc net.Conn, frameTimeout, pingInterval time.Duration) *clientConn {
+	cc := &clientConn{nc: nc, frameTimeout: frameTimeout, done: make(chan struct{})}
+	cc.mu.pending = map[uint64]pendingCall{}
 	go cc.readLoop()
+	go cc.pingLoop(pingInterval)
 	return cc
+}
+
+// pingLoop sends a ping whenever nothing was sent for an interval, so the
+// server does not take a quiet connection (or one whose calls wait long,
+// like a lock request) for a dead one.
+func (cc *clientConn) pingLoop(interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	head, _ := encodeFrame(kindPing, 0, 0, 0, "", nil)
+	for {
+		select {
+		case <-cc.done:
+			return
+		case <-t.C:
+		}
+		if cc.sent.Swap(false) {
+			continue
+		}
+		cc.wmu.Lock()
+		_ = cc.nc.SetWriteDeadline(time.Now().Add(interval))
+		err := writeFrame(cc.nc, head, nil)
+		cc.wmu.Unlock()
+		if err != nil {
+			cc.fail(fmt.Errorf("ping: %w", err))
+			return
+		}
+	}
 }
 
 func (cc *clientConn) broken() bool {
@@ -184,8 +229,9 @@ func (cc *clientConn) fail(err error) {
 	cc.mu.Lock()
 	if cc.mu.err == nil {
 		cc.mu.err = err
-		for id, ch := range cc.mu.pending {
-			close(ch)
+		close(cc.done)
+		for id, p := range cc.mu.pending {
+			close(p.ch)
 			delete(cc.mu.pending, id)
 		}
 	}
@@ -194,19 +240,40 @@ func (cc *clientConn) fail(err error) {
 }
 
 func (cc *clientConn) readLoop() {
-	r := bufio.NewReaderSize(cc.nc, 256<<10)
+	fr := newFrameReader(cc.nc, cc.frameTimeout)
 	for {
-		f, err := readFrame(r)
+		f, n, err := fr.header(0)
+		if err == nil && f.kind != kindResponse {
+			err = fmt.Errorf("%w: frame of kind %d from a server", ErrMalformed, f.kind)
+		}
+		var p pendingCall
+		var ok bool
+		if err == nil {
+			cc.mu.Lock()
+			p, ok = cc.mu.pending[f.id]
+			delete(cc.mu.pending, f.id)
+			cc.mu.Unlock()
+			// The answer to a call given up is read and dropped; its
+			// method is unknown, so only MaxFrameBytes bounds it.
+			if ok && n > responseLimit(p.m) {
+				err = fmt.Errorf("%w: answer to method %d of %d bytes exceeds its limit of %d", ErrMalformed, p.m, n, responseLimit(p.m))
+			}
+		}
+		if err == nil {
+			err = fr.body(f, n)
+		}
 		if err != nil {
+			if errors.Is(err, ErrMalformed) {
+				log.Warn("closing connection", "peer", cc.nc.RemoteAddr().String(), "err", err)
+			}
 			cc.fail(err)
+			if ok {
+				close(p.ch) // after fail: the caller reads why
+			}
 			return
 		}
-		cc.mu.Lock()
-		ch, ok := cc.mu.pending[f.id]
-		delete(cc.mu.pending, f.id)
-		cc.mu.Unlock()
 		if ok {
-			ch <- f
+			p.ch <- f
 		} else {
 			putBuf(f.buf) // caller gave up
 		}
@@ -216,19 +283,23 @@ func (cc *clientConn) readLoop() {
 func (cc *clientConn) call(ctx context.Context, deadline time.Time, m Method, req, resp Message) error {
 	id := nextID.Add(1)
 	ch := make(chan *frame, 1)
+	head, tail := encodeFrame(kindRequest, m, id, 0, "", req)
+	if err := checkRequestSize(m, len(head)-frameHeaderBytes+len(tail)); err != nil {
+		return err
+	}
 	cc.mu.Lock()
 	if err := cc.mu.err; err != nil {
 		cc.mu.Unlock()
 		return fmt.Errorf("%w: %s: %v", ErrUnavailable, cc.nc.RemoteAddr(), err)
 	}
-	cc.mu.pending[id] = ch
+	cc.mu.pending[id] = pendingCall{m: m, ch: ch}
 	cc.mu.Unlock()
 
-	head, tail := encodeFrame(kindRequest, m, id, 0, "", req)
 	cc.wmu.Lock()
 	_ = cc.nc.SetWriteDeadline(deadline)
 	err := writeFrame(cc.nc, head, tail)
 	cc.wmu.Unlock()
+	cc.sent.Store(true)
 	if err != nil {
 		cc.fail(err)
 		return fmt.Errorf("%w: send to %s: %v", ErrUnavailable, cc.nc.RemoteAddr(), err)

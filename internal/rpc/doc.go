@@ -1,7 +1,17 @@
 // Package rpc owns Strata's internal transport: the frame format, the
-// connection handshake (cluster key), pooled multiplexed connections, and
-// the wire messages of the metadata service (meta_msgs.go) and of the
-// storage servers (store_msgs.go).
+// connection handshake (mutual proof of the cluster key, optionally inside
+// mutual TLS: auth.go), per-method frame limits and read deadlines
+// (limits.go), pooled multiplexed connections, and the wire messages of the
+// metadata service (meta_msgs.go) and of the storage servers
+// (store_msgs.go).
+//
+// # Security
+//
+// The cluster key authenticates both ends of a connection and nothing
+// more: without TLS, frames are neither encrypted nor protected against
+// change after the handshake. With TLS (Server.TLS, ClientConfig.TLS)
+// they are both. docs/design/0005-rpc.md says what each mode protects
+// against.
 //
 // # Concepts
 //
@@ -28,9 +38,13 @@
 //
 // # Version history
 //
-// Frame and handshake version 1 (magic "STRATA\x00\x01"). Method numbers
-// are never reused; fields are only appended, with decoders treating a
-// missing trailing field as zero once a version 2 exists. Within version 1,
+// Frame and handshake version 2 (magic "STRATA\x00\x02"): both sides
+// prove the key, ping frames, per-method limits; a version 1 peer is
+// refused by name. Version 1 (magic "STRATA\x00\x01") proved only the
+// client. The messages did not change with it (they are also stored: raft
+// commands, dedupe records). Method numbers are never reused; fields are
+// only appended, with decoders treating a missing trailing field as zero.
+// Within frame version 1,
 // answers of namespace changes gained trailing raft (index, term) stamps
 // (ChangeResp, then AttrResp and Stamp); their decoders already read a
 // missing stamp as zero, since answers recorded for retries (dedupe

@@ -22,7 +22,8 @@ import (
 // Invariant: the semantics are the network path's. Requests and answers
 // are still encoded and decoded (a handler never sees the caller's memory,
 // a caller never sees the handler's — except for the two lent byte fields
-// described below), the cluster key must match, the
+// described below), the cluster key must match (TLS plays no part: nothing
+// crosses a wire), requests over their method's limit fail alike, the
 // handler runs in its own goroutine so the caller's deadline and
 // cancellation still bound the wait — except for methods the server marked
 // Inline (reads of its own memory or local store, done in microseconds),
@@ -176,6 +177,9 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		}
 	} else {
 		req.Encode(&e)
+	}
+	if err := checkRequestSize(m, len(e.B)+len(dec.tail)); err != nil {
+		return err
 	}
 	dec.B = e.B
 	// The handler's context carries the deadline. When the caller's ctx

@@ -18,12 +18,20 @@ import (
 func startServer(t *testing.T, key []byte) (*Server, string) {
 	t.Helper()
 	s := NewServer(key)
-	Handle(s, SWrite, func(ctx context.Context, r *WriteReq) (*ReadResp, error) {
+	// Writes are kept by offset (a copy: the request buffer is pooled) and
+	// read back whole.
+	var written sync.Map
+	Handle(s, SWrite, func(ctx context.Context, r *WriteReq) (*Empty, error) {
 		if r.Chunk.Ino == 0 {
 			return nil, Errorf(syscall.ENOENT, "no inode 0 on target %d", r.Chunk.Target)
 		}
-		// Echo the data back (copy: the request buffer is pooled).
-		return &ReadResp{Data: append([]byte(nil), r.Data...)}, nil
+		written.Store(r.Off, append([]byte(nil), r.Data...))
+		return &Empty{}, nil
+	})
+	Handle(s, SRead, func(ctx context.Context, r *ReadReq) (*ReadResp, error) {
+		b, _ := written.Load(r.Off)
+		data, _ := b.([]byte)
+		return &ReadResp{Data: data[:min(len(data), int(r.Len))]}, nil
 	})
 	Handle(s, MGetAttr, func(ctx context.Context, r *GetAttrReq) (*AttrResp, error) {
 		if r.Ino == 42 {
@@ -55,7 +63,11 @@ func TestCallRoundTripAndPipelining(t *testing.T) {
 			if i%2 == 0 {
 				resp.Into = make([]byte, len(data)+10) // copy-out path
 			}
-			if err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 7}, Off: uint64(i), Data: data}, &resp); err != nil {
+			if err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 7}, Off: uint64(i), Data: data}, &Empty{}); err != nil {
+				errs <- err
+				return
+			}
+			if err := c.Call(context.Background(), SRead, &ReadReq{Chunk: ChunkID{1, 7}, Off: uint64(i), Len: uint32(len(data))}, &resp); err != nil {
 				errs <- err
 				return
 			}
@@ -82,8 +94,11 @@ func TestReadIntoTooSmall(t *testing.T) {
 	_, addr := startServer(t, nil)
 	c := NewClient(addr, ClientConfig{NoLocal: true})
 	defer c.Close()
+	if err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 7}, Data: []byte("too long")}, &Empty{}); err != nil {
+		t.Fatal(err)
+	}
 	resp := ReadResp{Into: make([]byte, 3)}
-	err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 7}, Data: []byte("too long")}, &resp)
+	err := c.Call(context.Background(), SRead, &ReadReq{Chunk: ChunkID{1, 7}, Len: 100}, &resp)
 	if !errors.Is(err, ErrMalformed) {
 		t.Fatalf("want ErrMalformed, got %v", err)
 	}
@@ -345,7 +360,10 @@ func TestInProcessPath(t *testing.T) {
 	defer c.Close()
 	data := bytes.Repeat([]byte("x"), 1<<20)
 	resp := ReadResp{Into: make([]byte, 1<<20)}
-	if err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 7}, Data: data}, &resp); err != nil || !bytes.Equal(resp.Data, data) {
+	if err := c.Call(context.Background(), SWrite, &WriteReq{Chunk: ChunkID{1, 7}, Data: data}, &Empty{}); err != nil {
+		t.Fatalf("local write: %v", err)
+	}
+	if err := c.Call(context.Background(), SRead, &ReadReq{Chunk: ChunkID{1, 7}, Len: 1 << 20}, &resp); err != nil || !bytes.Equal(resp.Data, data) {
 		t.Fatalf("local round trip: %v", err)
 	}
 	data[0] = 'y' // the handler got a copy, and so did we

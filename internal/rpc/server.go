@@ -1,10 +1,8 @@
 package rpc
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"crypto/hmac"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -60,8 +58,21 @@ type Server struct {
 	Key         []byte                                     // cluster key; both sides must hold the same
 	MaxInflight int                                        // per connection; default 256
 	Observe     func(m Method, d time.Duration, err error) // optional metrics hook
-	handlers    map[Method]HandlerFunc
-	inline      map[Method]bool
+	// TLS, when set, wraps every connection in mutual TLS (LoadTLS)
+	// before the cluster-key handshake.
+	TLS *tls.Config
+	// IdleTimeout closes a connection on which no frame (clients ping
+	// every PingInterval) started for this long; default 90 s.
+	IdleTimeout time.Duration
+	// FrameTimeout closes a connection whose frame, once its header is in,
+	// does not arrive whole within it; default 30 s.
+	FrameTimeout time.Duration
+	// MaxBodyBytes bounds the request bodies of one connection read and
+	// not yet answered: the connection is not read further until answers
+	// free room (a body larger than it is read alone); default 64 MiB.
+	MaxBodyBytes int
+	handlers     map[Method]HandlerFunc
+	inline       map[Method]bool
 
 	mu struct {
 		sync.Mutex
@@ -74,7 +85,8 @@ type Server struct {
 
 // NewServer returns a server authenticating peers with key.
 func NewServer(key []byte) *Server {
-	s := &Server{Key: key, MaxInflight: 256, handlers: map[Method]HandlerFunc{}}
+	s := &Server{Key: key, MaxInflight: 256, IdleTimeout: 90 * time.Second, FrameTimeout: 30 * time.Second,
+		MaxBodyBytes: 64 << 20, handlers: map[Method]HandlerFunc{}}
 	s.mu.conns = map[net.Conn]struct{}{}
 	return s
 }
@@ -159,62 +171,112 @@ func (s *Server) Close() error {
 	return nil
 }
 
-func (s *Server) handshake(c net.Conn) error {
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	defer c.SetDeadline(time.Time{})
-	nonce := newNonce()
-	if _, err := c.Write(append(magic[:], nonce...)); err != nil {
-		return err
+// handshake authenticates a new connection (TLS first when configured,
+// then the cluster key) and returns the connection to serve.
+func (s *Server) handshake(c net.Conn) (net.Conn, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	if s.TLS != nil {
+		tc, err := serverTLS(c, s.TLS, deadline)
+		if err != nil {
+			return nil, err
+		}
+		c = tc
 	}
-	var in [8 + 32]byte
-	if _, err := io.ReadFull(c, in[:]); err != nil {
-		return err
+	if err := serverHandshake(c, s.Key, deadline); err != nil {
+		return nil, err
 	}
-	if !bytes.Equal(in[:8], magic[:]) {
-		return fmt.Errorf("%w: bad magic %q (not a Strata peer or another protocol version)", ErrMalformed, in[:8])
-	}
-	if !hmac.Equal(in[8:], authProof(s.Key, nonce)) {
-		return ErrAuth
-	}
-	_, err := c.Write([]byte{0})
-	return err
+	return c, nil
 }
 
 func (s *Server) serveConn(c net.Conn) {
 	defer c.Close()
 	setNoDelay(c)
 	peer := c.RemoteAddr().String()
-	if err := s.handshake(c); err != nil {
+	c, err := s.handshake(c)
+	if err != nil {
 		log.Warn("rejected connection", "peer", peer, "err", err)
 		return
 	}
+	defer c.Close()
 	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), peerKey{}, peer))
 	defer cancel()
-	r := bufio.NewReaderSize(c, 256<<10)
+	fr := newFrameReader(c, s.FrameTimeout)
 	var wmu sync.Mutex
 	sem := make(chan struct{}, s.MaxInflight)
+	bodies := newByteSem(s.MaxBodyBytes)
 	var inflight sync.WaitGroup
 	defer inflight.Wait()
 	for {
-		f, err := readFrame(r)
-		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				log.Debug("connection ended", "peer", peer, "err", err)
-			}
-			return
+		f, n, err := fr.header(s.IdleTimeout)
+		if err == nil && f.kind == kindPing {
+			continue
 		}
-		if f.kind != kindRequest {
-			log.Warn("unexpected response frame from client", "peer", peer)
-			putBuf(f.buf)
+		if err == nil && f.kind != kindRequest {
+			err = fmt.Errorf("%w: response frame from a client", ErrMalformed)
+		}
+		if err == nil && n > requestLimit(f.method) {
+			err = fmt.Errorf("%w: request %d of %d bytes exceeds its limit of %d", ErrMalformed, f.method, n, requestLimit(f.method))
+		}
+		if err == nil {
+			bodies.acquire(n)
+			if err = fr.body(f, n); err != nil {
+				bodies.release(n)
+			}
+		}
+		if err != nil {
+			switch {
+			case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
+			case errors.Is(err, ErrMalformed):
+				log.Warn("closing connection", "peer", peer, "err", err)
+			default:
+				log.Info("closing connection", "peer", peer, "err", err)
+			}
 			return
 		}
 		sem <- struct{}{}
 		inflight.Add(1)
 		go func() {
-			defer func() { <-sem; inflight.Done() }()
+			defer func() { <-sem; bodies.release(n); inflight.Done() }()
 			s.dispatch(ctx, c, &wmu, f)
 		}()
 	}
+}
+
+// byteSem bounds a number of bytes held at once; a single acquisition
+// larger than the bound waits until nothing is held.
+type byteSem struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	limit int
+	used  int
+}
+
+func newByteSem(limit int) *byteSem {
+	b := &byteSem{limit: limit}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+func (b *byteSem) acquire(n int) {
+	if b.limit <= 0 {
+		return
+	}
+	b.mu.Lock()
+	for b.used > 0 && b.used+n > b.limit {
+		b.cond.Wait()
+	}
+	b.used += n
+	b.mu.Unlock()
+}
+
+func (b *byteSem) release(n int) {
+	if b.limit <= 0 {
+		return
+	}
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+	b.cond.Broadcast()
 }
 
 func (s *Server) dispatch(ctx context.Context, c net.Conn, wmu *sync.Mutex, f *frame) {
@@ -241,6 +303,11 @@ func (s *Server) dispatch(ctx context.Context, c net.Conn, wmu *sync.Mutex, f *f
 		s.Observe(f.method, time.Since(start), err)
 	}
 	head, tail := encodeFrame(kindResponse, 0, f.id, errno, text, resp)
+	if n := len(head) - frameHeaderBytes + len(tail); n > responseLimit(f.method) {
+		// The client would take it for a protocol error.
+		log.Error("answer over its method's limit", "method", f.method, "bytes", n, "limit", responseLimit(f.method))
+		head, tail = encodeFrame(kindResponse, 0, f.id, syscall.EIO, fmt.Sprintf("answer to method %d of %d bytes exceeds its limit", f.method, n), nil)
+	}
 	wmu.Lock()
 	_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
 	werr := writeFrame(c, head, tail)

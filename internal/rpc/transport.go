@@ -3,9 +3,7 @@ package rpc
 import (
 	"bufio"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -21,40 +19,58 @@ import (
 // Method identifies a remote procedure; see meta_msgs.go and store_msgs.go.
 type Method uint16
 
-// Frame format, version 1 (all integers little-endian):
+// Frame format, version 2 (all integers little-endian):
 //
 //	offset size field
 //	0      4    n: number of bytes that follow this field
-//	4      1    kind: 1 request, 2 response
+//	4      1    kind: 1 request, 2 response, 3 ping (client to server, no body)
 //	5      1    reserved, 0
-//	6      2    method (responses: 0)
+//	6      2    method (responses and pings: 0)
 //	8      8    request id, chosen by the caller, echoed in the response
 //	16     n-12 request: message body
 //	            response: errno (uvarint, 0 = success), error text (string),
 //	            then the message body when errno is 0
 //
-// Connection handshake: the server sends magic (8 bytes) and a 16-byte
-// random nonce; the client answers magic and HMAC-SHA256(cluster key, nonce);
-// the server answers one byte 0 and serves, or closes the connection.
+// A body is bounded by its method's limit (limits.go), checked on the
+// header before any of it is read.
 //
-// Version history: 1 — initial.
+// Connection handshake, version 2 (cluster key K, each side proves it):
+//
+//	server → client  magic (8 bytes, "STRATA\x00\x02"), nonce Ns (16 bytes)
+//	client → server  magic, nonce Nc (16 bytes),
+//	                 HMAC-SHA256(K, "strata rpc client" || Ns || Nc)
+//	server → client  0, HMAC-SHA256(K, "strata rpc server" || Ns || Nc)
+//
+// The server closes the connection when the client's proof is wrong; the
+// client closes it when the server's is. The labels bind each proof to its
+// direction, so a peer cannot answer with the other side's own proof. With
+// TLS (tls.go) the handshake runs inside the TLS session.
+//
+// Version history: 1 — initial (only the client proved the key; no pings).
+// 2 — mutual proof, ping frames, per-method frame limits.
 const (
 	frameHeaderBytes = 16
 	kindRequest      = 1
 	kindResponse     = 2
-	// MaxFrameBytes bounds a frame; larger lengths are a protocol error.
-	MaxFrameBytes = 80 << 20
+	kindPing         = 3
+	// MaxFrameBytes bounds any frame; each method has its own, lower,
+	// limit (limits.go). Larger lengths are a protocol error.
+	MaxFrameBytes = maxDataFrameBytes
 )
 
-var magic = [8]byte{'S', 'T', 'R', 'A', 'T', 'A', 0, 1}
+var magic = [8]byte{'S', 'T', 'R', 'A', 'T', 'A', 0, 2}
+
+// magicV1 opened version 1 handshakes; recognised only to name the problem.
+var magicV1 = [8]byte{'S', 'T', 'R', 'A', 'T', 'A', 0, 1}
 
 // ErrUnavailable marks a call that failed because the peer could not be
 // reached, the connection broke, or the call timed out. The request may or
 // may not have been executed. Callers retry or turn it into EIO.
 var ErrUnavailable = errors.New("rpc: peer unavailable")
 
-// ErrAuth marks a failed cluster-key handshake.
-var ErrAuth = errors.New("rpc: authentication failed (cluster key mismatch)")
+// ErrAuth marks a failed handshake: one side did not prove the cluster key
+// (or, with TLS, did not present a certificate the other side trusts).
+var ErrAuth = errors.New("rpc: authentication failed")
 
 // Error is an errno answered by the peer, with the peer's explanation.
 // errors.Is(err, syscall.ENOENT) works on it.
@@ -144,39 +160,116 @@ type frame struct {
 	buf    []byte // to return to the pool when done
 }
 
-func readFrame(r *bufio.Reader) (*frame, error) {
+// frameReader reads frames from one connection and keeps its read deadline:
+// the wait for a frame's header is bounded by the caller's idle time (none
+// on the client side, where calls have their own timeouts), and a body,
+// once its header is in, must arrive within frameTimeout.
+type frameReader struct {
+	c            net.Conn
+	r            *bufio.Reader
+	frameTimeout time.Duration
+	deadline     bool // a read deadline is set on c
+}
+
+func newFrameReader(c net.Conn, frameTimeout time.Duration) *frameReader {
+	return &frameReader{c: c, r: bufio.NewReaderSize(c, 256<<10), frameTimeout: frameTimeout}
+}
+
+func (fr *frameReader) setDeadline(d time.Duration) {
+	if d > 0 {
+		_ = fr.c.SetReadDeadline(time.Now().Add(d))
+		fr.deadline = true
+	} else if fr.deadline {
+		_ = fr.c.SetReadDeadline(time.Time{})
+		fr.deadline = false
+	}
+}
+
+// header reads the next frame's header and returns the frame without its
+// body and the body's length, checked against MaxFrameBytes only.
+func (fr *frameReader) header(idle time.Duration) (*frame, int, error) {
+	if fr.r.Buffered() < frameHeaderBytes {
+		fr.setDeadline(idle)
+	}
 	var h [frameHeaderBytes]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return nil, err
+	if _, err := io.ReadFull(fr.r, h[:]); err != nil {
+		return nil, 0, err
 	}
 	n := binary.LittleEndian.Uint32(h[0:])
 	if n < frameHeaderBytes-4 || n > MaxFrameBytes {
-		return nil, fmt.Errorf("%w: frame length %d", ErrMalformed, n)
+		return nil, 0, fmt.Errorf("%w: frame length %d", ErrMalformed, n)
 	}
 	f := &frame{kind: h[4], method: Method(binary.LittleEndian.Uint16(h[6:])), id: binary.LittleEndian.Uint64(h[8:])}
-	if f.kind != kindRequest && f.kind != kindResponse {
-		return nil, fmt.Errorf("%w: frame kind %d", ErrMalformed, f.kind)
+	if f.kind < kindRequest || f.kind > kindPing {
+		return nil, 0, fmt.Errorf("%w: frame kind %d", ErrMalformed, f.kind)
 	}
 	bodyLen := int(n) - (frameHeaderBytes - 4)
-	f.buf = getBuf(bodyLen)
-	f.body = f.buf[:bodyLen]
-	if _, err := io.ReadFull(r, f.body); err != nil {
-		putBuf(f.buf)
-		return nil, err
+	if f.kind == kindPing && bodyLen != 0 {
+		return nil, 0, fmt.Errorf("%w: ping with a %d-byte body", ErrMalformed, bodyLen)
 	}
-	return f, nil
+	return f, bodyLen, nil
 }
 
-// Buffer pool for frame bodies: size classes of powers of two from 64 KiB,
-// each with poolSlackBytes of headroom so that a 1 MiB payload plus its
-// few bytes of header fits the 1 MiB class. Small bodies are left to the
-// allocator.
+// body reads f's n body bytes, within frameTimeout when they are not all
+// buffered yet.
+func (fr *frameReader) body(f *frame, n int) error {
+	if n > fr.r.Buffered() && fr.frameTimeout > 0 {
+		fr.setDeadline(fr.frameTimeout)
+	}
+	b, err := readBody(fr.r, n)
+	if err != nil {
+		return fmt.Errorf("read %d-byte body of a frame: %w", n, err)
+	}
+	f.buf, f.body = b, b
+	return nil
+}
+
+// readBody reads an n-byte body. Up to preallocBytes (a 1 MiB write and its
+// header) the buffer is taken at once; a larger body is read into a buffer
+// that grows as its bytes arrive, so that a peer announcing a large frame
+// makes this side hold no more than it actually sent (plus preallocBytes).
+func readBody(r io.Reader, n int) ([]byte, error) {
+	if n <= preallocBytes {
+		b := getBuf(n)
+		if _, err := io.ReadFull(r, b); err != nil {
+			putBuf(b)
+			return nil, err
+		}
+		return b, nil
+	}
+	b := getBuf(preallocBytes)[:0]
+	for len(b) < n {
+		if len(b) == cap(b) {
+			nb := make([]byte, len(b), min(2*cap(b), n))
+			copy(nb, b)
+			putBuf(b)
+			b = nb
+		}
+		m, err := r.Read(b[len(b):min(cap(b), n)])
+		b = b[:len(b)+m]
+		if err != nil && len(b) < n {
+			putBuf(b)
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// Buffer pool for frame bodies: size classes of powers of two from 64 KiB
+// to 1 MiB, each with poolSlackBytes of headroom so that a 1 MiB payload
+// plus its few bytes of header fits the 1 MiB class. Small bodies are left
+// to the allocator, and so are larger ones: they are rare (lists, reads
+// over 1 MiB) and a pool would keep them alive.
 const (
 	poolMinBytes   = 64 << 10
 	poolSlackBytes = 4 << 10
+	preallocBytes  = poolMinBytes<<(len(bufPools)-1) + poolSlackBytes
 )
 
-var bufPools [12]sync.Pool // 64 KiB .. 128 MiB
+var bufPools [5]sync.Pool // 64 KiB .. 1 MiB
 
 func poolClass(n int) int {
 	c, size := 0, poolMinBytes+poolSlackBytes
@@ -213,12 +306,6 @@ func putBuf(b []byte) {
 	}
 	b = b[:cap(b)]
 	bufPools[c].Put(&b)
-}
-
-func authProof(key, nonce []byte) []byte {
-	m := hmac.New(sha256.New, key)
-	m.Write(nonce)
-	return m.Sum(nil)
 }
 
 // setNoDelay turns off Nagle for request/response latency.

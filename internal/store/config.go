@@ -1,6 +1,7 @@
 package store
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -30,6 +31,9 @@ type Config struct {
 	Targets []string
 	// ClusterKey authenticates peers (rpc handshake), both ways.
 	ClusterKey []byte
+	// TLS, when set, is the mutual-TLS identity (rpc.LoadTLS) of the
+	// data service and of its calls to the metadata service.
+	TLS *tls.Config
 	// HeartbeatInterval is the period of heartbeats to the metadata
 	// service. Default 1 s.
 	HeartbeatInterval time.Duration

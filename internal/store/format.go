@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // On-disk format of a chunk, version 1. See docs/design/0002-storage.md.
@@ -36,8 +38,9 @@ const (
 
 	// maxChunkBytes bounds offsets and sizes: 2^50 bytes (1 PiB) per chunk.
 	maxChunkBytes = 1 << 50
-	// maxIOBytes bounds one read (the frame limit of rpc is 80 MiB).
-	maxIOBytes = 64 << 20
+	// maxIOBytes bounds one read: rpc.MaxDataBytes, the most one answer
+	// carries.
+	maxIOBytes = rpc.MaxDataBytes
 )
 
 var sumMagic = [8]byte{'S', 'T', 'R', 'A', 'T', 'S', 'U', 'M'}

@@ -32,7 +32,7 @@ const (
 
 func (s *Server) registrationLoop() {
 	defer s.wg.Done()
-	cl := rpc.NewClient(s.cfg.MetaAddr, rpc.ClientConfig{Key: s.cfg.ClusterKey, Conns: 1, CallTimeout: callTimeout})
+	cl := rpc.NewClient(s.cfg.MetaAddr, rpc.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, CallTimeout: callTimeout})
 	defer cl.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

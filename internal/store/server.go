@@ -97,6 +97,7 @@ func Open(cfg Config) (*Server, error) {
 	s.byID.Store(&ids)
 
 	s.rpc = rpc.NewServer(cfg.ClusterKey)
+	s.rpc.TLS = cfg.TLS
 	s.rpc.Observe = s.m.observe
 	s.register()
 	ln, err := net.Listen("tcp", cfg.ListenAddr)

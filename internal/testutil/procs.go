@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -230,6 +231,7 @@ type ProcCluster struct {
 	storeArgs [][]string
 	mountArgs [][]string
 	metaArgs  []string
+	authArgs  []string
 }
 
 // ProcOptions shapes a ProcCluster.
@@ -240,6 +242,7 @@ type ProcOptions struct {
 	MountArgs       []string   // extra flags for strata mount, e.g. --io-timeout 3s
 	MetaArgs        []string   // extra flags for strata meta, e.g. --orphan-grace 1s
 	TargetDirs      [][]string // optional: explicit target dirs per store
+	AuthArgs        []string   // extra flags for every command, e.g. --tls-cert …
 }
 
 // StartProcCluster starts the processes and waits until every target is
@@ -257,7 +260,7 @@ func StartProcCluster(t testing.TB, o ProcOptions) *ProcCluster {
 	if o.Mounts == 0 {
 		o.Mounts = 1
 	}
-	c := &ProcCluster{t: t, Bin: Binary(t), Dir: t.TempDir()}
+	c := &ProcCluster{t: t, Bin: Binary(t), Dir: t.TempDir(), authArgs: o.AuthArgs}
 	// t.TempDir makes 0700 directories; other users must reach the mounts
 	// (permission tests run as nobody).
 	_ = os.Chmod(c.Dir, 0o755)
@@ -267,11 +270,11 @@ func StartProcCluster(t testing.TB, o ProcOptions) *ProcCluster {
 		t.Fatal(err)
 	}
 	c.MetaAddr = FreePort(t)
-	c.metaArgs = append([]string{"meta", "--listen", c.MetaAddr, "--data", filepath.Join(c.Dir, "meta"), "--key-file", c.KeyFile}, o.MetaArgs...)
+	c.metaArgs = append([]string{"meta", "--listen", c.MetaAddr, "--data", filepath.Join(c.Dir, "meta"), "--key-file", c.KeyFile}, slices.Concat(o.MetaArgs, o.AuthArgs)...)
 	t.Cleanup(c.stopAll)
 	c.StartMeta()
 	for i := 0; i < o.Stores; i++ {
-		args := []string{"store", "--meta", c.MetaAddr, "--listen", "127.0.0.1:0", "--key-file", c.KeyFile}
+		args := append([]string{"store", "--meta", c.MetaAddr, "--listen", "127.0.0.1:0", "--key-file", c.KeyFile}, o.AuthArgs...)
 		for j := 0; j < o.TargetsPerStore; j++ {
 			dir := filepath.Join(c.Dir, fmt.Sprintf("store%d", i), fmt.Sprintf("t%d", j))
 			if o.TargetDirs != nil {
@@ -292,7 +295,7 @@ func StartProcCluster(t testing.TB, o ProcOptions) *ProcCluster {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		args := append([]string{"mount", "--meta", c.MetaAddr, "--key-file", c.KeyFile}, o.MountArgs...)
+		args := append([]string{"mount", "--meta", c.MetaAddr, "--key-file", c.KeyFile}, slices.Concat(o.MountArgs, o.AuthArgs)...)
 		args = append(args, dir)
 		c.mountArgs = append(c.mountArgs, args)
 		c.MountDirs = append(c.MountDirs, dir)
@@ -366,7 +369,8 @@ type ClusterStatus struct {
 func (c *ProcCluster) Status() (*ClusterStatus, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, c.Bin, "status", "--json", "--meta", c.MetaAddr, "--key-file", c.KeyFile).CombinedOutput()
+	args := append([]string{"status", "--json", "--meta", c.MetaAddr, "--key-file", c.KeyFile}, c.authArgs...)
+	out, err := exec.CommandContext(ctx, c.Bin, args...).CombinedOutput()
 	if err != nil {
 		return nil, fmt.Errorf("strata status: %v: %s", err, out)
 	}

@@ -1,0 +1,60 @@
+package rpc
+
+import (
+	"syscall"
+)
+
+// Frame limits per method.
+//
+// A receiver checks a frame's announced length against its method's limit
+// before it reads the body, and closes the connection when it is over: no
+// legitimate peer sends such a frame. The limits follow the messages'
+// own bounds (names of 255 bytes, symlink targets of 4 KiB, xattr values
+// of 64 KiB, MaxStripeCount targets, MaxDataBytes of data); the messages
+// whose length grows with the cluster or a directory (lists of inodes,
+// targets, clients, entries, xattr names) get maxListFrameBytes.
+
+// MaxDataBytes bounds the data of one WriteReq or ReadResp (one store I/O).
+const MaxDataBytes = 64 << 20
+
+const (
+	// maxSmallFrameBytes bounds every message not listed below: one
+	// xattr value (64 KiB) or symlink target (4 KiB) with a few names
+	// and numbers, or an error text.
+	maxSmallFrameBytes = 256 << 10
+	// maxListFrameBytes bounds the messages carrying lists.
+	maxListFrameBytes = 16 << 20
+	// maxDataFrameBytes is MaxDataBytes with its message's few fields.
+	maxDataFrameBytes = MaxDataBytes + 4<<10
+)
+
+// requestLimit is the largest request body accepted for method m.
+func requestLimit(m Method) int {
+	switch m {
+	case SWrite:
+		return maxDataFrameBytes
+	case MInodesKnown, MSessionHeartbeat, MRegisterServer, MServerHeartbeat, SRemoveMany:
+		return maxListFrameBytes
+	}
+	return maxSmallFrameBytes
+}
+
+// responseLimit is the largest response body accepted for method m.
+func responseLimit(m Method) int {
+	switch m {
+	case SRead:
+		return maxDataFrameBytes
+	case MReadDir, MListXattr, MInodesKnown, MClusterStatus, MListTargets, MRegisterServer, SListChunks:
+		return maxListFrameBytes
+	}
+	return maxSmallFrameBytes
+}
+
+// checkRequestSize refuses, before sending, a request the peer would take
+// for a protocol error (and close the connection on).
+func checkRequestSize(m Method, n int) error {
+	if n > requestLimit(m) {
+		return Errorf(syscall.EINVAL, "request %d of %d bytes exceeds its limit of %d", m, n, requestLimit(m))
+	}
+	return nil
+}
