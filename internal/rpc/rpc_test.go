@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratafs/strata/internal/codec"
 	"github.com/stratafs/strata/internal/layout"
 )
 
@@ -514,7 +515,7 @@ func TestInProcessWriteLendsData(t *testing.T) {
 	var e Enc
 	req := &WriteReq{Chunk: ChunkID{1, 2}, Data: data}
 	req.EncodeHead(&e)
-	d := &Dec{B: e.B, tail: data[:3]}
+	d := &Dec{Dec: codec.Dec{B: e.B}, tail: data[:3]}
 	var got WriteReq
 	got.Decode(d)
 	if d.Err() == nil {
