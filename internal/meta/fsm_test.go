@@ -200,12 +200,15 @@ func FuzzDecodeCommand(f *testing.F) {
 	for _, c := range randomCommands(1, 20) {
 		f.Add(c)
 	}
+	for _, s := range commandSamples() {
+		f.Add(s.c.encode(nil))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var c command
 		if decodeCommand(b, &c) == nil {
 			var again command
-			if err := decodeCommand(c.encode(nil), &again); err != nil {
-				t.Fatalf("re-decode: %v", err)
+			if err := decodeCommand(c.encode(nil), &again); err != nil || !reflect.DeepEqual(again, c) {
+				t.Fatalf("%+v re-decodes to %+v, %v", c, again, err)
 			}
 		}
 	})
