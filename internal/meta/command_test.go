@@ -189,3 +189,30 @@ func TestDedupeRecordV1(t *testing.T) {
 		t.Fatalf("version 1 answer decodes to %+v, %v", ch, err)
 	}
 }
+
+// TestCommandHoldsNoWireTypes: a command's fields are meta's own types (or
+// plain values), never rpc messages, so that a wire change cannot change
+// the log format.
+func TestCommandHoldsNoWireTypes(t *testing.T) {
+	wire := reflect.TypeOf(rpc.ReqHeader{}).PkgPath()
+	seen := map[reflect.Type]bool{}
+	var check func(path string, typ reflect.Type)
+	check = func(path string, typ reflect.Type) {
+		if seen[typ] {
+			return
+		}
+		seen[typ] = true
+		if typ.PkgPath() == wire {
+			t.Errorf("command field %s has the wire type %v", path, typ)
+		}
+		switch typ.Kind() {
+		case reflect.Slice, reflect.Array, reflect.Pointer:
+			check(path+"[]", typ.Elem())
+		case reflect.Struct:
+			for i := 0; i < typ.NumField(); i++ {
+				check(path+"."+typ.Field(i).Name, typ.Field(i).Type)
+			}
+		}
+	}
+	check("command", reflect.TypeOf(command{}))
+}

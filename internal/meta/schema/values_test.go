@@ -6,7 +6,10 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os/exec"
+	"path/filepath"
 	"reflect"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -185,4 +188,19 @@ func FuzzDecodeValues(f *testing.F) {
 			t.Fatalf("%s: %+v re-decodes to %+v, %v", names[int(which)%len(names)], v, again, err)
 		}
 	})
+}
+
+// TestSchemaDoesNotDependOnTheWire: no stored value may change with a wire
+// message, so schema depends on rpc neither directly nor through another
+// package.
+func TestSchemaDoesNotDependOnTheWire(t *testing.T) {
+	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasSuffix(dep, "/internal/rpc") {
+			t.Fatalf("meta/schema depends on %s", dep)
+		}
+	}
 }
