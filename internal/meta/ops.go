@@ -3,6 +3,7 @@ package meta
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -225,7 +226,7 @@ type answer struct {
 	msg rpc.Message
 }
 
-// recAttr is an inode's attributes as a change answers them.
+// recAttr is an inode's attributes (sharing the layout's targets).
 func recAttr(ino uint64, in *schema.Inode) schema.Attr {
 	a := schema.Attr{Ino: ino, Mode: in.Mode, Nlink: in.Nlink, Uid: in.Uid, Gid: in.Gid, Rdev: in.Rdev,
 		Size: in.Size, Atime: in.Atime, Mtime: in.Mtime, Ctime: in.Ctime, Layout: in.Layout}
@@ -233,9 +234,18 @@ func recAttr(ino uint64, in *schema.Inode) schema.Attr {
 	return a
 }
 
+// answerAttr is an inode's attributes as a change answers them. The
+// answer leaves the apply loop for the handler's goroutine, so it shares
+// no memory with the inode the apply loop holds (the targets are copied).
+func answerAttr(ino uint64, in *schema.Inode) schema.Attr {
+	a := recAttr(ino, in)
+	a.Layout.Targets = slices.Clone(a.Layout.Targets)
+	return a
+}
+
 // attrBody answers a change of one inode with its attributes (rpc.AttrResp).
 func (x *opCtx) attrBody(ino uint64, in *schema.Inode) (*answer, error) {
-	return &answer{rec: schema.Answer{Kind: schema.AnswerAttr, Index: x.index, Term: x.term, Attr: recAttr(ino, in)}}, nil
+	return &answer{rec: schema.Answer{Kind: schema.AnswerAttr, Index: x.index, Term: x.term, Attr: answerAttr(ino, in)}}, nil
 }
 
 // stampBody answers a change that has nothing else to say with its entry's
@@ -247,7 +257,7 @@ func (x *opCtx) stampBody() (*answer, error) {
 // changeBody answers a change of an entry of directory dir (rpc.ChangeResp).
 func (x *opCtx) changeBody(ino uint64, in *schema.Inode, dir uint64, d *schema.Inode) (*answer, error) {
 	return &answer{rec: schema.Answer{Kind: schema.AnswerChange, Index: x.index, Term: x.term,
-		Attr: recAttr(ino, in), Dir: recAttr(dir, d)}}, nil
+		Attr: answerAttr(ino, in), Dir: answerAttr(dir, d)}}, nil
 }
 
 // apply runs one command.
