@@ -51,7 +51,28 @@ const (
 //	1       op         byte (op; numbers never reused)
 //	2       Now        zig-zag varint, ns since the Unix epoch
 //	        Hdr        ClientID, Seq: uvarints (0, 0 for ops without one)
-//	        operands   per op, in the order of (*command).encode
+//	        operands   per op, below
+//
+// Operands (integers as uvarints, times as zig-zag varints, strings and
+// Value length-prefixed, lists as a count and then the elements; [...] was
+// appended within version 1 and may be absent):
+//
+//	op                                    operands
+//	Init, SessionClose, Reap, RaiseIno    Ino
+//	ReapMany                              Inos
+//	Create, Tmpfile                       Parent, Name, Mode, Uid, Gid, Rdev, Symlink,
+//	                                      Cands (ID, FreeBytes each), RRStart
+//	SetAttr                               Ino, Valid, Mode, Uid, Gid, Size, Atime, Mtime, Ctime
+//	Unlink, Rmdir                         Parent, Name
+//	Rename                                Parent, Name, NewParent, NewName, Flags
+//	Link                                  Ino, NewParent, NewName
+//	SetXattr, RemoveXattr                 Ino, Name, Value, Flags
+//	CommitSize                            Ino, Size, Mtime, ClearSuid (byte),
+//	                                      [Alloc (Slot, Bytes each)]
+//	SetDirLayout                          Ino, Size (stripe size), Flags (stripe count)
+//	SessionOpen                           Host, MountPoint, Pid, LeaseMs
+//	Register                              Addr, Host, Targets (UUID, Path each),
+//	                                      [each target's InoCeiling, no count]
 //
 // The flag fields keep the values of the wire's constants of the same
 // meaning, which are frozen by TestCommandFlagValues: Valid holds the
