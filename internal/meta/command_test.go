@@ -216,3 +216,29 @@ func TestCommandHoldsNoWireTypes(t *testing.T) {
 	}
 	check("command", reflect.TypeOf(command{}))
 }
+
+// TestDedupeRecordIsTheStoresOwn: the dedupe table records a change's
+// answer in schema's terms (Result version 2), not as the wire message.
+func TestDedupeRecordIsTheStoresOwn(t *testing.T) {
+	f := newTestFSM(t)
+	f.applyLocal([][]byte{
+		(&command{Op: opInit, Now: 1}).encode(nil),
+		(&command{Op: opSessionOpen, Now: 1, Host: "h", LeaseMs: 1000}).encode(nil),
+	})
+	res := f.applyLocal([][]byte{(&command{Op: opCreate, Now: 2, Hdr: reqHeader{ClientID: 1, Seq: 1}, Parent: 1, Name: "d", Mode: dirMode}).encode(nil)})[0]
+	v, err := f.db.Get(schema.DedupeKey(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0] != 2 {
+		t.Fatalf("dedupe record of format version %d, want 2", v[0])
+	}
+	r, err := schema.DecodeResult(v)
+	if err != nil || r.Answer.Kind != schema.AnswerChange || r.Wire != nil {
+		t.Fatalf("dedupe record %+v, %v: want the store's own answer", r, err)
+	}
+	ch := res.reply().(*rpc.ChangeResp)
+	if r.Answer.Attr.Ino != ch.Attr.Ino || r.Answer.Dir.Ino != 1 || r.Answer.Attr.Mode != ch.Attr.Mode {
+		t.Fatalf("record %+v does not match the answer %+v", r.Answer, ch)
+	}
+}
