@@ -1,8 +1,10 @@
 package meta
 
 import (
+	"errors"
 	"fmt"
 
+	"github.com/stratafs/strata/internal/codec"
 	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/rpc"
 )
@@ -32,21 +34,66 @@ const (
 	opTmpfile  // a regular file with no name (O_TMPFILE): operands as opCreate, Name empty
 )
 
-// command is one state-machine command. The leader fills in everything that
-// is not a pure function of the state — the time, the live targets a new
-// file may be placed on and the round-robin start — before proposing, so
-// that Apply is deterministic.
+// command is one state-machine command: the payload of a raft log entry.
+// The leader fills in everything that is not a pure function of the state —
+// the time, the live targets a new file may be placed on and the
+// round-robin start — before proposing, so that Apply is deterministic.
 //
-// Raft log command format, version 1:
+// Commands are meta's own types, not wire messages: a change to an rpc
+// message never changes what the log holds (handlers copy what a command
+// needs out of the request). What the log keeps is fixed by the table
+// below and only changed under a new version.
 //
-//	byte 0   format version (1)
-//	byte 1   op
-//	then     Now (varint ns), Hdr (client, seq), then the op's fields in
-//	         rpc.Enc encoding, in the order of encodeFields.
+// # Raft log command format
+//
+//	offset  field      encoding (package codec)
+//	0       version    byte: commandFormatV1
+//	1       op         byte (op; numbers never reused)
+//	2       Now        zig-zag varint, ns since the Unix epoch
+//	        Hdr        ClientID, Seq: uvarints (0, 0 for ops without one)
+//	        operands   per op, below
+//
+// Operands (integers as uvarints, times as zig-zag varints, strings and
+// Value length-prefixed, lists as a count and then the elements; [...] was
+// appended within version 1 and may be absent):
+//
+//	op                                    operands
+//	Init, SessionClose, Reap, RaiseIno    Ino
+//	ReapMany                              Inos
+//	Create, Tmpfile                       Parent, Name, Mode, Uid, Gid, Rdev, Symlink,
+//	                                      Cands (ID, FreeBytes each), RRStart
+//	SetAttr                               Ino, Valid, Mode, Uid, Gid, Size, Atime, Mtime, Ctime
+//	Unlink, Rmdir                         Parent, Name
+//	Rename                                Parent, Name, NewParent, NewName, Flags
+//	Link                                  Ino, NewParent, NewName
+//	SetXattr, RemoveXattr                 Ino, Name, Value, Flags
+//	CommitSize                            Ino, Size, Mtime, ClearSuid (byte),
+//	                                      [Alloc (Slot, Bytes each)]
+//	SetDirLayout                          Ino, Size (stripe size), Flags (stripe count)
+//	SessionOpen                           Host, MountPoint, Pid, LeaseMs
+//	Register                              Addr, Host, Targets (UUID, Path each),
+//	                                      [each target's InoCeiling, no count]
+//
+// The flag fields keep the values of the wire's constants of the same
+// meaning, which are frozen by TestCommandFlagValues: Valid holds the
+// SetAttr bits (rpc.SetMode …), Flags the rename (rpc.RenameNoReplace …)
+// or xattr (rpc.XattrCreate …) flags, or a stripe count.
+//
+// # Version history
+//
+//	1  initial. Appended within version 1 (read as absent from older
+//	   entries): opRegister's targets' InoCeiling run, opCommitSize's
+//	   Alloc list; ops opReapMany, opRaiseIno and opTmpfile.
+//
+// A node refuses an entry of a newer version (errNewerCommand) and stops
+// rather than skip it: a state machine that skipped an entry its peers
+// applied has diverged for good. So a leader may propose a new version only
+// once every voter reads it (rolling upgrades: upgrade all voters first,
+// then enable the new format).
 type command struct {
 	Op  op
 	Now int64
-	Hdr rpc.ReqHeader
+	Hdr reqHeader
 
 	// namespace operands (meaning per op, see apply*)
 	Ino, Parent, NewParent uint64
@@ -67,14 +114,54 @@ type command struct {
 	Host, MountPoint, Addr string
 	Pid                    uint32
 	LeaseMs                uint32
-	Targets                []rpc.TargetReg
+	Targets                []targetReg
 
 	// orphan reaping (opReapMany)
 	Inos []uint64
 
 	// space of a file's chunks (opCommitSize)
-	Alloc []rpc.SlotAlloc
+	Alloc []slotAlloc
 }
+
+// reqHeader names a deduplicated request: the session's client id and the
+// request's sequence number (from the wire's rpc.ReqHeader).
+type reqHeader struct{ ClientID, Seq uint64 }
+
+func hdrOf(h rpc.ReqHeader) reqHeader { return reqHeader{ClientID: h.ClientID, Seq: h.Seq} }
+
+// targetReg is what opRegister keeps of a target's registration.
+type targetReg struct {
+	UUID, Path string
+	InoCeiling uint64 // see rpc.TargetReg.InoCeiling
+}
+
+func targetRegsOf(ts []rpc.TargetReg) []targetReg {
+	out := make([]targetReg, len(ts))
+	for i, t := range ts {
+		out[i] = targetReg{UUID: t.UUID, Path: t.Path, InoCeiling: t.InoCeiling}
+	}
+	return out
+}
+
+// slotAlloc is the space (bytes) the chunk of layout slot Slot takes.
+type slotAlloc struct {
+	Slot  uint32
+	Bytes uint64
+}
+
+func slotAllocsOf(as []rpc.SlotAlloc) []slotAlloc {
+	if as == nil {
+		return nil
+	}
+	out := make([]slotAlloc, len(as))
+	for i, a := range as {
+		out[i] = slotAlloc{Slot: a.Slot, Bytes: a.Bytes}
+	}
+	return out
+}
+
+// errNewerCommand marks a command written by a newer version of Strata.
+var errNewerCommand = errors.New("raft command written by a newer Strata")
 
 const commandFormatV1 = 1
 
@@ -95,11 +182,12 @@ func (c *command) answerBeforeDurable() bool {
 }
 
 func (c *command) encode(b []byte) []byte {
-	e := &rpc.Enc{B: b}
+	e := &codec.Enc{B: b}
 	e.U8(commandFormatV1)
 	e.U8(uint8(c.Op))
 	e.I64(c.Now)
-	c.Hdr.Encode(e)
+	e.U64(c.Hdr.ClientID)
+	e.U64(c.Hdr.Seq)
 	switch c.Op {
 	case opInit, opSessionClose, opReap, opRaiseIno:
 		e.U64(c.Ino)
@@ -154,7 +242,11 @@ func (c *command) encode(b []byte) []byte {
 		e.Bool(c.ClearSuid)
 		// Appended (absent in entries written before it): the space of
 		// the chunks the client changed.
-		rpc.EncodeSlotAllocs(e, c.Alloc)
+		e.U64(uint64(len(c.Alloc)))
+		for _, a := range c.Alloc {
+			e.U32(a.Slot)
+			e.U64(a.Bytes)
+		}
 	case opSetDirLayout:
 		e.U64(c.Ino)
 		e.U64(c.Size)
@@ -183,14 +275,20 @@ func (c *command) encode(b []byte) []byte {
 
 // decodeCommand is the inverse of encode. Strings are copies; Value aliases b.
 func decodeCommand(b []byte, c *command) error {
-	d := rpc.NewDec(b)
-	if v := d.U8(); d.Err() == nil && v != commandFormatV1 {
-		return fmt.Errorf("command format version %d, want %d", v, commandFormatV1)
+	d := codec.NewDec(b)
+	switch v := d.U8(); {
+	case d.Err() != nil:
+		return fmt.Errorf("command: %w", d.Err())
+	case v > commandFormatV1:
+		return fmt.Errorf("%w: format version %d, this build reads up to %d: upgrade this node", errNewerCommand, v, commandFormatV1)
+	case v != commandFormatV1:
+		return fmt.Errorf("command format version %d is unknown (corrupt entry?)", v)
 	}
 	*c = command{}
 	c.Op = op(d.U8())
 	c.Now = d.I64()
-	c.Hdr.Decode(d)
+	c.Hdr.ClientID = d.U64()
+	c.Hdr.Seq = d.U64()
 	switch c.Op {
 	case opInit, opSessionClose, opReap, opRaiseIno:
 		c.Ino = d.U64()
@@ -246,7 +344,14 @@ func decodeCommand(b []byte, c *command) error {
 		c.Size = d.U64()
 		c.Mtime = d.I64()
 		c.ClearSuid = d.Bool()
-		c.Alloc = rpc.DecodeSlotAllocs(d)
+		if d.Len() > 0 { // absent from entries written before it
+			if n := d.Count(); n > 0 {
+				c.Alloc = make([]slotAlloc, n)
+				for i := range c.Alloc {
+					c.Alloc[i] = slotAlloc{Slot: d.U32(), Bytes: d.U64()}
+				}
+			}
+		}
 	case opSetDirLayout:
 		c.Ino = d.U64()
 		c.Size = d.U64()
@@ -260,7 +365,7 @@ func decodeCommand(b []byte, c *command) error {
 		c.Addr = d.String()
 		c.Host = d.String()
 		n := d.Count()
-		c.Targets = make([]rpc.TargetReg, n)
+		c.Targets = make([]targetReg, n)
 		for i := range c.Targets {
 			c.Targets[i].UUID = d.String()
 			c.Targets[i].Path = d.String()

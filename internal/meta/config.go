@@ -159,9 +159,12 @@ func (c Config) Validate() error {
 }
 
 // FormatVersion is the on-disk format of a metadata data dir (meta.json,
-// the fsm store's schema, the raft log's command format).
+// the layout of the fsm store and the raft log). It changes only when a
+// build can no longer read an older data dir: the stored values and the
+// raft commands carry versions of their own (schema's doc.go, command's
+// doc comment), which newer builds keep reading.
 //
-// Version history: 1 — initial.
+// Version history: 1 — initial (still 1 with schema's Result version 2).
 const FormatVersion = 1
 
 const stateFileName = "meta.json"

@@ -5,13 +5,15 @@
 //
 // # Concepts
 //
-// Every mutating rpc becomes a command (command.go). The leader first fixes
-// everything that is not a function of the state — the time, the live
-// targets a new file may use and the round-robin start — then proposes the
-// command; raft group-commits concurrent proposals (one fsync) and the FSM
-// applies the group in one kv batch (fsm.go, ops.go). Apply is a pure
-// function of (state, command), so replay and snapshots rebuild identical
-// state on every node. Inode numbers come from a counter in the state and
+// Every mutating rpc becomes a command (command.go): meta's own type and
+// format, versioned apart from the wire messages, so a wire change never
+// changes what the log holds (docs/design/0009-formats.md). The leader
+// first fixes everything that is not a function of the state — the time,
+// the live targets a new file may use and the round-robin start — then
+// proposes the command; raft group-commits concurrent proposals (one
+// fsync) and the FSM applies the group in one kv batch (fsm.go, ops.go).
+// Apply is a pure function of (state, command), so replay and snapshots
+// rebuild identical state on every node. Inode numbers come from a counter in the state and
 // are never reused.
 //
 // Reads (lookup, getattr, readdir, readlink, statfs, xattr get/list,
@@ -23,9 +25,10 @@
 // heartbeats) — the HA issue adds this in readFrom().
 //
 // Deduplication: a command with a ReqHeader from a client with a session
-// stores its answer under (ClientID, Seq) in the same batch as its effects;
-// a retry returns the stored answer (also across restarts and leader
-// changes). Records older than the client's last 512 are dropped, and all
+// stores its answer under (ClientID, Seq) in the same batch as its effects,
+// as a schema.Result in the store's own terms (what the change answered,
+// not the wire message: result.reply builds that); a retry returns the
+// stored answer (also across restarts and leader changes). Records older than the client's last 512 are dropped, and all
 // of a client's records go with its session.
 //
 // Orphans: unlinking the last link of a regular file leaves the inode with

@@ -124,7 +124,10 @@ func (f *fsm) AppliedIndex() uint64 { return f.applied.Load() }
 type result struct {
 	errno syscall.Errno
 	msg   string
-	body  []byte // encoded response message when errno is 0
+	ans   *answer // when errno is 0; nil: nothing to say
+	// wire is the answer of a dedupe record of format version 1: the
+	// encoded wire message (schema.AnswerWire), sent as it is.
+	wire []byte
 }
 
 func (r *result) err() error {
@@ -215,6 +218,12 @@ const dedupeKeep = 512
 func (f *fsm) applyOne(b kv.Batch, data []byte, index, term uint64) *result {
 	var c command
 	if err := decodeCommand(data, &c); err != nil {
+		if errors.Is(err, errNewerCommand) {
+			// Skipping it would leave this replica's state behind its
+			// peers' for good; stopping leaves the entry for an upgraded
+			// binary to apply.
+			panic(fmt.Sprintf("meta: raft log entry %d: %v", index, err))
+		}
 		return &result{errno: syscall.EINVAL, msg: err.Error()}
 	}
 	record := false
@@ -230,7 +239,15 @@ func (f *fsm) applyOne(b kv.Batch, data []byte, index, term uint64) *result {
 				if err != nil {
 					return errResult(fmt.Errorf("dedupe record of client %d seq %d: %w", c.Hdr.ClientID, c.Hdr.Seq, err))
 				}
-				return &result{errno: syscall.Errno(r.Errno), msg: r.Msg, body: r.Body}
+				res := &result{errno: syscall.Errno(r.Errno), msg: r.Msg}
+				switch {
+				case r.Errno != 0:
+				case r.Answer.Kind == schema.AnswerWire:
+					res.wire = r.Wire
+				case r.Answer.Kind != schema.AnswerNone:
+					res.ans = &answer{rec: r.Answer}
+				}
+				return res
 			}
 		}
 		record = isSession
@@ -239,17 +256,23 @@ func (f *fsm) applyOne(b kv.Batch, data []byte, index, term uint64) *result {
 	x.reset(f, b, c.Now)
 	x.index, x.term = index, term
 	var res *result
-	body, err := x.apply(&c)
+	ans, err := x.apply(&c)
 	if err != nil {
 		res = errResult(err)
 	} else {
 		if err := x.flush(); err != nil {
 			panic(fmt.Sprintf("meta: kv batch write: %v", err))
 		}
-		res = &result{body: body}
+		res = &result{ans: ans}
 	}
 	if record {
-		rec := schema.Result{Errno: uint32(res.errno), Msg: res.msg, Body: res.body}
+		rec := schema.Result{Errno: uint32(res.errno), Msg: res.msg}
+		if res.ans != nil {
+			if res.ans.msg != nil {
+				panic(fmt.Sprintf("meta: deduplicated op %d answered a wire message", c.Op))
+			}
+			rec.Answer = res.ans.rec
+		}
 		if err := b.Set(schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq), schema.AppendResult(nil, &rec)); err != nil {
 			panic(fmt.Sprintf("meta: kv batch write: %v", err))
 		}

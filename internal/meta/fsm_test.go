@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -62,7 +63,7 @@ func randomCommands(seed int64, n int) [][]byte {
 	cmds := [][]byte{
 		(&command{Op: opInit, Now: now}).encode(nil),
 		(&command{Op: opSessionOpen, Now: now, Host: "h", LeaseMs: 1000}).encode(nil),
-		(&command{Op: opRegister, Now: now, Addr: "a:1", Targets: []rpc.TargetReg{{UUID: "x"}, {UUID: "y"}, {UUID: "z"}}}).encode(nil),
+		(&command{Op: opRegister, Now: now, Addr: "a:1", Targets: []targetReg{{UUID: "x"}, {UUID: "y"}, {UUID: "z"}}}).encode(nil),
 	}
 	dirs := []uint64{1}
 	var seq uint64
@@ -70,7 +71,7 @@ func randomCommands(seed int64, n int) [][]byte {
 	for i := 0; i < n; i++ {
 		now += int64(rng.Intn(1000))
 		seq++
-		h := rpc.ReqHeader{ClientID: 1, Seq: seq}
+		h := reqHeader{ClientID: 1, Seq: seq}
 		if rng.Intn(10) == 0 {
 			seq-- // a retry
 			h.Seq = max(seq, 1)
@@ -100,7 +101,7 @@ func randomCommands(seed int64, n int) [][]byte {
 			c = command{Op: opTmpfile, Parent: d, Mode: fileMode, Cands: cands, RRStart: uint64(i)}
 		case 10:
 			c = command{Op: opCommitSize, Ino: uint64(rng.Intn(i + 2)), Size: uint64(rng.Intn(1 << 30)), Mtime: now,
-				Alloc: []rpc.SlotAlloc{{Slot: uint32(rng.Intn(4)), Bytes: uint64(rng.Intn(1 << 30))}}}
+				Alloc: []slotAlloc{{Slot: uint32(rng.Intn(4)), Bytes: uint64(rng.Intn(1 << 30))}}}
 		}
 		c.Now, c.Hdr = now, h
 		cmds = append(cmds, c.encode(nil))
@@ -141,7 +142,7 @@ func TestFSMDeterminismAndSnapshot(t *testing.T) {
 	rb := applyAll(b, cmds, 97, 1) // different batching, same result
 	for i := range ra {
 		x, y := ra[i].(*result), rb[i].(*result)
-		if x.errno != y.errno || !bytes.Equal(x.body, y.body) {
+		if x.errno != y.errno || !reflect.DeepEqual(x.ans, y.ans) {
 			t.Fatalf("seed %d: answer %d differs: %+v vs %+v", seed, i, x, y)
 		}
 	}
@@ -199,12 +200,15 @@ func FuzzDecodeCommand(f *testing.F) {
 	for _, c := range randomCommands(1, 20) {
 		f.Add(c)
 	}
+	for _, s := range commandSamples() {
+		f.Add(s.c.encode(nil))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var c command
 		if decodeCommand(b, &c) == nil {
 			var again command
-			if err := decodeCommand(c.encode(nil), &again); err != nil {
-				t.Fatalf("re-decode: %v", err)
+			if err := decodeCommand(c.encode(nil), &again); err != nil || !reflect.DeepEqual(again, c) {
+				t.Fatalf("%+v re-decodes to %+v, %v", c, again, err)
 			}
 		}
 	})

@@ -13,7 +13,8 @@ import (
 	"github.com/stratafs/strata/internal/rpc"
 )
 
-// rawMsg is a response already encoded by the state machine.
+// rawMsg is a response already encoded: the answer kept by a dedupe
+// record of format version 1 (schema.AnswerWire).
 type rawMsg []byte
 
 func (m rawMsg) Encode(e *rpc.Enc) { e.B = append(e.B, m...) }
@@ -54,10 +55,41 @@ func (s *Service) mutate(c *command) (rpc.Message, error) {
 	if err := r.err(); err != nil {
 		return nil, err
 	}
-	if r.body == nil {
-		return empty, nil
+	return r.reply(), nil
+}
+
+// reply is the wire answer of a successful result.
+func (r *result) reply() rpc.Message {
+	switch {
+	case r.wire != nil:
+		return rawMsg(r.wire)
+	case r.ans == nil:
+		return empty
+	case r.ans.msg != nil:
+		return r.ans.msg
 	}
-	return rawMsg(r.body), nil
+	a := &r.ans.rec
+	switch a.Kind {
+	case schema.AnswerStamp:
+		return &rpc.Stamp{Index: a.Index, Term: a.Term}
+	case schema.AnswerAttr:
+		return &rpc.AttrResp{Attr: wireAttr(&a.Attr), Stamp: rpc.Stamp{Index: a.Index, Term: a.Term}}
+	case schema.AnswerChange:
+		return &rpc.ChangeResp{Attr: wireAttr(&a.Attr), Dir: wireAttr(&a.Dir), Index: a.Index, Term: a.Term}
+	}
+	return empty
+}
+
+// toAttr is an inode's attributes on the wire.
+func toAttr(ino uint64, in *schema.Inode) rpc.Attr {
+	a := recAttr(ino, in)
+	return wireAttr(&a)
+}
+
+func wireAttr(a *schema.Attr) rpc.Attr {
+	return rpc.Attr{Ino: a.Ino, Mode: a.Mode, Nlink: a.Nlink, Uid: a.Uid, Gid: a.Gid, Rdev: a.Rdev,
+		Size: a.Size, Atime: a.Atime, Mtime: a.Mtime, Ctime: a.Ctime, Layout: a.Layout,
+		Blocks: a.Blocks, BlocksKnown: a.BlocksKnown}
 }
 
 func now() int64 { return time.Now().UnixNano() }
@@ -103,13 +135,13 @@ func (s *Service) register() {
 		if err := res.err(); err != nil {
 			return nil, err
 		}
-		var resp rpc.SessionOpenResp
-		if err := rpc.Unmarshal(res.body, &resp); err != nil {
-			return nil, rpc.Errorf(syscall.EIO, "session open answer: %v", err)
+		resp, ok := res.reply().(*rpc.SessionOpenResp)
+		if !ok {
+			return nil, rpc.Errorf(syscall.EIO, "session open answered %T", res.reply())
 		}
 		s.sess.add(resp.ClientID, time.Now())
 		s.log.Info("session opened", "client", resp.ClientID, "host", r.Host, "mount", r.MountPoint, "pid", r.Pid)
-		return &resp, nil
+		return resp, nil
 	})
 	handle(s, rpc.MSessionHeartbeat, func(_ context.Context, r *rpc.SessionHeartbeatReq) (rpc.Message, error) {
 		var builtAfter time.Time
@@ -139,11 +171,11 @@ func (s *Service) register() {
 		return &rpc.AttrResp{Attr: a}, nil
 	})
 	handle(s, rpc.MSetAttr, func(_ context.Context, r *rpc.SetAttrReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opSetAttr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Valid: r.Valid, Mode: r.Mode,
+		return s.mutate(&command{Op: opSetAttr, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Valid: r.Valid, Mode: r.Mode,
 			Uid: r.Uid, Gid: r.Gid, Size: r.Size, Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime})
 	})
 	handle(s, rpc.MCreate, func(ctx context.Context, r *rpc.CreateReq) (rpc.Message, error) {
-		c := &command{Op: opCreate, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name, Mode: r.Mode,
+		c := &command{Op: opCreate, Now: now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Name: r.Name, Mode: r.Mode,
 			Uid: r.Uid, Gid: r.Gid, Rdev: r.Rdev, Symlink: r.SymlinkTarget}
 		if r.Mode&modeType == modeReg || r.Mode&modeType == 0 {
 			if err := s.place(ctx, c); err != nil {
@@ -156,7 +188,7 @@ func (s *Service) register() {
 		if r.Name != "" {
 			return nil, rpc.Errorf(syscall.EINVAL, "a file made with O_TMPFILE has no name (got %q)", r.Name)
 		}
-		c := &command{Op: opTmpfile, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid}
+		c := &command{Op: opTmpfile, Now: now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid}
 		if err := s.place(ctx, c); err != nil {
 			return nil, err
 		}
@@ -167,17 +199,17 @@ func (s *Service) register() {
 	// reaper's ticker scans for those; a scan per unlink made remove-heavy
 	// workloads quadratic in the number of waiting orphans.
 	handle(s, rpc.MUnlink, func(_ context.Context, r *rpc.EntryReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opUnlink, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name})
+		return s.mutate(&command{Op: opUnlink, Now: now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Name: r.Name})
 	})
 	handle(s, rpc.MRmdir, func(_ context.Context, r *rpc.EntryReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opRmdir, Now: now(), Hdr: r.Hdr, Parent: r.Parent, Name: r.Name})
+		return s.mutate(&command{Op: opRmdir, Now: now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Name: r.Name})
 	})
 	handle(s, rpc.MRename, func(_ context.Context, r *rpc.RenameReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opRename, Now: now(), Hdr: r.Hdr, Parent: r.OldParent, Name: r.OldName,
+		return s.mutate(&command{Op: opRename, Now: now(), Hdr: hdrOf(r.Hdr), Parent: r.OldParent, Name: r.OldName,
 			NewParent: r.NewParent, NewName: r.NewName, Flags: r.Flags})
 	})
 	handle(s, rpc.MLink, func(_ context.Context, r *rpc.LinkReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opLink, Now: now(), Hdr: r.Hdr, Ino: r.Ino, NewParent: r.NewParent, NewName: r.NewName})
+		return s.mutate(&command{Op: opLink, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, NewParent: r.NewParent, NewName: r.NewName})
 	})
 	handle(s, rpc.MReadlink, func(_ context.Context, r *rpc.GetAttrReq) (rpc.Message, error) {
 		in, err := s.readInode(r.Ino)
@@ -211,11 +243,11 @@ func (s *Service) register() {
 		return &rpc.XattrResp{Value: v}, nil
 	})
 	handle(s, rpc.MSetXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opSetXattr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Name: r.Name, Value: r.Value, Flags: r.Flags})
+		return s.mutate(&command{Op: opSetXattr, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Name: r.Name, Value: r.Value, Flags: r.Flags})
 	})
 	handle(s, rpc.MListXattr, s.listXattr)
 	handle(s, rpc.MRemoveXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opRemoveXattr, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Name: r.Name})
+		return s.mutate(&command{Op: opRemoveXattr, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Name: r.Name})
 	})
 	handle(s, rpc.MSync, func(ctx context.Context, r *rpc.SyncReq) (rpc.Message, error) {
 		if err := s.checkEntry(r.Index, r.Term); err != nil {
@@ -230,7 +262,7 @@ func (s *Service) register() {
 		return &rpc.SyncResp{Durable: s.node.DurableIndex(), Term: term}, nil
 	})
 	handle(s, rpc.MCommitSize, func(_ context.Context, r *rpc.CommitSizeReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: r.Hdr, Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid, Alloc: r.Alloc})
+		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid, Alloc: slotAllocsOf(r.Alloc)})
 	})
 	handle(s, rpc.MGetLk, func(ctx context.Context, r *rpc.LockReq) (rpc.Message, error) {
 		if !s.sess.known(r.ClientID) {
@@ -249,30 +281,30 @@ func (s *Service) register() {
 		return &rpc.LockGrant{Epoch: epoch}, nil
 	})
 	handle(s, rpc.MSetDirLayout, func(_ context.Context, r *rpc.SetDirLayoutReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opSetDirLayout, Now: now(), Hdr: r.Hdr, Ino: r.Dir, Size: uint64(r.StripeSize), Flags: r.StripeCount})
+		return s.mutate(&command{Op: opSetDirLayout, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Dir, Size: uint64(r.StripeSize), Flags: r.StripeCount})
 	})
 	handle(s, rpc.MRegisterServer, func(_ context.Context, r *rpc.RegisterServerReq) (rpc.Message, error) {
 		if err := s.checkForeignTargets(r.Targets); err != nil {
 			return nil, err
 		}
 		next := s.fsm.nextIno()
-		res, err := s.propose(&command{Op: opRegister, Now: now(), Addr: r.Addr, Host: r.Host, Targets: r.Targets})
+		res, err := s.propose(&command{Op: opRegister, Now: now(), Addr: r.Addr, Host: r.Host, Targets: targetRegsOf(r.Targets)})
 		if err != nil {
 			return nil, err
 		}
 		if err := res.err(); err != nil {
 			return nil, err
 		}
-		var resp rpc.RegisterServerResp
-		if err := rpc.Unmarshal(res.body, &resp); err != nil {
-			return nil, rpc.Errorf(syscall.EIO, "register answer: %v", err)
+		resp, ok := res.reply().(*rpc.RegisterServerResp)
+		if !ok {
+			return nil, rpc.Errorf(syscall.EIO, "register answered %T", res.reply())
 		}
 		for _, t := range r.Targets {
 			s.warnIfBehind(t.InoCeiling, next, "target "+t.Path)
 		}
 		s.live.registered(resp.ServerID, r.Host, resp.TargetIDs, r.Targets, time.Now())
 		s.log.Info("storage server registered", "server", resp.ServerID, "addr", r.Addr, "host", r.Host, "targets", resp.TargetIDs)
-		return &resp, nil
+		return resp, nil
 	})
 	handle(s, rpc.MServerHeartbeat, func(_ context.Context, r *rpc.ServerHeartbeatReq) (rpc.Message, error) {
 		v, err := s.db.Get(schema.ServerKey(r.ServerID))

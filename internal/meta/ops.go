@@ -3,6 +3,7 @@ package meta
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -216,32 +217,51 @@ func checkName(name string) error {
 	return nil
 }
 
-func toAttr(ino uint64, in *schema.Inode) rpc.Attr {
-	a := rpc.Attr{Ino: ino, Mode: in.Mode, Nlink: in.Nlink, Uid: in.Uid, Gid: in.Gid, Rdev: in.Rdev,
+// answer is what an applied command answers. The deduplicated changes
+// answer rec, which the dedupe table records as it is (schema.Result); the
+// commands that are never deduplicated (session open, register) answer a
+// wire message. The leader turns rec into the wire answer (reply).
+type answer struct {
+	rec schema.Answer
+	msg rpc.Message
+}
+
+// recAttr is an inode's attributes (sharing the layout's targets).
+func recAttr(ino uint64, in *schema.Inode) schema.Attr {
+	a := schema.Attr{Ino: ino, Mode: in.Mode, Nlink: in.Nlink, Uid: in.Uid, Gid: in.Gid, Rdev: in.Rdev,
 		Size: in.Size, Atime: in.Atime, Mtime: in.Mtime, Ctime: in.Ctime, Layout: in.Layout}
 	a.Blocks, a.BlocksKnown = in.AllocBlocks()
 	return a
 }
 
-func (x *opCtx) attrBody(ino uint64, in *schema.Inode) []byte {
-	r := rpc.AttrResp{Attr: toAttr(ino, in), Stamp: rpc.Stamp{Index: x.index, Term: x.term}}
-	return rpc.Marshal(&r)
+// answerAttr is an inode's attributes as a change answers them. The
+// answer leaves the apply loop for the handler's goroutine, so it shares
+// no memory with the inode the apply loop holds (the targets are copied).
+func answerAttr(ino uint64, in *schema.Inode) schema.Attr {
+	a := recAttr(ino, in)
+	a.Layout.Targets = slices.Clone(a.Layout.Targets)
+	return a
+}
+
+// attrBody answers a change of one inode with its attributes (rpc.AttrResp).
+func (x *opCtx) attrBody(ino uint64, in *schema.Inode) (*answer, error) {
+	return &answer{rec: schema.Answer{Kind: schema.AnswerAttr, Index: x.index, Term: x.term, Attr: answerAttr(ino, in)}}, nil
 }
 
 // stampBody answers a change that has nothing else to say with its entry's
 // index and term (rpc.Stamp).
-func (x *opCtx) stampBody() []byte {
-	return rpc.Marshal(&rpc.Stamp{Index: x.index, Term: x.term})
+func (x *opCtx) stampBody() (*answer, error) {
+	return &answer{rec: schema.Answer{Kind: schema.AnswerStamp, Index: x.index, Term: x.term}}, nil
 }
 
-// changeBody answers a change of an entry of directory dir (ChangeResp).
-func (x *opCtx) changeBody(ino uint64, in *schema.Inode, dir uint64, d *schema.Inode) []byte {
-	r := rpc.ChangeResp{Attr: toAttr(ino, in), Dir: toAttr(dir, d), Index: x.index, Term: x.term}
-	return rpc.Marshal(&r)
+// changeBody answers a change of an entry of directory dir (rpc.ChangeResp).
+func (x *opCtx) changeBody(ino uint64, in *schema.Inode, dir uint64, d *schema.Inode) (*answer, error) {
+	return &answer{rec: schema.Answer{Kind: schema.AnswerChange, Index: x.index, Term: x.term,
+		Attr: answerAttr(ino, in), Dir: answerAttr(dir, d)}}, nil
 }
 
-// apply runs one command; the answer is the encoded response body.
-func (x *opCtx) apply(c *command) ([]byte, error) {
+// apply runs one command.
+func (x *opCtx) apply(c *command) (*answer, error) {
 	switch c.Op {
 	case opInit:
 		return x.init()
@@ -296,7 +316,7 @@ func (x *opCtx) apply(c *command) ([]byte, error) {
 }
 
 // init creates the root directory; the first command of every namespace.
-func (x *opCtx) init() ([]byte, error) {
+func (x *opCtx) init() (*answer, error) {
 	ctr := &x.f.ctr
 	if ctr.NextIno != 0 {
 		return nil, nil // already initialised
@@ -311,7 +331,7 @@ func (x *opCtx) touchDir(ino uint64, in *schema.Inode) {
 	x.mark(ino)
 }
 
-func (x *opCtx) create(c *command) ([]byte, error) {
+func (x *opCtx) create(c *command) (*answer, error) {
 	if err := checkName(c.Name); err != nil {
 		return nil, err
 	}
@@ -382,7 +402,7 @@ func (x *opCtx) create(c *command) ([]byte, error) {
 	if err := x.setDentry(c.Parent, c.Name, schema.Dentry{Ino: ino, Type: in.Mode & modeType}); err != nil {
 		return nil, err
 	}
-	return x.changeBody(ino, &in, c.Parent, parent), nil
+	return x.changeBody(ino, &in, c.Parent, parent)
 }
 
 // tmpfile makes a regular file that no directory names (open with
@@ -391,7 +411,7 @@ func (x *opCtx) create(c *command) ([]byte, error) {
 // first (link). Like Linux, it leaves the directory unchanged; the new file
 // takes the directory's default layout and, under a setgid directory, its
 // group.
-func (x *opCtx) tmpfile(c *command) ([]byte, error) {
+func (x *opCtx) tmpfile(c *command) (*answer, error) {
 	parent, err := x.dir(c.Parent)
 	if err != nil {
 		return nil, err
@@ -420,7 +440,7 @@ func (x *opCtx) tmpfile(c *command) ([]byte, error) {
 	if err := x.b.Set(schema.OrphanKey(ino), schema.AppendOrphan(nil, schema.Orphan{Since: x.now, Tmpfile: true})); err != nil {
 		return nil, err
 	}
-	return x.changeBody(ino, &in, c.Parent, parent), nil
+	return x.changeBody(ino, &in, c.Parent, parent)
 }
 
 // placeFile chooses a new file's layout: the directory default (zero fields
@@ -447,7 +467,7 @@ func placeFile(def layout.Layout, cands []layout.Candidate, start uint64) (layou
 	return layout.Layout{StripeSize: size, StripeCount: count, Targets: ts}, nil
 }
 
-func (x *opCtx) setAttr(c *command) ([]byte, error) {
+func (x *opCtx) setAttr(c *command) (*answer, error) {
 	in, err := x.inode(c.Ino)
 	if err != nil {
 		return nil, err
@@ -515,7 +535,7 @@ func (x *opCtx) setAttr(c *command) ([]byte, error) {
 		in.Ctime = x.now
 	}
 	x.mark(c.Ino)
-	return x.attrBody(c.Ino, in), nil
+	return x.attrBody(c.Ino, in)
 }
 
 // dropLink removes one link to ino (already detached from its entry). A
@@ -556,7 +576,7 @@ func (x *opCtx) entryOf(c *command) (*schema.Inode, schema.Dentry, error) {
 	return parent, de, nil
 }
 
-func (x *opCtx) unlink(c *command) ([]byte, error) {
+func (x *opCtx) unlink(c *command) (*answer, error) {
 	parent, de, err := x.entryOf(c)
 	if err != nil {
 		return nil, err
@@ -576,10 +596,10 @@ func (x *opCtx) unlink(c *command) ([]byte, error) {
 	if err := x.dropLink(de.Ino, in); err != nil {
 		return nil, err
 	}
-	return x.changeBody(de.Ino, in, c.Parent, parent), nil
+	return x.changeBody(de.Ino, in, c.Parent, parent)
 }
 
-func (x *opCtx) rmdir(c *command) ([]byte, error) {
+func (x *opCtx) rmdir(c *command) (*answer, error) {
 	parent, de, err := x.entryOf(c)
 	if err != nil {
 		return nil, err
@@ -603,7 +623,7 @@ func (x *opCtx) rmdir(c *command) ([]byte, error) {
 	parent.Entries--
 	parent.Nlink--
 	x.touchDir(c.Parent, parent)
-	return x.stampBody(), nil
+	return x.stampBody()
 }
 
 // isAncestor reports whether directory anc is dir or one of dir's ancestors.
@@ -634,7 +654,7 @@ func (x *opCtx) isAncestor(anc, dir uint64) (bool, error) {
 	}
 }
 
-func (x *opCtx) rename(c *command) ([]byte, error) {
+func (x *opCtx) rename(c *command) (*answer, error) {
 	if c.Flags&^(rpc.RenameNoReplace|rpc.RenameExchange) != 0 || c.Flags == rpc.RenameNoReplace|rpc.RenameExchange {
 		return nil, rpc.Errorf(syscall.EINVAL, "invalid rename flags %#x", c.Flags)
 	}
@@ -667,7 +687,7 @@ func (x *opCtx) rename(c *command) ([]byte, error) {
 		if c.Flags&rpc.RenameNoReplace != 0 {
 			return nil, rpc.Errorf(syscall.EEXIST, "%q exists in directory %d", c.NewName, c.NewParent)
 		}
-		return x.stampBody(), nil
+		return x.stampBody()
 	}
 	if src.Type == modeDir && c.Parent != c.NewParent {
 		if in, err := x.isAncestor(src.Ino, c.NewParent); err != nil {
@@ -711,7 +731,7 @@ func (x *opCtx) rename(c *command) ([]byte, error) {
 		x.mark(dst.Ino)
 		x.touchDir(c.Parent, op)
 		x.touchDir(c.NewParent, np)
-		return x.stampBody(), nil
+		return x.stampBody()
 	}
 
 	if dstOK {
@@ -758,7 +778,7 @@ func (x *opCtx) rename(c *command) ([]byte, error) {
 	x.mark(src.Ino)
 	x.touchDir(c.Parent, op)
 	x.touchDir(c.NewParent, np)
-	return x.stampBody(), nil
+	return x.stampBody()
 }
 
 // moveDir fixes link counts and the parent pointer when directory ino moves
@@ -773,7 +793,7 @@ func (x *opCtx) moveDir(ino uint64, in, from, to *schema.Inode, toIno uint64) {
 	x.mark(ino)
 }
 
-func (x *opCtx) link(c *command) ([]byte, error) {
+func (x *opCtx) link(c *command) (*answer, error) {
 	if err := checkName(c.NewName); err != nil {
 		return nil, err
 	}
@@ -824,7 +844,7 @@ func (x *opCtx) link(c *command) ([]byte, error) {
 			return nil, err
 		}
 	}
-	return x.attrBody(c.Ino, in), nil
+	return x.attrBody(c.Ino, in)
 }
 
 func checkXattrName(name string) error {
@@ -837,7 +857,7 @@ func checkXattrName(name string) error {
 	return nil
 }
 
-func (x *opCtx) setXattr(c *command) ([]byte, error) {
+func (x *opCtx) setXattr(c *command) (*answer, error) {
 	if err := checkXattrName(c.Name); err != nil {
 		return nil, err
 	}
@@ -868,10 +888,10 @@ func (x *opCtx) setXattr(c *command) ([]byte, error) {
 	}
 	in.Ctime = x.now
 	x.mark(c.Ino)
-	return x.stampBody(), nil
+	return x.stampBody()
 }
 
-func (x *opCtx) removeXattr(c *command) ([]byte, error) {
+func (x *opCtx) removeXattr(c *command) (*answer, error) {
 	if err := checkXattrName(c.Name); err != nil {
 		return nil, err
 	}
@@ -890,10 +910,10 @@ func (x *opCtx) removeXattr(c *command) ([]byte, error) {
 	}
 	in.Ctime = x.now
 	x.mark(c.Ino)
-	return x.stampBody(), nil
+	return x.stampBody()
 }
 
-func (x *opCtx) commitSize(c *command) ([]byte, error) {
+func (x *opCtx) commitSize(c *command) (*answer, error) {
 	in, err := x.inode(c.Ino)
 	if err != nil {
 		return nil, err
@@ -926,10 +946,10 @@ func (x *opCtx) commitSize(c *command) ([]byte, error) {
 		in.Alloc = alloc
 	}
 	x.mark(c.Ino)
-	return x.attrBody(c.Ino, in), nil
+	return x.attrBody(c.Ino, in)
 }
 
-func (x *opCtx) setDirLayout(c *command) ([]byte, error) {
+func (x *opCtx) setDirLayout(c *command) (*answer, error) {
 	in, err := x.dir(c.Ino)
 	if err != nil {
 		return nil, err
@@ -958,10 +978,10 @@ func (x *opCtx) setDirLayout(c *command) ([]byte, error) {
 	in.Layout = layout.Layout{StripeSize: size, StripeCount: count}
 	in.Ctime = x.now
 	x.mark(c.Ino)
-	return x.attrBody(c.Ino, in), nil
+	return x.attrBody(c.Ino, in)
 }
 
-func (x *opCtx) sessionOpen(c *command) ([]byte, error) {
+func (x *opCtx) sessionOpen(c *command) (*answer, error) {
 	ctr := &x.f.ctr
 	id := ctr.NextClient
 	ctr.NextClient++
@@ -970,11 +990,11 @@ func (x *opCtx) sessionOpen(c *command) ([]byte, error) {
 		return nil, err
 	}
 	x.f.sess[id] = 0
-	return rpc.Marshal(&rpc.SessionOpenResp{ClientID: id, LeaseMs: c.LeaseMs}), nil
+	return &answer{msg: &rpc.SessionOpenResp{ClientID: id, LeaseMs: c.LeaseMs}}, nil
 }
 
 // sessionClose drops a session and its dedupe records (idempotent).
-func (x *opCtx) sessionClose(c *command) ([]byte, error) {
+func (x *opCtx) sessionClose(c *command) (*answer, error) {
 	if err := x.b.Delete(schema.SessionKey(c.Ino)); err != nil {
 		return nil, err
 	}
@@ -990,7 +1010,7 @@ func (x *opCtx) sessionClose(c *command) ([]byte, error) {
 // is its UUID: a known UUID keeps its id. The server keeps its id when any
 // of its targets was already registered under it, or when its address is
 // known; otherwise it gets a new one.
-func (x *opCtx) register(c *command) ([]byte, error) {
+func (x *opCtx) register(c *command) (*answer, error) {
 	if c.Addr == "" {
 		return nil, rpc.Errorf(syscall.EINVAL, "server registration without an address")
 	}
@@ -1094,7 +1114,7 @@ func (x *opCtx) register(c *command) ([]byte, error) {
 	if err := x.b.Set(schema.ServerKey(serverID), schema.AppendServer(nil, &srv)); err != nil {
 		return nil, err
 	}
-	return rpc.Marshal(&resp), nil
+	return &answer{msg: &resp}, nil
 }
 
 func (x *opCtx) servers() ([]schema.Server, error) {
@@ -1144,7 +1164,7 @@ func (x *opCtx) orphan(ino uint64) (schema.Orphan, bool, error) {
 }
 
 // reap deletes an orphan whose data the leader removed from the targets.
-func (x *opCtx) reap(c *command) ([]byte, error) {
+func (x *opCtx) reap(c *command) (*answer, error) {
 	if _, err := x.b.Get(schema.OrphanKey(c.Ino)); errors.Is(err, kv.ErrNotFound) {
 		return nil, nil // already reaped
 	} else if err != nil {

@@ -925,7 +925,7 @@ func TestInoCeilingRaisesNextIno(t *testing.T) {
 // Registration entries written before inode ceilings existed (no
 // trailing section) still decode, with no ceilings.
 func TestRegisterCommandWithoutCeilings(t *testing.T) {
-	c := command{Op: opRegister, Now: 1, Addr: "a:1", Host: "h", Targets: []rpc.TargetReg{
+	c := command{Op: opRegister, Now: 1, Addr: "a:1", Host: "h", Targets: []targetReg{
 		{UUID: "u1", Path: "/p1", InoCeiling: 7}, {UUID: "u2", Path: "/p2", InoCeiling: 9}}}
 	b := c.encode(nil)
 	var got command

@@ -18,7 +18,11 @@
 // A Client holds a few TCP connections to one peer; every call gets a fresh
 // request id, so many calls share a connection at once (pipelining). A
 // Server runs each request in its own goroutine. Messages are hand-encoded
-// (codec.go): uvarints and length-prefixed bytes, no reflection. Large data
+// with package codec's primitives (uvarints and length-prefixed bytes, no
+// reflection; codec.go adds the in-process tail). They are the wire's
+// only: Raft commands (package meta) and stored values (meta/schema) have
+// their own types and version histories, so a change here never changes
+// what a log or a store holds (docs/design/0009-formats.md). Large data
 // (WriteReq.Data, ReadResp.Data) is written from the caller's memory with
 // writev rather than copied into the frame.
 //
@@ -48,7 +52,8 @@
 // answers of namespace changes gained trailing raft (index, term) stamps
 // (ChangeResp, then AttrResp and Stamp); their decoders already read a
 // missing stamp as zero, since answers recorded for retries (dedupe
-// records) may predate them. LockReq gained Reclaim and SessionHeartbeatReq
+// records of format version 1, which hold these answers' bytes and are
+// sent as they are) may predate them: keep those decoders reading them. LockReq gained Reclaim and SessionHeartbeatReq
 // LockEpoch (read as zero when absent); SetLk answers LockGrant and
 // SessionHeartbeat answers SessionHeartbeatResp instead of Empty (an empty
 // body reads as epoch 0, which clients ignore). MInodesKnown, MTmpfile,

@@ -2,4 +2,4 @@ package rpc
 
 // WireVersion is the version of the wire protocol: the last byte of the
 // handshake's magic. Peers of different wire versions refuse each other.
-const WireVersion = 1
+const WireVersion = 2

@@ -30,16 +30,26 @@
 // # Values
 //
 // Every value except xattr payloads starts with a format version byte
-// (currently 1) followed by fields in rpc.Enc encoding (uvarints, zig-zag
-// varints, length-prefixed bytes). Decoders reject unknown versions and
-// trailing bytes with ErrCorrupt; fields are only ever appended, and a
-// version 2 decoder will treat missing trailing fields as zero.
+// followed by fields in package codec's primitives (uvarints, zig-zag
+// varints, length-prefixed bytes). The values are this package's own types:
+// nothing here is a wire message, so a change to package rpc never changes
+// what the store holds (the package does not import rpc). Decoders refuse a
+// version newer than they know with ErrNewer (written by a newer Strata),
+// and unknown older versions and trailing bytes with ErrCorrupt; fields are
+// only ever appended, and a later version's decoder treats missing trailing
+// fields as zero.
 //
 // # Version history
 //
-// 1 — initial layout. Later, within version 1: Orphan gained an optional
-// trailing Tmpfile flag (absent means false; written only when true), and
-// Inode an optional trailing Alloc list (absent: space not known).
+//	value     version  change
+//	all       1        initial layout
+//	Orphan    1        + optional trailing Tmpfile flag (absent: false;
+//	                   written only when true)
+//	Inode     1        + optional trailing Alloc list (absent: space unknown)
+//	Result    2        the dedupe table's own record of the answer (Answer:
+//	                   kind, raft stamp, attributes) instead of version 1's
+//	                   encoded wire answer; version 1 records are still read
+//	                   (AnswerWire) and answered with their bytes
 //
 // # Pitfalls
 //

@@ -9,6 +9,10 @@ import (
 // ErrCorrupt marks a key or value that does not decode.
 var ErrCorrupt = errors.New("schema: corrupt record")
 
+// ErrNewer marks a value of a format version newer than this build reads:
+// written by a newer Strata, not corrupt.
+var ErrNewer = errors.New("schema: record of a newer format")
+
 // Key prefixes (see doc.go).
 const (
 	prefixCounters = 'c'

@@ -3,37 +3,60 @@ package schema
 import (
 	"fmt"
 
+	"github.com/stratafs/strata/internal/codec"
 	"github.com/stratafs/strata/internal/layout"
-	"github.com/stratafs/strata/internal/rpc"
 )
 
-// formatV1 is the first byte of every value written by this version.
+// formatV1 is the first byte of every value written by this version,
+// except Result (resultFormatV2).
 const formatV1 = 1
 
-func begin(b []byte) *rpc.Enc {
-	e := &rpc.Enc{B: b}
-	e.U8(formatV1)
+func begin(b []byte) *codec.Enc { return beginVersion(b, formatV1) }
+
+func beginVersion(b []byte, v uint8) *codec.Enc {
+	e := &codec.Enc{B: b}
+	e.U8(v)
 	return e
 }
 
-func open(what string, b []byte) (*rpc.Dec, error) {
-	if len(b) == 0 {
-		return nil, fmt.Errorf("%w: empty %s value", ErrCorrupt, what)
-	}
-	if b[0] != formatV1 {
-		return nil, fmt.Errorf("%w: %s value has format version %d, want %d", ErrCorrupt, what, b[0], formatV1)
-	}
-	return rpc.NewDec(b[1:]), nil
+func open(what string, b []byte) (*codec.Dec, error) {
+	d, _, err := openVersion(what, b, formatV1)
+	return d, err
 }
 
-func finish(what string, d *rpc.Dec) error {
-	if err := d.Err(); err != nil {
+// openVersion reads a value's version byte: any from 1 to newest.
+func openVersion(what string, b []byte, newest uint8) (*codec.Dec, uint8, error) {
+	if len(b) == 0 {
+		return nil, 0, fmt.Errorf("%w: empty %s value", ErrCorrupt, what)
+	}
+	switch v := b[0]; {
+	case v > newest:
+		return nil, v, fmt.Errorf("%w: %s value has format version %d, this build reads up to %d (written by a newer Strata)", ErrNewer, what, v, newest)
+	case v == 0:
+		return nil, v, fmt.Errorf("%w: %s value has format version 0", ErrCorrupt, what)
+	default:
+		return codec.NewDec(b[1:]), v, nil
+	}
+}
+
+func finish(what string, d *codec.Dec) error {
+	if err := d.Finish(); err != nil {
 		return fmt.Errorf("%w: %s value: %v", ErrCorrupt, what, err)
 	}
-	if len(d.B) != 0 {
-		return fmt.Errorf("%w: %s value has %d trailing bytes", ErrCorrupt, what, len(d.B))
-	}
 	return nil
+}
+
+// encodeLayout and decodeLayout are the stored form of a layout.Layout.
+func encodeLayout(e *codec.Enc, l *layout.Layout) {
+	e.U32(l.StripeSize)
+	e.U32(l.StripeCount)
+	e.U32s(l.Targets)
+}
+
+func decodeLayout(d *codec.Dec, l *layout.Layout) {
+	l.StripeSize = d.U32()
+	l.StripeCount = d.U32()
+	l.Targets = d.U32s()
 }
 
 // Inode is an inode record. Times are nanoseconds since the Unix epoch.
@@ -87,7 +110,7 @@ func AppendInode(b []byte, in *Inode) []byte {
 	e.I64(in.Atime)
 	e.I64(in.Mtime)
 	e.I64(in.Ctime)
-	rpc.EncodeLayout(e, &in.Layout)
+	encodeLayout(e, &in.Layout)
 	e.U64(in.Parent)
 	e.U64(in.Entries)
 	e.String(in.Symlink)
@@ -112,7 +135,7 @@ func DecodeInode(b []byte, in *Inode) error {
 	in.Atime = d.I64()
 	in.Mtime = d.I64()
 	in.Ctime = d.I64()
-	rpc.DecodeLayout(d, &in.Layout)
+	decodeLayout(d, &in.Layout)
 	in.Parent = d.U64()
 	in.Entries = d.U64()
 	in.Symlink = d.String()
@@ -253,32 +276,158 @@ func DecodeSession(b []byte) (Session, error) {
 	return s, finish("session", d)
 }
 
-// Result is the recorded answer of a deduplicated request: the errno and
-// message of a failure, or the encoded response body.
+// Result is the recorded answer of a deduplicated request (the dedupe
+// table): the errno and message of a failure, or what the change answered.
+// It is the store's own record, not a wire message: the service builds the
+// wire answer from it, so a change of the wire never changes the table.
 type Result struct {
 	Errno uint32
 	Msg   string
-	Body  []byte
+	// Answer is the answer of a change that succeeded.
+	Answer Answer
+	// Wire is, in a record of format version 1 (Answer.Kind AnswerWire),
+	// the answer as the wire message of its time: version 1 stored encoded
+	// rpc answers. The service sends it as it is; wire decoders keep
+	// reading those answers (rpc's version history). Such records go with
+	// their sessions, so a later version may stop reading them.
+	Wire []byte
 }
 
+// AnswerKind says which of Answer's fields a change answered.
+type AnswerKind uint8
+
+// Answer kinds. Numbers are part of the Result format: never reuse one.
+const (
+	AnswerNone   AnswerKind = iota // nothing to say (a rename of a name onto its own inode)
+	AnswerStamp                    // Index, Term
+	AnswerAttr                     // Index, Term, Attr
+	AnswerChange                   // Index, Term, Attr, Dir
+	AnswerWire                     // a version 1 record: Result.Wire (never encoded)
+)
+
+// Answer is what a deduplicated change answered: the raft entry it was
+// applied from and, per Kind, the attributes it left.
+type Answer struct {
+	Kind        AnswerKind
+	Index, Term uint64
+	Attr, Dir   Attr
+}
+
+// Attr is an inode's attributes as a change answers them.
+type Attr struct {
+	Ino                         uint64
+	Mode, Nlink, Uid, Gid, Rdev uint32
+	Size                        uint64
+	Atime, Mtime, Ctime         int64
+	Layout                      layout.Layout
+	Blocks                      uint64 // 512-byte units, when BlocksKnown
+	BlocksKnown                 bool
+}
+
+// resultFormatV2 is the version of Result records this build writes.
+//
+// Result format history:
+//
+//	1  Errno (uvarint), Msg (string), Body (bytes: the encoded rpc answer).
+//	   Read as Answer.Kind AnswerWire with Wire = Body.
+//	2  Errno, Msg, Kind (byte); then per Kind: AnswerStamp: Index, Term;
+//	   AnswerAttr: Index, Term, Attr; AnswerChange: Index, Term, Attr, Dir.
+//	   Attr: Ino, Mode, Nlink, Uid, Gid, Rdev, Size, Atime, Mtime, Ctime,
+//	   Layout (StripeSize, StripeCount, Targets), Blocks, BlocksKnown.
+const resultFormatV2 = 2
+
 func AppendResult(b []byte, r *Result) []byte {
-	e := begin(b)
+	if r.Answer.Kind == AnswerWire {
+		// Kept as read: a version 1 record rewritten stays version 1.
+		e := begin(b)
+		e.U32(r.Errno)
+		e.String(r.Msg)
+		e.Bytes(r.Wire)
+		return e.B
+	}
+	e := beginVersion(b, resultFormatV2)
 	e.U32(r.Errno)
 	e.String(r.Msg)
-	e.Bytes(r.Body)
+	a := &r.Answer
+	e.U8(uint8(a.Kind))
+	switch a.Kind {
+	case AnswerStamp, AnswerAttr, AnswerChange:
+		e.U64(a.Index)
+		e.U64(a.Term)
+	}
+	switch a.Kind {
+	case AnswerAttr:
+		encodeAttr(e, &a.Attr)
+	case AnswerChange:
+		encodeAttr(e, &a.Attr)
+		encodeAttr(e, &a.Dir)
+	}
 	return e.B
 }
 
 func DecodeResult(b []byte) (Result, error) {
-	d, err := open("result", b)
+	d, v, err := openVersion("result", b, resultFormatV2)
 	if err != nil {
 		return Result{}, err
 	}
 	var r Result
 	r.Errno = d.U32()
 	r.Msg = d.String()
-	r.Body = append([]byte(nil), d.Bytes()...)
+	if v == formatV1 {
+		r.Answer.Kind = AnswerWire
+		r.Wire = append([]byte(nil), d.Bytes()...)
+		return r, finish("result", d)
+	}
+	a := &r.Answer
+	a.Kind = AnswerKind(d.U8())
+	switch a.Kind {
+	case AnswerNone:
+	case AnswerStamp, AnswerAttr, AnswerChange:
+		a.Index = d.U64()
+		a.Term = d.U64()
+	default:
+		return Result{}, fmt.Errorf("%w: result value has answer kind %d", ErrCorrupt, a.Kind)
+	}
+	switch a.Kind {
+	case AnswerAttr:
+		decodeAttr(d, &a.Attr)
+	case AnswerChange:
+		decodeAttr(d, &a.Attr)
+		decodeAttr(d, &a.Dir)
+	}
 	return r, finish("result", d)
+}
+
+func encodeAttr(e *codec.Enc, a *Attr) {
+	e.U64(a.Ino)
+	e.U32(a.Mode)
+	e.U32(a.Nlink)
+	e.U32(a.Uid)
+	e.U32(a.Gid)
+	e.U32(a.Rdev)
+	e.U64(a.Size)
+	e.I64(a.Atime)
+	e.I64(a.Mtime)
+	e.I64(a.Ctime)
+	encodeLayout(e, &a.Layout)
+	e.U64(a.Blocks)
+	e.Bool(a.BlocksKnown)
+}
+
+func decodeAttr(d *codec.Dec, a *Attr) {
+	a.Ino = d.U64()
+	a.Mode = d.U32()
+	a.Nlink = d.U32()
+	a.Uid = d.U32()
+	a.Gid = d.U32()
+	a.Rdev = d.U32()
+	a.Size = d.U64()
+	a.Atime = d.I64()
+	a.Mtime = d.I64()
+	a.Ctime = d.I64()
+	decodeLayout(d, &a.Layout)
+	a.Blocks = d.U64()
+	a.BlocksKnown = d.Bool()
 }
 
 // Server is a registered storage server.

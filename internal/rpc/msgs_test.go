@@ -1,0 +1,272 @@
+package rpc
+
+import (
+	"bufio"
+	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"reflect"
+	"sort"
+	"testing"
+
+	"github.com/stratafs/strata/internal/layout"
+)
+
+// messageSamples has samples of every type with a Decode method in
+// meta_msgs.go and store_msgs.go (TestMessageSamplesExhaustive), keyed by
+// type name. Together the samples of a type set every field that is on the
+// wire (TestMessageSamplesSetEveryField), so a field that Encode or Decode
+// forgets fails the round trip. Slices are nil or non-empty, as decoders
+// return them.
+func messageSamples() map[string][]Message {
+	lay := layout.Layout{StripeSize: 1 << 20, StripeCount: 2, Targets: []uint32{1, 3}}
+	attr := Attr{Ino: 5, Mode: 0o100644, Nlink: 2, Uid: 1000, Gid: 100, Rdev: 0x103, Size: 1 << 40,
+		Atime: -1, Mtime: 1763885000123456789, Ctime: 3, Layout: lay, Blocks: 8, BlocksKnown: true}
+	hdr := ReqHeader{ClientID: 7, Seq: 300}
+	chunk := ChunkID{Target: 3, Ino: 1 << 40}
+	return map[string][]Message{
+		"InodesKnownReq":  {&InodesKnownReq{Inos: []uint64{1, 2, 1 << 33}}},
+		"InodesKnownResp": {&InodesKnownResp{NextIno: 1 << 20, Known: []bool{true, false, true}}},
+		"Empty":           {&Empty{}},
+		"ReqHeader":       {&hdr},
+		"Attr":            {&Attr{Ino: 5, Mode: 0o40755, Nlink: 3, Uid: 1, Gid: 2, Rdev: 3, Size: 4, Atime: 5, Mtime: 6, Ctime: 7, Layout: lay}},
+		"AttrResp":        {&AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}}},
+		"Stamp":           {&Stamp{Index: 9, Term: 2}},
+		"ChangeResp": {&ChangeResp{Attr: attr, Dir: Attr{Ino: 1, Mode: 0o40755, Nlink: 3, Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 2}},
+			Index: 4, Term: 1}},
+		"SyncReq":              {&SyncReq{Index: 5, Term: 6}},
+		"SyncResp":             {&SyncResp{Durable: 5, Term: 6}},
+		"SessionOpenReq":       {&SessionOpenReq{Host: "node1", MountPoint: "/mnt/strata", Pid: 4242}},
+		"SessionOpenResp":      {&SessionOpenResp{ClientID: 9, LeaseMs: 30000}},
+		"SessionHeartbeatReq":  {&SessionHeartbeatReq{ClientID: 3, OpenInodes: []uint64{4, 5}, LockEpoch: 77, ListedAfter: 1763885000123456789}},
+		"SessionHeartbeatResp": {&SessionHeartbeatResp{LockEpoch: 9, Now: 1763885000123456789}},
+		"SessionCloseReq":      {&SessionCloseReq{ClientID: 3}},
+		"LookupReq":            {&LookupReq{Parent: 1, Name: "a name"}},
+		"GetAttrReq":           {&GetAttrReq{Ino: 1 << 50}},
+		"SetAttrReq": {&SetAttrReq{Hdr: hdr, Ino: 5, Valid: SetMode | SetSize, Mode: 0o640, Uid: 1, Gid: 2, Size: 1 << 40,
+			Atime: -5, Mtime: 6, Ctime: 7}},
+		"CreateReq":    {&CreateReq{Hdr: hdr, Parent: 1, Name: "a", Mode: 0o120777, Uid: 1, Gid: 2, Rdev: 3, SymlinkTarget: "x"}},
+		"EntryReq":     {&EntryReq{Hdr: hdr, Parent: 1, Name: "gone"}},
+		"RenameReq":    {&RenameReq{Hdr: hdr, OldParent: 1, OldName: "a", NewParent: 2, NewName: "b", Flags: RenameExchange}},
+		"LinkReq":      {&LinkReq{Hdr: hdr, Ino: 5, NewParent: 2, NewName: "hard"}},
+		"ReadlinkResp": {&ReadlinkResp{Target: "../t"}},
+		"ReadDirReq":   {&ReadDirReq{Dir: 1, After: "m", Limit: 128, Plus: true}},
+		"ReadDirResp": {&ReadDirResp{Entries: []DirEntry{{Name: "a", Ino: 5, Mode: 0o100644, Attr: attr},
+			{Name: "b", Ino: 6, Mode: 0o40755}}, EOF: true}},
+		"StatFSResp":    {&StatFSResp{TotalBytes: 1 << 40, FreeBytes: 1 << 39, AvailBytes: 1 << 38, Inodes: 5, FreeInodes: 6}},
+		"XattrReq":      {&XattrReq{Hdr: hdr, Ino: 5, Name: "user.k", Value: []byte("v\x00"), Flags: XattrCreate}},
+		"XattrResp":     {&XattrResp{Value: []byte("value")}},
+		"ListXattrResp": {&ListXattrResp{Names: []string{"user.a", "user.b"}}},
+		"CommitSizeReq": {&CommitSizeReq{Hdr: hdr, Ino: 5, Size: 9, Mtime: 3, ClearSuid: true, Alloc: []SlotAlloc{{0, 4096}, {3, 1 << 33}}}},
+		"LockReq": {
+			&LockReq{ClientID: 1, Ino: 2, Owner: 3, Start: 4, End: ^uint64(0), Type: LockWrite, Pid: 5, Flock: true, Wait: true},
+			&LockReq{ClientID: 1, Ino: 2, Start: 3, End: 4, Type: LockRead, Reclaim: true},
+		},
+		"LockGrant":          {&LockGrant{Epoch: 4}},
+		"LockResp":           {&LockResp{Start: 1, End: 2, Type: LockWrite, Pid: 3}},
+		"SetDirLayoutReq":    {&SetDirLayoutReq{Hdr: hdr, Dir: 2, StripeSize: 1 << 20, StripeCount: 4}},
+		"RegisterServerReq":  {&RegisterServerReq{Addr: "a:1", Host: "h", Targets: []TargetReg{{UUID: "u", Path: "/p", TotalBytes: 5, FreeBytes: 4, FSID: 3, RawFree: 2, PrevID: 1, InoCeiling: 1 << 16}}}},
+		"RegisterServerResp": {&RegisterServerResp{ServerID: 1, TargetIDs: []uint32{1, 2}}},
+		"ServerHeartbeatReq": {&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, FSIDs: []uint64{7}, RawFree: []uint64{4}, InoCeiling: 1 << 16}},
+		"TargetInfo":         {&TargetInfo{ID: 1, ServerID: 2, Addr: "a:1", Path: "/p", TotalBytes: 5, FreeBytes: 4, Alive: true}},
+		"ListTargetsResp":    {&ListTargetsResp{Targets: []TargetInfo{{ID: 1, ServerID: 2, Addr: "a:1", Path: "/p", TotalBytes: 5, FreeBytes: 4, Alive: true}}}},
+		"ClusterStatusResp": {&ClusterStatusResp{MetaAddr: "m:1", RaftState: "Leader", Leader: "n1", Term: 2, CommitIndex: 3, AppliedIndex: 4,
+			Inodes: 5, Sessions: 6, Servers: []ServerInfo{{ID: 1, Addr: "a:1", Host: "h", Alive: true, LastSeenMs: 7}},
+			Targets: []TargetInfo{{ID: 3, ServerID: 1, Addr: "a:1", Path: "/p", TotalBytes: 9, FreeBytes: 8, Alive: true}}, DurableIndex: 4,
+			TotalBytes: 10, FreeBytes: 11,
+			Clients:    []ClientInfo{{ID: 1, Host: "h", MountPoint: "/m", Pid: 2, OpenedMs: 3, LastSeenMs: 4, OpenFiles: 5, Locks: 6}},
+			Locks:      []LockInfo{{Ino: 1, Client: 2, Owner: 3, Pid: 4, Type: LockWrite, Flock: true, Start: 5, End: 6}},
+			LocksTotal: 1, LockGrace: true, LockGracePending: 2, Problems: []string{"p"}}},
+		"ClientInfo":     {&ClientInfo{ID: 1, Host: "h", MountPoint: "/m", Pid: 2, OpenedMs: 3, LastSeenMs: 4, OpenFiles: 5, Locks: 6}},
+		"LockInfo":       {&LockInfo{Ino: 1, Client: 2, Owner: 3, Pid: 4, Type: LockWrite, Flock: true, Start: 5, End: 6}},
+		"SeekReq":        {&SeekReq{Chunk: chunk, Off: 1 << 33, Data: true}},
+		"SeekResp":       {&SeekResp{Off: 1<<33 + 5, Found: true}},
+		"ListChunksReq":  {&ListChunksReq{Target: 3, From: 300, Max: 8192}},
+		"ListChunksResp": {&ListChunksResp{Inos: []uint64{5, 1 << 40}, Bytes: []uint64{7, 0}, Next: 301, Done: true}},
+		"ChunkID":        {&chunk},
+		"WriteReq":       {&WriteReq{Chunk: chunk, Off: 3, Sync: true, Data: []byte("hi")}},
+		"ReadReq":        {&ReadReq{Chunk: chunk, Off: 3, Len: 4096}},
+		"ReadResp":       {&ReadResp{Data: []byte("read")}},
+		"TruncateReq":    {&TruncateReq{Chunk: chunk, Size: 5}},
+		"PunchReq":       {&PunchReq{Chunk: chunk, Off: 5, Len: 6}},
+		"ChunkReq":       {&ChunkReq{Chunk: chunk}},
+		"ChunkStatResp":  {&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true}},
+		"ChunksReq":      {&ChunksReq{Chunks: []ChunkID{chunk, {Target: 1, Ino: 2}}}},
+	}
+}
+
+// notOnWire are fields that a type's own encoding does not carry:
+// caller-side options, and Attr's Blocks, which the answers holding an Attr
+// append at their end (AttrResp, ChangeResp, ReadDirResp: their samples
+// set it).
+var notOnWire = map[string]bool{"ReadResp.Into": true, "ReadResp.Direct": true,
+	"Attr.Blocks": true, "Attr.BlocksKnown": true}
+
+// decodedTypes lists the types of the message files that have a Decode
+// method.
+func decodedTypes(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	fset := token.NewFileSet()
+	for _, name := range []string{"meta_msgs.go", "store_msgs.go"} {
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv == nil || fn.Name.Name != "Decode" {
+				continue
+			}
+			typ := fn.Recv.List[0].Type
+			if s, ok := typ.(*ast.StarExpr); ok {
+				typ = s.X
+			}
+			out = append(out, typ.(*ast.Ident).Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestMessageSamplesExhaustive: every type with a Decode method in the
+// message files has samples, so a new message type cannot go untested.
+func TestMessageSamplesExhaustive(t *testing.T) {
+	samples := messageSamples()
+	withDecode := decodedTypes(t)
+	if len(withDecode) < 50 {
+		t.Fatalf("found only %d types with Decode methods: %v", len(withDecode), withDecode)
+	}
+	for _, name := range withDecode {
+		if len(samples[name]) == 0 {
+			t.Errorf("%s has a Decode method but no sample in messageSamples", name)
+		}
+	}
+	for name, ms := range samples {
+		for _, m := range ms {
+			if got := reflect.TypeOf(m).Elem().Name(); got != name {
+				t.Errorf("sample of %s is a %s", name, got)
+			}
+		}
+	}
+}
+
+// TestMessageSamplesSetEveryField: for every message type, each field on
+// the wire is non-zero in some sample, so that dropping it from Encode or
+// Decode fails TestMessagesRoundTripEveryType.
+func TestMessageSamplesSetEveryField(t *testing.T) {
+	for name, ms := range messageSamples() {
+		if len(ms) == 0 {
+			continue
+		}
+		typ := reflect.TypeOf(ms[0]).Elem()
+		for i := 0; i < typ.NumField(); i++ {
+			f := typ.Field(i)
+			if notOnWire[name+"."+f.Name] {
+				continue
+			}
+			set := false
+			for _, m := range ms {
+				set = set || !reflect.ValueOf(m).Elem().Field(i).IsZero()
+			}
+			if !set {
+				t.Errorf("%s.%s is zero in every sample", name, f.Name)
+			}
+		}
+	}
+}
+
+// TestMessagesRoundTripEveryType decodes every sample into a fresh value
+// and compares the structs; re-encoding gives the same bytes.
+func TestMessagesRoundTripEveryType(t *testing.T) {
+	for name, ms := range messageSamples() {
+		for _, m := range ms {
+			b := Marshal(m)
+			fresh := reflect.New(reflect.TypeOf(m).Elem()).Interface().(Message)
+			if err := Unmarshal(b, fresh); err != nil {
+				t.Errorf("%s: decode: %v", name, err)
+				continue
+			}
+			if !reflect.DeepEqual(fresh, m) {
+				t.Errorf("%s: round trip gives\n%+v\nwant\n%+v", name, fresh, m)
+			}
+			if !bytes.Equal(Marshal(fresh), b) {
+				t.Errorf("%s: re-encoding differs", name)
+			}
+		}
+	}
+}
+
+// sampleTypes is the sorted names of messageSamples, for fuzz targets to
+// pick a type by number.
+func sampleTypes() ([]string, map[string][]Message) {
+	samples := messageSamples()
+	names := make([]string, 0, len(samples))
+	for name := range samples {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names, samples
+}
+
+// FuzzDecode feeds every message decoder (which picks the type): none may
+// panic, and what decodes re-encodes to bytes that decode to an equal
+// value (non-canonical varints may decode, so the bytes may differ).
+func FuzzDecode(f *testing.F) {
+	names, samples := sampleTypes()
+	for i, name := range names {
+		for _, m := range samples[name] {
+			f.Add(uint8(i), Marshal(m))
+		}
+	}
+	f.Fuzz(func(t *testing.T, which uint8, b []byte) {
+		name := names[int(which)%len(names)]
+		m := newLike(samples[name][0])
+		if Unmarshal(b, m) != nil {
+			return
+		}
+		again := newLike(m)
+		if err := Unmarshal(Marshal(m), again); err != nil || !reflect.DeepEqual(again, m) {
+			t.Fatalf("%s: %+v re-decodes to %+v, %v", name, m, again, err)
+		}
+	})
+}
+
+// FuzzReadFrame feeds the frame reader (transport.go) and then a
+// response's errno and text and every message decoder with the body, as
+// the client and server do: nothing may panic.
+func FuzzReadFrame(f *testing.F) {
+	names, samples := sampleTypes()
+	for _, name := range names {
+		for _, m := range samples[name] {
+			head, tail := encodeFrame(kindRequest, MCreate, 7, 0, "", m)
+			f.Add(append(head, tail...))
+			head, tail = encodeFrame(kindResponse, 0, 7, 0, "", m)
+			f.Add(append(head, tail...))
+		}
+	}
+	head, _ := encodeFrame(kindResponse, 0, 9, 2, "no such file", nil)
+	f.Add(head)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rd := &frameReader{r: bufio.NewReader(bytes.NewReader(b))} // no conn: no deadlines are set
+		fr, n, err := rd.header(0)
+		if err != nil || rd.body(fr, n) != nil {
+			return
+		}
+		defer putBuf(fr.buf)
+		body := fr.body
+		if fr.kind == kindResponse {
+			d := NewDec(body)
+			_ = d.U64()
+			_ = d.String()
+			if d.Err() != nil {
+				return
+			}
+			body = d.B
+		}
+		for _, name := range names {
+			_ = Unmarshal(body, newLike(samples[name][0]))
+		}
+	})
+}
