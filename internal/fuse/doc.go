@@ -37,10 +37,14 @@
 // FUSE_LK_FLOCK is set). SetLkw asks repeatedly (each ask waits a bounded
 // time in the service) until granted or the request is interrupted
 // (EINTR). POSIX locks of an owner are released on FLUSH (any close by the
-// process), OFD locks on RELEASE of their open file description, flock
-// locks on RELEASE with FUSE_RELEASE_FLOCK_UNLOCK. The kernel sends RELEASE
-// in the background: an OFD lock or flock may outlive close(2) by the
-// moment it takes to arrive (POSIX locks, dropped on FLUSH, do not).
+// process); RELEASE of a handle — the last close of its open file
+// description — drops the locks taken through that handle (its OFD locks
+// and flocks: client.File.Release), never an owner's locks: the kernel's
+// owner ids are addresses of its files_struct or struct file, reused once
+// freed, and RELEASE is sent in the background, after a newer open may have
+// got the same owner id and locked. An OFD lock or flock may so outlive
+// close(2) by the moment the RELEASE takes to arrive (POSIX locks, dropped
+// on FLUSH, do not).
 //
 // The virtual xattr user.strata.layout (not listed) reads a file's layout
 // as JSON and sets a directory's default ("stripe_count=N,stripe_size=S"):

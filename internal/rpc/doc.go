@@ -34,8 +34,8 @@
 // answers of namespace changes gained trailing raft (index, term) stamps
 // (ChangeResp, then AttrResp and Stamp); their decoders already read a
 // missing stamp as zero, since answers recorded for retries (dedupe
-// records) may predate them. LockReq gained Reclaim and SessionHeartbeatReq
-// LockEpoch (read as zero when absent); SetLk answers LockGrant and
+// records) may predate them. LockReq gained Reclaim, then Handle and
+// CloseHandle, and SessionHeartbeatReq LockEpoch (read as zero when absent); SetLk answers LockGrant and
 // SessionHeartbeat answers SessionHeartbeatResp instead of Empty (an empty
 // body reads as epoch 0, which clients ignore). MInodesKnown, MTmpfile,
 // SSeek and SSyncStat were added at the end; an older service answers them as unknown
