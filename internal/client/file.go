@@ -630,6 +630,10 @@ func CopyRange(ctx context.Context, src *File, srcOff int64, dst *File, dstOff, 
 // locks went at its close already).
 func (f *File) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struct{}) error {
 	if l.Type == rpc.LockUnlock {
+		// What was written under the lock reaches the stores before
+		// another client can take the lock and read (as NFS flushes
+		// before an unlock); a write error is reported at fsync or close.
+		_ = f.in.drain(ctx)
 		return f.c.SetLk(ctx, l, wait, cancel)
 	}
 	// Recorded before the request, so that a loss racing with the grant
@@ -656,6 +660,9 @@ func (f *File) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struc
 	switch {
 	case err == nil:
 		o.took = true
+		// Read-ahead of before the grant may predate what the previous
+		// holder wrote on another mount.
+		f.in.invalidate()
 	case !o.took && o.asking == 0 && refused(err):
 		delete(f.owners.m, l.Owner)
 	}

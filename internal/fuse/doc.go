@@ -44,7 +44,13 @@
 // freed, and RELEASE is sent in the background, after a newer open may have
 // got the same owner id and locked. An OFD lock or flock may so outlive
 // close(2) by the moment the RELEASE takes to arrive (POSIX locks, dropped
-// on FLUSH, do not).
+// on FLUSH, do not). Locks order data as NFS's do: an unlock, and the FLUSH
+// or RELEASE that drops locks, first sends what the file's handles buffered
+// to the stores; a lock granted through a handle drops the kernel's pages
+// of the file (and the client's read-ahead), so that reads under the lock
+// see what the previous holder wrote on any mount. Sizes are not refreshed
+// at the grant: a file the previous holder extended shows its new size
+// after that holder's close or fsync (close-to-open).
 //
 // The virtual xattr user.strata.layout (not listed) reads a file's layout
 // as JSON and sets a directory's default ("stripe_count=N,stripe_size=S"):

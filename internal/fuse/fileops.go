@@ -157,8 +157,9 @@ func (fs *fileSystem) Flush(cancel <-chan struct{}, in *gofuse.FlushIn) gofuse.S
 	if h == nil {
 		return gofuse.EBADF
 	}
-	fs.releasePosixLocks(in.NodeId, in.LockOwner)
 	err := h.f.Flush(fs.ctx())
+	// After the data: whoever takes the lock next reads what was written.
+	fs.releasePosixLocks(in.NodeId, in.LockOwner)
 	if err == nil {
 		// The kernel's page cache holds what we wrote: keep it valid for
 		// the next open if nobody else changes the file.
@@ -326,7 +327,14 @@ func (fs *fileSystem) setLk(cancel <-chan struct{}, in *gofuse.LkIn, wait bool) 
 	}
 	if h != nil {
 		// Through the handle: a loss of the owner's locks fails it.
-		return fs.errno("setlk", in.NodeId, h.f.SetLk(fs.ctx(), l, wait, cancel))
+		err := h.f.SetLk(fs.ctx(), l, wait, cancel)
+		if err == nil && l.Type != rpc.LockUnlock && fs.server != nil {
+			// The kernel's pages of the file may predate what the
+			// previous holder wrote on another mount: drop them, so that
+			// reads under the lock see it (as NFS does at lock time).
+			fs.server.InodeNotify(in.NodeId, 0, 0)
+		}
+		return fs.errno("setlk", in.NodeId, err)
 	}
 	return fs.errno("setlk", in.NodeId, fs.c.SetLk(fs.ctx(), l, wait, cancel))
 }
