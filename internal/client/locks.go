@@ -46,7 +46,7 @@ type heldKey struct {
 // would bring back, on the service, a lock the application released).
 type heldLocks struct {
 	rw sync.RWMutex
-	// handles numbers the opens that take locks (File.lockHandle).
+	// handles numbers the opens that take locks (File.owners.handle).
 	handles atomic.Uint64
 	mu      struct {
 		sync.Mutex
