@@ -14,6 +14,10 @@ func TestMain(m *testing.M) {
 		os.Exit(nto1Worker())
 	case "lock":
 		os.Exit(lockWorker())
+	case "lockrepro":
+		os.Exit(lockReproWorker())
+	case "lockcount":
+		os.Exit(lockCountWorker())
 	case "tmpfile":
 		os.Exit(tmpfileWorker())
 	}

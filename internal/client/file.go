@@ -24,10 +24,13 @@ type File struct {
 	ra     readahead
 	// owners are the lock owners that took locks through this handle
 	// (or are asking for one): a loss of one of their locks after the
-	// first request fails the handle (lockErr).
+	// first request fails the handle (lockErr). handle numbers this open
+	// in the service's lock table from its first lock request on (0:
+	// none yet); Release drops what was taken through it.
 	owners struct {
 		sync.Mutex
-		m map[uint64]*handleOwner
+		m      map[uint64]*handleOwner
+		handle uint64
 	}
 
 	mu struct {
@@ -621,15 +624,26 @@ func CopyRange(ctx context.Context, src *File, srcOff int64, dst *File, dstOff, 
 }
 
 // SetLk is Client.SetLk for a lock taken through this handle: a later
-// loss of the owner's locks on the file fails the handle (lockErr).
+// loss of the owner's locks on the file fails the handle (lockErr), and
+// Release drops the lock if the owner still holds it then (the OFD locks
+// and flocks of an open file description die with it; a process's POSIX
+// locks went at its close already).
 func (f *File) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struct{}) error {
 	if l.Type == rpc.LockUnlock {
+		// What was written under the lock reaches the stores before
+		// another client can take the lock and read (as NFS flushes
+		// before an unlock); a write error is reported at fsync or close.
+		_ = f.in.drain(ctx)
 		return f.c.SetLk(ctx, l, wait, cancel)
 	}
 	// Recorded before the request, so that a loss racing with the grant
 	// counts; forgotten again when the request was refused and the owner
 	// holds nothing through this handle.
 	f.owners.Lock()
+	if f.owners.handle == 0 {
+		f.owners.handle = f.c.locks.handles.Add(1)
+	}
+	l.Handle = f.owners.handle
 	o := f.owners.m[l.Owner]
 	if o == nil {
 		if f.owners.m == nil {
@@ -646,10 +660,24 @@ func (f *File) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struc
 	switch {
 	case err == nil:
 		o.took = true
+		// Read-ahead of before the grant may predate what the previous
+		// holder wrote on another mount.
+		f.in.invalidate()
 	case !o.took && o.asking == 0 && refused(err):
 		delete(f.owners.m, l.Owner)
 	}
 	f.owners.Unlock()
+	f.mu.Lock()
+	released := f.mu.released
+	f.mu.Unlock()
+	if released && !refused(err) {
+		// The handle was closed while the request was under way (an
+		// interrupted wait): Release may have dropped the handle's locks
+		// before this one was granted.
+		if cerr := f.c.closeHandleLocks(ctx, f.in.ino, l.Handle); cerr != nil {
+			f.c.log.Warn("dropping a lock granted after its file was closed", "ino", f.in.ino, "err", cerr)
+		}
+	}
 	return err
 }
 
@@ -727,8 +755,9 @@ func (f *File) Fsync(ctx context.Context) error {
 }
 
 // Release closes the handle: it flushes like Flush (cheap when nothing is
-// dirty), drops read-ahead buffers, and forgets the inode when this was its
-// last handle in this client.
+// dirty), then drops the locks taken through the handle that are still
+// held (closeHandleLocks) and read-ahead buffers, and forgets the inode
+// when this was its last handle in this client.
 func (f *File) Release(ctx context.Context) error {
 	f.mu.Lock()
 	if f.mu.released {
@@ -738,6 +767,14 @@ func (f *File) Release(ctx context.Context) error {
 	f.mu.released = true
 	f.mu.Unlock()
 	err := f.Flush(ctx)
+	f.owners.Lock()
+	handle := f.owners.handle
+	f.owners.Unlock()
+	if handle != 0 {
+		if lerr := f.c.closeHandleLocks(ctx, f.in.ino, handle); lerr != nil {
+			f.c.log.Warn("releasing the locks of a closed file", "ino", f.in.ino, "err", lerr)
+		}
+	}
 	f.ra.drop()
 	c := f.c
 	c.mu.Lock()

@@ -14,15 +14,18 @@ import (
 
 // Lock describes a POSIX record lock, OFD lock or flock (Flock) request.
 // Owner identifies the lock owner within this client (process or open file
-// description); End is inclusive, ^uint64(0) = to end of file.
+// description); End is inclusive, ^uint64(0) = to end of file. Handle is
+// the open the lock is taken through (File.SetLk sets it; 0: none), whose
+// close drops it (see lockrange.DropHandle).
 type Lock struct {
-	Ino   uint64
-	Owner uint64
-	Start uint64
-	End   uint64
-	Type  uint32 // rpc.LockRead, rpc.LockWrite, rpc.LockUnlock
-	Pid   uint32
-	Flock bool
+	Ino    uint64
+	Owner  uint64
+	Start  uint64
+	End    uint64
+	Type   uint32 // rpc.LockRead, rpc.LockWrite, rpc.LockUnlock
+	Pid    uint32
+	Flock  bool
+	Handle uint64
 }
 
 // heldKey names one lock table of a file: record locks or flock locks.
@@ -43,7 +46,9 @@ type heldKey struct {
 // would bring back, on the service, a lock the application released).
 type heldLocks struct {
 	rw sync.RWMutex
-	mu struct {
+	// handles numbers the opens that take locks (File.owners.handle).
+	handles atomic.Uint64
+	mu      struct {
 		sync.Mutex
 		held  map[heldKey][]lockrange.Lock // Client is 0; Owner, range, type as granted
 		epoch uint64                       // the epoch every held lock is registered under
@@ -52,7 +57,7 @@ type heldLocks struct {
 
 func (c *Client) lockReq(l Lock, wait bool) *rpc.LockReq {
 	return &rpc.LockReq{ClientID: c.clientID.Load(), Ino: l.Ino, Owner: l.Owner, Start: l.Start, End: l.End,
-		Type: l.Type, Pid: l.Pid, Flock: l.Flock, Wait: wait}
+		Type: l.Type, Pid: l.Pid, Flock: l.Flock, Wait: wait, Handle: l.Handle}
 }
 
 // GetLk returns the first lock conflicting with l, or one with Type
@@ -117,6 +122,34 @@ func (c *Client) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan str
 	}
 }
 
+// closeHandleLocks drops the locks (record locks and flocks, of any owner)
+// taken through open handle of ino, which is closed: the OFD locks and
+// flocks of that open file description. The same owner's locks through
+// other opens stay: the kernel names owners by addresses it reuses, so a
+// close that arrives late must not release by owner. Like an unlock, it is
+// forgotten here even when the service cannot be told.
+func (c *Client) closeHandleLocks(ctx context.Context, ino, handle uint64) error {
+	c.locks.rw.RLock()
+	var grant rpc.LockGrant
+	err := c.metaCall(ctx, rpc.MSetLk, &rpc.LockReq{ClientID: c.clientID.Load(), Ino: ino, Type: rpc.LockUnlock,
+		Handle: handle, CloseHandle: true}, &grant)
+	stale := c.noteHeld(grant.Epoch, err == nil, func(h *heldLocks) {
+		for _, flock := range []bool{false, true} {
+			k := heldKey{ino: ino, flock: flock}
+			list, _ := lockrange.DropHandle(h.mu.held[k], 0, handle)
+			h.setLocked(k, list)
+		}
+	})
+	c.locks.rw.RUnlock()
+	if stale {
+		c.reclaimLocks(ctx, grant.Epoch)
+	}
+	if err != nil {
+		return metaErr(c, "release locks of a closed file", err)
+	}
+	return nil
+}
+
 // awaitLockGrace runs after an EBUSY answer (the service holds back new
 // locks while clients reclaim): a heartbeat learns the new lock epoch and
 // reclaims this client's locks, so that its next ask is not refused for
@@ -137,12 +170,19 @@ func (c *Client) awaitLockGrace(ctx context.Context) error {
 // (they need reclaiming).
 func (c *Client) noteLock(l Lock, epoch uint64, granted bool) (stale bool) {
 	k := heldKey{ino: l.Ino, flock: l.Flock}
-	want := lockrange.Lock{Owner: l.Owner, Start: l.Start, End: l.End, Type: l.Type, Pid: l.Pid}
+	want := lockrange.Lock{Owner: l.Owner, Start: l.Start, End: l.End, Type: l.Type, Pid: l.Pid, Handle: l.Handle}
+	return c.noteHeld(epoch, granted, func(h *heldLocks) { h.replaceLocked(k, want) })
+}
+
+// noteHeld applies change to the held locks, after a request that the
+// service answered (granted) under epoch, and reports whether the other
+// held locks need reclaiming (as noteLock).
+func (c *Client) noteHeld(epoch uint64, granted bool, change func(*heldLocks)) (stale bool) {
 	h := &c.locks
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	others := len(h.mu.held) > 0
-	h.replaceLocked(k, want)
+	change(h)
 	if !granted || epoch == 0 || epoch == h.mu.epoch {
 		return false
 	}
@@ -156,6 +196,11 @@ func (c *Client) noteLock(l Lock, epoch uint64, granted bool) (stale bool) {
 // replaceLocked applies want (a lock or an unlock) to the held locks of k.
 func (h *heldLocks) replaceLocked(k heldKey, want lockrange.Lock) {
 	list, _ := lockrange.Replace(h.mu.held[k], want)
+	h.setLocked(k, list)
+}
+
+// setLocked makes list the held locks of k.
+func (h *heldLocks) setLocked(k heldKey, list []lockrange.Lock) {
 	switch {
 	case len(list) == 0:
 		delete(h.mu.held, k)
@@ -206,7 +251,7 @@ func (c *Client) reclaimLocks(ctx context.Context, epoch uint64) bool {
 	var todo []Lock
 	for k, list := range h.mu.held {
 		for _, l := range list {
-			todo = append(todo, Lock{Ino: k.ino, Owner: l.Owner, Start: l.Start, End: l.End, Type: l.Type, Pid: l.Pid, Flock: k.flock})
+			todo = append(todo, Lock{Ino: k.ino, Owner: l.Owner, Start: l.Start, End: l.End, Type: l.Type, Pid: l.Pid, Flock: k.flock, Handle: l.Handle})
 		}
 	}
 	h.mu.Unlock()

@@ -37,10 +37,20 @@
 // FUSE_LK_FLOCK is set). SetLkw asks repeatedly (each ask waits a bounded
 // time in the service) until granted or the request is interrupted
 // (EINTR). POSIX locks of an owner are released on FLUSH (any close by the
-// process), OFD locks on RELEASE of their open file description, flock
-// locks on RELEASE with FUSE_RELEASE_FLOCK_UNLOCK. The kernel sends RELEASE
-// in the background: an OFD lock or flock may outlive close(2) by the
-// moment it takes to arrive (POSIX locks, dropped on FLUSH, do not).
+// process); RELEASE of a handle — the last close of its open file
+// description — drops the locks taken through that handle (its OFD locks
+// and flocks: client.File.Release), never an owner's locks: the kernel's
+// owner ids are addresses of its files_struct or struct file, reused once
+// freed, and RELEASE is sent in the background, after a newer open may have
+// got the same owner id and locked. An OFD lock or flock may so outlive
+// close(2) by the moment the RELEASE takes to arrive (POSIX locks, dropped
+// on FLUSH, do not). Locks order data as NFS's do: an unlock, and the FLUSH
+// or RELEASE that drops locks, first sends what the file's handles buffered
+// to the stores; a lock granted through a handle drops the kernel's pages
+// of the file (and the client's read-ahead), so that reads under the lock
+// see what the previous holder wrote on any mount. Sizes are not refreshed
+// at the grant: a file the previous holder extended shows its new size
+// after that holder's close or fsync (close-to-open).
 //
 // The virtual xattr user.strata.layout (not listed) reads a file's layout
 // as JSON and sets a directory's default ("stripe_count=N,stripe_size=S"):

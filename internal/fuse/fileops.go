@@ -2,7 +2,6 @@ package fuse
 
 import (
 	"math"
-	"sync"
 	"syscall"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
@@ -15,9 +14,6 @@ import (
 // fileHandle is one open file description of the kernel.
 type fileHandle struct {
 	f *client.File
-
-	mu     sync.Mutex
-	owners map[uint64]struct{} // lock owners that took record locks through this handle (OFD)
 }
 
 func (fs *fileSystem) handle(fh uint64) *fileHandle {
@@ -161,8 +157,9 @@ func (fs *fileSystem) Flush(cancel <-chan struct{}, in *gofuse.FlushIn) gofuse.S
 	if h == nil {
 		return gofuse.EBADF
 	}
-	fs.releasePosixLocks(in.NodeId, in.LockOwner)
 	err := h.f.Flush(fs.ctx())
+	// After the data: whoever takes the lock next reads what was written.
+	fs.releasePosixLocks(in.NodeId, in.LockOwner)
 	if err == nil {
 		// The kernel's page cache holds what we wrote: keep it valid for
 		// the next open if nobody else changes the file.
@@ -254,27 +251,14 @@ func (fs *fileSystem) Release(cancel <-chan struct{}, in *gofuse.ReleaseIn) {
 	if !ok {
 		return
 	}
+	// The handle is the open file description: its release drops the
+	// locks still held through it (File.Release) — its OFD locks and
+	// flocks, which is what FUSE_RELEASE_FLOCK_UNLOCK asks. Never by
+	// owner (in.LockOwner): the kernel names owners by addresses, and this
+	// release may arrive after a newer open got the same name and locked.
 	h := v.(*fileHandle)
-	ino := h.f.Ino()
-	ctx := fs.ctx()
-	if in.ReleaseFlags&gofuse.FUSE_RELEASE_FLOCK_UNLOCK != 0 {
-		l := client.Lock{Ino: ino, Owner: in.LockOwner, Start: 0, End: math.MaxUint64, Type: rpc.LockUnlock, Flock: true}
-		if err := fs.c.SetLk(ctx, l, false, nil); err != nil {
-			fs.log.Warn("flock release failed", "ino", ino, "err", err)
-		}
-	}
-	h.mu.Lock()
-	owners := h.owners
-	h.owners = nil
-	h.mu.Unlock()
-	for o := range owners { // OFD locks die with their open file description
-		l := client.Lock{Ino: ino, Owner: o, Start: 0, End: math.MaxUint64, Type: rpc.LockUnlock}
-		if err := fs.c.SetLk(ctx, l, false, nil); err != nil {
-			fs.log.Warn("lock release failed", "ino", ino, "err", err)
-		}
-	}
-	if err := h.f.Release(ctx); err != nil {
-		fs.errno("release", ino, err)
+	if err := h.f.Release(fs.ctx()); err != nil {
+		fs.errno("release", h.f.Ino(), err)
 	}
 }
 
@@ -339,34 +323,33 @@ func (fs *fileSystem) setLk(cancel <-chan struct{}, in *gofuse.LkIn, wait bool) 
 	l := lockOf(in.NodeId, in)
 	h := fs.handle(in.Fh)
 	if !l.Flock && l.Type != rpc.LockUnlock {
-		fs.noteOwner(in.NodeId, h, l.Owner)
+		fs.noteOwner(in.NodeId, l.Owner)
 	}
 	if h != nil {
 		// Through the handle: a loss of the owner's locks fails it.
-		return fs.errno("setlk", in.NodeId, h.f.SetLk(fs.ctx(), l, wait, cancel))
+		err := h.f.SetLk(fs.ctx(), l, wait, cancel)
+		if err == nil && l.Type != rpc.LockUnlock && fs.server != nil {
+			// The kernel's pages of the file may predate what the
+			// previous holder wrote on another mount: drop them, so that
+			// reads under the lock see it (as NFS does at lock time).
+			fs.server.InodeNotify(in.NodeId, 0, 0)
+		}
+		return fs.errno("setlk", in.NodeId, err)
 	}
 	return fs.errno("setlk", in.NodeId, fs.c.SetLk(fs.ctx(), l, wait, cancel))
 }
 
-// noteOwner records that owner took a record lock on ino through handle h
-// (nil: the handle is gone).
-func (fs *fileSystem) noteOwner(ino uint64, h *fileHandle, owner uint64) {
+// noteOwner records that owner took a record lock on ino, so that a
+// flush by that owner releases it.
+func (fs *fileSystem) noteOwner(ino uint64, owner uint64) {
 	fs.lockMu.Lock()
+	defer fs.lockMu.Unlock()
 	m := fs.lockOwners[ino]
 	if m == nil {
 		m = map[uint64]struct{}{}
 		fs.lockOwners[ino] = m
 	}
 	m[owner] = struct{}{}
-	fs.lockMu.Unlock()
-	if h != nil {
-		h.mu.Lock()
-		if h.owners == nil {
-			h.owners = map[uint64]struct{}{}
-		}
-		h.owners[owner] = struct{}{}
-		h.mu.Unlock()
-	}
 }
 
 // releasePosixLocks drops owner's record locks on ino when the owner took

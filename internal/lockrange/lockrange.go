@@ -7,6 +7,15 @@
 // description on one mount. An owner's locks on a file never overlap each
 // other: Replace keeps them split and merged the way fcntl(2) does.
 //
+// Each lock also remembers the open (Handle, a client's number for one open
+// file description) it was taken through. An owner's locks through
+// different opens are still one owner's — they never conflict, and an
+// unlock through any open removes them — but they are not merged, so that
+// the close of one open drops what was taken through it and nothing else
+// (DropHandle). The kernel names owners by addresses that are reused: a
+// late close of an old open must not take the locks of a newer open whose
+// owner got the old one's name.
+//
 // No I/O, no locking: callers guard their lists.
 package lockrange
 
@@ -27,6 +36,7 @@ type Lock struct {
 	Start, End    uint64 // inclusive
 	Type          uint32
 	Pid           uint32
+	Handle        uint64 // the open it was taken through (0: not known)
 }
 
 // SameOwner reports whether l belongs to (client, owner).
@@ -46,8 +56,9 @@ func Conflicts(a, b *Lock) bool {
 // Replace sets want's owner's lock state over [want.Start, want.End] to
 // want.Type in list (Unlock removes) and returns the new list: the owner's
 // overlapping locks are cut around the range (a lock spanning it splits in
-// two), then the new lock is merged with the owner's adjacent or
-// overlapping locks of the same type. Other owners' locks are kept as they
+// two), whatever open they were taken through, then the new lock is merged
+// with the owner's adjacent or overlapping locks of the same type taken
+// through the same open (Handle). Other owners' locks are kept as they
 // are — checking conflicts is the caller's business. released reports
 // whether any lock was removed or weakened (from write to read), which may
 // let a waiter in. The input list is not modified.
@@ -77,7 +88,7 @@ func Replace(list []Lock, want Lock) (out []Lock, released bool) {
 	}
 	merged := out[:0]
 	for _, l := range out {
-		adjacent := l.SameOwner(want.Client, want.Owner) && l.Type == want.Type &&
+		adjacent := l.SameOwner(want.Client, want.Owner) && l.Type == want.Type && l.Handle == want.Handle &&
 			(Overlaps(&l, &want) || (l.End != EOF && l.End+1 == want.Start) || (want.End != EOF && want.End+1 == l.Start))
 		if adjacent {
 			want.Start = min(want.Start, l.Start)
@@ -87,4 +98,20 @@ func Replace(list []Lock, want Lock) (out []Lock, released bool) {
 		merged = append(merged, l)
 	}
 	return append(merged, want), released
+}
+
+// DropHandle removes from list every lock that client took through open
+// handle (any owner, any range): that open file description was closed.
+// released reports whether any was removed. The input list is not
+// modified.
+func DropHandle(list []Lock, client, handle uint64) (out []Lock, released bool) {
+	out = make([]Lock, 0, len(list))
+	for _, l := range list {
+		if l.Client == client && l.Handle == handle {
+			released = true
+			continue
+		}
+		out = append(out, l)
+	}
+	return out, released
 }

@@ -186,7 +186,7 @@ func (t *lockTable) fileLocked(ino uint64) *fileLocks {
 }
 
 func reqLock(r *rpc.LockReq) lockrange.Lock {
-	l := lockrange.Lock{Client: r.ClientID, Owner: r.Owner, Start: r.Start, End: r.End, Type: r.Type, Pid: r.Pid}
+	l := lockrange.Lock{Client: r.ClientID, Owner: r.Owner, Start: r.Start, End: r.End, Type: r.Type, Pid: r.Pid, Handle: r.Handle}
 	if r.Flock {
 		l.Start, l.End = 0, lockrange.EOF
 	}
@@ -197,7 +197,10 @@ func checkLockReq(r *rpc.LockReq) error {
 	if r.Type > rpc.LockUnlock {
 		return rpc.Errorf(syscall.EINVAL, "lock type %d", r.Type)
 	}
-	if !r.Flock && r.End < r.Start {
+	if r.CloseHandle && (r.Type != rpc.LockUnlock || r.Handle == 0) {
+		return rpc.Errorf(syscall.EINVAL, "closing handle %d: type %d (want an unlock of a named handle)", r.Handle, r.Type)
+	}
+	if !r.Flock && !r.CloseHandle && r.End < r.Start {
 		return rpc.Errorf(syscall.EINVAL, "lock range %d..%d is empty", r.Start, r.End)
 	}
 	return nil
@@ -239,10 +242,14 @@ func (t *lockTable) get(ctx context.Context, r *rpc.LockReq) (*rpc.LockResp, err
 // set answers F_SETLK/F_SETLKW/flock: EAGAIN on conflict, after waiting up
 // to lockWait when r.Wait. It returns the epoch the lock was granted under.
 // A new lock during the grace period gets EBUSY (waitGrace); unlocks and
-// reclaims pass.
+// reclaims pass. With r.CloseHandle it drops what the client took through
+// r.Handle (closeHandle).
 func (t *lockTable) set(ctx context.Context, r *rpc.LockReq) (uint64, error) {
 	if err := checkLockReq(r); err != nil {
 		return 0, err
+	}
+	if r.CloseHandle {
+		return t.closeHandle(r.ClientID, r.Ino, r.Handle), nil
 	}
 	want := reqLock(r)
 	deadline := time.NewTimer(lockWait)
@@ -301,6 +308,27 @@ func (t *lockTable) set(ctx context.Context, r *rpc.LockReq) (uint64, error) {
 			return 0, rpc.Errorf(syscall.EINTR, "lock wait interrupted: %v", ctx.Err())
 		}
 	}
+}
+
+// closeHandle drops every lock (record lock or flock, any owner) that
+// client took on ino through its open handle, which was closed: the OFD
+// locks and flocks of that open file description. Locks of the same owner
+// taken through another open stay (see lockrange.DropHandle). It returns
+// the current epoch.
+func (t *lockTable) closeHandle(client, ino, handle uint64) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if fl := t.mu.files[ino]; fl != nil {
+		var r1, r2 bool
+		fl.records, r1 = lockrange.DropHandle(fl.records, client, handle)
+		fl.flocks, r2 = lockrange.DropHandle(fl.flocks, client, handle)
+		if r1 || r2 {
+			close(fl.changed)
+			fl.changed = make(chan struct{})
+		}
+		t.indexLocked(client, ino, fl)
+	}
+	return t.mu.epoch
 }
 
 // indexLocked keeps byClient in step with fl after a change by client, and

@@ -125,3 +125,65 @@ func TestLockGraceEnds(t *testing.T) {
 		t.Fatalf("getlk with no sessions to wait for: %v", err)
 	}
 }
+
+// TestLockCloseHandle: closing an open drops the locks taken through it
+// and nothing else — not what the same owner (the kernel reuses owner
+// names) took through a newer open — and wakes waiters.
+func TestLockCloseHandle(t *testing.T) {
+	ctx := context.Background()
+	tb := newLockTable(slog.Default())
+	req := func(client, owner, handle uint64, typ uint32, flock bool) *rpc.LockReq {
+		return &rpc.LockReq{ClientID: client, Ino: 5, Owner: owner, Start: 0, End: ^uint64(0), Type: typ, Handle: handle, Flock: flock}
+	}
+	closeReq := func(client, handle uint64) *rpc.LockReq {
+		return &rpc.LockReq{ClientID: client, Ino: 5, Type: rpc.LockUnlock, Handle: handle, CloseHandle: true}
+	}
+	for _, flock := range []bool{false, true} {
+		// Owner 7 locks through open 1, then (a new open that got the
+		// same owner name) through open 2 before open 1's close arrives.
+		if _, err := tb.set(ctx, req(1, 7, 1, rpc.LockWrite, flock)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tb.set(ctx, req(1, 7, 2, rpc.LockWrite, flock)); err != nil {
+			t.Fatalf("flock %v: same owner through a newer open: %v", flock, err)
+		}
+		if _, err := tb.set(ctx, closeReq(1, 1)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tb.set(ctx, req(2, 7, 1, rpc.LockWrite, flock)); lockErrno(err) != syscall.EAGAIN {
+			t.Fatalf("flock %v: after the close of the old open, another client's lock: %v, want EAGAIN", flock, err)
+		}
+		// Closing another client's open of the same number changes nothing.
+		if _, err := tb.set(ctx, closeReq(2, 2)); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		wait := req(2, 7, 1, rpc.LockWrite, flock)
+		wait.Wait = true
+		go func() {
+			_, err := tb.set(ctx, wait)
+			done <- err
+		}()
+		time.Sleep(20 * time.Millisecond)
+		if _, err := tb.set(ctx, closeReq(1, 2)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("flock %v: waiter after the close of the open holding the lock: %v", flock, err)
+			}
+		case <-time.After(lockWait / 2):
+			t.Fatalf("flock %v: closing the open did not wake the waiter", flock)
+		}
+		if _, err := tb.set(ctx, closeReq(2, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := tb.status(10); st.total != 0 {
+		t.Fatalf("locks left: %+v", st.locks)
+	}
+	if _, err := tb.set(ctx, &rpc.LockReq{ClientID: 1, Ino: 5, Type: rpc.LockUnlock, CloseHandle: true}); lockErrno(err) != syscall.EINVAL {
+		t.Fatalf("closing handle 0: %v, want EINVAL", err)
+	}
+}

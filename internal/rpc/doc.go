@@ -53,8 +53,9 @@
 // (ChangeResp, then AttrResp and Stamp); their decoders already read a
 // missing stamp as zero, since answers recorded for retries (dedupe
 // records of format version 1, which hold these answers' bytes and are
-// sent as they are) may predate them: keep those decoders reading them. LockReq gained Reclaim and SessionHeartbeatReq
-// LockEpoch (read as zero when absent); SetLk answers LockGrant and
+// sent as they are) may predate them: keep those decoders reading them.
+// LockReq gained Reclaim, then Handle and CloseHandle, and
+// SessionHeartbeatReq LockEpoch (read as zero when absent); SetLk answers LockGrant and
 // SessionHeartbeat answers SessionHeartbeatResp instead of Empty (an empty
 // body reads as epoch 0, which clients ignore). MInodesKnown, MTmpfile,
 // SSeek and SSyncStat were added at the end; an older service answers them as unknown

@@ -757,7 +757,11 @@ const (
 // kernel's lock owner (unique per process or open file description within a
 // client); locks are held per (ClientID, Owner). End is inclusive, with
 // ^uint64(0) meaning "to end of file". Flock locks whole files and never
-// conflicts with record locks (Linux semantics).
+// conflicts with record locks (Linux semantics). Handle names the client's
+// open the lock is taken through; CloseHandle (with Type LockUnlock) drops
+// every lock the client took through Handle on Ino, whatever its owner —
+// the close of an open file description, which must not touch what the
+// same owner (the kernel reuses owner names) took through another open.
 //
 // GetLk answers LockResp with the first conflicting lock, or Type=LockUnlock.
 // SetLk answers Empty or EAGAIN on conflict. With Wait, the service waits a
@@ -776,7 +780,9 @@ type LockReq struct {
 	// Reclaim re-registers a lock the client held under an earlier lock
 	// epoch: granted during the grace period that holds back new locks
 	// after a restart; EAGAIN when it conflicts (the lock is lost).
-	Reclaim bool
+	Reclaim     bool
+	Handle      uint64 // the client's open the lock is taken through; 0: none
+	CloseHandle bool   // drop every lock taken through Handle (Owner, range and Flock ignored)
 }
 
 func (m *LockReq) Encode(e *Enc) {
@@ -790,6 +796,8 @@ func (m *LockReq) Encode(e *Enc) {
 	e.Bool(m.Flock)
 	e.Bool(m.Wait)
 	e.Bool(m.Reclaim)
+	e.U64(m.Handle)
+	e.Bool(m.CloseHandle)
 }
 
 func (m *LockReq) Decode(d *Dec) {
@@ -804,6 +812,10 @@ func (m *LockReq) Decode(d *Dec) {
 	m.Wait = d.Bool()
 	if d.Len() > 0 { // absent from older clients
 		m.Reclaim = d.Bool()
+	}
+	if d.Len() > 0 { // absent from older clients
+		m.Handle = d.U64()
+		m.CloseHandle = d.Bool()
 	}
 }
 

@@ -62,6 +62,7 @@ func messageSamples() map[string][]Message {
 		"LockReq": {
 			&LockReq{ClientID: 1, Ino: 2, Owner: 3, Start: 4, End: ^uint64(0), Type: LockWrite, Pid: 5, Flock: true, Wait: true},
 			&LockReq{ClientID: 1, Ino: 2, Start: 3, End: 4, Type: LockRead, Reclaim: true},
+			&LockReq{ClientID: 1, Ino: 2, Type: LockUnlock, Handle: 1 << 40, CloseHandle: true},
 		},
 		"LockGrant":          {&LockGrant{Epoch: 4}},
 		"LockResp":           {&LockResp{Start: 1, End: 2, Type: LockWrite, Pid: 3}},

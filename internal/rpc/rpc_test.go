@@ -213,6 +213,7 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true},
 		&SeekResp{Off: 1<<33 + 5, Found: true},
 		&LockReq{ClientID: 1, Ino: 2, Start: 3, End: 4, Type: LockRead, Reclaim: true},
+		&LockReq{ClientID: 1, Ino: 2, Type: LockUnlock, Handle: 1 << 40, CloseHandle: true},
 	}
 	for _, m := range msgs {
 		b := Marshal(m)
@@ -275,7 +276,8 @@ func optionalTails(m Message) []int {
 	case *ChunkStatResp:
 		add(func(e *Enc) { e.U64(x.Alloc); e.Bool(x.HasAlloc) })
 	case *LockReq:
-		add(func(e *Enc) { e.Bool(x.Reclaim) })
+		add(func(e *Enc) { e.U64(x.Handle); e.Bool(x.CloseHandle) })
+		add(func(e *Enc) { e.Bool(x.Reclaim) }, func(e *Enc) { e.U64(x.Handle); e.Bool(x.CloseHandle) })
 	case *SessionHeartbeatReq:
 		add(func(e *Enc) { e.I64(x.ListedAfter) })
 		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.ListedAfter) })
