@@ -582,3 +582,63 @@ func TestLockEpochOptional(t *testing.T) {
 		t.Fatalf("heartbeat answer round trip: %+v %v", h, err)
 	}
 }
+
+// BenchmarkInProcessCall measures small calls on the in-process path
+// (`strata up`): a getattr run inline and on a worker goroutine, and a
+// 4 KiB read handed over into the caller's buffer.
+//
+//	go test -run '^$' -bench InProcessCall -benchtime 2s ./internal/rpc/
+func BenchmarkInProcessCall(b *testing.B) {
+	s := NewServer([]byte("k"))
+	Handle(s, MLookup, func(ctx context.Context, r *LookupReq) (*AttrResp, error) {
+		return &AttrResp{Attr: Attr{Ino: r.Parent}}, nil
+	})
+	Handle(s, MGetAttr, func(ctx context.Context, r *GetAttrReq) (*AttrResp, error) {
+		return &AttrResp{Attr: Attr{Ino: r.Ino}}, nil
+	})
+	data := bytes.Repeat([]byte{'d'}, 4096)
+	Handle(s, SRead, func(ctx context.Context, r *ReadReq) (*ReadResp, error) {
+		return &ReadResp{Data: data[:r.Len]}, nil
+	})
+	s.Inline(MLookup)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go s.Serve(ln)
+	defer s.Close()
+	if err := waitLocal(ln.Addr().String()); err != nil {
+		b.Fatal(err)
+	}
+	c := NewClient(ln.Addr().String(), ClientConfig{Key: []byte("k")})
+	defer c.Close()
+	ctx := context.Background()
+	b.Run("inline", func(b *testing.B) {
+		b.ReportAllocs()
+		var a AttrResp
+		for i := 0; i < b.N; i++ {
+			if err := c.Call(ctx, MLookup, &LookupReq{Parent: 7, Name: "x"}, &a); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("worker", func(b *testing.B) {
+		b.ReportAllocs()
+		var a AttrResp
+		for i := 0; i < b.N; i++ {
+			if err := c.Call(ctx, MGetAttr, &GetAttrReq{Ino: 9}, &a); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("read4k", func(b *testing.B) {
+		b.ReportAllocs()
+		into := make([]byte, 4096)
+		for i := 0; i < b.N; i++ {
+			resp := ReadResp{Into: into}
+			if err := c.Call(ctx, SRead, &ReadReq{Len: 4096}, &resp); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
