@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // fsckTarget is what `strata fsck` found on one target.
@@ -131,7 +132,7 @@ func fsck(ctx context.Context, meta string, key []byte, remove bool, progress io
 	if err := mc.Call(ctx, rpc.MInodesKnown, &rpc.InodesKnownReq{}, &start); err != nil {
 		return nil, fmt.Errorf("inode numbers from %s: %w", meta, err)
 	}
-	stores := map[string]*rpc.Client{}
+	stores := map[string]*transport.Client{}
 	defer func() {
 		for _, c := range stores {
 			c.Close()
@@ -176,7 +177,7 @@ func fsck(ctx context.Context, meta string, key []byte, remove bool, progress io
 
 // fsckTargetChunks lists r's chunks page by page and counts those whose
 // inode, below next, the namespace does not know.
-func fsckTargetChunks(ctx context.Context, mc, sc *rpc.Client, r *fsckTarget, next uint64, p *fsckProgress) error {
+func fsckTargetChunks(ctx context.Context, mc, sc *transport.Client, r *fsckTarget, next uint64, p *fsckProgress) error {
 	for from := uint32(0); ; {
 		var page rpc.ListChunksResp
 		if err := sc.Call(ctx, rpc.SListChunks, &rpc.ListChunksReq{Target: r.ID, From: from, Max: fsckListPage}, &page); err != nil {
@@ -221,7 +222,7 @@ type storeError struct{ error }
 
 func (e *storeError) Unwrap() error { return e.error }
 
-func removeOrphans(ctx context.Context, sc *rpc.Client, r *fsckTarget) error {
+func removeOrphans(ctx context.Context, sc *transport.Client, r *fsckTarget) error {
 	for lo := 0; lo < len(r.orphanChunks); lo += fsckRemoveBatch {
 		batch := r.orphanChunks[lo:min(lo+fsckRemoveBatch, len(r.orphanChunks))]
 		if err := sc.Call(ctx, rpc.SRemoveMany, &rpc.ChunksReq{Chunks: batch}, &rpc.Empty{}); err != nil {

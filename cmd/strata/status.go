@@ -16,6 +16,7 @@ import (
 
 	"github.com/stratafs/strata/internal/admin"
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // adminFlags locate a running cluster for the admin commands (see
@@ -37,7 +38,7 @@ func (a *adminFlags) register(cmd *cobra.Command) {
 	a.tls.register(cmd.Flags())
 }
 
-func (a *adminFlags) dial() (*rpc.Client, error) {
+func (a *adminFlags) dial() (*transport.Client, error) {
 	meta, key, err := a.resolve()
 	if err != nil {
 		return nil, err
@@ -47,8 +48,8 @@ func (a *adminFlags) dial() (*rpc.Client, error) {
 
 // adminClient is a client of a cluster's service at addr for the admin
 // commands: one connection, short timeouts.
-func adminClient(addr string, key []byte) *rpc.Client {
-	return rpc.NewClient(addr, rpc.ClientConfig{Key: key, TLS: adminTLS, Conns: 1, DialTimeout: 3 * time.Second, CallTimeout: 10 * time.Second})
+func adminClient(addr string, key []byte) *transport.Client {
+	return transport.NewClient(addr, transport.ClientConfig{Key: key, TLS: adminTLS, Conns: 1, DialTimeout: 3 * time.Second, CallTimeout: 10 * time.Second})
 }
 
 // resolve finds the metadata service's address and the cluster key.

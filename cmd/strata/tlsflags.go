@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // tlsFlags are the mutual-TLS options of every command that talks rpc:
@@ -31,7 +31,7 @@ func (t *tlsFlags) load() (*tls.Config, error) {
 	if cert == "" || key == "" || ca == "" {
 		return nil, usagef("mutual TLS needs --tls-cert, --tls-key and --tls-ca together")
 	}
-	c, err := rpc.LoadTLS(cert, key, ca)
+	c, err := transport.LoadTLS(cert, key, ca)
 	if err != nil {
 		return nil, usagef("%v", err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/stratafs/strata/internal/mountinfo"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/store"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 func init() {
@@ -263,7 +264,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 // waitTargets waits, bounded, until the metadata service lists n live
 // targets; refused ends the wait early with a refusal that will not pass.
 func waitTargets(ctx context.Context, metaAddr string, key []byte, n int, refused func() error) error {
-	c := rpc.NewClient(metaAddr, rpc.ClientConfig{Key: key, TLS: adminTLS, Conns: 1})
+	c := transport.NewClient(metaAddr, transport.ClientConfig{Key: key, TLS: adminTLS, Conns: 1})
 	defer c.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	var last int

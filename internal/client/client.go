@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // ErrClosed is returned by calls on a closed Client.
@@ -27,7 +28,7 @@ var ErrClosed = errors.New("client: closed")
 type Client struct {
 	cfg  Config
 	log  *slog.Logger
-	meta *rpc.Client
+	meta *transport.Client
 	m    *metrics
 
 	clientID atomic.Uint64 // current session id; changes when the session is reopened
@@ -121,7 +122,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		dirs:   newDirCache(cfg.DirAttrTTL),
 		m:      newMetrics(),
 	}
-	c.meta = rpc.NewClient(cfg.MetaAddr, rpc.ClientConfig{
+	c.meta = transport.NewClient(cfg.MetaAddr, transport.ClientConfig{
 		Key:         cfg.ClusterKey,
 		TLS:         cfg.TLS,
 		Conns:       cfg.MetaConns,
@@ -223,7 +224,7 @@ func (c *Client) openSession(ctx context.Context) error {
 }
 
 // metaCall calls the metadata service, retrying calls that failed in
-// transport (rpc.ErrUnavailable: the service is restarting or a leader is
+// transport (transport.ErrUnavailable: the service is restarting or a leader is
 // being elected) with backoff until cfg.IOTimeout has passed. A mutating
 // request carries its ReqHeader unchanged through the retries, so the
 // service applies it at most once. ctx can only shorten the wait.
@@ -460,7 +461,7 @@ func (c *Client) checkedUpTo(seq uint64, checked []rpc.Stamp) {
 // trouble, or ENOTCONN — the node is not (yet) the leader, e.g. during an
 // election after a restart (meta.ErrNotLeader).
 func retryableMeta(err error) bool {
-	return errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, syscall.ENOTCONN)
+	return errors.Is(err, transport.ErrUnavailable) || errors.Is(err, syscall.ENOTCONN)
 }
 
 // heartbeatLoop renews the session every lease/3 and reports open inodes.

@@ -11,6 +11,7 @@ import (
 	"github.com/stratafs/strata/internal/meta"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/store"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // testCluster runs a real metadata service and real storage servers in
@@ -114,7 +115,7 @@ func (tc *testCluster) close() {
 
 func (tc *testCluster) waitTargets(n int) {
 	tc.t.Helper()
-	cl := rpc.NewClient(tc.metaAddr, rpc.ClientConfig{Key: tc.key})
+	cl := transport.NewClient(tc.metaAddr, transport.ClientConfig{Key: tc.key})
 	defer cl.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	for {

@@ -43,7 +43,7 @@ type Config struct {
 	// ClusterKey authenticates this client and every server to each
 	// other.
 	ClusterKey []byte
-	// TLS, when set, is the mutual-TLS identity (rpc.LoadTLS) the client
+	// TLS, when set, is the mutual-TLS identity (transport.LoadTLS) the client
 	// presents to every server, whose certificates it verifies.
 	TLS *tls.Config
 	// IOTimeout bounds how long a call waits for an unreachable server

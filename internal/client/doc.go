@@ -58,7 +58,7 @@
 // # Errors
 //
 // Errors satisfy errors.Is(err, syscall.Exxx). Errnos answered by a server
-// pass through. Metadata calls that fail in transport (rpc.ErrUnavailable)
+// pass through. Metadata calls that fail in transport (transport.ErrUnavailable)
 // or with ENOTCONN (node not leader, e.g. during an election) are retried
 // with the same ReqHeader — so they are applied at most once — with
 // backoff until IOTimeout, then fail with EIO. Storage calls are all

@@ -270,7 +270,7 @@ func (in *inode) writeOut(w *wbuf) {
 		// Free whatever the outcome: once a call returned, no handler
 		// reads its request's bytes any more — an in-process store that
 		// borrows them holds an abandoning caller until it is done
-		// (rpc.UseLent).
+		// (transport.UseLent).
 		putBuf(w.buf)
 	}
 }

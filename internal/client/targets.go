@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // TargetError is a failed call to a storage target. It matches its Errno
@@ -30,14 +31,14 @@ func (e *TargetError) Error() string {
 
 func (e *TargetError) Unwrap() []error { return []error{e.Errno, e.Err} }
 
-// targetMap routes target ids to storage servers. It owns one rpc.Client
+// targetMap routes target ids to storage servers. It owns one transport.Client
 // per server address (pooled connections).
 type targetMap struct {
 	c  *Client
 	mu struct {
 		sync.RWMutex
 		byID        map[uint32]rpc.TargetInfo
-		conns       map[string]*rpc.Client
+		conns       map[string]*transport.Client
 		lastRefresh time.Time
 	}
 	refreshMu sync.Mutex // one MListTargets at a time
@@ -46,7 +47,7 @@ type targetMap struct {
 func (t *targetMap) init(c *Client) {
 	t.c = c
 	t.mu.byID = map[uint32]rpc.TargetInfo{}
-	t.mu.conns = map[string]*rpc.Client{}
+	t.mu.conns = map[string]*transport.Client{}
 }
 
 func (t *targetMap) close() {
@@ -55,7 +56,7 @@ func (t *targetMap) close() {
 	for _, cl := range t.mu.conns {
 		cl.Close()
 	}
-	t.mu.conns = map[string]*rpc.Client{}
+	t.mu.conns = map[string]*transport.Client{}
 }
 
 // Targets returns the cached target map (id → info).
@@ -116,11 +117,11 @@ func (t *targetMap) refreshLoop() {
 }
 
 // conn returns the rpc client of target id's server.
-func (t *targetMap) conn(ctx context.Context, id uint32) (*rpc.Client, string, error) {
+func (t *targetMap) conn(ctx context.Context, id uint32) (*transport.Client, string, error) {
 	for pass := 0; pass < 2; pass++ {
 		t.mu.RLock()
 		ti, ok := t.mu.byID[id]
-		var cl *rpc.Client
+		var cl *transport.Client
 		if ok {
 			cl = t.mu.conns[ti.Addr]
 		}
@@ -132,7 +133,7 @@ func (t *targetMap) conn(ctx context.Context, id uint32) (*rpc.Client, string, e
 			t.mu.Lock()
 			cl = t.mu.conns[ti.Addr]
 			if cl == nil {
-				cl = rpc.NewClient(ti.Addr, rpc.ClientConfig{
+				cl = transport.NewClient(ti.Addr, transport.ClientConfig{
 					Key:         t.c.cfg.ClusterKey,
 					TLS:         t.c.cfg.TLS,
 					Conns:       t.c.cfg.ConnsPerServer,
@@ -148,7 +149,7 @@ func (t *targetMap) conn(ctx context.Context, id uint32) (*rpc.Client, string, e
 			t.maybeRefresh(ctx, 200*time.Millisecond)
 		}
 	}
-	return nil, "", fmt.Errorf("%w: target %d is not registered", rpc.ErrUnavailable, id)
+	return nil, "", fmt.Errorf("%w: target %d is not registered", transport.ErrUnavailable, id)
 }
 
 // storeCall calls method m on target's server. Every storage method is
@@ -174,7 +175,7 @@ func (c *Client) storeCall(ctx context.Context, op string, target uint32, m rpc.
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, rpc.ErrUnavailable) {
+		if !errors.Is(err, transport.ErrUnavailable) {
 			te := &TargetError{Op: op, Target: target, Addr: addr, Errno: rpc.ErrnoOf(err), Err: err}
 			c.m.storeErrs.WithLabelValues(strconv.Itoa(int(target))).Inc()
 			if te.Errno != syscall.ENOSPC {

@@ -12,6 +12,7 @@ import (
 	"github.com/stratafs/strata/internal/meta"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/store"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // testCluster: a real metadata service, real storage servers, and FUSE
@@ -64,7 +65,7 @@ func startCluster(t testing.TB, stores, targets int) *testCluster {
 		t.Cleanup(func() { s.Close() })
 		tc.stores = append(tc.stores, s)
 	}
-	cl := rpc.NewClient(tc.meta.Addr(), rpc.ClientConfig{Key: tc.key})
+	cl := transport.NewClient(tc.meta.Addr(), transport.ClientConfig{Key: tc.key})
 	defer cl.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	for {

@@ -33,7 +33,7 @@ type Config struct {
 	// ClusterKey authenticates rpc peers, both directions (see package
 	// rpc for what it does not protect).
 	ClusterKey []byte
-	// TLS, when set, is the mutual-TLS identity (rpc.LoadTLS) of the rpc
+	// TLS, when set, is the mutual-TLS identity (transport.LoadTLS) of the rpc
 	// service and of its calls to storage servers.
 	TLS *tls.Config
 	// ServerTimeout: a storage server without a heartbeat for this long is

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // Namespace changes are answered once applied; the log catches up at the
@@ -97,7 +98,7 @@ func TestDedupeAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openService(t, cfg)
-	c2 := &client{t: t, c: rpc.NewClient(s.Addr(), rpc.ClientConfig{Key: testKey}), id: c.id}
+	c2 := &client{t: t, c: transport.NewClient(s.Addr(), transport.ClientConfig{Key: testKey}), id: c.id}
 	t.Cleanup(func() { c2.c.Close() })
 	if err := c2.call(rpc.MCreate, first, &r); err != nil || r.Attr.Ino != a.Attr.Ino {
 		t.Fatalf("retry after restart: %+v, %v; want the first answer (ino %d)", r.Attr, err, a.Attr.Ino)

@@ -11,6 +11,7 @@ import (
 	"github.com/stratafs/strata/internal/kv"
 	"github.com/stratafs/strata/internal/meta/schema"
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // rawMsg is a response already encoded: the answer kept by a dedupe
@@ -27,7 +28,7 @@ func handle[Req any, PReq interface {
 	*Req
 	rpc.Message
 }](s *Service, m rpc.Method, fn func(context.Context, PReq) (rpc.Message, error)) {
-	rpc.Handle(s.srv, m, func(ctx context.Context, req PReq) (rpc.Message, error) {
+	transport.Handle(s.srv, m, func(ctx context.Context, req PReq) (rpc.Message, error) {
 		if !s.ready.Load() {
 			return nil, s.notLeader()
 		}

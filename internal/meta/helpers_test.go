@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 var testKey = []byte("test-cluster-key")
@@ -36,7 +37,7 @@ func openService(t testing.TB, cfg Config) *Service {
 // client is a test client with a session and a request sequence.
 type client struct {
 	t   testing.TB
-	c   *rpc.Client
+	c   *transport.Client
 	id  uint64
 	seq atomic.Uint64
 	now atomic.Int64 // the service's time in the last heartbeat answer
@@ -44,7 +45,7 @@ type client struct {
 
 func newClient(t testing.TB, addr string) *client {
 	t.Helper()
-	c := &client{t: t, c: rpc.NewClient(addr, rpc.ClientConfig{Key: testKey, Conns: 4})}
+	c := &client{t: t, c: transport.NewClient(addr, transport.ClientConfig{Key: testKey, Conns: 4})}
 	t.Cleanup(func() { c.c.Close() })
 	var resp rpc.SessionOpenResp
 	if err := c.call(rpc.MSessionOpen, &rpc.SessionOpenReq{Host: "test", MountPoint: "/t", Pid: 1}, &resp); err != nil {
@@ -167,21 +168,21 @@ func wantErrno(t testing.TB, err error, want syscall.Errno, what string) {
 // fakeStore is a peer double for a storage server: it answers SRemove and
 // records the calls.
 type fakeStore struct {
-	srv  *rpc.Server
+	srv  *transport.Server
 	addr string
 	mu   sync.Mutex
 	rm   []rpc.ChunkID
 }
 
 func newFakeStore(t testing.TB) *fakeStore {
-	f := &fakeStore{srv: rpc.NewServer(testKey)}
-	rpc.Handle(f.srv, rpc.SRemove, func(_ context.Context, r *rpc.ChunkReq) (*rpc.Empty, error) {
+	f := &fakeStore{srv: transport.NewServer(testKey)}
+	transport.Handle(f.srv, rpc.SRemove, func(_ context.Context, r *rpc.ChunkReq) (*rpc.Empty, error) {
 		f.mu.Lock()
 		f.rm = append(f.rm, r.Chunk)
 		f.mu.Unlock()
 		return &rpc.Empty{}, nil
 	})
-	rpc.Handle(f.srv, rpc.SRemoveMany, func(_ context.Context, r *rpc.ChunksReq) (*rpc.Empty, error) {
+	transport.Handle(f.srv, rpc.SRemoveMany, func(_ context.Context, r *rpc.ChunksReq) (*rpc.Empty, error) {
 		f.mu.Lock()
 		f.rm = append(f.rm, r.Chunks...)
 		f.mu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/meta/schema"
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // sessions is the leader's view of client sessions: lease renewal times and
@@ -678,12 +679,12 @@ func (s *Service) targetAddr(tid uint32) (string, error) {
 }
 
 // peer returns a cached rpc client for a storage server.
-func (s *Service) peer(addr string) *rpc.Client {
+func (s *Service) peer(addr string) *transport.Client {
 	s.peers.Lock()
 	defer s.peers.Unlock()
 	c := s.peers.m[addr]
 	if c == nil {
-		c = rpc.NewClient(addr, rpc.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, DialTimeout: 2 * time.Second})
+		c = transport.NewClient(addr, transport.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, DialTimeout: 2 * time.Second})
 		s.peers.m[addr] = c
 	}
 	return c

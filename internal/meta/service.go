@@ -18,6 +18,7 @@ import (
 	"github.com/stratafs/strata/internal/consensus"
 	"github.com/stratafs/strata/internal/kv"
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // ErrNotLeader is the errno-carrying error answered by a node that is not
@@ -43,7 +44,7 @@ type Service struct {
 	// raftNode is node for the store's flush hook, which can run before
 	// node is set.
 	raftNode atomic.Pointer[consensus.Node]
-	srv      *rpc.Server
+	srv      *transport.Server
 	ln       net.Listener
 	web      *http.Server
 	m        *metrics
@@ -61,7 +62,7 @@ type Service struct {
 
 	peers struct {
 		sync.Mutex
-		m map[string]*rpc.Client
+		m map[string]*transport.Client
 	}
 
 	stop      chan struct{}
@@ -108,7 +109,7 @@ func Open(cfg Config) (s *Service, err error) {
 		stop:  make(chan struct{}),
 		m:     newMetrics(),
 	}
-	s.peers.m = map[string]*rpc.Client{}
+	s.peers.m = map[string]*transport.Client{}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -154,7 +155,7 @@ func Open(cfg Config) (s *Service, err error) {
 		return s, err
 	}
 
-	s.srv = rpc.NewServer(cfg.ClusterKey)
+	s.srv = transport.NewServer(cfg.ClusterKey)
 	s.srv.TLS = cfg.TLS
 	s.srv.Observe = func(m rpc.Method, d time.Duration, err error) {
 		s.requests.Add(1)

@@ -58,7 +58,7 @@ func BenchmarkCodec(b *testing.B) {
 			defer threadCPU(b)()
 			for range b.N {
 				e.B = e.B[:0]
-				if t, ok := bm.m.(tailer); ok {
+				if t, ok := bm.m.(Tailer); ok {
 					// SWrite sends the data from the caller's memory
 					// (writev): only the head is encoded.
 					_ = t.EncodeHead(&e)

@@ -1,9 +1,5 @@
 package rpc
 
-import (
-	"syscall"
-)
-
 // Frame limits per method.
 //
 // A receiver checks a frame's announced length against its method's limit
@@ -28,8 +24,14 @@ const (
 	maxDataFrameBytes = MaxDataBytes + 4<<10
 )
 
-// requestLimit is the largest request body accepted for method m.
-func requestLimit(m Method) int {
+// MaxMessageBytes bounds every message: the largest of the per-method
+// limits below.
+const MaxMessageBytes = maxDataFrameBytes
+
+// RequestLimit is the largest request body accepted for method m. A
+// receiver checks a frame's announced length against it before reading the
+// body; a sender refuses a larger request before sending it.
+func RequestLimit(m Method) int {
 	switch m {
 	case SWrite:
 		return maxDataFrameBytes
@@ -39,8 +41,8 @@ func requestLimit(m Method) int {
 	return maxSmallFrameBytes
 }
 
-// responseLimit is the largest response body accepted for method m.
-func responseLimit(m Method) int {
+// ResponseLimit is the largest response body accepted for method m.
+func ResponseLimit(m Method) int {
 	switch m {
 	case SRead:
 		return maxDataFrameBytes
@@ -48,13 +50,4 @@ func responseLimit(m Method) int {
 		return maxListFrameBytes
 	}
 	return maxSmallFrameBytes
-}
-
-// checkRequestSize refuses, before sending, a request the peer would take
-// for a protocol error (and close the connection on).
-func checkRequestSize(m Method, n int) error {
-	if n > requestLimit(m) {
-		return Errorf(syscall.EINVAL, "request %d of %d bytes exceeds its limit of %d", m, n, requestLimit(m))
-	}
-	return nil
 }

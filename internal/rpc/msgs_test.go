@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bufio"
 	"bytes"
 	"go/ast"
 	"go/parser"
@@ -230,44 +229,6 @@ func FuzzDecode(f *testing.F) {
 		again := newLike(m)
 		if err := Unmarshal(Marshal(m), again); err != nil || !reflect.DeepEqual(again, m) {
 			t.Fatalf("%s: %+v re-decodes to %+v, %v", name, m, again, err)
-		}
-	})
-}
-
-// FuzzReadFrame feeds the frame reader (transport.go) and then a
-// response's errno and text and every message decoder with the body, as
-// the client and server do: nothing may panic.
-func FuzzReadFrame(f *testing.F) {
-	names, samples := sampleTypes()
-	for _, name := range names {
-		for _, m := range samples[name] {
-			head, tail := encodeFrame(kindRequest, MCreate, 7, 0, "", m)
-			f.Add(append(head, tail...))
-			head, tail = encodeFrame(kindResponse, 0, 7, 0, "", m)
-			f.Add(append(head, tail...))
-		}
-	}
-	head, _ := encodeFrame(kindResponse, 0, 9, 2, "no such file", nil)
-	f.Add(head)
-	f.Fuzz(func(t *testing.T, b []byte) {
-		rd := &frameReader{r: bufio.NewReader(bytes.NewReader(b))} // no conn: no deadlines are set
-		fr, n, err := rd.header(0)
-		if err != nil || rd.body(fr, n) != nil {
-			return
-		}
-		defer putBuf(fr.buf)
-		body := fr.body
-		if fr.kind == kindResponse {
-			d := NewDec(body)
-			_ = d.U64()
-			_ = d.String()
-			if d.Err() != nil {
-				return
-			}
-			body = d.B
-		}
-		for _, name := range names {
-			_ = Unmarshal(body, newLike(samples[name][0]))
 		}
 	})
 }

@@ -104,6 +104,16 @@ type WriteReq struct {
 }
 
 func (m *WriteReq) Encode(e *Enc) { m.Chunk.Encode(e); e.U64(m.Off); e.Bool(m.Sync); e.Bytes(m.Data) }
+
+// EncodeHead is Encode without Data's bytes (Tailer): the transport sends
+// them from the caller's memory.
+func (m *WriteReq) EncodeHead(e *Enc) []byte {
+	m.Chunk.Encode(e)
+	e.U64(m.Off)
+	e.Bool(m.Sync)
+	e.U64(uint64(len(m.Data)))
+	return m.Data
+}
 func (m *WriteReq) Decode(d *Dec) {
 	m.Chunk.Decode(d)
 	m.Off = d.U64()
@@ -138,8 +148,9 @@ type ReadResp struct {
 	Direct bool
 }
 
-// directDest is the destination an in-process handler may fill itself.
-func (m *ReadResp) directDest() []byte {
+// DirectDest is the destination an in-process handler may fill itself
+// (DirectDecoder).
+func (m *ReadResp) DirectDest() []byte {
 	if m.Direct {
 		return m.Into
 	}
@@ -147,6 +158,12 @@ func (m *ReadResp) directDest() []byte {
 }
 
 func (m *ReadResp) Encode(e *Enc) { e.Bytes(m.Data) }
+
+// EncodeHead is Encode without Data's bytes (Tailer).
+func (m *ReadResp) EncodeHead(e *Enc) []byte {
+	e.U64(uint64(len(m.Data)))
+	return m.Data
+}
 func (m *ReadResp) Decode(d *Dec) {
 	b := d.Bytes()
 	if m.Into == nil {
@@ -160,10 +177,10 @@ func (m *ReadResp) Decode(d *Dec) {
 	m.Data = m.Into[:copy(m.Into, b)]
 }
 
-// decodeTail is Decode for a body whose Data bytes are held apart (the
-// in-process hand-over, local.go): d holds the length prefix, tail the
+// DecodeTail is Decode for a body whose Data bytes are held apart (the
+// in-process hand-over, TailDecoder): d holds the length prefix, tail the
 // bytes, which are copied into Into.
-func (m *ReadResp) decodeTail(d *Dec, tail []byte) {
+func (m *ReadResp) DecodeTail(d *Dec, tail []byte) {
 	n := d.U64()
 	if d.Err() != nil {
 		return
@@ -187,8 +204,8 @@ func (m *ReadResp) decodeTail(d *Dec, tail []byte) {
 	m.Data = m.Into[:copy(m.Into, tail)]
 }
 
-// copiesOut reports that Decode copied the body out of the frame.
-func (m *ReadResp) copiesOut() bool { return m.Into != nil }
+// CopiesOut reports that Decode copies the body out (CopyingDecoder).
+func (m *ReadResp) CopiesOut() bool { return m.Into != nil }
 
 // TruncateReq sets the chunk file's length (answers Empty). A missing chunk
 // is created when Size > 0.

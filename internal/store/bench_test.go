@@ -8,9 +8,10 @@ import (
 	"testing"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
-// Benchmarks go through a real rpc.Client and Server over loopback into the
+// Benchmarks go through a real transport.Client and Server over loopback into the
 // page cache of the temp directory's file system. Each parallel worker has
 // its own chunk (as the stripes of an N-to-N workload would).
 //
@@ -32,7 +33,7 @@ func benchEnv(b *testing.B) *env {
 		b.Fatal(err)
 	}
 	e.s = s
-	e.cl = rpc.NewClient(s.Addr(), rpc.ClientConfig{Key: testKey, Conns: 4})
+	e.cl = transport.NewClient(s.Addr(), transport.ClientConfig{Key: testKey, Conns: 4})
 	b.Cleanup(func() { e.cl.Close(); s.Close() })
 	return e
 }

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // Crash consistency of data and checksums
@@ -385,7 +386,7 @@ func (c *chunk) growSize(end int64) {
 //
 // data may be lent by an in-process caller (its own buffer, e.g. a FUSE
 // request's): write reads it only once the range is locked and the caller
-// still waits (rpc.UseLent), and holds the caller until it is done with it.
+// still waits (transport.UseLent), and holds the caller until it is done with it.
 // A caller that gave up while the write waited for its range gets nothing
 // written (a later write of the range may have been served meanwhile, and
 // its buffer may serve another request by now).
@@ -406,10 +407,10 @@ func (c *chunk) write(ctx context.Context, s *Server, off int64, data []byte) er
 			c.unlock(mask, true)
 		}
 	}()
-	if !rpc.UseLent(ctx) {
+	if !transport.UseLent(ctx) {
 		return rpc.Errorf(syscall.EIO, "target %s chunk %x: write at %d abandoned by its caller before it began", c.t.path, c.ino, off)
 	}
-	defer rpc.DoneLent(ctx)
+	defer transport.DoneLent(ctx)
 	if h := testHookWriteLocked.Load(); h != nil {
 		(*h)()
 	}
@@ -575,7 +576,7 @@ func (c *chunk) corrupt(s *Server, off int64, got, want uint32) error {
 }
 
 // read returns up to n bytes at off, short only at the end of the chunk.
-// With dest (an in-process caller's own buffer, rpc.LocalReadDest) and an
+// With dest (an in-process caller's own buffer, transport.LocalReadDest) and an
 // aligned range that fits it, the blocks are read and verified in dest
 // itself and the answer aliases it: one copy of every byte less. A
 // checksum failure then leaves unverified bytes in dest, which the caller

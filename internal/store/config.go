@@ -31,7 +31,7 @@ type Config struct {
 	Targets []string
 	// ClusterKey authenticates peers (rpc handshake), both ways.
 	ClusterKey []byte
-	// TLS, when set, is the mutual-TLS identity (rpc.LoadTLS) of the
+	// TLS, when set, is the mutual-TLS identity (transport.LoadTLS) of the
 	// data service and of its calls to the metadata service.
 	TLS *tls.Config
 	// HeartbeatInterval is the period of heartbeats to the metadata

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 var testKey = []byte("test-cluster-key")
@@ -19,7 +20,7 @@ type env struct {
 	t    *testing.T
 	cfg  Config
 	s    *Server
-	cl   *rpc.Client
+	cl   *transport.Client
 	dirs []string
 }
 
@@ -47,7 +48,7 @@ func (e *env) start() {
 		e.t.Fatalf("Open: %v", err)
 	}
 	e.s = s
-	e.cl = rpc.NewClient(s.Addr(), rpc.ClientConfig{Key: testKey})
+	e.cl = transport.NewClient(s.Addr(), transport.ClientConfig{Key: testKey})
 }
 
 func (e *env) stop() {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 func TestENOSPCKeepsDataIntact(t *testing.T) {
@@ -207,7 +208,7 @@ func TestFormatChecks(t *testing.T) {
 // with fixed ids and counts heartbeats; staleOnce makes the next heartbeat
 // answer ESTALE.
 type fakeMeta struct {
-	srv         *rpc.Server
+	srv         *transport.Server
 	addr        string
 	regs        atomic.Int32
 	beats       atomic.Int32
@@ -220,8 +221,8 @@ type fakeMeta struct {
 
 func startFakeMeta(t *testing.T, addr string) *fakeMeta {
 	t.Helper()
-	f := &fakeMeta{srv: rpc.NewServer(testKey)}
-	rpc.Handle(f.srv, rpc.MRegisterServer, func(ctx context.Context, r *rpc.RegisterServerReq) (*rpc.RegisterServerResp, error) {
+	f := &fakeMeta{srv: transport.NewServer(testKey)}
+	transport.Handle(f.srv, rpc.MRegisterServer, func(ctx context.Context, r *rpc.RegisterServerReq) (*rpc.RegisterServerResp, error) {
 		f.mu.Lock()
 		f.lastReg = *r
 		f.lastReg.Targets = slices.Clone(r.Targets)
@@ -233,7 +234,7 @@ func startFakeMeta(t *testing.T, addr string) *fakeMeta {
 		}
 		return &rpc.RegisterServerResp{ServerID: 5, TargetIDs: ids}, nil
 	})
-	rpc.Handle(f.srv, rpc.MServerHeartbeat, func(ctx context.Context, r *rpc.ServerHeartbeatReq) (*rpc.Empty, error) {
+	transport.Handle(f.srv, rpc.MServerHeartbeat, func(ctx context.Context, r *rpc.ServerHeartbeatReq) (*rpc.Empty, error) {
 		if r.ServerID != 5 {
 			return nil, rpc.Errorf(syscall.ESTALE, "unknown server %d", r.ServerID)
 		}

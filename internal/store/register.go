@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // Registration state machine (one goroutine, registrationLoop):
@@ -32,7 +33,7 @@ const (
 
 func (s *Server) registrationLoop() {
 	defer s.wg.Done()
-	cl := rpc.NewClient(s.cfg.MetaAddr, rpc.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, CallTimeout: callTimeout})
+	cl := transport.NewClient(s.cfg.MetaAddr, transport.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, CallTimeout: callTimeout})
 	defer cl.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -68,7 +69,7 @@ func (s *Server) registrationLoop() {
 }
 
 // registerOnce sends MRegisterServer and installs the answered ids.
-func (s *Server) registerOnce(ctx context.Context, cl *rpc.Client) error {
+func (s *Server) registerOnce(ctx context.Context, cl *transport.Client) error {
 	req := &rpc.RegisterServerReq{Addr: s.addr}
 	req.Host, _ = os.Hostname()
 	for _, t := range s.targets {
@@ -125,7 +126,7 @@ func (s *Server) rememberID(t *target, id uint32) {
 
 // heartbeatUntilStale heartbeats every interval until the service answers
 // ESTALE (forgot us: register again) or the server closes.
-func (s *Server) heartbeatUntilStale(ctx context.Context, cl *rpc.Client) {
+func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Client) {
 	tick := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	failing := false

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // Server is a running storage server: its targets, the data-path rpc
@@ -29,7 +30,7 @@ type Server struct {
 	cache   *chunkCache
 	m       *metrics
 
-	rpc     *rpc.Server
+	rpc     *transport.Server
 	ln      net.Listener
 	addr    string // advertised
 	metrics *http.Server
@@ -96,7 +97,7 @@ func Open(cfg Config) (*Server, error) {
 	}
 	s.byID.Store(&ids)
 
-	s.rpc = rpc.NewServer(cfg.ClusterKey)
+	s.rpc = transport.NewServer(cfg.ClusterKey)
 	s.rpc.TLS = cfg.TLS
 	s.rpc.Observe = s.m.observe
 	s.register()
@@ -281,17 +282,17 @@ func (s *Server) closeTargets() {
 
 // register installs the rpc handlers.
 func (s *Server) register() {
-	rpc.Handle(s.rpc, rpc.SWrite, s.handleWrite)
-	rpc.Handle(s.rpc, rpc.SRead, s.handleRead)
-	rpc.Handle(s.rpc, rpc.STruncate, s.handleTruncate)
-	rpc.Handle(s.rpc, rpc.SPunch, s.handlePunch)
-	rpc.Handle(s.rpc, rpc.SSync, s.handleSync)
-	rpc.Handle(s.rpc, rpc.SRemove, s.handleRemove)
-	rpc.Handle(s.rpc, rpc.SRemoveMany, s.handleRemoveMany)
-	rpc.Handle(s.rpc, rpc.SChunkStat, s.handleChunkStat)
-	rpc.Handle(s.rpc, rpc.SListChunks, s.handleListChunks)
-	rpc.Handle(s.rpc, rpc.SSeek, s.handleSeek)
-	rpc.Handle(s.rpc, rpc.SSyncStat, s.handleSyncStat)
+	transport.Handle(s.rpc, rpc.SWrite, s.handleWrite)
+	transport.Handle(s.rpc, rpc.SRead, s.handleRead)
+	transport.Handle(s.rpc, rpc.STruncate, s.handleTruncate)
+	transport.Handle(s.rpc, rpc.SPunch, s.handlePunch)
+	transport.Handle(s.rpc, rpc.SSync, s.handleSync)
+	transport.Handle(s.rpc, rpc.SRemove, s.handleRemove)
+	transport.Handle(s.rpc, rpc.SRemoveMany, s.handleRemoveMany)
+	transport.Handle(s.rpc, rpc.SChunkStat, s.handleChunkStat)
+	transport.Handle(s.rpc, rpc.SListChunks, s.handleListChunks)
+	transport.Handle(s.rpc, rpc.SSeek, s.handleSeek)
+	transport.Handle(s.rpc, rpc.SSyncStat, s.handleSyncStat)
 }
 
 // target resolves a target id.
@@ -375,7 +376,7 @@ func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, err
 	if err != nil {
 		return nil, s.failed(err)
 	}
-	resp, err := c.read(s, int64(r.Off), int(r.Len), rpc.LocalReadDest(ctx))
+	resp, err := c.read(s, int64(r.Off), int(r.Len), transport.LocalReadDest(ctx))
 	s.cache.release(c)
 	if err != nil {
 		return nil, s.failed(err)

@@ -1,4 +1,4 @@
-package rpc
+package transport
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/testutil"
+
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // captureLog sends the package's log to a buffer until the test ends
@@ -45,10 +47,10 @@ func (l *countingListener) Accept() (net.Conn, error) {
 func startTunedServer(t *testing.T, key []byte, cfg func(*Server)) (*countingListener, string) {
 	t.Helper()
 	s := NewServer(key)
-	Handle(s, MGetAttr, func(ctx context.Context, r *GetAttrReq) (*AttrResp, error) {
-		return &AttrResp{Attr: Attr{Ino: r.Ino}}, nil
+	Handle(s, rpc.MGetAttr, func(ctx context.Context, r *rpc.GetAttrReq) (*rpc.AttrResp, error) {
+		return &rpc.AttrResp{Attr: rpc.Attr{Ino: r.Ino}}, nil
 	})
-	Handle(s, SWrite, func(ctx context.Context, r *WriteReq) (*Empty, error) { return &Empty{}, nil })
+	Handle(s, rpc.SWrite, func(ctx context.Context, r *rpc.WriteReq) (*rpc.Empty, error) { return &rpc.Empty{}, nil })
 	if cfg != nil {
 		cfg(s)
 	}
@@ -78,7 +80,7 @@ func rawConn(t *testing.T, addr string, key []byte) net.Conn {
 }
 
 // frameHead is a request header announcing a body of bodyLen bytes.
-func frameHead(m Method, id uint64, bodyLen int) []byte {
+func frameHead(m rpc.Method, id uint64, bodyLen int) []byte {
 	h := make([]byte, frameHeaderBytes)
 	binary.LittleEndian.PutUint32(h[0:], uint32(bodyLen+frameHeaderBytes-4))
 	h[4] = kindRequest
@@ -111,7 +113,7 @@ func TestFrameOverItsMethodLimitClosesConnection(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	if _, err := nc.Write(frameHead(MGetAttr, 1, 32<<20)); err != nil {
+	if _, err := nc.Write(frameHead(rpc.MGetAttr, 1, 32<<20)); err != nil {
 		t.Fatal(err)
 	}
 	if !waitClosed(nc, 5*time.Second) {
@@ -143,10 +145,10 @@ func TestSlowSenderIsDisconnected(t *testing.T) {
 		s.IdleTimeout = 10 * time.Second
 	})
 	nc := rawConn(t, addr, nil)
-	var e Enc
-	(&GetAttrReq{Ino: 1}).Encode(&e)
+	var e rpc.Enc
+	(&rpc.GetAttrReq{Ino: 1}).Encode(&e)
 	body := append(e.B, make([]byte, 100)...) // more than the sender will get out
-	if _, err := nc.Write(frameHead(MGetAttr, 1, len(body))); err != nil {
+	if _, err := nc.Write(frameHead(rpc.MGetAttr, 1, len(body))); err != nil {
 		t.Fatal(err)
 	}
 	// One byte every 50 ms: a frame that never completes within 300 ms.
@@ -182,7 +184,7 @@ func TestIdleConnectionClosedUnlessPinged(t *testing.T) {
 	c := NewClient(addr, ClientConfig{Conns: 1, NoLocal: true, PingInterval: 50 * time.Millisecond})
 	defer c.Close()
 	for i := 0; i < 2; i++ {
-		if err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 3}, &AttrResp{}); err != nil {
+		if err := c.Call(context.Background(), rpc.MGetAttr, &rpc.GetAttrReq{Ino: 3}, &rpc.AttrResp{}); err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
 		time.Sleep(time.Second)
@@ -205,7 +207,7 @@ func TestAnnouncedFramesDoNotReserveMemory(t *testing.T) {
 	for _, nc := range ncs {
 		// A write of 8 MiB is within its method's limit; only its first
 		// 4 KiB are sent.
-		if _, err := nc.Write(frameHead(SWrite, 1, announced)); err != nil {
+		if _, err := nc.Write(frameHead(rpc.SWrite, 1, announced)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := nc.Write(make([]byte, 4096)); err != nil {
@@ -229,8 +231,8 @@ func TestAnnouncedFramesDoNotReserveMemory(t *testing.T) {
 
 func TestOversizedMessagesRefusedBeforeSending(t *testing.T) {
 	s := NewServer(nil)
-	Handle(s, MGetXattr, func(ctx context.Context, r *XattrReq) (*XattrResp, error) {
-		return &XattrResp{Value: make([]byte, maxSmallFrameBytes)}, nil
+	Handle(s, rpc.MGetXattr, func(ctx context.Context, r *rpc.XattrReq) (*rpc.XattrResp, error) {
+		return &rpc.XattrResp{Value: make([]byte, rpc.ResponseLimit(rpc.MGetXattr))}, nil
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -241,17 +243,17 @@ func TestOversizedMessagesRefusedBeforeSending(t *testing.T) {
 	c := NewClient(ln.Addr().String(), ClientConfig{NoLocal: true})
 	defer c.Close()
 	// An answer over its method's limit is replaced by EIO by the server.
-	err = c.Call(context.Background(), MGetXattr, &XattrReq{Name: "user.big"}, &XattrResp{})
+	err = c.Call(context.Background(), rpc.MGetXattr, &rpc.XattrReq{Name: "user.big"}, &rpc.XattrResp{})
 	if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), "exceeds its limit") {
 		t.Fatalf("oversized answer: want EIO naming the limit, got %v", err)
 	}
 	// A request over its method's limit fails before it is sent, and the
 	// connection stays usable.
-	err = c.Call(context.Background(), MGetXattr, &XattrReq{Name: "user.big", Value: make([]byte, maxSmallFrameBytes)}, &XattrResp{})
+	err = c.Call(context.Background(), rpc.MGetXattr, &rpc.XattrReq{Name: "user.big", Value: make([]byte, rpc.RequestLimit(rpc.MGetXattr))}, &rpc.XattrResp{})
 	if !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("oversized request: want EINVAL, got %v", err)
 	}
-	if err := c.Call(context.Background(), MGetXattr, &XattrReq{}, &XattrResp{}); !errors.Is(err, syscall.EIO) {
+	if err := c.Call(context.Background(), rpc.MGetXattr, &rpc.XattrReq{}, &rpc.XattrResp{}); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("call after a refused request: want the same EIO again, got %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package rpc
+package transport
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // ClientConfig tunes a Client.
@@ -85,7 +87,7 @@ func (c *Client) Close() error {
 // answer's buffer). Errors: *Error for an errno answered by the peer
 // (errors.Is with syscall errnos works), ErrUnavailable for transport trouble
 // (wrapped with the address and the cause).
-func (c *Client) Call(ctx context.Context, m Method, req, resp Message) error {
+func (c *Client) Call(ctx context.Context, m rpc.Method, req, resp rpc.Message) error {
 	deadline := deadlineOf(ctx, c.cfg.CallTimeout)
 	if s := lookupLocal(c.addr); s != nil && !c.cfg.NoLocal {
 		return c.callLocal(ctx, s, deadline, m, req, resp)
@@ -180,7 +182,7 @@ type clientConn struct {
 
 // pendingCall is a call waiting for its answer.
 type pendingCall struct {
-	m  Method
+	m  rpc.Method
 	ch chan *frame
 }
 
@@ -244,7 +246,7 @@ func (cc *clientConn) readLoop() {
 	for {
 		f, n, err := fr.header(0)
 		if err == nil && f.kind != kindResponse {
-			err = fmt.Errorf("%w: frame of kind %d from a server", ErrMalformed, f.kind)
+			err = fmt.Errorf("%w: frame of kind %d from a server", rpc.ErrMalformed, f.kind)
 		}
 		var p pendingCall
 		var ok bool
@@ -255,15 +257,15 @@ func (cc *clientConn) readLoop() {
 			cc.mu.Unlock()
 			// The answer to a call given up is read and dropped; its
 			// method is unknown, so only MaxFrameBytes bounds it.
-			if ok && n > responseLimit(p.m) {
-				err = fmt.Errorf("%w: answer to method %d of %d bytes exceeds its limit of %d", ErrMalformed, p.m, n, responseLimit(p.m))
+			if ok && n > rpc.ResponseLimit(p.m) {
+				err = fmt.Errorf("%w: answer to method %d of %d bytes exceeds its limit of %d", rpc.ErrMalformed, p.m, n, rpc.ResponseLimit(p.m))
 			}
 		}
 		if err == nil {
 			err = fr.body(f, n)
 		}
 		if err != nil {
-			if errors.Is(err, ErrMalformed) {
+			if errors.Is(err, rpc.ErrMalformed) {
 				log.Warn("closing connection", "peer", cc.nc.RemoteAddr().String(), "err", err)
 			}
 			cc.fail(err)
@@ -280,7 +282,7 @@ func (cc *clientConn) readLoop() {
 	}
 }
 
-func (cc *clientConn) call(ctx context.Context, deadline time.Time, m Method, req, resp Message) error {
+func (cc *clientConn) call(ctx context.Context, deadline time.Time, m rpc.Method, req, resp rpc.Message) error {
 	id := nextID.Add(1)
 	ch := make(chan *frame, 1)
 	head, tail := encodeFrame(kindRequest, m, id, 0, "", req)
@@ -325,17 +327,17 @@ func (cc *clientConn) call(ctx context.Context, deadline time.Time, m Method, re
 	}
 	// The body goes back to the pool only if resp copied out of it;
 	// otherwise resp may alias it and the garbage collector frees it.
-	if c, ok := resp.(interface{ copiesOut() bool }); ok && c.copiesOut() {
+	if c, ok := resp.(rpc.CopyingDecoder); ok && c.CopiesOut() {
 		defer putBuf(f.buf)
 	}
-	d := NewDec(f.body)
+	d := rpc.NewDec(f.body)
 	errno := syscall.Errno(d.U64())
 	text := d.String()
 	if d.Err() != nil {
 		return fmt.Errorf("response from %s: %w", cc.nc.RemoteAddr(), d.Err())
 	}
 	if errno != 0 {
-		return &Error{Errno: errno, Msg: text}
+		return &rpc.Error{Errno: errno, Msg: text}
 	}
 	if resp != nil {
 		resp.Decode(d)

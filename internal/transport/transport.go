@@ -1,4 +1,4 @@
-package rpc
+package transport
 
 import (
 	"bufio"
@@ -14,10 +14,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-)
 
-// Method identifies a remote procedure; see meta_msgs.go and store_msgs.go.
-type Method uint16
+	"github.com/stratafs/strata/internal/rpc"
+)
 
 // Frame format, version 2 (all integers little-endian):
 //
@@ -31,7 +30,7 @@ type Method uint16
 //	            response: errno (uvarint, 0 = success), error text (string),
 //	            then the message body when errno is 0
 //
-// A body is bounded by its method's limit (limits.go), checked on the
+// A body is bounded by its method's limit (rpc.RequestLimit, rpc.ResponseLimit), checked on the
 // header before any of it is read.
 //
 // Connection handshake, version 2 (cluster key K, each side proves it):
@@ -54,8 +53,8 @@ const (
 	kindResponse     = 2
 	kindPing         = 3
 	// MaxFrameBytes bounds any frame; each method has its own, lower,
-	// limit (limits.go). Larger lengths are a protocol error.
-	MaxFrameBytes = maxDataFrameBytes
+	// limit (rpc.RequestLimit, rpc.ResponseLimit). Larger lengths are a protocol error.
+	MaxFrameBytes = rpc.MaxMessageBytes
 )
 
 var magic = [8]byte{'S', 'T', 'R', 'A', 'T', 'A', 0, 2}
@@ -72,71 +71,15 @@ var ErrUnavailable = errors.New("rpc: peer unavailable")
 // (or, with TLS, did not present a certificate the other side trusts).
 var ErrAuth = errors.New("rpc: authentication failed")
 
-// Error is an errno answered by the peer, with the peer's explanation.
-// errors.Is(err, syscall.ENOENT) works on it.
-type Error struct {
-	Errno syscall.Errno
-	Msg   string
-}
-
-func (e *Error) Error() string {
-	if e.Msg == "" {
-		return e.Errno.Error()
-	}
-	return e.Msg
-}
-
-func (e *Error) Unwrap() error { return e.Errno }
-
-// Errorf builds an *Error carrying errno and a formatted explanation.
-func Errorf(errno syscall.Errno, format string, args ...any) error {
-	return &Error{Errno: errno, Msg: fmt.Sprintf(format, args...)}
-}
-
-// ErrnoOf extracts the errno a handler error should be answered with:
-// an *Error's, a wrapped syscall.Errno's, or EIO.
-func ErrnoOf(err error) syscall.Errno {
-	var re *Error
-	if errors.As(err, &re) {
-		return re.Errno
-	}
-	var en syscall.Errno
-	if errors.As(err, &en) {
-		return en
-	}
-	return syscall.EIO
-}
-
-// tailer is implemented by messages whose last field is a large byte slice
-// (WriteReq, ReadResp). EncodeHead encodes everything up to and including
-// that field's length prefix and returns the field, which the transport then
-// writes straight from the caller's memory (one copy less per MiB).
-type tailer interface {
-	EncodeHead(e *Enc) (tail []byte)
-}
-
-func (m *WriteReq) EncodeHead(e *Enc) []byte {
-	m.Chunk.Encode(e)
-	e.U64(m.Off)
-	e.Bool(m.Sync)
-	e.U64(uint64(len(m.Data)))
-	return m.Data
-}
-
-func (m *ReadResp) EncodeHead(e *Enc) []byte {
-	e.U64(uint64(len(m.Data)))
-	return m.Data
-}
-
 // encodeFrame builds a frame's head; tail (possibly nil) follows it on the wire.
-func encodeFrame(kind byte, method Method, id uint64, errno syscall.Errno, errText string, m Message) (head, tail []byte) {
-	e := Enc{B: make([]byte, frameHeaderBytes, 256)}
+func encodeFrame(kind byte, method rpc.Method, id uint64, errno syscall.Errno, errText string, m rpc.Message) (head, tail []byte) {
+	e := rpc.Enc{B: make([]byte, frameHeaderBytes, 256)}
 	if kind == kindResponse {
 		e.U64(uint64(errno))
 		e.String(errText)
 	}
 	if m != nil && errno == 0 {
-		if t, ok := m.(tailer); ok {
+		if t, ok := m.(rpc.Tailer); ok {
 			tail = t.EncodeHead(&e)
 		} else {
 			m.Encode(&e)
@@ -154,7 +97,7 @@ func encodeFrame(kind byte, method Method, id uint64, errno syscall.Errno, errTe
 // frame is one received frame; body aliases a buffer owned by the frame.
 type frame struct {
 	kind   byte
-	method Method
+	method rpc.Method
 	id     uint64
 	body   []byte
 	buf    []byte // to return to the pool when done
@@ -197,15 +140,15 @@ func (fr *frameReader) header(idle time.Duration) (*frame, int, error) {
 	}
 	n := binary.LittleEndian.Uint32(h[0:])
 	if n < frameHeaderBytes-4 || n > MaxFrameBytes {
-		return nil, 0, fmt.Errorf("%w: frame length %d", ErrMalformed, n)
+		return nil, 0, fmt.Errorf("%w: frame length %d", rpc.ErrMalformed, n)
 	}
-	f := &frame{kind: h[4], method: Method(binary.LittleEndian.Uint16(h[6:])), id: binary.LittleEndian.Uint64(h[8:])}
+	f := &frame{kind: h[4], method: rpc.Method(binary.LittleEndian.Uint16(h[6:])), id: binary.LittleEndian.Uint64(h[8:])}
 	if f.kind < kindRequest || f.kind > kindPing {
-		return nil, 0, fmt.Errorf("%w: frame kind %d", ErrMalformed, f.kind)
+		return nil, 0, fmt.Errorf("%w: frame kind %d", rpc.ErrMalformed, f.kind)
 	}
 	bodyLen := int(n) - (frameHeaderBytes - 4)
 	if f.kind == kindPing && bodyLen != 0 {
-		return nil, 0, fmt.Errorf("%w: ping with a %d-byte body", ErrMalformed, bodyLen)
+		return nil, 0, fmt.Errorf("%w: ping with a %d-byte body", rpc.ErrMalformed, bodyLen)
 	}
 	return f, bodyLen, nil
 }
@@ -347,4 +290,13 @@ func newNonce() []byte {
 		panic(fmt.Sprintf("crypto/rand: %v", err)) // broken invariant: no entropy
 	}
 	return n
+}
+
+// checkRequestSize refuses, before sending, a request the peer would take
+// for a protocol error (and close the connection on).
+func checkRequestSize(m rpc.Method, n int) error {
+	if limit := rpc.RequestLimit(m); n > limit {
+		return rpc.Errorf(syscall.EINVAL, "request %d of %d bytes exceeds its limit of %d", m, n, limit)
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package rpc
+package transport
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // In-process calls.
@@ -45,7 +47,7 @@ import (
 // O_SYNC) lend, and the client with its write-behind buffers.
 //
 // Large answers (ReadResp) are not encoded into a fresh buffer: when the
-// answer is a tailer and the caller's resp copies out (ReadResp.Into), only
+// answer is an rpc.Tailer and the caller's resp copies out (ReadResp.Into), only
 // the head is encoded and the caller copies the tail straight from the
 // handler's buffer into its destination, and only then releases the
 // handler's answer (Release). If the caller gives up first, the handler's
@@ -135,53 +137,46 @@ func lookupLocal(addr string) *Server {
 
 type localResult struct {
 	body []byte
-	tail []byte  // with a handed-over answer: its tail, in the handler's memory
-	out  Message // handed-over answer, released by whoever consumes the result
+	tail []byte      // with a handed-over answer: its tail, in the handler's memory
+	out  rpc.Message // handed-over answer, released by whoever consumes the result
 	err  error
 }
 
 // release releases a handed-over answer.
 func (r *localResult) release() {
 	if r.out != nil {
-		if rel, ok := r.out.(interface{ Release() }); ok {
+		if rel, ok := r.out.(Releaser); ok {
 			rel.Release()
 		}
 		r.out, r.tail = nil, nil
 	}
 }
 
-// tailDecoder is implemented by responses that can decode a body whose
-// tail (the last field's bytes, after its length prefix) is held apart
-// (see tailer). They must copy the tail out: it is the handler's memory.
-type tailDecoder interface {
-	decodeTail(d *Dec, tail []byte)
-}
-
 // callLocal runs method m of s for the client c.
-func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m Method, req, resp Message) error {
+func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m rpc.Method, req, resp rpc.Message) error {
 	if !keysEqual(s.Key, c.cfg.Key) {
 		return fmt.Errorf("connect %s: %w", c.addr, ErrAuth)
 	}
 	h, ok := s.handlers[m]
 	if !ok {
-		return &Error{Errno: syscall.ENOSYS, Msg: fmt.Sprintf("method %d not served here", m)}
+		return &rpc.Error{Errno: syscall.ENOSYS, Msg: fmt.Sprintf("method %d not served here", m)}
 	}
-	var e Enc
-	dec := &Dec{}
+	var e rpc.Enc
+	var lentTail []byte
 	var lent *lendGuard
-	if t, ok := req.(tailer); ok {
-		dec.tail = t.EncodeHead(&e) // the write's data is lent, not copied
-		if len(dec.tail) > 0 {
+	if t, ok := req.(rpc.Tailer); ok {
+		lentTail = t.EncodeHead(&e) // the write's data is lent, not copied
+		if len(lentTail) > 0 {
 			lent = &lendGuard{}
 			lent.idle = sync.NewCond(&lent.mu)
 		}
 	} else {
 		req.Encode(&e)
 	}
-	if err := checkRequestSize(m, len(e.B)+len(dec.tail)); err != nil {
+	if err := checkRequestSize(m, len(e.B)+len(lentTail)); err != nil {
 		return err
 	}
-	dec.B = e.B
+	dec := rpc.NewDecTail(e.B, lentTail)
 	// The handler's context carries the deadline. When the caller's ctx
 	// already ends by then (the usual case: clients set one per call),
 	// ctx serves as both the handler's bound and ours — no second timer.
@@ -189,8 +184,8 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	if lent != nil {
 		hctx = context.WithValue(hctx, lendKey{}, lent)
 	}
-	if dd, ok := resp.(interface{ directDest() []byte }); ok {
-		if b := dd.directDest(); b != nil {
+	if dd, ok := resp.(rpc.DirectDecoder); ok {
+		if b := dd.DirectDest(); b != nil {
 			hctx = context.WithValue(hctx, readDestKey{}, b)
 		}
 	}
@@ -204,8 +199,8 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		timeout = timer.C
 	}
 	// handOver: the answer's tail may be passed to resp without encoding.
-	td, handOver := resp.(tailDecoder)
-	if co, ok := resp.(interface{ copiesOut() bool }); !handOver || !ok || !co.copiesOut() {
+	td, handOver := resp.(rpc.TailDecoder)
+	if co, ok := resp.(rpc.CopyingDecoder); !handOver || !ok || !co.CopiesOut() {
 		handOver = false
 	}
 	var mu sync.Mutex // orders the hand-over against the caller giving up
@@ -216,14 +211,14 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		out, err := h(hctx, dec)
 		var r localResult
 		if err != nil {
-			en := ErrnoOf(err)
+			en := rpc.ErrnoOf(err)
 			if en == 0 {
 				en = syscall.EIO
 			}
-			r.err = &Error{Errno: en, Msg: err.Error()}
+			r.err = &rpc.Error{Errno: en, Msg: err.Error()}
 		} else if out != nil {
-			var oe Enc
-			if t, ok := out.(tailer); ok && handOver {
+			var oe rpc.Enc
+			if t, ok := out.(rpc.Tailer); ok && handOver {
 				r.tail = t.EncodeHead(&oe)
 				r.out = out
 			} else {
@@ -235,7 +230,7 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 			s.Observe(m, time.Since(start), err)
 		}
 		if r.out == nil {
-			if rel, ok := out.(interface{ Release() }); ok {
+			if rel, ok := out.(Releaser); ok {
 				rel.Release()
 			}
 		}
@@ -275,9 +270,9 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		if resp == nil {
 			return nil
 		}
-		d := NewDec(r.body)
+		d := rpc.NewDec(r.body)
 		if r.out != nil {
-			td.decodeTail(d, r.tail)
+			td.DecodeTail(d, r.tail)
 		} else {
 			resp.Decode(d)
 		}

@@ -1,4 +1,4 @@
-package rpc
+package transport
 
 import (
 	"bytes"
@@ -14,6 +14,8 @@ import (
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // Handshake proofs (transport.go has the exchange). The label binds a proof
@@ -54,9 +56,9 @@ func checkMagic(got []byte) error {
 	case bytes.Equal(got, magic[:]):
 		return nil
 	case bytes.Equal(got, magicV1[:]):
-		return fmt.Errorf("%w: the peer speaks rpc handshake version 1, which authenticates only the client; this Strata needs version 2: run the same Strata version on every node", ErrMalformed)
+		return fmt.Errorf("%w: the peer speaks rpc handshake version 1, which authenticates only the client; this Strata needs version 2: run the same Strata version on every node", rpc.ErrMalformed)
 	}
-	return fmt.Errorf("%w: bad magic %q (not a Strata peer, or another protocol version)", ErrMalformed, got)
+	return fmt.Errorf("%w: bad magic %q (not a Strata peer, or another protocol version)", rpc.ErrMalformed, got)
 }
 
 // serverHandshake runs the server's side of the handshake on c (inside TLS

@@ -1,4 +1,4 @@
-package rpc
+package transport
 
 import (
 	"context"
@@ -10,27 +10,36 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // HandlerFunc serves one request. d decodes the request body, which aliases
 // a pooled buffer: the handler must not keep any slice of the request after
 // it returns. The returned Message is encoded as the answer; an error is
 // answered with ErrnoOf(err) and err's text.
-type HandlerFunc func(ctx context.Context, d *Dec) (Message, error)
+type HandlerFunc func(ctx context.Context, d *rpc.Dec) (rpc.Message, error)
+
+// Releaser is implemented by handler answers that hold memory to give
+// back (a pooled read buffer): the transport calls Release once the answer
+// was sent, or handed over and copied out in-process, or abandoned.
+type Releaser interface {
+	Release()
+}
 
 // Handle registers fn for method m with typed request and response.
 func Handle[Req any, PReq interface {
 	*Req
-	Message
-}, Resp Message](s *Server, m Method, fn func(context.Context, PReq) (Resp, error)) {
-	s.handlers[m] = func(ctx context.Context, d *Dec) (Message, error) {
+	rpc.Message
+}, Resp rpc.Message](s *Server, m rpc.Method, fn func(context.Context, PReq) (Resp, error)) {
+	s.handlers[m] = func(ctx context.Context, d *rpc.Dec) (rpc.Message, error) {
 		req := PReq(new(Req))
 		req.Decode(d)
 		if err := d.Err(); err != nil {
-			return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("decode request %d: %v", m, err)}
+			return nil, &rpc.Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("decode request %d: %v", m, err)}
 		}
-		if len(d.B) != 0 || d.tail != nil {
-			return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("decode request %d: %d trailing bytes", m, len(d.B)+len(d.tail))}
+		if n := d.Unread(); n != 0 {
+			return nil, &rpc.Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("decode request %d: %d trailing bytes", m, n)}
 		}
 		return fn(ctx, req)
 	}
@@ -55,9 +64,9 @@ func InProcess(ctx context.Context) bool { return Peer(ctx) == inProcessPeer }
 // all handlers before Serve. Each request runs in its own goroutine, at most
 // MaxInflight per connection, so requests on one connection are pipelined.
 type Server struct {
-	Key         []byte                                     // cluster key; both sides must hold the same
-	MaxInflight int                                        // per connection; default 256
-	Observe     func(m Method, d time.Duration, err error) // optional metrics hook
+	Key         []byte                                         // cluster key; both sides must hold the same
+	MaxInflight int                                            // per connection; default 256
+	Observe     func(m rpc.Method, d time.Duration, err error) // optional metrics hook
 	// TLS, when set, wraps every connection in mutual TLS (LoadTLS)
 	// before the cluster-key handshake.
 	TLS *tls.Config
@@ -71,8 +80,8 @@ type Server struct {
 	// not yet answered: the connection is not read further until answers
 	// free room (a body larger than it is read alone); default 64 MiB.
 	MaxBodyBytes int
-	handlers     map[Method]HandlerFunc
-	inline       map[Method]bool
+	handlers     map[rpc.Method]HandlerFunc
+	inline       map[rpc.Method]bool
 
 	mu struct {
 		sync.Mutex
@@ -86,22 +95,22 @@ type Server struct {
 // NewServer returns a server authenticating peers with key.
 func NewServer(key []byte) *Server {
 	s := &Server{Key: key, MaxInflight: 256, IdleTimeout: 90 * time.Second, FrameTimeout: 30 * time.Second,
-		MaxBodyBytes: 64 << 20, handlers: map[Method]HandlerFunc{}}
+		MaxBodyBytes: 64 << 20, handlers: map[rpc.Method]HandlerFunc{}}
 	s.mu.conns = map[net.Conn]struct{}{}
 	return s
 }
 
 // Register adds an untyped handler.
-func (s *Server) Register(m Method, h HandlerFunc) { s.handlers[m] = h }
+func (s *Server) Register(m rpc.Method, h HandlerFunc) { s.handlers[m] = h }
 
 // Inline marks methods whose handlers only read the server's own memory or
 // local store and return in microseconds, or wait no longer than their
 // context allows: an in-process caller runs them on its own goroutine (see
 // local.go), which saves two goroutine hand-overs per call. Call before
 // Serve.
-func (s *Server) Inline(ms ...Method) {
+func (s *Server) Inline(ms ...rpc.Method) {
 	if s.inline == nil {
-		s.inline = map[Method]bool{}
+		s.inline = map[rpc.Method]bool{}
 	}
 	for _, m := range ms {
 		s.inline[m] = true
@@ -212,10 +221,10 @@ func (s *Server) serveConn(c net.Conn) {
 			continue
 		}
 		if err == nil && f.kind != kindRequest {
-			err = fmt.Errorf("%w: response frame from a client", ErrMalformed)
+			err = fmt.Errorf("%w: response frame from a client", rpc.ErrMalformed)
 		}
-		if err == nil && n > requestLimit(f.method) {
-			err = fmt.Errorf("%w: request %d of %d bytes exceeds its limit of %d", ErrMalformed, f.method, n, requestLimit(f.method))
+		if err == nil && n > rpc.RequestLimit(f.method) {
+			err = fmt.Errorf("%w: request %d of %d bytes exceeds its limit of %d", rpc.ErrMalformed, f.method, n, rpc.RequestLimit(f.method))
 		}
 		if err == nil {
 			bodies.acquire(n)
@@ -226,7 +235,7 @@ func (s *Server) serveConn(c net.Conn) {
 		if err != nil {
 			switch {
 			case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
-			case errors.Is(err, ErrMalformed):
+			case errors.Is(err, rpc.ErrMalformed):
 				log.Warn("closing connection", "peer", peer, "err", err)
 			default:
 				log.Info("closing connection", "peer", peer, "err", err)
@@ -281,18 +290,18 @@ func (b *byteSem) release(n int) {
 
 func (s *Server) dispatch(ctx context.Context, c net.Conn, wmu *sync.Mutex, f *frame) {
 	start := time.Now()
-	var resp Message
+	var resp rpc.Message
 	var err error
 	if h, ok := s.handlers[f.method]; ok {
-		resp, err = h(ctx, NewDec(f.body))
+		resp, err = h(ctx, rpc.NewDec(f.body))
 	} else {
-		err = &Error{Errno: syscall.ENOSYS, Msg: fmt.Sprintf("method %d not served here", f.method)}
+		err = &rpc.Error{Errno: syscall.ENOSYS, Msg: fmt.Sprintf("method %d not served here", f.method)}
 	}
 	putBuf(f.buf)
 	var errno syscall.Errno
 	var text string
 	if err != nil {
-		errno, text = ErrnoOf(err), err.Error()
+		errno, text = rpc.ErrnoOf(err), err.Error()
 		if errno == 0 {
 			errno = syscall.EIO
 		}
@@ -303,9 +312,9 @@ func (s *Server) dispatch(ctx context.Context, c net.Conn, wmu *sync.Mutex, f *f
 		s.Observe(f.method, time.Since(start), err)
 	}
 	head, tail := encodeFrame(kindResponse, 0, f.id, errno, text, resp)
-	if n := len(head) - frameHeaderBytes + len(tail); n > responseLimit(f.method) {
+	if n := len(head) - frameHeaderBytes + len(tail); n > rpc.ResponseLimit(f.method) {
 		// The client would take it for a protocol error.
-		log.Error("answer over its method's limit", "method", f.method, "bytes", n, "limit", responseLimit(f.method))
+		log.Error("answer over its method's limit", "method", f.method, "bytes", n, "limit", rpc.ResponseLimit(f.method))
 		head, tail = encodeFrame(kindResponse, 0, f.id, syscall.EIO, fmt.Sprintf("answer to method %d of %d bytes exceeds its limit", f.method, n), nil)
 	}
 	wmu.Lock()
@@ -315,7 +324,7 @@ func (s *Server) dispatch(ctx context.Context, c net.Conn, wmu *sync.Mutex, f *f
 	if werr != nil {
 		c.Close() // the reader loop ends the connection
 	}
-	if r, ok := resp.(interface{ Release() }); ok {
+	if r, ok := resp.(Releaser); ok {
 		r.Release()
 	}
 }

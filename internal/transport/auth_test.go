@@ -1,4 +1,4 @@
-package rpc
+package transport
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/testutil"
+
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // fakeServer accepts one connection, sends hello, reads what the client
@@ -53,7 +55,7 @@ func TestClientRefusesServerWithoutKey(t *testing.T) {
 	})
 	c := NewClient(addr, ClientConfig{Key: []byte("k"), NoLocal: true, DialTimeout: 3 * time.Second})
 	defer c.Close()
-	err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 1}, &AttrResp{})
+	err := c.Call(context.Background(), rpc.MGetAttr, &rpc.GetAttrReq{Ino: 1}, &rpc.AttrResp{})
 	if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "server did not prove") {
 		t.Fatalf("a server without the key: want ErrAuth saying the server did not prove the key, got %v", err)
 	}
@@ -67,7 +69,7 @@ func TestReflectedProofRefused(t *testing.T) {
 	})
 	c := NewClient(addr, ClientConfig{Key: []byte("k"), NoLocal: true, DialTimeout: 3 * time.Second})
 	defer c.Close()
-	err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 1}, &AttrResp{})
+	err := c.Call(context.Background(), rpc.MGetAttr, &rpc.GetAttrReq{Ino: 1}, &rpc.AttrResp{})
 	if !errors.Is(err, ErrAuth) {
 		t.Fatalf("a server reflecting the client's proof: want ErrAuth, got %v", err)
 	}
@@ -82,7 +84,7 @@ func TestVersion1PeerNamed(t *testing.T) {
 	addr := fakeServer(t, append(v1[:], newNonce()...), func([]byte) []byte { return []byte{0} })
 	c := NewClient(addr, ClientConfig{Key: []byte("k"), NoLocal: true, DialTimeout: 3 * time.Second})
 	defer c.Close()
-	err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 1}, &AttrResp{})
+	err := c.Call(context.Background(), rpc.MGetAttr, &rpc.GetAttrReq{Ino: 1}, &rpc.AttrResp{})
 	if err == nil || !strings.Contains(err.Error(), "version 1") {
 		t.Fatalf("a version 1 server: want an error naming handshake version 1, got %v", err)
 	}
@@ -103,8 +105,8 @@ func TestMutualTLS(t *testing.T) {
 	call := func(cfg *tls.Config, key string) error {
 		c := NewClient(addr, ClientConfig{Key: []byte(key), TLS: cfg, NoLocal: true, DialTimeout: 3 * time.Second})
 		defer c.Close()
-		var r AttrResp
-		err := c.Call(context.Background(), MGetAttr, &GetAttrReq{Ino: 5}, &r)
+		var r rpc.AttrResp
+		err := c.Call(context.Background(), rpc.MGetAttr, &rpc.GetAttrReq{Ino: 5}, &r)
 		if err == nil && r.Attr.Ino != 5 {
 			err = errors.New("wrong answer")
 		}

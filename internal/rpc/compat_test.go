@@ -1,0 +1,154 @@
+package rpc
+
+import (
+	"bytes"
+	"reflect"
+	"testing"
+)
+
+func TestMessagesRoundTrip(t *testing.T) {
+	msgs := []Message{
+		&CreateReq{Hdr: ReqHeader{1, 2}, Parent: 1, Name: "a", Mode: 0o100644, SymlinkTarget: "x"},
+		&ReadDirResp{Entries: []DirEntry{{Name: "a", Ino: 2, Mode: 0o40755, Attr: Attr{Ino: 2, Size: 9}}}, EOF: true},
+		&RegisterServerReq{Addr: "a:1", Targets: []TargetReg{{UUID: "u", Path: "/p", TotalBytes: 5}}},
+		&ClusterStatusResp{Servers: []ServerInfo{{ID: 1, Alive: true}}, Targets: []TargetInfo{{ID: 3}}},
+		&LockReq{ClientID: 1, Ino: 2, End: ^uint64(0), Type: LockWrite, Wait: true},
+		&WriteReq{Chunk: ChunkID{1, 2}, Off: 3, Sync: true, Data: []byte("hi")},
+		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, FSIDs: []uint64{7}, RawFree: []uint64{4}},
+		&SetAttrReq{Valid: SetMode | SetSize, Size: 1 << 40, Mtime: -5},
+		&SessionHeartbeatReq{ClientID: 3, OpenInodes: []uint64{4, 5}, LockEpoch: 77, ListedAfter: 1763885000123456789},
+		&SessionHeartbeatResp{LockEpoch: 9, Now: 1763885000123456789},
+		&ListChunksReq{Target: 3, From: 300, Max: 8192},
+		&ListChunksResp{Inos: []uint64{5, 1 << 40}, Bytes: []uint64{7, 0}, Next: 301, Done: true},
+		&InodesKnownReq{Inos: []uint64{1, 2, 1 << 33}},
+		&InodesKnownResp{NextIno: 1 << 20, Known: []bool{true, false, true}},
+		&SeekReq{Chunk: ChunkID{3, 1 << 40}, Off: 1 << 33, Data: true},
+		&AttrResp{Attr: Attr{Ino: 5, Size: 7, Blocks: 3, BlocksKnown: true}, Stamp: Stamp{Index: 9, Term: 2}},
+		&ChangeResp{Attr: Attr{Ino: 5, Blocks: 8, BlocksKnown: true}, Dir: Attr{Ino: 1}, Index: 4, Term: 1},
+		&CommitSizeReq{Hdr: ReqHeader{1, 2}, Ino: 5, Size: 9, Mtime: 3, Alloc: []SlotAlloc{{0, 4096}, {3, 1 << 33}}},
+		&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true},
+		&SeekResp{Off: 1<<33 + 5, Found: true},
+		&LockReq{ClientID: 1, Ino: 2, Start: 3, End: 4, Type: LockRead, Reclaim: true},
+		&LockReq{ClientID: 1, Ino: 2, Type: LockUnlock, Handle: 1 << 40, CloseHandle: true},
+	}
+	for _, m := range msgs {
+		b := Marshal(m)
+		// Decode into a fresh value of the same type and re-encode.
+		fresh := newLike(m)
+		if err := Unmarshal(b, fresh); err != nil {
+			t.Fatalf("%T: %v", m, err)
+		}
+		if !bytes.Equal(Marshal(fresh), b) {
+			t.Fatalf("%T: round trip differs", m)
+		}
+		// Every strict prefix fails to decode, never panics.
+		// Fields appended within version 1 may be missing (older peers):
+		// exactly that prefix decodes, with the fields zero.
+		optional := map[int]bool{}
+		for _, n := range optionalTails(m) {
+			optional[len(b)-n] = true
+		}
+		for i := 0; i < len(b); i++ {
+			err := Unmarshal(b[:i], newLike(m))
+			if optional[i] {
+				if err != nil {
+					t.Fatalf("%T without its optional tail of %d bytes: %v", m, len(b)-i, err)
+				}
+				continue
+			}
+			if err == nil {
+				t.Fatalf("%T: prefix %d decoded", m, i)
+			}
+		}
+	}
+}
+
+// optionalTails are the encoded sizes of the trailing runs of m's fields
+// that decoders treat as optional (each run may be missing).
+func optionalTails(m Message) []int {
+	var tails []int
+	add := func(fields ...func(*Enc)) {
+		var e Enc
+		for _, f := range fields {
+			f(&e)
+		}
+		tails = append(tails, len(e.B))
+	}
+	blocks := func(a *Attr) func(*Enc) { return func(e *Enc) { encodeBlocks(e, a) } }
+	switch x := m.(type) {
+	case *ReadDirResp:
+		var fs []func(*Enc)
+		for i := range x.Entries {
+			fs = append(fs, blocks(&x.Entries[i].Attr))
+		}
+		add(fs...)
+	case *AttrResp:
+		add(blocks(&x.Attr))
+		add(func(e *Enc) { x.Stamp.Encode(e) }, blocks(&x.Attr))
+	case *ChangeResp:
+		add(blocks(&x.Attr))
+	case *CommitSizeReq:
+		add(func(e *Enc) { EncodeSlotAllocs(e, x.Alloc) })
+	case *ChunkStatResp:
+		add(func(e *Enc) { e.U64(x.Alloc); e.Bool(x.HasAlloc) })
+	case *LockReq:
+		add(func(e *Enc) { e.U64(x.Handle); e.Bool(x.CloseHandle) })
+		add(func(e *Enc) { e.Bool(x.Reclaim) }, func(e *Enc) { e.U64(x.Handle); e.Bool(x.CloseHandle) })
+	case *SessionHeartbeatReq:
+		add(func(e *Enc) { e.I64(x.ListedAfter) })
+		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.ListedAfter) })
+	case *SessionHeartbeatResp:
+		add(func(e *Enc) { e.I64(x.Now) })
+		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.Now) })
+	}
+	return tails
+}
+
+// newLike returns a zero value of m's type.
+func newLike(m Message) Message {
+	return reflect.New(reflect.TypeOf(m).Elem()).Interface().(Message)
+}
+
+// Answers recorded for retries before stamps existed (dedupe records hold
+// encoded answers) still decode, with no stamp; new ones carry it.
+func TestStampOptional(t *testing.T) {
+	a := &AttrResp{Attr: Attr{Ino: 5, Size: 7}, Stamp: Stamp{Index: 9, Term: 2}}
+	var got AttrResp
+	if err := Unmarshal(Marshal(a), &got); err != nil || got.Stamp != a.Stamp || got.Attr.Ino != 5 || got.Attr.Size != 7 {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	old := Marshal(&a.Attr) // an AttrResp as encoded before stamps
+	got = AttrResp{Stamp: Stamp{Index: 1, Term: 1}}
+	if err := Unmarshal(old, &got); err != nil || got.Attr.Ino != 5 || got.Attr.Size != 7 || got.Stamp != (Stamp{}) {
+		t.Fatalf("answer without a stamp: %+v %v", got, err)
+	}
+	var st Stamp
+	if err := Unmarshal(nil, &st); err != nil || st != (Stamp{}) {
+		t.Fatalf("empty answer as a stamp: %+v %v", st, err)
+	}
+	if err := Unmarshal(Marshal(&Stamp{Index: 3, Term: 4}), &st); err != nil || st != (Stamp{3, 4}) {
+		t.Fatalf("stamp round trip: %+v %v", st, err)
+	}
+	if err := Unmarshal(Marshal(&Stamp{Index: 3, Term: 4})[:1], &st); err == nil {
+		t.Fatal("a truncated stamp decoded")
+	}
+}
+
+// TestLockEpochOptional: answers of older services (Empty for SetLk and
+// heartbeats) read as lock epoch 0, which clients ignore.
+func TestLockEpochOptional(t *testing.T) {
+	var g LockGrant
+	if err := Unmarshal(Marshal(&Empty{}), &g); err != nil || g.Epoch != 0 {
+		t.Fatalf("empty SetLk answer: %+v %v", g, err)
+	}
+	if err := Unmarshal(Marshal(&LockGrant{Epoch: 1 << 60}), &g); err != nil || g.Epoch != 1<<60 {
+		t.Fatalf("grant round trip: %+v %v", g, err)
+	}
+	var h SessionHeartbeatResp
+	if err := Unmarshal(nil, &h); err != nil || h.LockEpoch != 0 {
+		t.Fatalf("empty heartbeat answer: %+v %v", h, err)
+	}
+	if err := Unmarshal(Marshal(&SessionHeartbeatResp{LockEpoch: 9}), &h); err != nil || h.LockEpoch != 9 {
+		t.Fatalf("heartbeat answer round trip: %+v %v", h, err)
+	}
+}
