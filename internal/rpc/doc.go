@@ -1,44 +1,45 @@
-// Package rpc owns Strata's internal transport: the frame format, the
-// connection handshake (mutual proof of the cluster key, optionally inside
-// mutual TLS: auth.go), per-method frame limits and read deadlines
-// (limits.go), pooled multiplexed connections, and the wire messages of the
-// metadata service (meta_msgs.go) and of the storage servers
-// (store_msgs.go).
-//
-// # Security
-//
-// The cluster key authenticates both ends of a connection and nothing
-// more: without TLS, frames are neither encrypted nor protected against
-// change after the handshake. With TLS (Server.TLS, ClientConfig.TLS)
-// they are both. docs/design/0005-rpc.md says what each mode protects
-// against.
+// Package rpc holds the wire messages of Strata's internal traffic: the
+// requests and answers of the metadata service (meta_msgs.go) and of the
+// storage servers (store_msgs.go), their method numbers (Method), the
+// per-method size limits (limits.go), the errno errors that answers carry
+// (Error, Errorf, ErrnoOf) and the wire's version history (below,
+// WireVersion). It knows nothing of connections: package transport frames
+// these messages, authenticates peers and moves the bytes, and depends on
+// this package, never the other way round (TestMessagesDoNotDependOnTheTransport).
 //
 // # Concepts
 //
-// A Client holds a few TCP connections to one peer; every call gets a fresh
-// request id, so many calls share a connection at once (pipelining). A
-// Server runs each request in its own goroutine. Messages are hand-encoded
-// with package codec's primitives (uvarints and length-prefixed bytes, no
-// reflection; codec.go adds the in-process tail). They are the wire's
-// only: Raft commands (package meta) and stored values (meta/schema) have
-// their own types and version histories, so a change here never changes
-// what a log or a store holds (docs/design/0009-formats.md). Large data
-// (WriteReq.Data, ReadResp.Data) is written from the caller's memory with
-// writev rather than copied into the frame.
+// Every request and answer is a Message: Encode appends it to an Enc,
+// Decode reads it back from a Dec. Messages are hand-encoded with package
+// codec's primitives (uvarints and length-prefixed bytes, no reflection).
+// They are the wire's only: Raft commands (package meta) and stored values
+// (meta/schema) have their own types and version histories, so a change
+// here never changes what a log or a store holds
+// (docs/design/0009-formats.md).
+//
+// The two messages that carry bulk data (WriteReq, ReadResp) keep it last
+// and implement the transport's hooks (codec.go): Tailer, so that the data
+// is written from the caller's memory with writev rather than copied into
+// the frame, and lent to an in-process handler (NewDecTail); ReadResp also
+// TailDecoder, CopyingDecoder and DirectDecoder, so that an in-process
+// answer reaches the caller's buffer with one copy or none. None of them
+// changes the bytes on the wire.
 //
 // # Errors
 //
 // A handler's error reaches the caller as *Error with the errno the handler
 // chose (ErrnoOf): callers test it with errors.Is(err, syscall.ENOENT).
-// Transport trouble — dial failure, broken connection, timeout — is
-// ErrUnavailable: the request may or may not have run, so only idempotent
-// or deduplicated (ReqHeader) requests are retried.
+// A body that does not decode is ErrMalformed. (Transport trouble is
+// transport.ErrUnavailable.)
 //
 // # Pitfalls
 //
-// A handler must not keep slices of its request after returning: the body
-// lives in a pooled buffer. A response decoded by Client.Call aliases the
-// received frame, which is not pooled, so callers may keep it.
+// Decode may alias the decoded bytes (Dec.Bytes does not copy): a handler
+// must not keep slices of its request after returning, since the body lives
+// in a pooled buffer; an answer decoded by transport.Client.Call aliases
+// the received frame, which is not pooled unless the answer copies out
+// (CopyingDecoder), so callers may keep it. Decode never panics on hostile
+// input; it records the first error in the Dec.
 //
 // # Version history
 //
@@ -62,8 +63,11 @@
 // methods (ENOSYS). Answers with attributes (AttrResp, ChangeResp,
 // ReadDirResp) gained a trailing run with each Attr's Blocks, CommitSizeReq
 // a trailing Alloc list and ChunkStatResp a trailing Alloc: absent, they
-// read as unknown.
+// read as unknown. Moving the connection machinery out of this package
+// into package transport changed no byte on the wire.
 //
-// Architecture Invariant: no other package opens sockets for Strata's
-// internal traffic.
+// Frame and handshake versions are the transport's (package transport,
+// transport.go has the frame table); WireVersion, their number, is kept
+// here with the messages' history, since a peer of another version is
+// refused as a whole.
 package rpc

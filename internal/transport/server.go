@@ -122,7 +122,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()
-		return errors.New("rpc: server closed")
+		return errors.New("transport: server closed")
 	}
 	s.mu.ln = ln
 	s.mu.Unlock()

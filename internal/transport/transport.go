@@ -65,11 +65,11 @@ var magicV1 = [8]byte{'S', 'T', 'R', 'A', 'T', 'A', 0, 1}
 // ErrUnavailable marks a call that failed because the peer could not be
 // reached, the connection broke, or the call timed out. The request may or
 // may not have been executed. Callers retry or turn it into EIO.
-var ErrUnavailable = errors.New("rpc: peer unavailable")
+var ErrUnavailable = errors.New("transport: peer unavailable")
 
 // ErrAuth marks a failed handshake: one side did not prove the cluster key
 // (or, with TLS, did not present a certificate the other side trusts).
-var ErrAuth = errors.New("rpc: authentication failed")
+var ErrAuth = errors.New("transport: authentication failed")
 
 // encodeFrame builds a frame's head; tail (possibly nil) follows it on the wire.
 func encodeFrame(kind byte, method rpc.Method, id uint64, errno syscall.Errno, errText string, m rpc.Message) (head, tail []byte) {
@@ -274,7 +274,7 @@ func writeFrame(c net.Conn, head, tail []byte) error {
 var nextID atomic.Uint64
 
 // logger used by the transport.
-var log = slog.Default().With("pkg", "rpc")
+var log = slog.Default().With("pkg", "transport")
 
 // deadlineOf returns ctx's deadline or now+def.
 func deadlineOf(ctx context.Context, def time.Duration) time.Time {

@@ -440,7 +440,7 @@ func serveInProcess(t *testing.T, s *Server, key []byte) *Client {
 // (`strata up`): a getattr run inline and on a worker goroutine, and a
 // 4 KiB read handed over into the caller's buffer.
 //
-//	go test -run '^$' -bench InProcessCall -benchtime 2s ./internal/rpc/
+//	go test -run '^$' -bench InProcessCall -benchtime 2s ./internal/transport/
 func BenchmarkInProcessCall(b *testing.B) {
 	s := NewServer([]byte("k"))
 	Handle(s, rpc.MLookup, func(ctx context.Context, r *rpc.LookupReq) (*rpc.AttrResp, error) {
