@@ -100,9 +100,10 @@ type wal struct {
 		at  time.Time
 	}
 	kick chan struct{} // wakes a syncer
-	// beforeSync, when set (tests), runs before each deferred-mode
-	// fdatasync of a segment.
-	beforeSync func(*segment)
+	// syncSegment, when set (tests), replaces the deferred syncer's
+	// fdatasync of a segment (fdatasyncSegment), to delay, observe or
+	// fail it.
+	syncSegment func(*segment) error
 
 	mu struct {
 		sync.RWMutex
@@ -302,10 +303,11 @@ func (w *wal) syncOnce(wait bool) {
 		if s.closed {
 			continue // removed: its entries are no longer part of the log
 		}
-		if w.beforeSync != nil {
-			w.beforeSync(s)
+		syncSeg := fdatasyncSegment
+		if w.syncSegment != nil {
+			syncSeg = w.syncSegment
 		}
-		if e := unix.Fdatasync(int(s.f.Fd())); e != nil {
+		if e := syncSeg(s); e != nil {
 			err = fmt.Errorf("raft wal sync %s: %w", s.path, e)
 			break
 		}
@@ -341,6 +343,9 @@ func (w *wal) syncOnce(wait bool) {
 		w.kickSync()
 	}
 }
+
+// fdatasyncSegment makes what was written to s before the call durable.
+func fdatasyncSegment(s *segment) error { return unix.Fdatasync(int(s.f.Fd())) }
 
 // noteWritten records entries written up to last in segs (deferred mode)
 // and schedules their sync.

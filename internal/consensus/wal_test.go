@@ -2,13 +2,18 @@ package consensus
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -406,7 +411,7 @@ func TestWALOverlappingSyncs(t *testing.T) {
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	defer releaseOnce.Do(func() { close(release) }) // before w.Close, also on failure
-	w.beforeSync = func(s *segment) {
+	w.syncSegment = func(s *segment) error {
 		mu.Lock()
 		calls = append(calls, s.path)
 		running++
@@ -418,9 +423,11 @@ func TestWALOverlappingSyncs(t *testing.T) {
 			close(blocked)
 			<-release
 		}
+		err := fdatasyncSegment(s)
 		mu.Lock()
 		running--
 		mu.Unlock()
+		return err
 	}
 	if err := w.StoreLogs(walEntries(1, j-1)); err != nil {
 		t.Fatal(err)
@@ -564,14 +571,14 @@ func TestWALWaitCancelled(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	defer once.Do(func() { close(release) })
-	w.beforeSync = func(*segment) { <-release }
+	w.syncSegment = func(s *segment) error { <-release; return fdatasyncSegment(s) }
 	if err := w.StoreLogs(walEntries(1, 5)); err != nil {
 		t.Fatal(err)
 	}
 	cancel := make(chan struct{})
 	res := make(chan error, 1)
 	go func() { res <- w.waitDurable(cancel, 5, time.Minute) }()
-	time.Sleep(20 * time.Millisecond) // the sync is stuck in beforeSync
+	time.Sleep(20 * time.Millisecond) // the sync is stuck in syncSegment
 	close(cancel)
 	select {
 	case err := <-res:
@@ -590,6 +597,28 @@ func TestWALWaitCancelled(t *testing.T) {
 	}
 }
 
+// holdNextSync makes the next fdatasync of w's syncer wait until the
+// channel last given to hold is closed.
+func holdNextSync(w *wal) (hold func(release chan struct{})) {
+	var mu sync.Mutex
+	var next chan struct{}
+	w.syncSegment = func(s *segment) error {
+		mu.Lock()
+		ch := next
+		next = nil
+		mu.Unlock()
+		if ch != nil {
+			<-ch
+		}
+		return fdatasyncSegment(s)
+	}
+	return func(ch chan struct{}) {
+		mu.Lock()
+		next = ch
+		mu.Unlock()
+	}
+}
+
 // Moments after a durability wait (a workload of closes), an append with no
 // sync running starts one at once, so that the next wait finds it done;
 // with a sync running it does not start a second; long after the last
@@ -599,17 +628,7 @@ func TestWALSyncStartsEarlyWhileWaitsAreFrequent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var release chan struct{} // when set, the next fdatasync waits for it
-	var mu sync.Mutex
-	w.beforeSync = func(*segment) {
-		mu.Lock()
-		ch := release
-		release = nil
-		mu.Unlock()
-		if ch != nil {
-			<-ch
-		}
-	}
+	hold := holdNextSync(w)
 	defer w.Close()
 	w.setDeferSync(time.Hour) // nothing syncs by the delay during the test
 	durableBy := func(want uint64, what string) {
@@ -644,12 +663,10 @@ func TestWALSyncStartsEarlyWhileWaitsAreFrequent(t *testing.T) {
 	}
 	durableBy(20, "an append right after a wait, no sync running")
 
-	// A sync running (held in beforeSync): the next hot append leaves its
+	// A sync running (held in syncSegment): the next hot append leaves its
 	// entries for the next wait.
 	ch := make(chan struct{})
-	mu.Lock()
-	release = ch
-	mu.Unlock()
+	hold(ch)
 	hot()
 	if err := w.StoreLogs(walEntries(21, 30)); err != nil {
 		t.Fatal(err)
@@ -733,12 +750,272 @@ func TestWALHealthAfterFailedSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	w.beforeSync = func(s *segment) { s.f.Close() } // the sync meets a closed file: EBADF
+	w.syncSegment = func(s *segment) error { s.f.Close(); return fdatasyncSegment(s) } // EBADF
 	if err := w.WaitDurable(5, 10*time.Second); err == nil {
 		t.Fatal("wait for a sync that failed succeeded")
 	}
 	h := w.health()
 	if h == nil || !strings.Contains(h.Error(), "no longer be made durable") {
 		t.Fatalf("health after a failed sync: %v", h)
+	}
+}
+
+// syncModel keeps, per segment, the content that the deferred syncer's
+// fdatasyncs have made durable: a copy of the file taken before each
+// fdatasync, kept once it returns (the newest copy wins). What a crash of
+// the machine leaves of a segment includes that copy.
+type syncModel struct {
+	mu     sync.Mutex
+	copies int
+	segs   map[*segment]syncedCopy
+}
+
+type syncedCopy struct {
+	n int // order of the copies
+	b []byte
+}
+
+// sync is the wal's syncSegment.
+func (m *syncModel) sync(s *segment) error {
+	b := make([]byte, s.size)
+	m.mu.Lock() // copies are numbered in the order they are read
+	m.copies++
+	n := m.copies
+	_, err := s.f.ReadAt(b, 0)
+	m.mu.Unlock()
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if err := fdatasyncSegment(s); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if c, ok := m.segs[s]; !ok || c.n < n {
+		m.segs[s] = syncedCopy{n, b}
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// check fails unless entry index, as appended in term, is in the synced
+// copy of the segment that holds it.
+func (m *syncModel) check(w *wal, index, term uint64) error {
+	w.mu.RLock()
+	s, _, _, ok := w.locateLocked(index)
+	w.mu.RUnlock()
+	if !ok {
+		return fmt.Errorf("entry %d is not in the log", index)
+	}
+	m.mu.Lock()
+	b := m.segs[s].b
+	m.mu.Unlock()
+	var l raft.Log
+	for off := int64(walHeaderBytes); off+walRecordHead <= int64(len(b)); {
+		n := int64(binary.LittleEndian.Uint32(b[off:]))
+		if n == 0 || off+walRecordHead+n > int64(len(b)) {
+			break
+		}
+		payload := b[off+walRecordHead : off+walRecordHead+n]
+		if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(b[off+4:]) {
+			break
+		}
+		idx, err := decodeRecord(payload, &l)
+		if err != nil {
+			break
+		}
+		if idx == index {
+			if l.Term != term || !bytes.Equal(l.Data, stressData(index, term)) {
+				return fmt.Errorf("entry %d of term %d: the synced copy of %s holds the entry of term %d", index, term, s.path, l.Term)
+			}
+			return nil
+		}
+		off += walRecordHead + n
+	}
+	return fmt.Errorf("entry %d of term %d is in no finished fdatasync of %s", index, term, s.path)
+}
+
+func stressData(index, term uint64) []byte {
+	b := binary.LittleEndian.AppendUint64(nil, index)
+	b = binary.LittleEndian.AppendUint64(b, term)
+	return append(b, bytes.Repeat([]byte{byte(term)}, int(index*7+term)%200)...)
+}
+
+func stressEntries(from, to, term uint64) []*raft.Log {
+	var out []*raft.Log
+	for i := from; i <= to; i++ {
+		out = append(out, &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: stressData(i, term)})
+	}
+	return out
+}
+
+// The deferred syncer under stress: batches appended one at a time (as
+// raft appends) from several goroutines, some waiting for durability and
+// most not, random pauses in the appenders and around each fdatasync, a
+// follower's tail cuts and snapshot head cuts. Every appended entry
+// becomes durable by itself (liveness: the sync delay is 5 ms; the bound
+// is 2 s only because the machine is shared), and no wait returns before
+// a finished fdatasync covered the entry as it is in the log now.
+func TestWALSyncStress(t *testing.T) {
+	const (
+		segSize   = 16 << 10 // small: rotations all the time
+		appenders = 6
+		run       = 1500 * time.Millisecond
+		bound     = 2 * time.Second
+	)
+	w, err := openWAL(t.TempDir(), segSize, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	pause := func(one int, most time.Duration) {
+		if rand.IntN(one) == 0 {
+			time.Sleep(rand.N(most))
+		}
+	}
+	m := &syncModel{segs: make(map[*segment]syncedCopy)}
+	w.syncSegment = func(s *segment) error {
+		pause(4, 3*time.Millisecond)
+		err := m.sync(s)
+		pause(4, 3*time.Millisecond)
+		return err
+	}
+	w.setDeferSync(5 * time.Millisecond)
+
+	type appended struct {
+		last uint64
+		at   time.Time
+	}
+	var (
+		failed atomic.Bool
+		// cutMu is held shared from an append that is waited for to its
+		// check, and exclusively by cuts.
+		cutMu    sync.RWMutex
+		appendMu sync.Mutex // one append at a time; guards what follows
+		next     = uint64(1)
+		term     = uint64(1)
+		pending  []appended // batches not yet seen durable, in order
+		waits    atomic.Int64
+		cuts     int
+	)
+	fail := func(format string, a ...any) {
+		if failed.CompareAndSwap(false, true) {
+			t.Errorf(format, a...)
+		}
+	}
+	appendBatch := func() (last, tm uint64, err error) {
+		appendMu.Lock()
+		defer appendMu.Unlock()
+		n := 1 + uint64(rand.IntN(20))
+		if err := w.StoreLogs(stressEntries(next, next+n-1, term)); err != nil {
+			return 0, 0, err
+		}
+		next += n
+		pending = append(pending, appended{next - 1, time.Now()})
+		return next - 1, term, nil
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range appenders {
+		wg.Go(func() {
+			for time.Since(start) < run && !failed.Load() {
+				if rand.IntN(4) == 0 {
+					cutMu.RLock()
+					last, tm, err := appendBatch()
+					if err == nil {
+						waits.Add(1)
+						if err = w.WaitDurable(last, bound); err == nil {
+							err = m.check(w, last, tm)
+						}
+					}
+					cutMu.RUnlock()
+					if err != nil {
+						fail("append and wait: %v", err)
+					}
+				} else if _, _, err := appendBatch(); err != nil {
+					fail("append: %v", err)
+				}
+				// Mostly short pauses, now and then one past the sync
+				// delay and the eager window.
+				if rand.IntN(10) == 0 {
+					time.Sleep(5*time.Millisecond + rand.N(15*time.Millisecond))
+				} else {
+					pause(2, 2*time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Go(func() { // cuts, as a follower and after snapshots
+		for time.Since(start) < run && !failed.Load() {
+			time.Sleep(5*time.Millisecond + rand.N(20*time.Millisecond))
+			cutMu.Lock()
+			appendMu.Lock()
+			first, _ := w.FirstIndex()
+			last, _ := w.LastIndex()
+			var err error
+			switch {
+			case last-first > 3000:
+				err = w.DeleteRange(first, last-1000)
+			case last > first+50:
+				c := last - uint64(rand.IntN(40))
+				if err = w.DeleteRange(c, last); err == nil {
+					next, term = c, term+1
+					cuts++
+					for i := range pending {
+						pending[i].last = min(pending[i].last, c-1)
+					}
+				}
+			}
+			appendMu.Unlock()
+			cutMu.Unlock()
+			if err != nil {
+				fail("cut: %v", err)
+			}
+		}
+	})
+	// Liveness: nobody needs to wait for an entry to become durable.
+	stopped := make(chan struct{})
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		for {
+			appendMu.Lock()
+			d := w.durableIndex()
+			for len(pending) > 0 && pending[0].last <= d {
+				pending = pending[1:]
+			}
+			var late appended
+			if len(pending) > 0 && time.Since(pending[0].at) > bound {
+				late = pending[0]
+			}
+			appendMu.Unlock()
+			if late.last != 0 {
+				w.ds.Lock()
+				fail("entry %d appended %v ago is not durable (durable %d, written %d, syncs running %d, armed %v)",
+					late.last, time.Since(late.at).Round(time.Millisecond), w.ds.synced, w.ds.written, w.ds.inflight, w.ds.armed)
+				w.ds.Unlock()
+				return
+			}
+			select {
+			case <-stopped:
+				appendMu.Lock()
+				n := len(pending)
+				appendMu.Unlock()
+				if n == 0 {
+					return
+				}
+			default:
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	wg.Wait()
+	close(stopped)
+	<-checked
+	m.mu.Lock()
+	copies := m.copies
+	m.mu.Unlock()
+	t.Logf("%d entries appended, %d waits, %d tail cuts, %d fdatasyncs", next-1, waits.Load(), cuts, copies)
+	if !failed.Load() && (waits.Load() == 0 || cuts == 0) {
+		t.Fatalf("the stress did not stress: %d waits, %d tail cuts", waits.Load(), cuts)
 	}
 }
