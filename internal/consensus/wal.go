@@ -58,13 +58,17 @@ import (
 // written (in the page cache: they survive a crash of the process, not of
 // the machine) and a background syncer makes them durable — at once when
 // somebody waits (WaitDurable), else at most syncDelay after the first
-// unsynced write. After a recent wait StoreLogs also starts the entries'
-// write-out to the device (sync_file_range), so that the next wait's sync
-// is mostly a cache flush. One fdatasync covers every entry written before
-// it started, however many raft batches that was. Up to maxSyncs run at
-// once: an entry waited for while one runs gets its own sync at once
-// rather than waiting for the running one to end. The caller
-// decides which answers wait for durability; see consensus.Config.DeferSync.
+// unsynced write: a timer is armed by that write and every later one finds
+// it armed until a sync starts and takes them all. Shortly after a wait
+// was answered (eagerWindow) StoreLogs also starts the entries' write-out
+// to the device (sync_file_range), and their sync when none runs, so that
+// the next wait's sync is mostly a cache flush; that is an optimisation,
+// not a bound: without a waiter only syncDelay bounds how long an entry
+// stays off stable storage. One fdatasync covers every entry written
+// before it started, however many raft batches that was. Up to maxSyncs
+// run at once: an entry waited for while one runs gets its own sync at
+// once rather than waiting for the running one to end. The caller decides
+// which answers wait for durability; see consensus.Config.DeferSync.
 type wal struct {
 	dir     string
 	segSize int64
@@ -87,7 +91,7 @@ type wal struct {
 		again           bool              // a sync was refused for maxSyncs: start one when one ends
 		done            chan struct{}     // closed when the next sync ends
 		waiters         int
-		lastWait        time.Time // when somebody last waited for durability
+		lastWait        time.Time // when a durability wait was last answered
 		cuts            uint64    // tail cuts so far
 		cutAt           uint64    // last index kept by the latest tail cut
 		armed           bool      // a delayed sync is scheduled
@@ -410,8 +414,10 @@ func (w *wal) durableIndex() uint64 {
 	return w.ds.synced
 }
 
-// eagerWindow bounds how recent a durability wait makes StoreLogs start
-// writing new entries out at once (the sync waits for the next wait).
+// eagerWindow bounds how long after the answer to a durability wait (or
+// during one) StoreLogs starts writing new entries out at once, and a sync
+// when none runs (see noteWritten). It counts from the answer: a sync
+// slower than the window must not make the waiter's next change cold.
 const eagerWindow = 10 * time.Millisecond
 
 // errWALClosed answers waits on a closed log.
@@ -432,6 +438,10 @@ func (w *wal) waitDurable(cancel <-chan struct{}, index uint64, timeout time.Dur
 	var timer <-chan time.Time
 	w.ds.Lock()
 	defer w.ds.Unlock()
+	// The waiter's next change comes after the answer: count the eager
+	// window from here, not from the start of a wait that a slow sync
+	// may have outlasted the window.
+	defer func() { w.ds.lastWait = time.Now() }()
 	for {
 		if index > w.ds.written {
 			index = w.ds.written // entries cut from the tail are not waited for
@@ -460,7 +470,6 @@ func (w *wal) waitDurable(cancel <-chan struct{}, index uint64, timeout time.Dur
 		}
 		ch := w.ds.done
 		w.ds.waiters++
-		w.ds.lastWait = time.Now()
 		w.ds.Unlock()
 		w.kickSync()
 		if timer == nil {

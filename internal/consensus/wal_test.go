@@ -699,6 +699,63 @@ func TestWALSyncStartsEarlyWhileWaitsAreFrequent(t *testing.T) {
 	}
 }
 
+// The eager window counts from the answer to a wait, not from its start:
+// a sync slower than the window (a loaded disk) must not leave the append
+// that follows the answer at once to the sync delay. TestMetaBarriers met
+// this: the barrier's fdatasync took 43 ms, and the create after it waited
+// for the test cluster's hour-long delay.
+func TestWALEagerWindowFromAnswer(t *testing.T) {
+	w, err := openWAL(t.TempDir(), 1<<20, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	hold := holdNextSync(w)
+	w.setDeferSync(time.Hour) // only the eager path can sync without a waiter
+	next := uint64(1)
+	// An append that comes later than the window after the answer proves
+	// nothing (the machine stalled): try again, a few times.
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			t.Skip("every append came more than the eager window after its wait's answer")
+		}
+		if err := w.StoreLogs(walEntries(next, next+9)); err != nil {
+			t.Fatal(err)
+		}
+		ch := make(chan struct{})
+		hold(ch)
+		waited := make(chan error, 1)
+		go func(i uint64) { waited <- w.WaitDurable(i, 10*time.Second) }(next + 9)
+		time.Sleep(3 * eagerWindow) // the sync is held past the window
+		close(ch)
+		if err := <-waited; err != nil {
+			t.Fatal(err)
+		}
+		answered := time.Now()
+		next += 10
+		if err := w.StoreLogs(walEntries(next, next+9)); err != nil {
+			t.Fatal(err)
+		}
+		if time.Since(answered) >= eagerWindow/2 {
+			if err := w.WaitDurable(next+9, 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			next += 10
+			continue
+		}
+		want := next + 9
+		next += 10
+		deadline := time.Now().Add(2 * time.Second)
+		for w.durableIndex() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("durable index %d: the append right after a wait's answer started no sync (sync delay one hour)", w.durableIndex())
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return
+	}
+}
+
 // A log whose appends fail, or whose sync failed, says so in health; a
 // healthy one says nothing.
 func TestWALHealth(t *testing.T) {
