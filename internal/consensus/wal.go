@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -86,14 +87,11 @@ type wal struct {
 		written, synced uint64            // last index written; last index on stable storage
 		dirty           map[*segment]bool // segments written since their last fdatasync
 		flushing        map[*segment]int  // segments running syncs flush (count of syncs)
-		inflight        int               // syncs running
-		syncing         uint64            // highest target of the running syncs
+		runs            []*syncRun        // the running syncs
 		again           bool              // a sync was refused for maxSyncs: start one when one ends
 		done            chan struct{}     // closed when the next sync ends
 		waiters         int
 		lastWait        time.Time // when a durability wait was last answered
-		cuts            uint64    // tail cuts so far
-		cutAt           uint64    // last index kept by the latest tail cut
 		armed           bool      // a delayed sync is scheduled
 		err             error     // sticky: after a failed fdatasync nothing is durable
 	}
@@ -108,6 +106,9 @@ type wal struct {
 	// fdatasync of a segment (fdatasyncSegment), to delay, observe or
 	// fail it.
 	syncSegment func(*segment) error
+	// afterSyncs, when set (tests), runs after a sync's fdatasyncs,
+	// before their result is published.
+	afterSyncs func()
 
 	mu struct {
 		sync.RWMutex
@@ -254,6 +255,21 @@ func (w *wal) kickSync() {
 // not for the rest of the running one plus a whole next one.
 const maxSyncs = 2
 
+// syncRun is a running sync: upTo is the last index it makes durable, its
+// target lowered by every tail cut made while it runs (entries written
+// again after a cut may have missed its fdatasyncs; the lowest cut bounds
+// what it can claim, not the latest).
+type syncRun struct{ upTo uint64 }
+
+// runningUpToLocked is the highest index a running sync makes durable.
+func (w *wal) runningUpToLocked() uint64 {
+	var m uint64
+	for _, r := range w.ds.runs {
+		m = max(m, r.upTo)
+	}
+	return m
+}
+
 // syncOnce makes every entry written so far durable. It returns at once
 // when a running sync already covers them, or (unless wait) when maxSyncs
 // are running: the first to finish starts the next.
@@ -262,11 +278,11 @@ func (w *wal) syncOnce(wait bool) {
 	w.ds.armed = false
 	for {
 		target := w.ds.written
-		if target <= w.ds.synced || target <= w.ds.syncing || w.ds.err != nil {
+		if target <= w.ds.synced || target <= w.runningUpToLocked() || w.ds.err != nil {
 			w.ds.Unlock()
 			return
 		}
-		if w.ds.inflight < maxSyncs {
+		if len(w.ds.runs) < maxSyncs {
 			break
 		}
 		w.ds.again = true
@@ -297,9 +313,8 @@ func (w *wal) syncOnce(wait bool) {
 	for _, s := range segs {
 		w.ds.flushing[s]++
 	}
-	w.ds.inflight++
-	w.ds.syncing = max(w.ds.syncing, target)
-	cuts := w.ds.cuts
+	run := &syncRun{upTo: target}
+	w.ds.runs = append(w.ds.runs, run)
 	w.ds.Unlock()
 	var err error
 	w.smu.RLock()
@@ -317,26 +332,21 @@ func (w *wal) syncOnce(wait bool) {
 		}
 	}
 	w.smu.RUnlock()
+	if w.afterSyncs != nil {
+		w.afterSyncs()
+	}
 	w.ds.Lock()
 	for _, s := range segs {
 		if w.ds.flushing[s]--; w.ds.flushing[s] == 0 {
 			delete(w.ds.flushing, s)
 		}
 	}
-	w.ds.inflight--
-	if w.ds.inflight == 0 {
-		w.ds.syncing = 0
-	}
+	w.ds.runs = slices.DeleteFunc(w.ds.runs, func(r *syncRun) bool { return r == run })
 	if err != nil {
 		w.ds.err = err
 		w.log.Error("raft wal: fdatasync failed; the log can no longer be made durable", "err", err)
 	} else {
-		if w.ds.cuts != cuts {
-			// The tail was cut (and entries perhaps written again) while
-			// we synced: only what the cut kept is known durable.
-			target = min(target, w.ds.cutAt)
-		}
-		w.ds.synced = max(w.ds.synced, target)
+		w.ds.synced = max(w.ds.synced, run.upTo)
 	}
 	again := w.ds.again && w.ds.written > w.ds.synced
 	w.ds.again = false
@@ -373,7 +383,7 @@ func (w *wal) noteWritten(last uint64, segs []*segment, hot bool) {
 	// rounds, close p50 172 µs against 202) and `strata bench --workloads
 	// meta` 6,710 against 6,537 (12 samples each). Otherwise (unlinks,
 	// renames nobody fsyncs) one delayed sync covers many.
-	now := w.ds.waiters > 0 || (hot && w.ds.inflight == 0)
+	now := w.ds.waiters > 0 || (hot && len(w.ds.runs) == 0)
 	arm := !now && !w.ds.armed
 	if arm {
 		w.ds.armed = true
@@ -1002,9 +1012,9 @@ func (w *wal) cutWritten(last uint64) {
 	w.ds.Lock()
 	w.ds.written = min(w.ds.written, last)
 	w.ds.synced = min(w.ds.synced, last)
-	w.ds.syncing = min(w.ds.syncing, last) // rewritten entries are not being synced
-	w.ds.cuts++
-	w.ds.cutAt = last
+	for _, r := range w.ds.runs { // rewritten entries may miss their fdatasyncs
+		r.upTo = min(r.upTo, last)
+	}
 	w.ds.Unlock()
 }
 

@@ -497,6 +497,103 @@ func TestWALOverlappingSyncs(t *testing.T) {
 	}
 }
 
+// A sync that finished its fdatasyncs before two tail cuts and publishes
+// after them claims only what the lower cut kept: the entries rewritten
+// after the first cut were not in its fdatasyncs, and the second cut's
+// sync flushed another segment. (The cut handling remembered the latest
+// cut only and published the sync's whole target; on a follower a machine
+// crash could then lose entries counted durable. The window is a syncer
+// stalled between its fdatasyncs and the publication; afterSyncs holds it
+// there.)
+func TestWALSyncAnswerAfterTwoCuts(t *testing.T) {
+	w, err := openWAL(t.TempDir(), 16<<10, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.setDeferSync(time.Hour) // nothing syncs but what the test starts
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	first := true
+	w.afterSyncs = func() {
+		if first { // the sync of 1..b, held after its fdatasyncs
+			first = false
+			close(reached)
+			<-release
+		}
+	}
+	segOf := func(i uint64) *segment {
+		w.mu.RLock()
+		defer w.mu.RUnlock()
+		s, _, _, ok := w.locateLocked(i)
+		if !ok {
+			t.Fatalf("entry %d not in the log", i)
+		}
+		return s
+	}
+	// Entries 1..b over two segments; b is the last of the second.
+	b := uint64(1)
+	for ; len(w.mu.segs) < 3; b++ {
+		if err := w.StoreLogs(stressEntries(b, b, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b -= 2 // entry b+1 opened the third segment: cut it
+	if err := w.DeleteRange(b+1, b+1); err != nil {
+		t.Fatal(err)
+	}
+	a := b
+	for segOf(a) == segOf(b) {
+		a--
+	}
+	// A sync of 1..b with nobody waiting (a hot append starts it), held
+	// after its fdatasyncs.
+	w.ds.Lock()
+	w.ds.lastWait = time.Now()
+	w.ds.Unlock()
+	if err := w.StoreLogs(stressEntries(b+1, b+1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	target := b + 1
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hot append started no sync")
+	}
+	w.ds.Lock()
+	w.ds.lastWait = time.Time{} // what follows starts no sync
+	w.ds.Unlock()
+	// A follower's first cut in the first segment, the rewrite in a newer
+	// term past the held sync's target into new segments, a second cut
+	// above that target in a segment the rewrite reached later.
+	c1 := a - 5
+	if err := w.DeleteRange(c1, target); err != nil {
+		t.Fatal(err)
+	}
+	last := target + 400
+	if err := w.StoreLogs(stressEntries(c1, last, 2)); err != nil {
+		t.Fatal(err)
+	}
+	c2 := last - 10
+	if segOf(c2) == segOf(c1) || segOf(c2) == segOf(target) {
+		t.Fatalf("the second cut at %d is in the segment of %d or %d: the test's layout went wrong", c2, c1, target)
+	}
+	if err := w.DeleteRange(c2, last); err != nil {
+		t.Fatal(err)
+	}
+	once.Do(func() { close(release) })
+	if !syncsRunning(w, 0) {
+		t.Fatal("the released sync did not end")
+	}
+	if d := w.durableIndex(); d >= c1 {
+		t.Fatalf("durable index %d: entries %d..%d, rewritten after the sync's fdatasyncs, are counted durable", d, c1, min(d, target))
+	}
+	if err := w.WaitDurable(target, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // The log knows every entry's term without reading it: after appends
 // across segments, a restart and a tail cut rewritten in a newer term.
 func TestWALTerms(t *testing.T) {
@@ -597,6 +694,23 @@ func TestWALWaitCancelled(t *testing.T) {
 	}
 }
 
+// syncsRunning waits (10 s at most) until n syncs run; false if they never
+// do.
+func syncsRunning(w *wal, n int) bool {
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		w.ds.Lock()
+		k := len(w.ds.runs)
+		w.ds.Unlock()
+		if k == n {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // holdNextSync makes the next fdatasync of w's syncer wait until the
 // channel last given to hold is closed.
 func holdNextSync(w *wal) (hold func(release chan struct{})) {
@@ -671,18 +785,9 @@ func TestWALSyncStartsEarlyWhileWaitsAreFrequent(t *testing.T) {
 	if err := w.StoreLogs(walEntries(21, 30)); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; { // the sync of 21..30 starts and is held
-		w.ds.Lock()
-		n := w.ds.inflight
-		w.ds.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			close(ch)
-			t.Fatal("an append right after a wait started no sync")
-		}
-		time.Sleep(time.Millisecond)
+	if !syncsRunning(w, 1) { // the sync of 21..30 starts and is held
+		close(ch)
+		t.Fatal("an append right after a wait started no sync")
 	}
 	hot()
 	if err := w.StoreLogs(walEntries(31, 40)); err != nil {
@@ -907,11 +1012,13 @@ func stressEntries(from, to, term uint64) []*raft.Log {
 
 // The deferred syncer under stress: batches appended one at a time (as
 // raft appends) from several goroutines, some waiting for durability and
-// most not, random pauses in the appenders and around each fdatasync, a
-// follower's tail cuts and snapshot head cuts. Every appended entry
-// becomes durable by itself (liveness: the sync delay is 5 ms; the bound
-// is 2 s only because the machine is shared), and no wait returns before
-// a finished fdatasync covered the entry as it is in the log now.
+// most not, random pauses in the appenders, around each fdatasync and
+// before a sync publishes, a follower's tail cuts (now and then two
+// conflicting appends in a row) and snapshot head cuts. Every appended
+// entry becomes durable by itself (liveness: the sync delay is 5 ms; the
+// bound is 2 s only because the machine is shared), no wait returns
+// before a finished fdatasync covered the entry as it is in the log now,
+// and the durable index never runs ahead of the finished fdatasyncs.
 func TestWALSyncStress(t *testing.T) {
 	const (
 		segSize   = 16 << 10 // small: rotations all the time
@@ -936,6 +1043,7 @@ func TestWALSyncStress(t *testing.T) {
 		pause(4, 3*time.Millisecond)
 		return err
 	}
+	w.afterSyncs = func() { pause(4, 3*time.Millisecond) } // cuts may come in here
 	w.setDeferSync(5 * time.Millisecond)
 
 	type appended struct {
@@ -959,16 +1067,32 @@ func TestWALSyncStress(t *testing.T) {
 			t.Errorf(format, a...)
 		}
 	}
-	appendBatch := func() (last, tm uint64, err error) {
-		appendMu.Lock()
-		defer appendMu.Unlock()
-		n := 1 + uint64(rand.IntN(20))
+	appendLocked := func(n uint64) error {
 		if err := w.StoreLogs(stressEntries(next, next+n-1, term)); err != nil {
-			return 0, 0, err
+			return err
 		}
 		next += n
 		pending = append(pending, appended{next - 1, time.Now()})
+		return nil
+	}
+	appendBatch := func() (last, tm uint64, err error) {
+		appendMu.Lock()
+		defer appendMu.Unlock()
+		if err := appendLocked(1 + uint64(rand.IntN(20))); err != nil {
+			return 0, 0, err
+		}
 		return next - 1, term, nil
+	}
+	cutTail := func(c uint64) error {
+		if err := w.DeleteRange(c, next-1); err != nil {
+			return err
+		}
+		next, term = c, term+1
+		cuts++
+		for i := range pending {
+			pending[i].last = min(pending[i].last, c-1)
+		}
+		return nil
 	}
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -1013,12 +1137,13 @@ func TestWALSyncStress(t *testing.T) {
 			case last-first > 3000:
 				err = w.DeleteRange(first, last-1000)
 			case last > first+50:
+				// Now and then two conflicting appends in a row: cut,
+				// append, cut within what was appended.
 				c := last - uint64(rand.IntN(40))
-				if err = w.DeleteRange(c, last); err == nil {
-					next, term = c, term+1
-					cuts++
-					for i := range pending {
-						pending[i].last = min(pending[i].last, c-1)
+				err = cutTail(c)
+				if k := 10 + uint64(rand.IntN(50)); err == nil && rand.IntN(2) == 0 {
+					if err = appendLocked(k); err == nil {
+						err = cutTail(c + 1 + uint64(rand.IntN(int(k))))
 					}
 				}
 			}
@@ -1029,14 +1154,31 @@ func TestWALSyncStress(t *testing.T) {
 			}
 		}
 	})
-	// Liveness: nobody needs to wait for an entry to become durable.
+	// Liveness: nobody needs to wait for an entry to become durable. And
+	// the durable index is never ahead of the finished fdatasyncs: the
+	// last entries up to it are in the synced copies as they are now.
 	stopped := make(chan struct{})
 	checked := make(chan struct{})
 	go func() {
 		defer close(checked)
+		var seen uint64
 		for {
 			appendMu.Lock()
 			d := w.durableIndex()
+			if d != seen {
+				seen = d
+				first, _ := w.FirstIndex()
+				for i := max(first, d-min(d, 20)+1); i <= d && !failed.Load(); i++ {
+					var l raft.Log
+					err := w.GetLog(i, &l)
+					if err == nil {
+						err = m.check(w, i, l.Term)
+					}
+					if err != nil {
+						fail("durable index %d: %v", d, err)
+					}
+				}
+			}
 			for len(pending) > 0 && pending[0].last <= d {
 				pending = pending[1:]
 			}
@@ -1048,7 +1190,7 @@ func TestWALSyncStress(t *testing.T) {
 			if late.last != 0 {
 				w.ds.Lock()
 				fail("entry %d appended %v ago is not durable (durable %d, written %d, syncs running %d, armed %v)",
-					late.last, time.Since(late.at).Round(time.Millisecond), w.ds.synced, w.ds.written, w.ds.inflight, w.ds.armed)
+					late.last, time.Since(late.at).Round(time.Millisecond), w.ds.synced, w.ds.written, len(w.ds.runs), w.ds.armed)
 				w.ds.Unlock()
 				return
 			}
