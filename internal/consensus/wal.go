@@ -59,17 +59,19 @@ import (
 // written (in the page cache: they survive a crash of the process, not of
 // the machine) and a background syncer makes them durable — at once when
 // somebody waits (WaitDurable), else at most syncDelay after the first
-// unsynced write: a timer is armed by that write and every later one finds
-// it armed until a sync starts and takes them all. Shortly after a wait
-// was answered (eagerWindow) StoreLogs also starts the entries' write-out
-// to the device (sync_file_range), and their sync when none runs, so that
-// the next wait's sync is mostly a cache flush; that is an optimisation,
-// not a bound: without a waiter only syncDelay bounds how long an entry
-// stays off stable storage. One fdatasync covers every entry written
-// before it started, however many raft batches that was. Up to maxSyncs
-// run at once: an entry waited for while one runs gets its own sync at
-// once rather than waiting for the running one to end. The caller decides
-// which answers wait for durability; see consensus.Config.DeferSync.
+// unsynced write: that write arms a timer, and later writes find it armed
+// until the syncer it wakes takes every entry written so far (into a sync
+// it starts, a running one that covers them, or the next one to start
+// when maxSyncs run). Shortly after a wait was answered (eagerWindow)
+// StoreLogs also starts the entries' write-out to the device
+// (sync_file_range), and their sync when none runs, so that the next
+// wait's sync is mostly a cache flush; that is an optimisation, not a
+// bound: without a waiter only syncDelay bounds how long an entry stays
+// off stable storage. One fdatasync covers every entry written before it
+// started, however many raft batches that was. Up to maxSyncs run at once:
+// an entry waited for while one runs gets its own sync at once rather than
+// waiting for the running one to end. The caller decides which answers
+// wait for durability; see consensus.Config.DeferSync.
 type wal struct {
 	dir     string
 	segSize int64
