@@ -94,7 +94,14 @@
 //     flush files.
 //   - Attribute caching belongs to the caller (the kernel, for FUSE);
 //     GetAttr always asks the service, merging this client's uncommitted
-//     size and mtime.
+//     size and mtime. An answer to a call begun before one of this
+//     client's size commits or truncates of the file ended is older than
+//     the client's own view and does not replace it (inode.merge): a
+//     FUSE GETATTR computed so would reset the kernel's size behind an
+//     acknowledged write.
+//   - Size commits and size/mtime SetAttrs of a file are serialised per
+//     inode (commitMu): the service takes the larger size of a commit, so
+//     one landing after a truncate would undo it.
 //   - Locks belong to the session: if the session expires (no heartbeat
 //     for a lease) they are lost; the client logs it. A restart of the
 //     service does not lose them: the client keeps what it holds

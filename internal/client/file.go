@@ -45,11 +45,12 @@ func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error)
 	}
 	tok := c.beginOpen()
 	var resp rpc.AttrResp
+	since := c.sizeSeq.Load()
 	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
 		c.endOpen(tok)
 		return nil, metaErr(c, "open", err)
 	}
-	return c.openAttr(ctx, &resp.Attr, flags, tok, false)
+	return c.openAttr(ctx, &resp.Attr, since, flags, tok, false)
 }
 
 // beginOpen records an open or create under way (see Client.mu.opening);
@@ -75,12 +76,13 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 		return nil, ErrClosed
 	}
 	tok := c.beginOpen()
+	since := c.sizeSeq.Load()
 	a, ch, err := c.createIdx(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid})
 	if err != nil {
 		c.endOpen(tok)
 		return nil, err
 	}
-	f, err := c.openAttr(ctx, &a, flags&^syscall.O_TRUNC, tok, false)
+	f, err := c.openAttr(ctx, &a, since, flags&^syscall.O_TRUNC, tok, false)
 	if err != nil {
 		return nil, err
 	}
@@ -100,6 +102,7 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 	// open-file lists are dated no later than the file's creation until the
 	// file is in the open set: the reaper cannot take it in between.
 	tok := c.beginOpen()
+	since := c.sizeSeq.Load()
 	var resp rpc.ChangeResp
 	req := &rpc.CreateReq{Hdr: c.hdr(), Parent: parent, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid}
 	if err := c.metaCall(ctx, rpc.MTmpfile, req, &resp); err != nil {
@@ -107,7 +110,7 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 		return nil, metaErr(c, "tmpfile", err)
 	}
 	c.m.op("tmpfile")
-	f, err := c.openAttr(ctx, &resp.Attr, flags&^(syscall.O_TRUNC|syscall.O_CREAT|syscall.O_EXCL), tok, true)
+	f, err := c.openAttr(ctx, &resp.Attr, since, flags&^(syscall.O_TRUNC|syscall.O_CREAT|syscall.O_EXCL), tok, true)
 	if err != nil {
 		return nil, err
 	}
@@ -115,10 +118,11 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 	return f, nil
 }
 
-// openAttr opens the file a describes and ends the open tok (beginOpen)
-// in the same step as the inode joins the open set. tmpfile: a describes a
-// file TmpfileOpen just made, which has no links by design.
-func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int, tok uint64, tmpfile bool) (*File, error) {
+// openAttr opens the file a describes (answered to a call begun when
+// sizeSeq was since) and ends the open tok (beginOpen) in the same step as
+// the inode joins the open set. tmpfile: a describes a file TmpfileOpen
+// just made, which has no links by design.
+func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags int, tok uint64, tmpfile bool) (*File, error) {
 	a := *ap
 	ino := a.Ino
 	var err error
@@ -156,7 +160,7 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int, tok uint
 	}
 	in.refs++
 	c.mu.Unlock()
-	in.merge(&a)
+	in.merge(&a, since)
 	f := &File{c: c, in: in, flags: flags, attr: a,
 		direct: flags&syscall.O_DIRECT != 0,
 		sync:   flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
