@@ -62,14 +62,8 @@ func TestSizeAgreesAfterEachOp(t *testing.T) {
 
 	check := func(i int, op string) {
 		t.Helper()
-		var st, pst unix.Stat_t
-		must(t, unix.Fstat(fd, &st))
-		must(t, unix.Stat(p, &pst))
-		end, err := unix.Seek(fd, 0, unix.SEEK_END)
-		must(t, err)
-		if st.Size != size || pst.Size != size || end != size {
-			t.Fatalf("op %d (%s): size %d, but fstat %d, stat %d, lseek(SEEK_END) %d (seed %d)",
-				i, op, size, st.Size, pst.Size, end, seed)
+		if got := sizesOf(t, fd, p); got != [3]int64{size, size, size} {
+			t.Fatalf("op %d (%s): size %d, but fstat, stat, lseek(SEEK_END) say %v (seed %d)", i, op, size, got, seed)
 		}
 	}
 	// One operation of a kind (0: truncate up, 1: truncate down, 2: an
@@ -136,4 +130,16 @@ func TestSizeAgreesAfterEachOp(t *testing.T) {
 			i++
 		}
 	}
+}
+
+// sizesOf is the size of the file open as fd at path p as fstat, stat and
+// lseek(SEEK_END) give it.
+func sizesOf(t *testing.T, fd int, p string) [3]int64 {
+	t.Helper()
+	var st, pst unix.Stat_t
+	must(t, unix.Fstat(fd, &st))
+	must(t, unix.Stat(p, &pst))
+	end, err := unix.Seek(fd, 0, unix.SEEK_END)
+	must(t, err)
+	return [3]int64{st.Size, pst.Size, end}
 }
