@@ -26,6 +26,8 @@ type layoutJSON struct {
 	StripeSize  uint32   `json:"stripe_size"`
 	StripeCount uint32   `json:"stripe_count"`
 	Targets     []uint32 `json:"targets"`
+	// MaxFileBytes is the largest size of the file (files only).
+	MaxFileBytes int64 `json:"max_file_bytes,omitempty"`
 }
 
 func init() {
@@ -108,10 +110,13 @@ func init() {
 				}
 				fmt.Printf("targets:      %s\n", strings.Join(ids, " "))
 			}
+			if l.MaxFileBytes > 0 {
+				fmt.Printf("max_file_size: %s (%d bytes)\n", humanBytes(uint64(l.MaxFileBytes)), l.MaxFileBytes)
+			}
 			return nil
 		},
 	}
-	get.Flags().BoolVar(&asJSON, "json", false, `print {"stripe_size": …, "stripe_count": …, "targets": [ids]}`)
+	get.Flags().BoolVar(&asJSON, "json", false, `print {"stripe_size": …, "stripe_count": …, "targets": [ids], "max_file_bytes": … (files)}`)
 	stripe.AddCommand(set, get)
 	rootCmd.AddCommand(stripe)
 }

@@ -66,12 +66,16 @@
 // error is a *TargetError naming target and server, logged once. ENOSPC
 // from a store surfaces as ENOSPC. A write-behind failure is remembered
 // per inode and returned by the next WriteAt, Flush or Fsync (then
-// cleared).
+// cleared). EFBIG comes from the client itself, before anything is
+// buffered or sent: a write at or past the largest size of the file's
+// layout (layout.MaxFileSize), a truncate or Allocate past it; a write
+// across it is cut short at it.
 //
 // # Locking
 //
-// Lock order: Client.mu → inode.mu; readahead.mu → inode.mu. inode.mu is
-// never held across a network call; its cond is broadcast whenever an
+// Lock order: inode.commitMu → Client.mu → inode.mu; readahead.mu →
+// inode.mu. inode.commitMu is held across a size commit's (and a size
+// SetAttr's) network calls; inode.mu is never held across a network call; its cond is broadcast whenever an
 // in-flight write completes. Client.mu guards the open-inode map and
 // inode refcounts only.
 //

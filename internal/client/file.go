@@ -362,7 +362,10 @@ func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte
 // background, and a failure is reported by the next WriteAt, Flush, Fsync
 // or Release. O_DIRECT and O_SYNC handles write through before returning,
 // and so do large buffered writes (Config.WriteThroughBytes), which are
-// then not made durable before the next fsync or close.
+// then not made durable before the next fsync or close. Nothing is written
+// at or past the largest size of the file's layout (layout.MaxFileSize): a
+// write that starts there fails with EFBIG, one that crosses it is cut
+// short at it (as write(2) does at a file size limit).
 func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, syscall.EINVAL
@@ -370,10 +373,16 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	in := f.in
+	if limit := in.layout.MaxFileSize(); int64(len(p)) > limit-off {
+		if off >= limit {
+			return 0, fmt.Errorf("write at %d of inode %d: the largest file of its layout is %d bytes: %w", off, in.ino, limit, syscall.EFBIG)
+		}
+		p = p[:limit-off]
+	}
 	if err := f.lockErr(); err != nil {
 		return 0, err
 	}
-	in := f.in
 	n := int64(len(p))
 	f.c.m.opWrite.Inc()
 	rs := slotRanges(&in.layout, off, n)
@@ -611,9 +620,12 @@ func CopyRange(ctx context.Context, src *File, srcOff int64, dst *File, dstOff, 
 		for _, b := range d.Bufs {
 			k, werr := dst.WriteAt(ctx, b, dstOff+done)
 			done += int64(k)
-			if werr != nil {
+			if werr != nil || k < len(b) { // an error, or cut short at dst's size limit
 				d.Release()
-				return done, werr
+				if done > 0 {
+					return done, nil
+				}
+				return 0, werr
 			}
 		}
 		d.Release()
@@ -801,10 +813,14 @@ func (f *File) Punch(ctx context.Context, off, n int64) error {
 }
 
 // Allocate makes the file at least off+n bytes long (fallocate mode 0).
-// Space is not reserved on the targets: chunks grow sparse.
+// Space is not reserved on the targets: chunks grow sparse. EFBIG past the
+// largest size of the file's layout.
 func (f *File) Allocate(ctx context.Context, off, n int64) error {
 	if off < 0 || n <= 0 {
 		return syscall.EINVAL
+	}
+	if limit := f.in.layout.MaxFileSize(); n > limit-off {
+		return fmt.Errorf("allocate %d bytes at %d of inode %d: the largest file of its layout is %d bytes: %w", n, off, f.in.ino, limit, syscall.EFBIG)
 	}
 	end := uint64(off + n)
 	if end <= f.Size() {

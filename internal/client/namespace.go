@@ -76,7 +76,9 @@ func (c *Client) openInode(ino uint64) *inode {
 // SetAttr changes the attributes named by req.Valid (rpc.Set* bits); req.Hdr
 // and req.Ino are filled in here. A size change truncates every chunk of
 // the file on its target (after draining this client's write-behind for the
-// file) and then sets the size in metadata.
+// file) and then sets the size in metadata; a size past the largest file
+// of the file's layout (layout.MaxFileSize) fails with EFBIG and changes
+// nothing.
 func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (rpc.Attr, error) {
 	req.Ino = ino
 	req.Mode &= 07777
@@ -124,10 +126,6 @@ func (c *Client) truncate(ctx context.Context, ino uint64, size uint64) error {
 	c.mu.Unlock()
 	var lay layout.Layout
 	if in != nil {
-		if err := in.drain(ctx); err != nil {
-			return err
-		}
-		in.invalidate()
 		lay = in.layout
 	} else {
 		a, err := c.GetAttr(ctx, ino)
@@ -138,6 +136,15 @@ func (c *Client) truncate(ctx context.Context, ino uint64, size uint64) error {
 			return fmt.Errorf("truncate inode %d: %w", ino, syscall.EINVAL)
 		}
 		lay = a.Layout
+	}
+	if limit := lay.MaxFileSize(); size > uint64(limit) {
+		return fmt.Errorf("truncate inode %d to %d bytes: the largest file of its layout is %d bytes: %w", ino, size, limit, syscall.EFBIG)
+	}
+	if in != nil {
+		if err := in.drain(ctx); err != nil {
+			return err
+		}
+		in.invalidate()
 	}
 	errs := make([]error, len(lay.Targets))
 	var wg sync.WaitGroup
