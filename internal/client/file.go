@@ -812,6 +812,16 @@ func (f *File) Punch(ctx context.Context, off, n int64) error {
 	return firstErr(errs)
 }
 
+// CheckRange is EFBIG when [off, off+n) reaches past the largest size of
+// the file's layout (layout.MaxFileSize), as fallocate(2) answers for any
+// mode there.
+func (f *File) CheckRange(off, n int64) error {
+	if limit := f.in.layout.MaxFileSize(); n > limit-off {
+		return fmt.Errorf("range of %d bytes at %d of inode %d: the largest file of its layout is %d bytes: %w", n, off, f.in.ino, limit, syscall.EFBIG)
+	}
+	return nil
+}
+
 // Allocate makes the file at least off+n bytes long (fallocate mode 0).
 // Space is not reserved on the targets: chunks grow sparse. EFBIG past the
 // largest size of the file's layout.
@@ -819,8 +829,8 @@ func (f *File) Allocate(ctx context.Context, off, n int64) error {
 	if off < 0 || n <= 0 {
 		return syscall.EINVAL
 	}
-	if limit := f.in.layout.MaxFileSize(); n > limit-off {
-		return fmt.Errorf("allocate %d bytes at %d of inode %d: the largest file of its layout is %d bytes: %w", n, off, f.in.ino, limit, syscall.EFBIG)
+	if err := f.CheckRange(off, n); err != nil {
+		return err
 	}
 	end := uint64(off + n)
 	if end <= f.Size() {

@@ -72,6 +72,7 @@ func TestMaxFileSize(t *testing.T) {
 		}
 		efbig("ftruncate to "+strconv.FormatInt(off+1, 10), unix.Ftruncate(fd, off+1))
 		efbig("fallocate at "+strconv.FormatInt(off, 10), unix.Fallocate(fd, 0, off, 1))
+		efbig("fallocate(KEEP_SIZE) at "+strconv.FormatInt(off, 10), unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, off, 1))
 		efbig("truncate by path to "+strconv.FormatInt(off+1, 10), unix.Truncate(p, off+1))
 		sizeIs("refused changes at "+strconv.FormatInt(off, 10), 5)
 	}
