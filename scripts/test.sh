@@ -2,7 +2,7 @@
 # README command 2 (and CI): install what is missing, then run the whole suite —
 # formatting and vet, unit and in-process integration tests with the race detector,
 # and the end-to-end tests with real processes, FUSE mounts, kill -9 and network
-# namespaces. Progress shows package by package (scripts/testprogress), each package
+# namespaces; the timing-sensitive tests also run without the race detector. Progress shows package by package (scripts/testprogress), each package
 # closing with go test's usual ok/FAIL line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,13 @@ fi
 go vet ./...
 echo "== unit and in-process integration tests, race detector (the race build takes minutes before the first package runs)" >&2
 go test -race -timeout "$timeout" -json ./internal/... ./cmd/... | go run ./scripts/testprogress
+# The race detector slows everything down and so hides lost wake-ups and
+# ordering bugs that need the real speed: the timing-sensitive tests (the raft
+# log's syncer, metadata durability barriers) run again without it, 10 times.
+echo "== timing-sensitive tests without the race detector, 10 runs each" >&2
+go test -count=10 -timeout 10m -json \
+  -run 'TestWAL|TestMetaBarriers$|TestEmptyCloseDurableBySyncDelay|TestDurabilityOfAnswers|TestStoreFlushSyncsLogFirst|TestSyncToIndex|TestSyncDetectsLostChange' \
+  ./internal/consensus/ ./internal/client/ ./internal/meta/ | go run ./scripts/testprogress
 go build -o strata ./cmd/strata
 echo "== end-to-end tests: real processes, FUSE mounts, kill -9, network namespaces" >&2
 STRATA_BIN="$PWD/strata" go test -timeout "$timeout" -count=1 -json ./test/... | go run ./scripts/testprogress

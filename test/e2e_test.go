@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/testutil"
 )
 
@@ -216,6 +217,14 @@ func TestStripeSetGet(t *testing.T) {
 	if len(seen) != 4 {
 		t.Fatalf("targets not distinct: %v", fl.Targets)
 	}
+	// The largest file of its layout is told too (statfs and pathconf cannot).
+	var lim struct {
+		MaxFileBytes int64 `json:"max_file_bytes"`
+	}
+	want := layout.Layout{StripeSize: 4 << 20, StripeCount: 4}.MaxFileSize()
+	if err := json.Unmarshal(run("stripe", "get", "--json", f), &lim); err != nil || lim.MaxFileBytes != want {
+		t.Fatalf("max_file_bytes of a 4 × 4 MiB file: %d, %v; want %d", lim.MaxFileBytes, err, want)
+	}
 	// Each of the 4 target directories holds 4 MiB of this file.
 	for i := 0; i < 2; i++ {
 		for j := 0; j < 2; j++ {
@@ -230,7 +239,7 @@ func TestStripeSetGet(t *testing.T) {
 		t.Fatalf("read back: %v", err)
 	}
 	// Human output and errors.
-	if out := run("stripe", "get", f); !strings.Contains(string(out), "stripe_count: 4") {
+	if out := run("stripe", "get", f); !strings.Contains(string(out), "stripe_count: 4") || !strings.Contains(string(out), "max_file_size: 64 TiB") {
 		t.Fatalf("human output: %s", out)
 	}
 	out, err := exec.Command(c.Bin, "stripe", "get", t.TempDir()).CombinedOutput()

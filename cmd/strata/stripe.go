@@ -109,10 +109,13 @@ func init() {
 				}
 				fmt.Printf("targets:      %s\n", strings.Join(ids, " "))
 			}
+			if l.MaxFileBytes > 0 {
+				fmt.Printf("max_file_size: %s (%d bytes)\n", humanBytes(uint64(l.MaxFileBytes)), l.MaxFileBytes)
+			}
 			return nil
 		},
 	}
-	get.Flags().BoolVar(&asJSON, "json", false, "print JSON: stripe_size, stripe_count, targets (ids)")
+	get.Flags().BoolVar(&asJSON, "json", false, `print {"stripe_size": …, "stripe_count": …, "targets": [ids], "max_file_bytes": … (files)}`)
 	stripe.AddCommand(set, get)
 	rootCmd.AddCommand(stripe)
 }

@@ -16,6 +16,8 @@ type Layout struct {
 	StripeSize  uint32   `json:"stripe_size"`
 	StripeCount uint32   `json:"stripe_count"`
 	Targets     []uint32 `json:"targets"`
+	// MaxFileBytes is the largest size of the file (files only).
+	MaxFileBytes int64 `json:"max_file_bytes,omitempty"`
 }
 
 // ParseLayout reads the layout xattr's value.

@@ -40,6 +40,11 @@ type Client struct {
 	// noSyncStat: a storage server answered SSyncStat with ENOSYS (an
 	// older version); syncs and space reports are two calls from then on.
 	noSyncStat atomic.Bool
+	// sizeSeq orders this client's changes of file sizes in metadata
+	// (size commits, truncates) against the metadata answers it merges:
+	// an answer to a call begun before such a change of an open file
+	// predates it (inode.merge).
+	sizeSeq atomic.Uint64
 
 	// Namespace changes are answered before they are durable (see
 	// meta.Config.StrictSync); metaChanged counts this client's calls that

@@ -24,12 +24,18 @@ type testCluster struct {
 	meta     *meta.Service
 	stores   []*store.Server
 	scfg     []store.Config
+	// syncDelay is the metadata log's SyncDelay.
+	syncDelay time.Duration
 }
 
 type clusterOpts struct {
 	stores, targets int
 	reserve         uint64 // store.Config.ReserveBytes
 	metrics         bool   // stores serve /metrics (store.Server.MetricsAddr)
+	// syncDelay is the metadata log's SyncDelay. 0: an hour, so that
+	// namespace changes become durable only at barriers (what must be
+	// durable has to ask for it).
+	syncDelay time.Duration
 }
 
 func startCluster(t testing.TB, o clusterOpts) *testCluster {
@@ -40,7 +46,10 @@ func startCluster(t testing.TB, o clusterOpts) *testCluster {
 	if o.targets == 0 {
 		o.targets = 2
 	}
-	tc := &testCluster{t: t, dir: t.TempDir(), key: []byte("test-cluster-key")}
+	if o.syncDelay == 0 {
+		o.syncDelay = time.Hour
+	}
+	tc := &testCluster{t: t, dir: t.TempDir(), key: []byte("test-cluster-key"), syncDelay: o.syncDelay}
 	tc.startMeta("127.0.0.1:0")
 	for i := 0; i < o.stores; i++ {
 		var targets []string
@@ -78,9 +87,7 @@ func (tc *testCluster) startMeta(addr string) {
 	for i := 0; i < 50; i++ {
 		tc.meta, err = meta.Open(meta.Config{DataDir: filepath.Join(tc.dir, "meta"), ListenAddr: addr, ClusterKey: tc.key,
 			SessionLease: 6 * time.Second, OrphanGrace: time.Second,
-			// Namespace changes become durable only at barriers: what
-			// must be durable has to ask for it.
-			SyncDelay: time.Hour})
+			SyncDelay: tc.syncDelay})
 		if err == nil {
 			break
 		}

@@ -66,12 +66,16 @@
 // error is a *TargetError naming target and server, logged once. ENOSPC
 // from a store surfaces as ENOSPC. A write-behind failure is remembered
 // per inode and returned by the next WriteAt, Flush or Fsync (then
-// cleared).
+// cleared). EFBIG comes from the client itself, before anything is
+// buffered or sent: a write at or past the largest size of the file's
+// layout (layout.MaxFileSize), a truncate or Allocate past it; a write
+// across it is cut short at it.
 //
 // # Locking
 //
-// Lock order: Client.mu → inode.mu; readahead.mu → inode.mu. inode.mu is
-// never held across a network call; its cond is broadcast whenever an
+// Lock order: inode.commitMu → Client.mu → inode.mu; readahead.mu →
+// inode.mu. inode.commitMu is held across a size commit's (and a size
+// SetAttr's) network calls; inode.mu is never held across a network call; its cond is broadcast whenever an
 // in-flight write completes. Client.mu guards the open-inode map and
 // inode refcounts only.
 //
@@ -94,7 +98,14 @@
 //     flush files.
 //   - Attribute caching belongs to the caller (the kernel, for FUSE);
 //     GetAttr always asks the service, merging this client's uncommitted
-//     size and mtime.
+//     size and mtime. An answer to a call begun before one of this
+//     client's size commits or truncates of the file ended is older than
+//     the client's own view and does not replace it (inode.merge): a
+//     FUSE GETATTR computed so would reset the kernel's size behind an
+//     acknowledged write.
+//   - Size commits and size/mtime SetAttrs of a file are serialised per
+//     inode (commitMu): the service takes the larger size of a commit, so
+//     one landing after a truncate would undo it.
 //   - Locks belong to the session: if the session expires (no heartbeat
 //     for a lease) they are lost; the client logs it. A restart of the
 //     service does not lose them: the client keeps what it holds

@@ -48,11 +48,12 @@ func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error)
 	}
 	tok := c.beginOpen()
 	var resp rpc.AttrResp
+	since := c.sizeSeq.Load()
 	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
 		c.endOpen(tok)
 		return nil, metaErr(c, "open", err)
 	}
-	return c.openAttr(ctx, &resp.Attr, flags, tok, false)
+	return c.openAttr(ctx, &resp.Attr, since, flags, tok, false)
 }
 
 // beginOpen records an open or create under way (see Client.mu.opening);
@@ -78,12 +79,13 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 		return nil, ErrClosed
 	}
 	tok := c.beginOpen()
+	since := c.sizeSeq.Load()
 	a, ch, err := c.createIdx(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid})
 	if err != nil {
 		c.endOpen(tok)
 		return nil, err
 	}
-	f, err := c.openAttr(ctx, &a, flags&^syscall.O_TRUNC, tok, false)
+	f, err := c.openAttr(ctx, &a, since, flags&^syscall.O_TRUNC, tok, false)
 	if err != nil {
 		return nil, err
 	}
@@ -103,6 +105,7 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 	// open-file lists are dated no later than the file's creation until the
 	// file is in the open set: the reaper cannot take it in between.
 	tok := c.beginOpen()
+	since := c.sizeSeq.Load()
 	var resp rpc.ChangeResp
 	req := &rpc.CreateReq{Hdr: c.hdr(), Parent: parent, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid}
 	if err := c.metaCall(ctx, rpc.MTmpfile, req, &resp); err != nil {
@@ -110,7 +113,7 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 		return nil, metaErr(c, "tmpfile", err)
 	}
 	c.m.op("tmpfile")
-	f, err := c.openAttr(ctx, &resp.Attr, flags&^(syscall.O_TRUNC|syscall.O_CREAT|syscall.O_EXCL), tok, true)
+	f, err := c.openAttr(ctx, &resp.Attr, since, flags&^(syscall.O_TRUNC|syscall.O_CREAT|syscall.O_EXCL), tok, true)
 	if err != nil {
 		return nil, err
 	}
@@ -118,10 +121,11 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 	return f, nil
 }
 
-// openAttr opens the file a describes and ends the open tok (beginOpen)
-// in the same step as the inode joins the open set. tmpfile: a describes a
-// file TmpfileOpen just made, which has no links by design.
-func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int, tok uint64, tmpfile bool) (*File, error) {
+// openAttr opens the file a describes (answered to a call begun when
+// sizeSeq was since) and ends the open tok (beginOpen) in the same step as
+// the inode joins the open set. tmpfile: a describes a file TmpfileOpen
+// just made, which has no links by design.
+func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags int, tok uint64, tmpfile bool) (*File, error) {
 	a := *ap
 	ino := a.Ino
 	var err error
@@ -159,7 +163,7 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, flags int, tok uint
 	}
 	in.refs++
 	c.mu.Unlock()
-	in.merge(&a)
+	in.merge(&a, since)
 	f := &File{c: c, in: in, flags: flags, attr: a,
 		direct: flags&syscall.O_DIRECT != 0,
 		sync:   flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
@@ -361,7 +365,10 @@ func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte
 // background, and a failure is reported by the next WriteAt, Flush, Fsync
 // or Release. O_DIRECT and O_SYNC handles write through before returning,
 // and so do large buffered writes (Config.WriteThroughBytes), which are
-// then not made durable before the next fsync or close.
+// then not made durable before the next fsync or close. Nothing is written
+// at or past the largest size of the file's layout (layout.MaxFileSize): a
+// write that starts there fails with EFBIG, one that crosses it is cut
+// short at it (as write(2) does at a file size limit).
 func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, syscall.EINVAL
@@ -369,10 +376,16 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	in := f.in
+	if limit := in.layout.MaxFileSize(); int64(len(p)) > limit-off {
+		if off >= limit {
+			return 0, fmt.Errorf("write at %d of inode %d: the largest file of its layout is %d bytes: %w", off, in.ino, limit, syscall.EFBIG)
+		}
+		p = p[:limit-off]
+	}
 	if err := f.lockErr(); err != nil {
 		return 0, err
 	}
-	in := f.in
 	n := int64(len(p))
 	f.c.m.opWrite.Inc()
 	rs := slotRanges(&in.layout, off, n)
@@ -610,9 +623,12 @@ func CopyRange(ctx context.Context, src *File, srcOff int64, dst *File, dstOff, 
 		for _, b := range d.Bufs {
 			k, werr := dst.WriteAt(ctx, b, dstOff+done)
 			done += int64(k)
-			if werr != nil {
+			if werr != nil || k < len(b) { // an error, or cut short at dst's size limit
 				d.Release()
-				return done, werr
+				if done > 0 {
+					return done, nil
+				}
+				return 0, werr
 			}
 		}
 		d.Release()
@@ -833,11 +849,25 @@ func (f *File) Punch(ctx context.Context, off, n int64) error {
 	return firstErr(errs)
 }
 
+// CheckRange is EFBIG when [off, off+n) reaches past the largest size of
+// the file's layout (layout.MaxFileSize), as fallocate(2) answers for any
+// mode there.
+func (f *File) CheckRange(off, n int64) error {
+	if limit := f.in.layout.MaxFileSize(); n > limit-off {
+		return fmt.Errorf("range of %d bytes at %d of inode %d: the largest file of its layout is %d bytes: %w", n, off, f.in.ino, limit, syscall.EFBIG)
+	}
+	return nil
+}
+
 // Allocate makes the file at least off+n bytes long (fallocate mode 0).
-// Space is not reserved on the targets: chunks grow sparse.
+// Space is not reserved on the targets: chunks grow sparse. EFBIG past the
+// largest size of the file's layout.
 func (f *File) Allocate(ctx context.Context, off, n int64) error {
 	if off < 0 || n <= 0 {
 		return syscall.EINVAL
+	}
+	if err := f.CheckRange(off, n); err != nil {
+		return err
 	}
 	end := uint64(off + n)
 	if end <= f.Size() {

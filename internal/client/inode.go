@@ -61,6 +61,13 @@ type inode struct {
 	// lost records the locks of this client on the file that were lost
 	// (File.lockErr).
 	lost lostLocks
+	// commitMu serialises this client's changes of the file's size in
+	// metadata: size commits, and SetAttrs of the size or mtime (which
+	// commit first). The service takes the larger size of a commit, so a
+	// commit landing after a truncate would undo it; and a flush must
+	// not return while another handle's commit of the same writes is
+	// still on its way (its caller counts on the size being there).
+	commitMu sync.Mutex
 
 	mu struct {
 		sync.Mutex
@@ -87,6 +94,13 @@ type inode struct {
 		// metaIndexSeq is the metaChanged count after the creation: a
 		// durable answer (a size commit) sent later covers it too.
 		metaIndexSeq uint64
+		// committing: a size commit is on its way (dirty is already
+		// false): the service may not have the size yet.
+		committing bool
+		// sizeAt is Client.sizeSeq when a commit or truncate of this
+		// client last ended: metadata answers to calls begun before it
+		// may predate the change.
+		sizeAt uint64
 	}
 }
 
@@ -121,25 +135,28 @@ func newInode(c *Client, a *rpc.Attr) *inode {
 	return in
 }
 
-// merge folds uncommitted writes into attributes read from metadata; when
-// nothing is uncommitted it adopts the metadata size.
-func (in *inode) merge(a *rpc.Attr) {
+// merge folds this client's view of the file into attributes a that the
+// metadata service answered to a call begun when Client.sizeSeq was since.
+// An answer that predates a size commit or truncate of this client may be
+// older than what the kernel (or an NFS client) was already told — a write
+// acknowledged, then committed while the answer was on its way — so the
+// local size stands. While writes are uncommitted or their commit is on
+// its way, the larger size stands (another client may have grown the
+// file). Otherwise, with nothing in flight, the answer's size is adopted.
+func (in *inode) merge(a *rpc.Attr, since uint64) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.mu.dirty {
-		if in.mu.size > a.Size {
-			a.Size = in.mu.size
-		}
-		if in.mu.mtime > a.Mtime {
-			a.Mtime = in.mu.mtime
-		}
-		if in.mu.mtime > a.Ctime {
-			a.Ctime = in.mu.mtime
-		}
-		return
-	}
-	if len(in.mu.inflight) == 0 && !in.hasPendingLocked() {
+	switch {
+	case in.mu.sizeAt > since:
+		a.Size = in.mu.size
+	case in.mu.dirty || in.mu.committing:
+		a.Size = max(a.Size, in.mu.size)
+	case len(in.mu.inflight) == 0 && !in.hasPendingLocked():
 		in.mu.size = a.Size
+	}
+	if in.mu.dirty || in.mu.committing {
+		a.Mtime = max(a.Mtime, in.mu.mtime)
+		a.Ctime = max(a.Ctime, in.mu.mtime)
 	}
 }
 
@@ -150,6 +167,7 @@ func (in *inode) setAttr(a *rpc.Attr, sizeSet bool) {
 	if sizeSet {
 		in.mu.size = a.Size
 		in.mu.gen++
+		in.mu.sizeAt = in.c.sizeSeq.Add(1)
 	}
 	in.mu.attr = *a
 }
@@ -409,8 +427,16 @@ func (in *inode) syncTargets(ctx context.Context) ([]slotSpace, error) {
 // with the space of the chunks written or punched since the last commit:
 // pre holds what syncTargets learnt; the other slots are asked here. A
 // pre answer of a slot written since it was asked is dropped: the slot is
-// asked again here, or another commit reported a newer answer.
+// asked again here, or another commit reported a newer answer. A commit
+// of another handle on its way is waited for first (commitMu).
 func (in *inode) commit(ctx context.Context, pre []slotSpace) error {
+	in.commitMu.Lock()
+	defer in.commitMu.Unlock()
+	return in.commitHeld(ctx, pre)
+}
+
+// commitHeld is commit with commitMu held.
+func (in *inode) commitHeld(ctx context.Context, pre []slotSpace) error {
 	in.mu.Lock()
 	var use []rpc.SlotAlloc
 	for _, p := range pre {
@@ -427,6 +453,7 @@ func (in *inode) commit(ctx context.Context, pre []slotSpace) error {
 	}
 	size, mtime := in.mu.size, in.mu.mtime
 	in.mu.dirty = false
+	in.mu.committing = true
 	var slots []int
 	for s, old := range in.mu.allocOld {
 		if old {
@@ -445,6 +472,8 @@ func (in *inode) commit(ctx context.Context, pre []slotSpace) error {
 	err := in.c.metaCall(ctx, rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: in.c.hdr(), Ino: in.ino, Size: size, Mtime: mtime, Alloc: alloc}, &resp)
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	in.mu.committing = false
+	in.mu.sizeAt = in.c.sizeSeq.Add(1)
 	if err != nil {
 		in.mu.dirty = true
 		for _, s := range slots {

@@ -34,10 +34,11 @@ func (c *Client) Lookup(ctx context.Context, parent uint64, name string) (rpc.At
 		return rpc.Attr{}, fmt.Errorf("lookup of a %d-byte name: %w", len(name), syscall.ENAMETOOLONG)
 	}
 	var resp rpc.AttrResp
+	since := c.sizeSeq.Load()
 	if err := c.metaCall(ctx, rpc.MLookup, &rpc.LookupReq{Parent: parent, Name: name}, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "lookup", err)
 	}
-	c.mergeLocal(&resp.Attr)
+	c.mergeLocal(&resp.Attr, since)
 	return resp.Attr, nil
 }
 
@@ -49,41 +50,50 @@ func (c *Client) GetAttr(ctx context.Context, ino uint64) (rpc.Attr, error) {
 		return a, nil
 	}
 	var resp rpc.AttrResp
+	since := c.sizeSeq.Load()
 	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "getattr", err)
 	}
-	c.mergeLocal(&resp.Attr)
+	c.mergeLocal(&resp.Attr, since)
 	return resp.Attr, nil
 }
 
 // mergeLocal folds the uncommitted state of an open inode into a.
-func (c *Client) mergeLocal(a *rpc.Attr) {
-	c.mu.Lock()
-	in := c.mu.inodes[a.Ino]
-	c.mu.Unlock()
-	if in != nil {
-		in.merge(a)
+// since is Client.sizeSeq before the call that answered a (inode.merge).
+func (c *Client) mergeLocal(a *rpc.Attr, since uint64) {
+	if in := c.openInode(a.Ino); in != nil {
+		in.merge(a, since)
 	}
+}
+
+// openInode is the state of ino if this client holds it open, else nil.
+func (c *Client) openInode(ino uint64) *inode {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.inodes[ino]
 }
 
 // SetAttr changes the attributes named by req.Valid (rpc.Set* bits); req.Hdr
 // and req.Ino are filled in here. A size change truncates every chunk of
 // the file on its target (after draining this client's write-behind for the
-// file) and then sets the size in metadata.
+// file) and then sets the size in metadata; a size past the largest file
+// of the file's layout (layout.MaxFileSize) fails with EFBIG and changes
+// nothing.
 func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (rpc.Attr, error) {
 	req.Ino = ino
 	req.Mode &= 07777
 	if req.Valid&(rpc.SetSize|rpc.SetMtime|rpc.SetMtimeNow) != 0 {
 		// Commit buffered writes first so that their (older) size and
-		// mtime cannot overwrite what this call sets.
-		c.mu.Lock()
-		in := c.mu.inodes[ino]
-		c.mu.Unlock()
-		if in != nil {
+		// mtime cannot overwrite what this call sets, and keep other
+		// commits of the file out until it is set (one landing after a
+		// truncate would undo it).
+		if in := c.openInode(ino); in != nil {
+			in.commitMu.Lock()
+			defer in.commitMu.Unlock()
 			if err := in.drain(ctx); err != nil {
 				return rpc.Attr{}, err
 			}
-			if err := in.commit(ctx, nil); err != nil {
+			if err := in.commitHeld(ctx, nil); err != nil {
 				return rpc.Attr{}, err
 			}
 		}
@@ -95,18 +105,16 @@ func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (r
 	}
 	req.Hdr = c.hdr()
 	var resp rpc.AttrResp
+	since := c.sizeSeq.Load()
 	if err := c.metaCall(ctx, rpc.MSetAttr, &req, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "setattr", err)
 	}
 	seq := c.metaChanged.Load()
-	c.mu.Lock()
-	in := c.mu.inodes[ino]
-	c.mu.Unlock()
-	if in != nil {
+	if in := c.openInode(ino); in != nil {
 		in.setAttr(&resp.Attr, req.Valid&rpc.SetSize != 0)
 		in.noteMetaChange(seq) // fsync of the open file covers its attributes
+		in.merge(&resp.Attr, since)
 	}
-	c.mergeLocal(&resp.Attr)
 	c.m.op("setattr")
 	return resp.Attr, nil
 }
@@ -118,10 +126,6 @@ func (c *Client) truncate(ctx context.Context, ino uint64, size uint64) error {
 	c.mu.Unlock()
 	var lay layout.Layout
 	if in != nil {
-		if err := in.drain(ctx); err != nil {
-			return err
-		}
-		in.invalidate()
 		lay = in.layout
 	} else {
 		a, err := c.GetAttr(ctx, ino)
@@ -132,6 +136,15 @@ func (c *Client) truncate(ctx context.Context, ino uint64, size uint64) error {
 			return fmt.Errorf("truncate inode %d: %w", ino, syscall.EINVAL)
 		}
 		lay = a.Layout
+	}
+	if limit := lay.MaxFileSize(); size > uint64(limit) {
+		return fmt.Errorf("truncate inode %d to %d bytes: the largest file of its layout is %d bytes: %w", ino, size, limit, syscall.EFBIG)
+	}
+	if in != nil {
+		if err := in.drain(ctx); err != nil {
+			return err
+		}
+		in.invalidate()
 	}
 	errs := make([]error, len(lay.Targets))
 	var wg sync.WaitGroup
@@ -261,10 +274,11 @@ func (c *Client) Link(ctx context.Context, ino, newParent uint64, newName string
 		return rpc.Attr{}, err
 	}
 	var resp rpc.AttrResp
+	since := c.sizeSeq.Load()
 	if err := c.metaCall(ctx, rpc.MLink, &rpc.LinkReq{Hdr: c.hdr(), Ino: ino, NewParent: newParent, NewName: newName}, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "link", err)
 	}
-	c.mergeLocal(&resp.Attr)
+	c.mergeLocal(&resp.Attr, since)
 	c.m.op("link")
 	return resp.Attr, nil
 }
@@ -286,12 +300,13 @@ func (c *Client) ReadDir(ctx context.Context, dir uint64, after string, limit in
 		limit = 1024
 	}
 	var resp rpc.ReadDirResp
+	since := c.sizeSeq.Load()
 	if err := c.metaCall(ctx, rpc.MReadDir, &rpc.ReadDirReq{Dir: dir, After: after, Limit: uint32(limit), Plus: plus}, &resp); err != nil {
 		return nil, false, metaErr(c, "readdir", err)
 	}
 	if plus {
 		for i := range resp.Entries {
-			c.mergeLocal(&resp.Entries[i].Attr)
+			c.mergeLocal(&resp.Entries[i].Attr, since)
 		}
 	}
 	return resp.Entries, resp.EOF, nil

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -58,13 +59,19 @@ import (
 // written (in the page cache: they survive a crash of the process, not of
 // the machine) and a background syncer makes them durable — at once when
 // somebody waits (WaitDurable), else at most syncDelay after the first
-// unsynced write. After a recent wait StoreLogs also starts the entries'
-// write-out to the device (sync_file_range), so that the next wait's sync
-// is mostly a cache flush. One fdatasync covers every entry written before
-// it started, however many raft batches that was. Up to maxSyncs run at
-// once: an entry waited for while one runs gets its own sync at once
-// rather than waiting for the running one to end. The caller
-// decides which answers wait for durability; see consensus.Config.DeferSync.
+// unsynced write: that write arms a timer, and later writes find it armed
+// until the syncer it wakes takes every entry written so far (into a sync
+// it starts, a running one that covers them, or the next one to start
+// when maxSyncs run). Shortly after a wait was answered (eagerWindow)
+// StoreLogs also starts the entries' write-out to the device
+// (sync_file_range), and their sync when none runs, so that the next
+// wait's sync is mostly a cache flush; that is an optimisation, not a
+// bound: without a waiter only syncDelay bounds how long an entry stays
+// off stable storage. One fdatasync covers every entry written before it
+// started, however many raft batches that was. Up to maxSyncs run at once:
+// an entry waited for while one runs gets its own sync at once rather than
+// waiting for the running one to end. The caller decides which answers
+// wait for durability; see consensus.Config.DeferSync.
 type wal struct {
 	dir     string
 	segSize int64
@@ -82,14 +89,11 @@ type wal struct {
 		written, synced uint64            // last index written; last index on stable storage
 		dirty           map[*segment]bool // segments written since their last fdatasync
 		flushing        map[*segment]int  // segments running syncs flush (count of syncs)
-		inflight        int               // syncs running
-		syncing         uint64            // highest target of the running syncs
+		runs            []*syncRun        // the running syncs
 		again           bool              // a sync was refused for maxSyncs: start one when one ends
 		done            chan struct{}     // closed when the next sync ends
 		waiters         int
-		lastWait        time.Time // when somebody last waited for durability
-		cuts            uint64    // tail cuts so far
-		cutAt           uint64    // last index kept by the latest tail cut
+		lastWait        time.Time // when a durability wait was last answered
 		armed           bool      // a delayed sync is scheduled
 		err             error     // sticky: after a failed fdatasync nothing is durable
 	}
@@ -100,9 +104,13 @@ type wal struct {
 		at  time.Time
 	}
 	kick chan struct{} // wakes a syncer
-	// beforeSync, when set (tests), runs before each deferred-mode
-	// fdatasync of a segment.
-	beforeSync func(*segment)
+	// syncSegment, when set (tests), replaces the deferred syncer's
+	// fdatasync of a segment (fdatasyncSegment), to delay, observe or
+	// fail it.
+	syncSegment func(*segment) error
+	// afterSyncs, when set (tests), runs after a sync's fdatasyncs,
+	// before their result is published.
+	afterSyncs func()
 
 	mu struct {
 		sync.RWMutex
@@ -249,6 +257,21 @@ func (w *wal) kickSync() {
 // not for the rest of the running one plus a whole next one.
 const maxSyncs = 2
 
+// syncRun is a running sync: upTo is the last index it makes durable, its
+// target lowered by every tail cut made while it runs (entries written
+// again after a cut may have missed its fdatasyncs; the lowest cut bounds
+// what it can claim, not the latest).
+type syncRun struct{ upTo uint64 }
+
+// runningUpToLocked is the highest index a running sync makes durable.
+func (w *wal) runningUpToLocked() uint64 {
+	var m uint64
+	for _, r := range w.ds.runs {
+		m = max(m, r.upTo)
+	}
+	return m
+}
+
 // syncOnce makes every entry written so far durable. It returns at once
 // when a running sync already covers them, or (unless wait) when maxSyncs
 // are running: the first to finish starts the next.
@@ -257,11 +280,11 @@ func (w *wal) syncOnce(wait bool) {
 	w.ds.armed = false
 	for {
 		target := w.ds.written
-		if target <= w.ds.synced || target <= w.ds.syncing || w.ds.err != nil {
+		if target <= w.ds.synced || target <= w.runningUpToLocked() || w.ds.err != nil {
 			w.ds.Unlock()
 			return
 		}
-		if w.ds.inflight < maxSyncs {
+		if len(w.ds.runs) < maxSyncs {
 			break
 		}
 		w.ds.again = true
@@ -292,9 +315,8 @@ func (w *wal) syncOnce(wait bool) {
 	for _, s := range segs {
 		w.ds.flushing[s]++
 	}
-	w.ds.inflight++
-	w.ds.syncing = max(w.ds.syncing, target)
-	cuts := w.ds.cuts
+	run := &syncRun{upTo: target}
+	w.ds.runs = append(w.ds.runs, run)
 	w.ds.Unlock()
 	var err error
 	w.smu.RLock()
@@ -302,35 +324,31 @@ func (w *wal) syncOnce(wait bool) {
 		if s.closed {
 			continue // removed: its entries are no longer part of the log
 		}
-		if w.beforeSync != nil {
-			w.beforeSync(s)
+		syncSeg := fdatasyncSegment
+		if w.syncSegment != nil {
+			syncSeg = w.syncSegment
 		}
-		if e := unix.Fdatasync(int(s.f.Fd())); e != nil {
+		if e := syncSeg(s); e != nil {
 			err = fmt.Errorf("raft wal sync %s: %w", s.path, e)
 			break
 		}
 	}
 	w.smu.RUnlock()
+	if w.afterSyncs != nil {
+		w.afterSyncs()
+	}
 	w.ds.Lock()
 	for _, s := range segs {
 		if w.ds.flushing[s]--; w.ds.flushing[s] == 0 {
 			delete(w.ds.flushing, s)
 		}
 	}
-	w.ds.inflight--
-	if w.ds.inflight == 0 {
-		w.ds.syncing = 0
-	}
+	w.ds.runs = slices.DeleteFunc(w.ds.runs, func(r *syncRun) bool { return r == run })
 	if err != nil {
 		w.ds.err = err
 		w.log.Error("raft wal: fdatasync failed; the log can no longer be made durable", "err", err)
 	} else {
-		if w.ds.cuts != cuts {
-			// The tail was cut (and entries perhaps written again) while
-			// we synced: only what the cut kept is known durable.
-			target = min(target, w.ds.cutAt)
-		}
-		w.ds.synced = max(w.ds.synced, target)
+		w.ds.synced = max(w.ds.synced, run.upTo)
 	}
 	again := w.ds.again && w.ds.written > w.ds.synced
 	w.ds.again = false
@@ -341,6 +359,9 @@ func (w *wal) syncOnce(wait bool) {
 		w.kickSync()
 	}
 }
+
+// fdatasyncSegment makes what was written to s before the call durable.
+func fdatasyncSegment(s *segment) error { return unix.Fdatasync(int(s.f.Fd())) }
 
 // noteWritten records entries written up to last in segs (deferred mode)
 // and schedules their sync.
@@ -364,7 +385,7 @@ func (w *wal) noteWritten(last uint64, segs []*segment, hot bool) {
 	// rounds, close p50 172 µs against 202) and `strata bench --workloads
 	// meta` 6,710 against 6,537 (12 samples each). Otherwise (unlinks,
 	// renames nobody fsyncs) one delayed sync covers many.
-	now := w.ds.waiters > 0 || (hot && w.ds.inflight == 0)
+	now := w.ds.waiters > 0 || (hot && len(w.ds.runs) == 0)
 	arm := !now && !w.ds.armed
 	if arm {
 		w.ds.armed = true
@@ -405,8 +426,10 @@ func (w *wal) durableIndex() uint64 {
 	return w.ds.synced
 }
 
-// eagerWindow bounds how recent a durability wait makes StoreLogs start
-// writing new entries out at once (the sync waits for the next wait).
+// eagerWindow bounds how long after the answer to a durability wait (or
+// during one) StoreLogs starts writing new entries out at once, and a sync
+// when none runs (see noteWritten). It counts from the answer: a sync
+// slower than the window must not make the waiter's next change cold.
 const eagerWindow = 10 * time.Millisecond
 
 // errWALClosed answers waits on a closed log.
@@ -427,6 +450,10 @@ func (w *wal) waitDurable(cancel <-chan struct{}, index uint64, timeout time.Dur
 	var timer <-chan time.Time
 	w.ds.Lock()
 	defer w.ds.Unlock()
+	// The waiter's next change comes after the answer: count the eager
+	// window from here, not from the start of a wait that a slow sync
+	// may have outlasted the window.
+	defer func() { w.ds.lastWait = time.Now() }()
 	for {
 		if index > w.ds.written {
 			index = w.ds.written // entries cut from the tail are not waited for
@@ -455,7 +482,6 @@ func (w *wal) waitDurable(cancel <-chan struct{}, index uint64, timeout time.Dur
 		}
 		ch := w.ds.done
 		w.ds.waiters++
-		w.ds.lastWait = time.Now()
 		w.ds.Unlock()
 		w.kickSync()
 		if timer == nil {
@@ -988,9 +1014,9 @@ func (w *wal) cutWritten(last uint64) {
 	w.ds.Lock()
 	w.ds.written = min(w.ds.written, last)
 	w.ds.synced = min(w.ds.synced, last)
-	w.ds.syncing = min(w.ds.syncing, last) // rewritten entries are not being synced
-	w.ds.cuts++
-	w.ds.cutAt = last
+	for _, r := range w.ds.runs { // rewritten entries may miss their fdatasyncs
+		r.upTo = min(r.upTo, last)
+	}
 	w.ds.Unlock()
 }
 

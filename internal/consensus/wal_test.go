@@ -2,13 +2,18 @@ package consensus
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -406,7 +411,7 @@ func TestWALOverlappingSyncs(t *testing.T) {
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	defer releaseOnce.Do(func() { close(release) }) // before w.Close, also on failure
-	w.beforeSync = func(s *segment) {
+	w.syncSegment = func(s *segment) error {
 		mu.Lock()
 		calls = append(calls, s.path)
 		running++
@@ -418,9 +423,11 @@ func TestWALOverlappingSyncs(t *testing.T) {
 			close(blocked)
 			<-release
 		}
+		err := fdatasyncSegment(s)
 		mu.Lock()
 		running--
 		mu.Unlock()
+		return err
 	}
 	if err := w.StoreLogs(walEntries(1, j-1)); err != nil {
 		t.Fatal(err)
@@ -487,6 +494,103 @@ func TestWALOverlappingSyncs(t *testing.T) {
 	defer mu.Unlock()
 	if most > maxSyncs {
 		t.Fatalf("%d fdatasyncs ran at once, limit %d", most, maxSyncs)
+	}
+}
+
+// A sync that finished its fdatasyncs before two tail cuts and publishes
+// after them claims only what the lower cut kept: the entries rewritten
+// after the first cut were not in its fdatasyncs, and the second cut's
+// sync flushed another segment. (The cut handling remembered the latest
+// cut only and published the sync's whole target; on a follower a machine
+// crash could then lose entries counted durable. The window is a syncer
+// stalled between its fdatasyncs and the publication; afterSyncs holds it
+// there.)
+func TestWALSyncAnswerAfterTwoCuts(t *testing.T) {
+	w, err := openWAL(t.TempDir(), 16<<10, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.setDeferSync(time.Hour) // nothing syncs but what the test starts
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	first := true
+	w.afterSyncs = func() {
+		if first { // the sync of 1..b, held after its fdatasyncs
+			first = false
+			close(reached)
+			<-release
+		}
+	}
+	segOf := func(i uint64) *segment {
+		w.mu.RLock()
+		defer w.mu.RUnlock()
+		s, _, _, ok := w.locateLocked(i)
+		if !ok {
+			t.Fatalf("entry %d not in the log", i)
+		}
+		return s
+	}
+	// Entries 1..b over two segments; b is the last of the second.
+	b := uint64(1)
+	for ; len(w.mu.segs) < 3; b++ {
+		if err := w.StoreLogs(stressEntries(b, b, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b -= 2 // entry b+1 opened the third segment: cut it
+	if err := w.DeleteRange(b+1, b+1); err != nil {
+		t.Fatal(err)
+	}
+	a := b
+	for segOf(a) == segOf(b) {
+		a--
+	}
+	// A sync of 1..b with nobody waiting (a hot append starts it), held
+	// after its fdatasyncs.
+	w.ds.Lock()
+	w.ds.lastWait = time.Now()
+	w.ds.Unlock()
+	if err := w.StoreLogs(stressEntries(b+1, b+1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	target := b + 1
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hot append started no sync")
+	}
+	w.ds.Lock()
+	w.ds.lastWait = time.Time{} // what follows starts no sync
+	w.ds.Unlock()
+	// A follower's first cut in the first segment, the rewrite in a newer
+	// term past the held sync's target into new segments, a second cut
+	// above that target in a segment the rewrite reached later.
+	c1 := a - 5
+	if err := w.DeleteRange(c1, target); err != nil {
+		t.Fatal(err)
+	}
+	last := target + 400
+	if err := w.StoreLogs(stressEntries(c1, last, 2)); err != nil {
+		t.Fatal(err)
+	}
+	c2 := last - 10
+	if segOf(c2) == segOf(c1) || segOf(c2) == segOf(target) {
+		t.Fatalf("the second cut at %d is in the segment of %d or %d: the test's layout went wrong", c2, c1, target)
+	}
+	if err := w.DeleteRange(c2, last); err != nil {
+		t.Fatal(err)
+	}
+	once.Do(func() { close(release) })
+	if !syncsRunning(w, 0) {
+		t.Fatal("the released sync did not end")
+	}
+	if d := w.durableIndex(); d >= c1 {
+		t.Fatalf("durable index %d: entries %d..%d, rewritten after the sync's fdatasyncs, are counted durable", d, c1, min(d, target))
+	}
+	if err := w.WaitDurable(target, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -564,14 +668,14 @@ func TestWALWaitCancelled(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	defer once.Do(func() { close(release) })
-	w.beforeSync = func(*segment) { <-release }
+	w.syncSegment = func(s *segment) error { <-release; return fdatasyncSegment(s) }
 	if err := w.StoreLogs(walEntries(1, 5)); err != nil {
 		t.Fatal(err)
 	}
 	cancel := make(chan struct{})
 	res := make(chan error, 1)
 	go func() { res <- w.waitDurable(cancel, 5, time.Minute) }()
-	time.Sleep(20 * time.Millisecond) // the sync is stuck in beforeSync
+	time.Sleep(20 * time.Millisecond) // the sync is stuck in syncSegment
 	close(cancel)
 	select {
 	case err := <-res:
@@ -590,6 +694,45 @@ func TestWALWaitCancelled(t *testing.T) {
 	}
 }
 
+// syncsRunning waits (10 s at most) until n syncs run; false if they never
+// do.
+func syncsRunning(w *wal, n int) bool {
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		w.ds.Lock()
+		k := len(w.ds.runs)
+		w.ds.Unlock()
+		if k == n {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// holdNextSync makes the next fdatasync of w's syncer wait until the
+// channel last given to hold is closed.
+func holdNextSync(w *wal) (hold func(release chan struct{})) {
+	var mu sync.Mutex
+	var next chan struct{}
+	w.syncSegment = func(s *segment) error {
+		mu.Lock()
+		ch := next
+		next = nil
+		mu.Unlock()
+		if ch != nil {
+			<-ch
+		}
+		return fdatasyncSegment(s)
+	}
+	return func(ch chan struct{}) {
+		mu.Lock()
+		next = ch
+		mu.Unlock()
+	}
+}
+
 // Moments after a durability wait (a workload of closes), an append with no
 // sync running starts one at once, so that the next wait finds it done;
 // with a sync running it does not start a second; long after the last
@@ -599,17 +742,7 @@ func TestWALSyncStartsEarlyWhileWaitsAreFrequent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var release chan struct{} // when set, the next fdatasync waits for it
-	var mu sync.Mutex
-	w.beforeSync = func(*segment) {
-		mu.Lock()
-		ch := release
-		release = nil
-		mu.Unlock()
-		if ch != nil {
-			<-ch
-		}
-	}
+	hold := holdNextSync(w)
 	defer w.Close()
 	w.setDeferSync(time.Hour) // nothing syncs by the delay during the test
 	durableBy := func(want uint64, what string) {
@@ -644,28 +777,17 @@ func TestWALSyncStartsEarlyWhileWaitsAreFrequent(t *testing.T) {
 	}
 	durableBy(20, "an append right after a wait, no sync running")
 
-	// A sync running (held in beforeSync): the next hot append leaves its
+	// A sync running (held in syncSegment): the next hot append leaves its
 	// entries for the next wait.
 	ch := make(chan struct{})
-	mu.Lock()
-	release = ch
-	mu.Unlock()
+	hold(ch)
 	hot()
 	if err := w.StoreLogs(walEntries(21, 30)); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; { // the sync of 21..30 starts and is held
-		w.ds.Lock()
-		n := w.ds.inflight
-		w.ds.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			close(ch)
-			t.Fatal("an append right after a wait started no sync")
-		}
-		time.Sleep(time.Millisecond)
+	if !syncsRunning(w, 1) { // the sync of 21..30 starts and is held
+		close(ch)
+		t.Fatal("an append right after a wait started no sync")
 	}
 	hot()
 	if err := w.StoreLogs(walEntries(31, 40)); err != nil {
@@ -679,6 +801,63 @@ func TestWALSyncStartsEarlyWhileWaitsAreFrequent(t *testing.T) {
 	}
 	if err := w.WaitDurable(40, 10*time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The eager window counts from the answer to a wait, not from its start:
+// a sync slower than the window (a loaded disk) must not leave the append
+// that follows the answer at once to the sync delay. TestMetaBarriers met
+// this: the barrier's fdatasync took 43 ms, and the create after it waited
+// for the test cluster's hour-long delay.
+func TestWALEagerWindowFromAnswer(t *testing.T) {
+	w, err := openWAL(t.TempDir(), 1<<20, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	hold := holdNextSync(w)
+	w.setDeferSync(time.Hour) // only the eager path can sync without a waiter
+	next := uint64(1)
+	// An append that comes later than the window after the answer proves
+	// nothing (the machine stalled): try again, a few times.
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			t.Skip("every append came more than the eager window after its wait's answer")
+		}
+		if err := w.StoreLogs(walEntries(next, next+9)); err != nil {
+			t.Fatal(err)
+		}
+		ch := make(chan struct{})
+		hold(ch)
+		waited := make(chan error, 1)
+		go func(i uint64) { waited <- w.WaitDurable(i, 10*time.Second) }(next + 9)
+		time.Sleep(3 * eagerWindow) // the sync is held past the window
+		close(ch)
+		if err := <-waited; err != nil {
+			t.Fatal(err)
+		}
+		answered := time.Now()
+		next += 10
+		if err := w.StoreLogs(walEntries(next, next+9)); err != nil {
+			t.Fatal(err)
+		}
+		if time.Since(answered) >= eagerWindow/2 {
+			if err := w.WaitDurable(next+9, 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			next += 10
+			continue
+		}
+		want := next + 9
+		next += 10
+		deadline := time.Now().Add(2 * time.Second)
+		for w.durableIndex() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("durable index %d: the append right after a wait's answer started no sync (sync delay one hour)", w.durableIndex())
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return
 	}
 }
 
@@ -733,12 +912,309 @@ func TestWALHealthAfterFailedSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	w.beforeSync = func(s *segment) { s.f.Close() } // the sync meets a closed file: EBADF
+	w.syncSegment = func(s *segment) error { s.f.Close(); return fdatasyncSegment(s) } // EBADF
 	if err := w.WaitDurable(5, 10*time.Second); err == nil {
 		t.Fatal("wait for a sync that failed succeeded")
 	}
 	h := w.health()
 	if h == nil || !strings.Contains(h.Error(), "no longer be made durable") {
 		t.Fatalf("health after a failed sync: %v", h)
+	}
+}
+
+// syncModel keeps, per segment, the content that the deferred syncer's
+// fdatasyncs have made durable: a copy of the file taken before each
+// fdatasync, kept once it returns (the newest copy wins). What a crash of
+// the machine leaves of a segment includes that copy.
+type syncModel struct {
+	mu     sync.Mutex
+	copies int
+	segs   map[*segment]syncedCopy
+}
+
+type syncedCopy struct {
+	n int // order of the copies
+	b []byte
+}
+
+// sync is the wal's syncSegment.
+func (m *syncModel) sync(s *segment) error {
+	b := make([]byte, s.size)
+	m.mu.Lock() // copies are numbered in the order they are read
+	m.copies++
+	n := m.copies
+	_, err := s.f.ReadAt(b, 0)
+	m.mu.Unlock()
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if err := fdatasyncSegment(s); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if c, ok := m.segs[s]; !ok || c.n < n {
+		m.segs[s] = syncedCopy{n, b}
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// check fails unless entry index, as appended in term, is in the synced
+// copy of the segment that holds it.
+func (m *syncModel) check(w *wal, index, term uint64) error {
+	w.mu.RLock()
+	s, _, _, ok := w.locateLocked(index)
+	w.mu.RUnlock()
+	if !ok {
+		return fmt.Errorf("entry %d is not in the log", index)
+	}
+	m.mu.Lock()
+	b := m.segs[s].b
+	m.mu.Unlock()
+	var l raft.Log
+	for off := int64(walHeaderBytes); off+walRecordHead <= int64(len(b)); {
+		n := int64(binary.LittleEndian.Uint32(b[off:]))
+		if n == 0 || off+walRecordHead+n > int64(len(b)) {
+			break
+		}
+		payload := b[off+walRecordHead : off+walRecordHead+n]
+		if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(b[off+4:]) {
+			break
+		}
+		idx, err := decodeRecord(payload, &l)
+		if err != nil {
+			break
+		}
+		if idx == index {
+			if l.Term != term || !bytes.Equal(l.Data, stressData(index, term)) {
+				return fmt.Errorf("entry %d of term %d: the synced copy of %s holds the entry of term %d", index, term, s.path, l.Term)
+			}
+			return nil
+		}
+		off += walRecordHead + n
+	}
+	return fmt.Errorf("entry %d of term %d is in no finished fdatasync of %s", index, term, s.path)
+}
+
+func stressData(index, term uint64) []byte {
+	b := binary.LittleEndian.AppendUint64(nil, index)
+	b = binary.LittleEndian.AppendUint64(b, term)
+	return append(b, bytes.Repeat([]byte{byte(term)}, int(index*7+term)%200)...)
+}
+
+func stressEntries(from, to, term uint64) []*raft.Log {
+	var out []*raft.Log
+	for i := from; i <= to; i++ {
+		out = append(out, &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: stressData(i, term)})
+	}
+	return out
+}
+
+// The deferred syncer under stress: batches appended one at a time (as
+// raft appends) from several goroutines, some waiting for durability and
+// most not, random pauses in the appenders, around each fdatasync and
+// before a sync publishes, a follower's tail cuts (now and then two
+// conflicting appends in a row) and snapshot head cuts. Every appended
+// entry becomes durable by itself (liveness: the sync delay is 5 ms; the
+// bound is 2 s only because the machine is shared), no wait returns
+// before a finished fdatasync covered the entry as it is in the log now,
+// and the durable index never runs ahead of the finished fdatasyncs.
+func TestWALSyncStress(t *testing.T) {
+	const (
+		segSize   = 16 << 10 // small: rotations all the time
+		appenders = 6
+		run       = 1500 * time.Millisecond
+		bound     = 2 * time.Second
+	)
+	w, err := openWAL(t.TempDir(), segSize, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	pause := func(one int, most time.Duration) {
+		if rand.IntN(one) == 0 {
+			time.Sleep(rand.N(most))
+		}
+	}
+	m := &syncModel{segs: make(map[*segment]syncedCopy)}
+	w.syncSegment = func(s *segment) error {
+		pause(4, 3*time.Millisecond)
+		err := m.sync(s)
+		pause(4, 3*time.Millisecond)
+		return err
+	}
+	w.afterSyncs = func() { pause(4, 3*time.Millisecond) } // cuts may come in here
+	w.setDeferSync(5 * time.Millisecond)
+
+	type appended struct {
+		last uint64
+		at   time.Time
+	}
+	var (
+		failed atomic.Bool
+		// cutMu is held shared from an append that is waited for to its
+		// check, and exclusively by cuts.
+		cutMu    sync.RWMutex
+		appendMu sync.Mutex // one append at a time; guards what follows
+		next     = uint64(1)
+		term     = uint64(1)
+		pending  []appended // batches not yet seen durable, in order
+		waits    atomic.Int64
+		cuts     int
+	)
+	fail := func(format string, a ...any) {
+		if failed.CompareAndSwap(false, true) {
+			t.Errorf(format, a...)
+		}
+	}
+	appendLocked := func(n uint64) error {
+		if err := w.StoreLogs(stressEntries(next, next+n-1, term)); err != nil {
+			return err
+		}
+		next += n
+		pending = append(pending, appended{next - 1, time.Now()})
+		return nil
+	}
+	appendBatch := func() (last, tm uint64, err error) {
+		appendMu.Lock()
+		defer appendMu.Unlock()
+		if err := appendLocked(1 + uint64(rand.IntN(20))); err != nil {
+			return 0, 0, err
+		}
+		return next - 1, term, nil
+	}
+	cutTail := func(c uint64) error {
+		if err := w.DeleteRange(c, next-1); err != nil {
+			return err
+		}
+		next, term = c, term+1
+		cuts++
+		for i := range pending {
+			pending[i].last = min(pending[i].last, c-1)
+		}
+		return nil
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range appenders {
+		wg.Go(func() {
+			for time.Since(start) < run && !failed.Load() {
+				if rand.IntN(4) == 0 {
+					cutMu.RLock()
+					last, tm, err := appendBatch()
+					if err == nil {
+						waits.Add(1)
+						if err = w.WaitDurable(last, bound); err == nil {
+							err = m.check(w, last, tm)
+						}
+					}
+					cutMu.RUnlock()
+					if err != nil {
+						fail("append and wait: %v", err)
+					}
+				} else if _, _, err := appendBatch(); err != nil {
+					fail("append: %v", err)
+				}
+				// Mostly short pauses, now and then one past the sync
+				// delay and the eager window.
+				if rand.IntN(10) == 0 {
+					time.Sleep(5*time.Millisecond + rand.N(15*time.Millisecond))
+				} else {
+					pause(2, 2*time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Go(func() { // cuts, as a follower and after snapshots
+		for time.Since(start) < run && !failed.Load() {
+			time.Sleep(5*time.Millisecond + rand.N(20*time.Millisecond))
+			cutMu.Lock()
+			appendMu.Lock()
+			first, _ := w.FirstIndex()
+			last, _ := w.LastIndex()
+			var err error
+			switch {
+			case last-first > 3000:
+				err = w.DeleteRange(first, last-1000)
+			case last > first+50:
+				// Now and then two conflicting appends in a row: cut,
+				// append, cut within what was appended.
+				c := last - uint64(rand.IntN(40))
+				err = cutTail(c)
+				if k := 10 + uint64(rand.IntN(50)); err == nil && rand.IntN(2) == 0 {
+					if err = appendLocked(k); err == nil {
+						err = cutTail(c + 1 + uint64(rand.IntN(int(k))))
+					}
+				}
+			}
+			appendMu.Unlock()
+			cutMu.Unlock()
+			if err != nil {
+				fail("cut: %v", err)
+			}
+		}
+	})
+	// Liveness: nobody needs to wait for an entry to become durable. And
+	// the durable index is never ahead of the finished fdatasyncs: the
+	// last entries up to it are in the synced copies as they are now.
+	stopped := make(chan struct{})
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		var seen uint64
+		for {
+			appendMu.Lock()
+			d := w.durableIndex()
+			if d != seen {
+				seen = d
+				first, _ := w.FirstIndex()
+				for i := max(first, d-min(d, 20)+1); i <= d && !failed.Load(); i++ {
+					var l raft.Log
+					err := w.GetLog(i, &l)
+					if err == nil {
+						err = m.check(w, i, l.Term)
+					}
+					if err != nil {
+						fail("durable index %d: %v", d, err)
+					}
+				}
+			}
+			for len(pending) > 0 && pending[0].last <= d {
+				pending = pending[1:]
+			}
+			var late appended
+			if len(pending) > 0 && time.Since(pending[0].at) > bound {
+				late = pending[0]
+			}
+			appendMu.Unlock()
+			if late.last != 0 {
+				w.ds.Lock()
+				fail("entry %d appended %v ago is not durable (durable %d, written %d, syncs running %d, armed %v)",
+					late.last, time.Since(late.at).Round(time.Millisecond), w.ds.synced, w.ds.written, len(w.ds.runs), w.ds.armed)
+				w.ds.Unlock()
+				return
+			}
+			select {
+			case <-stopped:
+				appendMu.Lock()
+				n := len(pending)
+				appendMu.Unlock()
+				if n == 0 {
+					return
+				}
+			default:
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	wg.Wait()
+	close(stopped)
+	<-checked
+	m.mu.Lock()
+	copies := m.copies
+	m.mu.Unlock()
+	t.Logf("%d entries appended, %d waits, %d tail cuts, %d fdatasyncs", next-1, waits.Load(), cuts, copies)
+	if !failed.Load() && (waits.Load() == 0 || cuts == 0) {
+		t.Fatalf("the stress did not stress: %d waits, %d tail cuts", waits.Load(), cuts)
 	}
 }

@@ -27,6 +27,19 @@
 // are invalidated too (close-to-open across mounts). O_DIRECT opens get
 // FOPEN_DIRECT_IO.
 //
+// Sizes: the kernel sets its size from a WRITE's reply and takes every
+// GETATTR (LOOKUP, READDIRPLUS) answer to a request sent after that reply
+// as newer, so such an answer must never carry a size older than what
+// this mount acknowledged; the client's merge sees to it (client doc:
+// Pitfalls). lseek's SEEK_END is the kernel's own (a GETATTR when its
+// attributes are stale, then its size); only SEEK_DATA/SEEK_HOLE reach
+// Lseek here. The largest file is the client's (EFBIG at write, truncate,
+// fallocate, copy_file_range; layout.MaxFileSize): FUSE's INIT cannot
+// lower the kernel's s_maxbytes (2^63−1 for FUSE), statfs has no field for
+// it, and pathconf(_PC_FILESIZEBITS) is answered by the C library from
+// the file system type (32 for FUSE) without asking; the layout xattr
+// reports it (max_file_bytes).
+//
 // Directory offsets: '.' = 1, '..' = 2, then a per-handle counter; the
 // handle remembers the name behind each of the last 16,384 offsets it
 // emitted, and every page continues after a name (the service's cursor),

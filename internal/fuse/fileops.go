@@ -274,6 +274,9 @@ func (fs *fileSystem) Fallocate(cancel <-chan struct{}, in *gofuse.FallocateIn) 
 		return gofuse.EBADF
 	}
 	off, n := int64(in.Offset), int64(in.Length)
+	if err := h.f.CheckRange(off, n); err != nil { // EFBIG past the largest file, whatever the mode
+		return fs.errno("fallocate", in.NodeId, err)
+	}
 	switch in.Mode {
 	case 0:
 		return fs.errno("fallocate", in.NodeId, h.f.Allocate(fs.ctx(), off, n))

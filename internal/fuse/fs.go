@@ -93,7 +93,7 @@ func (fs *fileSystem) errno(op string, ino uint64, err error) gofuse.Status {
 	switch en {
 	case syscall.ENOENT, syscall.EEXIST, syscall.ENOTEMPTY, syscall.ENODATA, syscall.EAGAIN,
 		syscall.ENOTDIR, syscall.EISDIR, syscall.ENAMETOOLONG, syscall.EINTR, syscall.EPERM,
-		syscall.EACCES, syscall.EINVAL, syscall.EOPNOTSUPP, syscall.ERANGE, syscall.EXDEV, syscall.ENXIO:
+		syscall.EACCES, syscall.EINVAL, syscall.EOPNOTSUPP, syscall.ERANGE, syscall.EXDEV, syscall.ENXIO, syscall.EFBIG:
 		fs.log.Debug("fuse op failed", "op", op, "ino", ino, "errno", en, "err", err)
 	default:
 		fs.log.Warn("fuse op failed", "op", op, "ino", ino, "errno", en, "err", err)

@@ -33,6 +33,15 @@ const (
 	MaxStripeSize = 256 << 20
 	// MaxStripeCount bounds the number of targets of one file.
 	MaxStripeCount = 256
+
+	// MaxChunkBytes is the longest chunk file Strata makes on a target:
+	// 16 TiB − 4 KiB, the largest file of ext4 with 4 KiB blocks, the
+	// smallest limit of the file systems targets are meant to sit on
+	// (xfs and btrfs hold 8 and 16 EiB). A storage server refuses to
+	// serve a target whose file system cannot hold a file this long, and
+	// refuses writes and truncates past it (EFBIG); clients refuse the
+	// file sizes it implies (Layout.MaxFileSize) before acknowledging.
+	MaxChunkBytes = 1<<44 - 4096
 )
 
 // ErrInvalid marks a layout that breaks the rules in Validate.
@@ -152,6 +161,20 @@ func (l Layout) ChunkSize(fileSize int64, slot int) int64 {
 		size += rem
 	}
 	return size
+}
+
+// MaxFileSize is the largest size a file of this layout can have: the
+// size at which the chunk of slot 0 (the first to fill) holds
+// MaxChunkBytes. Every full row of stripe units adds StripeCount units,
+// so it is about StripeCount × 16 TiB (16 TiB for one target, 128 TiB for
+// eight). A layout without a stripe size or count gets MaxChunkBytes.
+func (l Layout) MaxFileSize() int64 {
+	s, c := int64(l.StripeSize), int64(l.StripeCount)
+	if s <= 0 || c <= 0 {
+		return MaxChunkBytes
+	}
+	rows := int64(MaxChunkBytes) / s // full units every chunk can hold
+	return rows*c*s + int64(MaxChunkBytes)%s
 }
 
 // Candidate is a target that a new file may be placed on.

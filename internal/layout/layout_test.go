@@ -138,3 +138,29 @@ func TestDefaultCount(t *testing.T) {
 		t.Fatal("DefaultCount")
 	}
 }
+
+// MaxFileSize is the largest size whose chunks all fit MaxChunkBytes: one
+// byte more puts slot 0's chunk past it.
+func TestMaxFileSize(t *testing.T) {
+	for _, size := range []uint32{MinStripeSize, 1 << 20, 3 * MinStripeSize, 5 << 20, MaxStripeSize} {
+		for _, count := range []uint32{1, 2, 3, 8, MaxStripeCount} {
+			l := Layout{StripeSize: size, StripeCount: count}
+			m := l.MaxFileSize()
+			for slot := 0; slot < int(count); slot++ {
+				if cs := l.ChunkSize(m, slot); cs > MaxChunkBytes {
+					t.Fatalf("size %d count %d: a file of %d bytes has a chunk of %d at slot %d, over %d",
+						size, count, m, cs, slot, int64(MaxChunkBytes))
+				}
+			}
+			if cs := l.ChunkSize(m+1, 0); cs <= MaxChunkBytes {
+				t.Fatalf("size %d count %d: a file of %d+1 bytes still fits (slot 0 holds %d)", size, count, m, cs)
+			}
+			if lo := int64(count) * (MaxChunkBytes - int64(size)); m < lo || m > int64(count)*MaxChunkBytes {
+				t.Fatalf("size %d count %d: %d is not about count × the chunk limit", size, count, m)
+			}
+		}
+	}
+	if m := (Layout{StripeSize: 1 << 20, StripeCount: 1}).MaxFileSize(); m != MaxChunkBytes {
+		t.Fatalf("one target: %d, want the chunk limit %d", m, int64(MaxChunkBytes))
+	}
+}

@@ -27,7 +27,10 @@
 // Handlers answer *rpc.Error with an errno and a message that names the
 // target directory and the chunk (inode in hex): ENOENT for a target id this
 // server does not serve, EINVAL for offsets or sizes past 2^50 bytes or a
-// read over 64 MiB, ENOSPC when a write would leave less than the reserve
+// read over 64 MiB, EFBIG for a write or truncate that would make a chunk
+// longer than layout.MaxChunkBytes (16 TiB − 4 KiB; refused before the
+// chunk is touched, and a target whose file system cannot hold a chunk
+// that long is refused at open), ENOSPC when a write would leave less than the reserve
 // free or the disk itself is full (the chunk's existing bytes and sums stay
 // intact; nothing of the failed write is kept past the old end of file),
 // EIO for a checksum mismatch (also logged at error level with target,

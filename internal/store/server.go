@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/transport"
 )
@@ -313,6 +314,19 @@ func checkRange(t *target, ino uint64, off, n uint64, what string) error {
 	return nil
 }
 
+// checkGrowth rejects a write or truncate that would make a chunk longer
+// than layout.MaxChunkBytes (EFBIG), before anything is written: every
+// target's file system holds a chunk that long (checkMaxFile), and clients
+// never ask for more (layout.MaxFileSize). Chunks already longer (made on
+// a larger file system before the limit) stay readable.
+func checkGrowth(t *target, ino uint64, end uint64, what string) error {
+	if end > layout.MaxChunkBytes {
+		return rpc.Errorf(syscall.EFBIG, "target %s chunk %x: %s to %d bytes past the chunk limit of %d bytes",
+			t.path, ino, what, end, uint64(layout.MaxChunkBytes))
+	}
+	return nil
+}
+
 // maxRetries bounds the lookups of a chunk that is removed concurrently.
 const maxRetries = 3
 
@@ -322,6 +336,9 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.Empty, 
 		return nil, err
 	}
 	if err := checkRange(t, r.Chunk.Ino, r.Off, uint64(len(r.Data)), "write"); err != nil {
+		return nil, err
+	}
+	if err := checkGrowth(t, r.Chunk.Ino, r.Off+uint64(len(r.Data)), "write"); err != nil {
 		return nil, err
 	}
 	if len(r.Data) > 0 {
@@ -392,6 +409,9 @@ func (s *Server) handleTruncate(ctx context.Context, r *rpc.TruncateReq) (*rpc.E
 		return nil, err
 	}
 	if err := checkRange(t, r.Chunk.Ino, r.Size, 0, "truncate"); err != nil {
+		return nil, err
+	}
+	if err := checkGrowth(t, r.Chunk.Ino, r.Size, "truncate"); err != nil {
 		return nil, err
 	}
 	for i := 0; ; i++ {

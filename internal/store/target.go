@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -152,7 +153,45 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("target %s: %w", dir, err)
 	}
+	if err := checkMaxFile(dir); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
 	return t, nil
+}
+
+// ErrSmallFiles marks a target whose file system cannot hold a chunk of
+// layout.MaxChunkBytes (ext4 with blocks under 4 KiB, FAT, …): the file
+// sizes clients allow would fail there only after being acknowledged.
+var ErrSmallFiles = errors.New("file system cannot hold a chunk of the largest size")
+
+// checkMaxFile makes sure that dir's file system holds a file of
+// layout.MaxChunkBytes: it sets an empty probe file to that length (sparse:
+// nothing is allocated; a file system that cannot hold it answers EFBIG
+// before it allocates anything) and removes it, and what a crash left of
+// earlier probes.
+func checkMaxFile(dir string) error {
+	const probe = ".maxfile-probe-"
+	if old, _ := filepath.Glob(filepath.Join(dir, probe+"*")); len(old) > 0 {
+		for _, p := range old {
+			os.Remove(p)
+		}
+	}
+	f, err := os.CreateTemp(dir, probe+"*")
+	if err != nil {
+		return fmt.Errorf("target %s: probe the largest file: %w", dir, err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	err = f.Truncate(layout.MaxChunkBytes)
+	if errors.Is(err, syscall.EFBIG) || errors.Is(err, syscall.EINVAL) {
+		return fmt.Errorf("target %s: %w (%d bytes; use ext4 with 4 KiB blocks, xfs or btrfs): %v",
+			dir, ErrSmallFiles, int64(layout.MaxChunkBytes), err)
+	}
+	if err != nil {
+		return fmt.Errorf("target %s: probe the largest file: %w", dir, err)
+	}
+	return nil
 }
 
 func (t *target) close() {
