@@ -30,8 +30,8 @@ import (
 //	            response: errno (uvarint, 0 = success), error text (string),
 //	            then the message body when errno is 0
 //
-// A body is bounded by its method's limit (rpc.RequestLimit, rpc.ResponseLimit), checked on the
-// header before any of it is read.
+// A body is bounded by its method's limit (rpc.RequestLimit,
+// rpc.ResponseLimit), checked on the header before any of it is read.
 //
 // Connection handshake, version 2 (cluster key K, each side proves it):
 //
@@ -43,7 +43,7 @@ import (
 // The server closes the connection when the client's proof is wrong; the
 // client closes it when the server's is. The labels bind each proof to its
 // direction, so a peer cannot answer with the other side's own proof. With
-// TLS (tls.go) the handshake runs inside the TLS session.
+// TLS (auth.go) the handshake runs inside the TLS session.
 //
 // Version history: 1 — initial (only the client proved the key; no pings).
 // 2 — mutual proof, ping frames, per-method frame limits.
@@ -53,7 +53,8 @@ const (
 	kindResponse     = 2
 	kindPing         = 3
 	// MaxFrameBytes bounds any frame; each method has its own, lower,
-	// limit (rpc.RequestLimit, rpc.ResponseLimit). Larger lengths are a protocol error.
+	// limit (rpc.RequestLimit, rpc.ResponseLimit). Larger lengths are a
+	// protocol error.
 	MaxFrameBytes = rpc.MaxMessageBytes
 )
 
