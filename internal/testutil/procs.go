@@ -351,18 +351,18 @@ func (c *ProcCluster) Mount(i int) string { return c.MountDirs[i] }
 // ClusterStatus is the subset of `strata status --json` tests look at.
 type ClusterStatus struct {
 	Servers []struct {
-		ID    uint32
-		Addr  string
-		Alive bool
-	}
+		ID    uint32 `json:"id"`
+		Addr  string `json:"address"`
+		Alive bool   `json:"alive"`
+	} `json:"servers"`
 	Targets []struct {
-		ID         uint32
-		ServerID   uint32
-		Path       string
-		TotalBytes uint64
-		FreeBytes  uint64
-		Alive      bool
-	}
+		ID         uint32 `json:"id"`
+		ServerID   uint32 `json:"server_id"`
+		Path       string `json:"path"`
+		TotalBytes uint64 `json:"size_bytes"`
+		FreeBytes  uint64 `json:"avail_bytes"` // what writes may use: free less the reserve
+		Alive      bool   `json:"alive"`
+	} `json:"targets"`
 }
 
 // Status runs `strata status --json`.
