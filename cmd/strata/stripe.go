@@ -136,7 +136,7 @@ func requireStrata(path string) error {
 	if !ok {
 		what := ""
 		if mm, err := mountinfo.Containing(path); err == nil {
-			what = fmt.Sprintf(" (it is on %s, a %s file system)", mm.Point, mm.FSType)
+			what = fmt.Sprintf(" (it is on %s, file system type %s)", mm.Point, mm.FSType)
 		}
 		return usagef("%s is not on a Strata mount%s: layouts exist only there", path, what)
 	}
