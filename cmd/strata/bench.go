@@ -26,6 +26,9 @@ type benchFlags struct {
 	randomRuntime, phaseTimeout            time.Duration
 	filesPerDir, dirsPerThread, repeat     int
 	metaSync, odirect, fio                 bool
+	smallSize                              string
+	filesPerThread                         int
+	smallShared, smallFsync                bool
 	limitDir, fioSize, label               string
 	seed                                   uint64
 	jsonPath, outDir                       string
@@ -35,7 +38,7 @@ type benchFlags struct {
 func (f *benchFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.BoolVar(&f.quick, "quick", false, "small sizes and a short sweep (about a minute); other flags override")
-	fl.StringVar(&f.workloads, "workloads", strings.Join(bench.Workloads, ","), "workloads to run: seq,random,shared,meta")
+	fl.StringVar(&f.workloads, "workloads", strings.Join(bench.Workloads, ","), "workloads to run: "+strings.Join(bench.Workloads, ","))
 	fl.StringVar(&f.threads, "threads", "1,2,4", "thread counts to sweep, e.g. 1,2,4,8 or 1-64 (doubling)")
 	fl.StringVar(&f.clients, "clients", "1", "client process counts to sweep; threads are dealt round-robin to clients")
 	fl.StringVar(&f.size, "size", "2G", "seq: total data, split evenly across threads")
@@ -46,6 +49,10 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.filesPerDir, "files-per-dir", 1000, "meta: files per directory")
 	fl.IntVar(&f.dirsPerThread, "dirs-per-thread", 5, "meta: directories per thread (unique per thread)")
 	fl.BoolVar(&f.metaSync, "meta-sync", true, "meta: fsync each created file (mdtest -y)")
+	fl.StringVar(&f.smallSize, "smallfile-size", "3901", "smallfile: size of each file (IO500's 3,901 bytes)")
+	fl.IntVar(&f.filesPerThread, "files-per-thread", 2000, "smallfile: files each thread creates, reads back and removes")
+	fl.BoolVar(&f.smallShared, "smallfile-shared", true, "smallfile: all threads' files in one directory (false: a directory per thread)")
+	fl.BoolVar(&f.smallFsync, "smallfile-fsync", false, "smallfile: fsync each file before its close (the durable baseline)")
 	fl.BoolVar(&f.odirect, "odirect", true, "random: use O_DIRECT when the file system accepts it")
 	fl.IntVar(&f.repeat, "repeat", 1, "run every phase N times and report the median")
 	fl.BoolVar(&f.fio, "fio", true, "measure the raw limit of the backing directory with fio first")
@@ -104,6 +111,16 @@ func (f *benchFlags) configFrom(cmd *cobra.Command, c bench.Config) (bench.Confi
 	size("shared-size", f.sharedSize, &c.SharedBytes)
 	size("transfer", f.transfer, &c.TransferBytes)
 	size("fio-size", f.fioSize, &c.FioBytes)
+	size("smallfile-size", f.smallSize, &c.SmallFileBytes)
+	if set("files-per-thread") {
+		c.SmallFilesPerThread = f.filesPerThread
+	}
+	if set("smallfile-shared") {
+		c.SmallFileShared = f.smallShared
+	}
+	if set("smallfile-fsync") {
+		c.SmallFileFsync = f.smallFsync
+	}
 	if set("random-runtime") {
 		c.RandomRuntime = f.randomRuntime
 	}
@@ -198,12 +215,14 @@ func init() {
 	var f benchFlags
 	benchCmd := &cobra.Command{
 		Use:   "bench [flags] DIR",
-		Short: "Benchmark a mounted path: seq, random, N-to-1 and metadata workloads with plots and reports",
+		Short: "Benchmark a mounted path: seq, random, N-to-1, metadata and small-file workloads with plots and reports",
 		Long: `Runs the HPC storage studies' methodology against DIR (any mounted file system):
   seq     N-to-N, one file per thread, 1 MiB records, fsync+close timed (IOzone -i0/-i1 -c -e)
   random  4 KiB records at random offsets, own file per thread, O_DIRECT when accepted (IOPS)
   shared  N-to-1, each thread writes then reads its own block of one file (IOR, fsync on close)
   meta    create (fsync, like mdtest -y), stat in random order, remove; unique dir per thread
+  smallfile  IO500 mdtest-hard-style: create+write+close of 3,901-byte files, then
+          stat+open+read+check+close, then remove; one shared directory (--smallfile-shared)
 Each phase runs in fresh worker processes (readers never are the writers), the page cache is
 dropped between phases when root, and every byte read is checked. fio measures the raw limit.`,
 		Args: cobra.ArbitraryArgs,

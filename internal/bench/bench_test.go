@@ -211,7 +211,8 @@ func TestQuickRunWritesEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]bool{}
-	for _, w := range []string{"seq/write", "seq/read", "random/write", "random/read", "shared/write", "shared/read", "meta/create", "meta/stat", "meta/remove"} {
+	for _, w := range []string{"seq/write", "seq/read", "random/write", "random/read", "shared/write", "shared/read", "meta/create", "meta/stat", "meta/remove",
+		"smallfile/create", "smallfile/read", "smallfile/remove"} {
 		for _, th := range []string{"1", "2"} {
 			want[w+"/"+th] = true
 		}
@@ -222,7 +223,7 @@ func TestQuickRunWritesEverything(t *testing.T) {
 		if !(r.Value > 0) || !r.Verified || r.Seconds <= 0 || r.Clients != 1 || r.System != "tmp" {
 			t.Errorf("insane result %+v", r)
 		}
-		if r.Workload != "meta" && r.Bytes <= 0 {
+		if r.Workload != "meta" && r.Phase != "remove" && r.Bytes <= 0 {
 			t.Errorf("no bytes in %+v", r)
 		}
 		if r.Workload == "seq" && r.Bytes != c.SeqBytes {
@@ -547,4 +548,180 @@ func TestRandomFilesKeptAcrossCalls(t *testing.T) {
 	if _, err := os.Stat(randomName(r2.work, 0)); !os.IsNotExist(err) {
 		t.Errorf("random file left by a call without KeepRandomFiles: %v", err)
 	}
+}
+
+// smallfile does one operation per file in every phase, moves the files'
+// bytes in create and read, and leaves nothing behind, in one shared
+// directory and in private ones, with and without an fsync per file.
+func TestSmallFileCounts(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		shared, fsync bool
+		size          int64
+	}{
+		{"shared", true, false, 3901},
+		{"private+fsync", false, true, 3901},
+		{"empty", true, false, 0},
+		{"two blocks and a bit", false, false, 2*blockBytes + 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c := testConfig(t, dir)
+			c.Workloads = []string{"smallfile"}
+			c.Threads = []int{1, 3}
+			c.Clients = []int{1, 2}
+			c.SmallFilesPerThread = 25
+			c.SmallFileShared, c.SmallFileFsync, c.SmallFileBytes = tc.shared, tc.fsync, tc.size
+			c.Fio = false
+			rep, err := Run(context.Background(), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Points (threads, clients): (1,1), (3,1), (3,2).
+			if len(rep.Results) != 9 {
+				t.Fatalf("%d results, want 3 phases at 3 points: %+v", len(rep.Results), rep.Results)
+			}
+			for _, r := range rep.Results {
+				ops := int64(r.Threads * c.SmallFilesPerThread)
+				bytes := ops * tc.size
+				if r.Phase == "remove" {
+					bytes = 0
+				}
+				if r.Ops != ops || r.Bytes != bytes || r.Unit != UnitOpsps || !(r.Value > 0) || !r.Verified || r.RecordBytes != tc.size {
+					t.Errorf("%s t=%d c=%d: ops %d bytes %d unit %s value %v record %d; want ops %d bytes %d",
+						r.Phase, r.Threads, r.Clients, r.Ops, r.Bytes, r.Unit, r.Value, r.RecordBytes, ops, bytes)
+				}
+				notes := strings.Join(r.Notes, "; ")
+				where := map[bool]string{true: "one shared directory", false: "a directory per thread"}[tc.shared]
+				if !strings.Contains(notes, where) || !strings.Contains(notes, fmt.Sprintf("%d bytes", tc.size)) {
+					t.Errorf("%s notes %q do not say how it ran", r.Phase, notes)
+				}
+				if got := strings.Contains(notes, "fsync before each close"); got != (tc.fsync && r.Phase == "create") {
+					t.Errorf("%s notes %q: fsync note %v, want %v", r.Phase, notes, got, tc.fsync && r.Phase == "create")
+				}
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+				t.Errorf("left behind: %v", ents)
+			}
+		})
+	}
+}
+
+// smallTask is one smallfile phase of threads 0..n-1 run in this process.
+func smallTask(dir, phase string, n int, nonce uint64) *task {
+	return &task{Workload: "smallfile", Phase: phase, Dir: dir, TotalThreads: n, FileBytes: 3901,
+		FilesPerThread: 4, SharedDir: true, Nonce: nonce}
+}
+
+func runSmall(t *testing.T, tk *task) error {
+	t.Helper()
+	for th := 0; th < tk.TotalThreads; th++ {
+		fn, _, err := prepareSmall(tk, th)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fn(&threadResult{}, &counters{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The read phase checks every file: a flipped byte, a file of the wrong
+// size, another file's data, another thread's data and an earlier pass's
+// data all fail it with ErrCorrupt naming the file (and the offset in it).
+func TestSmallFileVerification(t *testing.T) {
+	const nonce = 42
+	for _, tc := range []struct {
+		name    string
+		damage  func(t *testing.T, dir string)
+		wantMsg string
+	}{
+		{"intact", func(*testing.T, string) {}, ""},
+		{"flipped byte", func(t *testing.T, dir string) { flipByte(t, smallName(dir, true, 1, 2), 3000) }, "t1.f2 offset 3000"},
+		{"flipped header byte", func(t *testing.T, dir string) { flipByte(t, smallName(dir, true, 0, 0), 9) }, "t0.f0 offset 9"},
+		{"truncated", func(t *testing.T, dir string) {
+			os.Truncate(smallName(dir, true, 0, 3), 3900)
+		}, "t0.f3 offset 0: stat says mode 100644 size 3900"},
+		{"files of one thread swapped", func(t *testing.T, dir string) {
+			a, b := smallName(dir, true, 1, 0), smallName(dir, true, 1, 1)
+			os.Rename(a, a+".x")
+			os.Rename(b, a)
+			os.Rename(a+".x", b)
+		}, "t1.f0 offset 1:"},
+		{"another thread's file", func(t *testing.T, dir string) {
+			b, _ := os.ReadFile(smallName(dir, true, 0, 1))
+			os.WriteFile(smallName(dir, true, 1, 1), b, 0o644)
+		}, "t1.f1 offset 8:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := runSmall(t, smallTask(dir, "create", 2, nonce)); err != nil {
+				t.Fatal(err)
+			}
+			tc.damage(t, dir)
+			err := runSmall(t, smallTask(dir, "read", 2, nonce))
+			if tc.wantMsg == "" {
+				if err != nil {
+					t.Fatalf("intact files failed: %v", err)
+				}
+				// Data of an earlier pass (another nonce) fails.
+				err = runSmall(t, smallTask(dir, "read", 2, nonce+1))
+				if !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("an earlier pass's data accepted: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.wantMsg) {
+				t.Fatalf("read of damaged files: %v; want a verification failure naming %q", err, tc.wantMsg)
+			}
+		})
+	}
+}
+
+// flipByte flips one bit of byte i of file name.
+func flipByte(t *testing.T, name string, i int) {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[i] ^= 0x04
+	if err := os.WriteFile(name, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A file system that corrupts a small file fails the whole run.
+func TestSmallFileRunFailsOnCorruption(t *testing.T) {
+	dir := t.TempDir()
+	c := testConfig(t, dir)
+	c.Workloads = []string{"smallfile"}
+	c.Threads = []int{2}
+	c.SmallFilesPerThread = 10
+	c.Fio = false
+	r, err := NewRunner(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	// Between create and read, zero a page of one file: the runner's
+	// cache dropper is the hook that runs between phases.
+	r.cfg.Caches = damageOnce(func() error {
+		return os.WriteFile(smallName(r.work, true, 1, 7), make([]byte, 3901), 0o644)
+	})
+	_, err = r.Workload(context.Background(), "smallfile")
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "t1.f7 offset 1:") {
+		t.Fatalf("run over a zeroed file: %v; want a verification failure naming t1.f7", err)
+	}
+}
+
+// damageOnce is a CacheDropper that runs f (every call; the test makes one).
+type damageOnce func() error
+
+func (d damageOnce) DropCaches(context.Context) error {
+	if d == nil {
+		return nil
+	}
+	return d()
 }

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
 // Workloads in the order a suite runs them.
-var Workloads = []string{"seq", "random", "shared", "meta"}
+var Workloads = []string{"seq", "random", "shared", "meta", "smallfile"}
 
 // Config is one benchmark run. Sizes are bytes.
 type Config struct {
@@ -52,6 +53,15 @@ type Config struct {
 	FilesPerDir   int
 	DirsPerThread int
 	MetaSync      bool
+	// SmallFileBytes and SmallFilesPerThread shape smallfile (IO500's
+	// mdtest-hard: 3,901-byte files); SmallFileShared puts every thread's
+	// files in one directory (else a directory per thread);
+	// SmallFileFsync fsyncs each file before its close (the durable
+	// baseline of a local directory).
+	SmallFileBytes      int64
+	SmallFilesPerThread int
+	SmallFileShared     bool
+	SmallFileFsync      bool
 
 	// Seed drives the random offsets and the stat order.
 	Seed uint64
@@ -115,11 +125,16 @@ func DefaultConfig() Config {
 		FilesPerDir:       1000,
 		DirsPerThread:     5,
 		MetaSync:          true,
-		Seed:              1,
-		PhaseTimeout:      15 * time.Minute,
-		Fio:               true,
-		FioBytes:          512 << 20,
-		FioRuntime:        10 * time.Second,
+		SmallFileBytes:    3901,
+		// 2,000 files per thread: about 20 s per phase at Strata's
+		// slowest (sync policy, 4 threads), well under a second locally.
+		SmallFilesPerThread: 2000,
+		SmallFileShared:     true,
+		Seed:                1,
+		PhaseTimeout:        15 * time.Minute,
+		Fio:                 true,
+		FioBytes:            512 << 20,
+		FioRuntime:          10 * time.Second,
 	}
 }
 
@@ -133,6 +148,7 @@ func QuickConfig() Config {
 	c.SharedBytes = 64 << 20
 	c.FilesPerDir = 250
 	c.DirsPerThread = 2
+	c.SmallFilesPerThread = 250
 	c.FioBytes = 64 << 20
 	c.FioRuntime = time.Second
 	c.PhaseTimeout = 2 * time.Minute
@@ -155,7 +171,7 @@ func (c *Config) Validate() error {
 	}
 	for _, w := range c.Workloads {
 		if !known[w] {
-			bad("unknown workload %q (want seq, random, shared, meta)", w)
+			bad("unknown workload %q (want %s)", w, strings.Join(Workloads, ", "))
 		}
 	}
 	if len(c.Threads) == 0 {
@@ -192,6 +208,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FilesPerDir < 1 || c.DirsPerThread < 1 {
 		bad("files per dir and dirs per thread must be >= 1")
+	}
+	if c.SmallFilesPerThread < 1 || c.SmallFileBytes < 0 {
+		bad("smallfile: files per thread must be >= 1 and the file size >= 0")
 	}
 	if c.PhaseTimeout <= 0 {
 		bad("phase timeout must be positive")

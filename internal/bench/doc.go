@@ -1,12 +1,15 @@
 // Package bench is Strata's benchmark harness: the HPC storage studies'
-// methodology (IOzone N-to-N, IOzone random, IOR N-to-1, mdtest) run against
-// any mounted path, with results as a table, JSON, plots and an HTML report.
+// methodology (IOzone N-to-N, IOzone random, IOR N-to-1, mdtest) and
+// IO500's small-file phases run against any mounted path, with results as a
+// table, JSON, plots and an HTML report.
 //
 // # Concepts
 //
-// A run is a sweep: for every workload (seq, random, shared, meta), for every
-// point (threads, clients) of the sweep, a sequence of phases (write then
-// read, or create, stat, remove). Every phase is executed by fresh worker
+// A run is a sweep: for every workload (seq, random, shared, meta,
+// smallfile), for every point (threads, clients) of the sweep, a sequence of
+// phases (write then read; create, stat, remove; or, for smallfile, create
+// = create+write+close of a 3,901-byte file, read = stat+open+read+check+
+// close, remove). Every phase is executed by fresh worker
 // processes (the strata binary re-executed with the hidden `bench worker`
 // subcommand, or the test binary in tests), so that the process that reads a
 // file is never the process that wrote it, and the page cache is dropped

@@ -36,6 +36,7 @@ func testConfig(t *testing.T, dir string) Config {
 	c.TransferBytes = 1 << 20
 	c.FilesPerDir = 40
 	c.DirsPerThread = 2
+	c.SmallFilesPerThread = 30
 	c.FioBytes = 8 << 20
 	c.FioRuntime = 300e6
 	c.WorkerCommand = []string{exe}

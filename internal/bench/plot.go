@@ -65,10 +65,11 @@ func writePlots(dir string, rs []Result, title string) (map[string][]byte, []str
 }
 
 var workloadTitles = map[string]string{
-	"seq":    "Sequential N-to-N, 1 MiB records",
-	"random": "Random 4 KiB",
-	"shared": "N-to-1 shared file (IOR-style)",
-	"meta":   "Metadata (mdtest-style)",
+	"seq":       "Sequential N-to-N, 1 MiB records",
+	"random":    "Random 4 KiB",
+	"shared":    "N-to-1 shared file (IOR-style)",
+	"meta":      "Metadata (mdtest-style)",
+	"smallfile": "Small files (IO500 mdtest-hard-style)",
 }
 
 func workloadPlot(workload string, rs []Result, title string) (*plot.Plot, error) {

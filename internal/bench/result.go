@@ -32,7 +32,7 @@ type Result struct {
 	System   string  `json:"system"` // label of the file system or run, e.g. "local", "glusterfs"
 	Path     string  `json:"path,omitempty"`
 	FSType   string  `json:"fstype,omitempty"`
-	Workload string  `json:"workload"` // seq, random, shared, meta
+	Workload string  `json:"workload"` // seq, random, shared, meta, smallfile
 	Phase    string  `json:"phase"`    // write, read, create, stat, remove
 	Threads  int     `json:"threads"`  // total threads over all clients
 	Clients  int     `json:"clients"`  // client processes
@@ -47,7 +47,8 @@ type Result struct {
 	// median sample: the client-side cost of moving Bytes.
 	CPUSeconds float64   `json:"cpu_seconds,omitempty"`
 	Samples    []float64 `json:"samples,omitempty"`
-	// RecordBytes is the I/O size (1 MiB for seq, 4 KiB random, transfer size shared).
+	// RecordBytes is the I/O size (1 MiB for seq, 4 KiB random, transfer
+	// size shared, the file size smallfile).
 	RecordBytes int64 `json:"record_bytes,omitempty"`
 	ODirect     *bool `json:"odirect,omitempty"`
 	// Efficiency is Value ÷ the run's own measured physical limit for the

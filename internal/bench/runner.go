@@ -231,6 +231,11 @@ func (r *Runner) point(ctx context.Context, name string, threads, clients int) (
 		phases = []string{"create", "stat", "remove"}
 		unit = UnitOpsps
 		base.FilesPerDir, base.DirsPerThread, base.MetaSync = c.FilesPerDir, c.DirsPerThread, c.MetaSync
+	case "smallfile":
+		phases = []string{"create", "read", "remove"}
+		unit = UnitOpsps
+		rec = c.SmallFileBytes
+		base.FileBytes, base.FilesPerThread, base.SharedDir, base.Fsync = c.SmallFileBytes, c.SmallFilesPerThread, c.SmallFileShared, c.SmallFileFsync
 	default:
 		return nil, fmt.Errorf("unknown workload %q", name)
 	}
@@ -272,6 +277,8 @@ func (r *Runner) point(ctx context.Context, name string, threads, clients int) (
 			os.Remove(sharedName(base.Dir))
 		case "meta":
 			r.removeGlob("meta.t*")
+		case "smallfile":
+			r.removeGlob("smallfile*")
 		}
 	}
 	return r.results(name, phases, samples, threads, clients, unit, rec), nil
@@ -315,9 +322,24 @@ func (r *Runner) results(name string, phases []string, samples [][]sample, threa
 		if name == "meta" && ph == "create" && r.cfg.MetaSync {
 			res.Notes = appendOnce(res.Notes, "fsync after create (mdtest -y)")
 		}
+		if name == "smallfile" {
+			res.Notes = appendOnce(res.Notes, r.smallFileNote())
+			if ph == "create" && r.cfg.SmallFileFsync {
+				res.Notes = appendOnce(res.Notes, "fsync before each close")
+			}
+		}
 		out = append(out, res)
 	}
 	return out
+}
+
+// smallFileNote says how smallfile was shaped.
+func (r *Runner) smallFileNote() string {
+	where := "one shared directory"
+	if !r.cfg.SmallFileShared {
+		where = "a directory per thread"
+	}
+	return fmt.Sprintf("%d files of %d bytes per thread, %s", r.cfg.SmallFilesPerThread, r.cfg.SmallFileBytes, where)
 }
 
 // layout writes the random workload's files that do not exist yet
@@ -358,6 +380,8 @@ func (r *Runner) phase(ctx context.Context, t task, threads, clients int, unit s
 		total, byTime = t.Runtime.Seconds(), true
 	case t.Workload == "meta":
 		total = float64(threads * t.FilesPerDir * t.DirsPerThread)
+	case t.Workload == "smallfile":
+		total = float64(threads * t.FilesPerThread)
 	default:
 		total = float64(int64(threads) * t.FileBytes)
 	}
@@ -472,7 +496,7 @@ func (r *Runner) phaseThreads(ctx context.Context, t task, split [][]int, unit, 
 					if len(f) == 2 {
 						b, _ := strconv.ParseInt(f[0], 10, 64)
 						o, _ := strconv.ParseInt(f[1], 10, 64)
-						if t.Workload == "meta" {
+						if t.Workload == "meta" || t.Workload == "smallfile" {
 							w.done = o
 						} else {
 							w.done = b

@@ -46,7 +46,12 @@ type task struct {
 	FilesPerDir   int           `json:"files_per_dir"`
 	DirsPerThread int           `json:"dirs_per_thread"`
 	MetaSync      bool          `json:"meta_sync"`
-	Seed          uint64        `json:"seed"`
+	// FilesPerThread, SharedDir and Fsync shape smallfile (whose
+	// FileBytes is each file's size).
+	FilesPerThread int    `json:"files_per_thread,omitempty"`
+	SharedDir      bool   `json:"shared_dir,omitempty"`
+	Fsync          bool   `json:"fsync,omitempty"`
+	Seed           uint64 `json:"seed"`
 	// Nonce is the data pattern's run nonce: the writer's, passed on to
 	// the readers of the same data (see pattern.go).
 	Nonce uint64 `json:"nonce"`
@@ -73,6 +78,7 @@ const (
 	seqFileBase    = 1 << 32
 	randomFileBase = 2 << 32
 	sharedFileID   = 3 << 32
+	smallFileBase  = 4 << 32 // + thread; file k of a thread sits at offset k*smallSlot(size)
 )
 
 func seqName(dir string, i int) string    { return filepath.Join(dir, fmt.Sprintf("seq.%d", i)) }
@@ -80,6 +86,15 @@ func randomName(dir string, i int) string { return filepath.Join(dir, fmt.Sprint
 func sharedName(dir string) string        { return filepath.Join(dir, "shared.dat") }
 func metaDir(dir string, thread, d int) string {
 	return filepath.Join(dir, fmt.Sprintf("meta.t%d", thread), fmt.Sprintf("d%d", d))
+}
+
+// smallName is file k of thread th of smallfile: in the shared directory
+// "smallfile" or in the thread's own "smallfile.tTH".
+func smallName(dir string, shared bool, th, k int) string {
+	if shared {
+		return filepath.Join(dir, "smallfile", fmt.Sprintf("t%d.f%d", th, k))
+	}
+	return filepath.Join(dir, fmt.Sprintf("smallfile.t%d", th), fmt.Sprintf("f%d", k))
 }
 
 // WorkerMain runs one worker: it reads a task from in, executes it and
@@ -289,6 +304,8 @@ func prepareThread(t *task, th int, res *workerResult) (threadFunc, func(), erro
 		return prepareRandom(t, th, res)
 	case "meta/create", "meta/stat", "meta/remove":
 		return prepareMeta(t, th)
+	case "smallfile/create", "smallfile/read", "smallfile/remove":
+		return prepareSmall(t, th)
 	}
 	return nil, nil, fmt.Errorf("unknown workload/phase %s/%s", t.Workload, t.Phase)
 }
@@ -546,8 +563,8 @@ func recordIO(fd int, b []byte, pos int64, write, fast bool, pat *pattern, name 
 	return nil
 }
 
-// finishFile ends a thread's file inside the timing: fsync when it was
-// written (fio's end_fsync), then close.
+// finishFile ends a file inside the timing: fsync when it was written and
+// wants it (fio's end_fsync, smallfile's --smallfile-fsync), then close.
 func finishFile(fd int, write bool, name string) error {
 	if write {
 		if err := unix.Fsync(fd); err != nil {
@@ -559,4 +576,114 @@ func finishFile(fd int, write bool, name string) error {
 		return fmt.Errorf("close %s: %w", name, err)
 	}
 	return nil
+}
+
+// smallSlot is the distance in the pattern between the files of one
+// smallfile thread: file k holds the thread's pattern at offset
+// k*smallSlot(size), so a file's data in another file's place fails the
+// check as surely as another thread's or an earlier pass's.
+func smallSlot(size int64) int64 {
+	return max(blockBytes, (size+blockBytes-1)/blockBytes*blockBytes)
+}
+
+// prepareSmall lists the names of a smallfile phase and returns its timed
+// loop (IO500's mdtest-hard, one operation per file):
+//
+//	create  open(O_CREAT|O_EXCL) + pwrite of the whole file [+ fsync] + close
+//	read    stat (a regular file of the size written) + open + pread + check + close
+//	remove  unlink
+//
+// Create works on the thread's own files; read and remove on the next
+// thread's (IO500's mdtest -N 1), so that with several clients a file is
+// read back by another process than its writer. The directories are made
+// here, untimed; the runner removes them after the pass.
+func prepareSmall(t *task, th int) (threadFunc, func(), error) {
+	owner := th
+	if t.Phase != "create" && t.TotalThreads > 1 {
+		owner = (th + 1) % t.TotalThreads
+	}
+	names := make([]string, t.FilesPerThread)
+	for k := range names {
+		names[k] = smallName(t.Dir, t.SharedDir, owner, k)
+	}
+	if t.Phase == "create" && len(names) > 0 {
+		if err := os.MkdirAll(filepath.Dir(names[0]), 0o755); err != nil {
+			return nil, nil, fmt.Errorf("make smallfile directory: %w", err)
+		}
+	}
+	size, slot := t.FileBytes, smallSlot(t.FileBytes)
+	pat := newPattern(smallFileBase+uint64(owner), t.Nonce)
+	buf := alignedBuf(int(slot))[:size]
+	if t.Phase == "create" {
+		pat.prime(buf)
+	}
+	fn := func(tr *threadResult, c *counters) error {
+		var st unix.Stat_t
+		for k, n := range names {
+			off := int64(k) * slot
+			switch t.Phase {
+			case "create":
+				pat.stamp(buf, off)
+				if err := writeSmall(n, buf, t.Fsync); err != nil {
+					return err
+				}
+			case "read":
+				if err := unix.Stat(n, &st); err != nil {
+					return fmt.Errorf("stat %s: %w", n, err)
+				}
+				if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != size {
+					return fmt.Errorf("%w: file %s offset 0: stat says mode %o size %d, want a regular file of %d bytes", ErrCorrupt, n, st.Mode, st.Size, size)
+				}
+				if err := readSmall(n, buf, pat, off); err != nil {
+					return err
+				}
+			case "remove":
+				if err := unix.Unlink(n); err != nil {
+					return fmt.Errorf("remove %s: %w", n, err)
+				}
+			}
+			tr.Ops++
+			c.ops.Add(1)
+			if t.Phase != "remove" {
+				tr.Bytes += size
+				c.bytes.Add(size)
+			}
+		}
+		return nil
+	}
+	return fn, nil, nil
+}
+
+// writeSmall creates name (it must not exist) with the content b, fsyncs
+// it when asked, and closes it.
+func writeSmall(name string, b []byte, fsync bool) error {
+	fd, err := unix.Open(name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", name, err)
+	}
+	if len(b) > 0 {
+		if err := pwriteFull(fd, b, 0); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+	}
+	return finishFile(fd, fsync, name)
+}
+
+// readSmall reads name whole into b and checks it against the pattern at
+// offset off (where the writer took the file's data from); an error names
+// the offset in the file.
+func readSmall(name string, b []byte, pat *pattern, off int64) error {
+	fd, err := unix.Open(name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", name, err)
+	}
+	if err := preadFull(fd, b, 0); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	if err := unix.Close(fd); err != nil {
+		return fmt.Errorf("close %s: %w", name, err)
+	}
+	return pat.checkFrom(b, off, 0, name)
 }

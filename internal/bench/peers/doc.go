@@ -7,6 +7,10 @@
 //	moosefs      mfsmaster + 2 mfschunkservers, mfsmount
 //	strata       `strata up` (meta + stores + FUSE mount, fuse.strata), shared dir striped over all live targets
 //
+// When the suite includes smallfile without --smallfile-fsync, the local
+// directory also runs it as the series local-fsync, with an fsync before
+// each close: the durable baseline of a small-file create.
+//
 // # Turns
 //
 // Every workload runs on each system in turn before the next workload, and

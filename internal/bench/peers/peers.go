@@ -92,6 +92,7 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 	type peer struct {
 		name   string
 		runner *bench.Runner
+		only   string // the one workload this series runs ("" = all)
 	}
 	var peers []peer
 	for _, name := range cfg.Systems {
@@ -134,8 +135,17 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 			return rep, err
 		}
 		defer r.Close()
-		peers = append(peers, peer{name, r})
+		peers = append(peers, peer{name: name, runner: r})
 		logf("%s ready at %s (%s)", name, path, bench.FSType(path))
+		if fc, ok := fsyncBaseline(name, bc); ok {
+			fr, err := bench.NewRunner(fc)
+			if err != nil {
+				return rep, err
+			}
+			defer fr.Close()
+			peers = append(peers, peer{name: fc.System, runner: fr, only: "smallfile"})
+			logf("%s: smallfile also on %s with an fsync before each close", fc.System, path)
+		}
 	}
 	if len(peers) == 0 {
 		return rep, errors.New("no system could be set up")
@@ -165,7 +175,7 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		for turn := 1; turn <= repeat; turn++ {
 			for _, i := range turnOrder(len(peers), turn) {
 				p := peers[i]
-				if failed[p.name] {
+				if failed[p.name] || (p.only != "" && p.only != w) {
 					continue
 				}
 				waited, quiet, serr := settle(ctx)
@@ -219,6 +229,22 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		return rep, fmt.Errorf("%w on %s", bench.ErrCorrupt, strings.Join(corrupt, ", "))
 	}
 	return rep, nil
+}
+
+// LocalFsync is the series of the local directory whose smallfile creates
+// fsync each file before its close: the durable baseline of a small-file
+// create (issue 19's bars compare the sync policy's creates with it).
+const LocalFsync = "local-fsync"
+
+// fsyncBaseline returns the suite of the local-fsync series when the
+// system just set up is the local directory and the suite runs smallfile
+// without an fsync per file (with one, local already is that baseline).
+func fsyncBaseline(name string, bc bench.Config) (bench.Config, bool) {
+	if name != "local" || bc.SmallFileFsync || !slices.Contains(bc.Workloads, "smallfile") {
+		return bc, false
+	}
+	bc.System, bc.SmallFileFsync, bc.Workloads = LocalFsync, true, []string{"smallfile"}
+	return bc, true
 }
 
 // turnOrder is the order in which turn (from 1) visits n systems: the rows

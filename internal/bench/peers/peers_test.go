@@ -257,3 +257,32 @@ func TestUpFlagsMayNotMoveTheCluster(t *testing.T) {
 		}
 	}
 }
+
+// The local directory gets a second smallfile series with an fsync per
+// file, the durable baseline, unless the suite already fsyncs every file.
+func TestFsyncBaseline(t *testing.T) {
+	bc := DefaultBench()
+	if !slices.Contains(bc.Workloads, "smallfile") {
+		t.Fatalf("the peers suite lacks smallfile: %v", bc.Workloads)
+	}
+	fc, ok := fsyncBaseline("local", bc)
+	if !ok || fc.System != LocalFsync || !fc.SmallFileFsync || !slices.Equal(fc.Workloads, []string{"smallfile"}) {
+		t.Fatalf("local: %v %+v", ok, fc)
+	}
+	if bc.SmallFileFsync || len(bc.Workloads) != len(fc.Workloads)+4 {
+		t.Fatalf("the suite itself changed: %+v", bc)
+	}
+	for _, name := range []string{"passthrough", "strata"} {
+		if _, ok := fsyncBaseline(name, bc); ok {
+			t.Errorf("%s got an fsync series", name)
+		}
+	}
+	bc.Workloads = []string{"seq", "meta"}
+	if _, ok := fsyncBaseline("local", bc); ok {
+		t.Error("fsync series without smallfile in the suite")
+	}
+	bc.Workloads, bc.SmallFileFsync = []string{"smallfile"}, true
+	if _, ok := fsyncBaseline("local", bc); ok {
+		t.Error("fsync series although every file is fsynced already")
+	}
+}
