@@ -586,7 +586,7 @@ func (s *Service) reapRound(ctx context.Context) int {
 
 // freePending counts the orphans (removed files whose chunks the reaper
 // has not freed yet, open ones included) and the space they hold: the
-// space their size commits reported, else their size. It reads every
+// space their size commits reported, else (none reported) their size. It reads every
 // orphan record, as cluster status asks for it, not on any file's path.
 func (s *Service) freePending() (files, bytes uint64, err error) {
 	p := schema.OrphanPrefix()
@@ -606,7 +606,9 @@ func (s *Service) freePending() (files, bytes uint64, err error) {
 		if err != nil || schema.DecodeInode(v, &in) != nil {
 			continue
 		}
-		if blocks, known := in.AllocBlocks(); known {
+		// A small file's size commit often reports no space yet (the
+		// store's file system had not allocated it): count its size then.
+		if blocks, _ := in.AllocBlocks(); blocks > 0 {
 			bytes += blocks * 512
 		} else {
 			bytes += in.Size
