@@ -124,6 +124,7 @@ func printStatus(out io.Writer, st *rpc.ClusterStatusResp, capa admin.Capacity, 
 	for _, p := range st.Problems {
 		fmt.Fprintf(w, "\tFAILING: %s\n", p)
 	}
+	fmt.Fprintf(w, "\tto free: %d removed files, %s (the background reaper frees them)\n", st.FreePendingFiles, humanBytes(st.FreePendingBytes))
 	w.Flush()
 	fmt.Fprintln(out)
 	fmt.Fprintln(w, "SERVER\tADDRESS\tHOST\tHEALTH\tLAST SEEN")

@@ -120,7 +120,7 @@ func TestStatusJSONConvention(t *testing.T) {
 		Targets:  []rpc.TargetInfo{{ID: 1, ServerID: 1, TotalBytes: 100, FreeBytes: 40, Alive: true}},
 		Clients:  []rpc.ClientInfo{{ID: 7, OpenedMs: 1764000000000, LastSeenMs: 250}},
 		Locks:    []rpc.LockInfo{{Ino: 5, Client: 7, Type: rpc.LockWrite, Flock: true, End: math.MaxUint64}},
-		Problems: []string{"disk full"}, LocksTotal: 1,
+		Problems: []string{"disk full"}, LocksTotal: 1, FreePendingFiles: 2, FreePendingBytes: 8192,
 	}
 	doc := StatusOf(st, rpc.StatFSResp{TotalBytes: 100, FreeBytes: 50, AvailBytes: 40}, true)
 	b, err := json.Marshal(doc)
@@ -152,6 +152,9 @@ func TestStatusJSONConvention(t *testing.T) {
 		}
 	}
 	walk("", v)
+	if m := v.(map[string]any); m["free_pending_files"] != 2.0 || m["free_pending_bytes"] != 8192.0 {
+		t.Errorf("free_pending_files, free_pending_bytes = %v, %v; want 2, 8192", m["free_pending_files"], m["free_pending_bytes"])
+	}
 	if _, err := time.Parse(time.RFC3339, doc.Clients[0].OpenedAt); err != nil {
 		t.Errorf("opened_at %q: %v", doc.Clients[0].OpenedAt, err)
 	}

@@ -24,6 +24,11 @@ type Status struct {
 	Capacity Capacity       `json:"capacity"`
 	Clients  []ClientStatus `json:"clients"`
 	Locks    LockStatus     `json:"locks"`
+
+	// FreePendingFiles, FreePendingBytes: removed files whose chunks the
+	// background reaper has not freed yet, and the space they hold.
+	FreePendingFiles uint64 `json:"free_pending_files"`
+	FreePendingBytes uint64 `json:"free_pending_bytes"`
 }
 
 // MetaStatus is the metadata service as the answering node sees it.
@@ -129,6 +134,7 @@ func StatusOf(st *rpc.ClusterStatusResp, fs rpc.StatFSResp, withLocks bool) Stat
 		},
 		Health: "ok", Problems: append([]string{}, st.Problems...),
 		Inodes: st.Inodes, Sessions: st.Sessions,
+		FreePendingFiles: st.FreePendingFiles, FreePendingBytes: st.FreePendingBytes,
 		Servers: []ServerStatus{}, Targets: []TargetStatus{}, Clients: []ClientStatus{},
 		Capacity: CapacityOf(fs),
 		Locks:    LockStatus{Held: st.LocksTotal, Grace: st.LockGrace, GracePendingClients: st.LockGracePending, List: []Lock{}},

@@ -130,8 +130,15 @@ func (ra *readahead) read(ctx context.Context, p []byte, off, size int64, gen ui
 }
 
 // prefetchLocked starts blocks so that [from, from+ReadAheadBytes) (up to
-// size) is covered, as far as the memory budget allows.
+// size) is covered, as far as the memory budget allows. Nothing when from
+// is at the end: the first block starts at a block boundary at or below
+// from, so a read that reached the end of a file smaller than a block
+// would fetch again the bytes it is reading (a second storage read per
+// small file).
 func (ra *readahead) prefetchLocked(from, size int64, gen uint64) {
+	if from >= size {
+		return
+	}
 	c := ra.f.c
 	in := ra.f.in
 	limit := min(from+c.cfg.ReadAheadBytes, size)

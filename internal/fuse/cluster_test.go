@@ -44,7 +44,8 @@ func startCluster(t testing.TB, stores, targets int) *testCluster {
 	t.Helper()
 	tc := &testCluster{t: t, dir: t.TempDir(), key: []byte("fuse-test-key")}
 	var err error
-	tc.meta, err = meta.Open(meta.Config{DataDir: filepath.Join(tc.dir, "meta"), ListenAddr: "127.0.0.1:0", ClusterKey: tc.key})
+	tc.meta, err = meta.Open(meta.Config{DataDir: filepath.Join(tc.dir, "meta"), ListenAddr: "127.0.0.1:0", ClusterKey: tc.key,
+		MetricsAddr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatalf("meta.Open: %v", err)
 	}
@@ -58,6 +59,7 @@ func startCluster(t testing.TB, stores, targets int) *testCluster {
 		}
 		cfg := store.DefaultConfig()
 		cfg.MetaAddr, cfg.Targets, cfg.ClusterKey = tc.meta.Addr(), dirs, tc.key
+		cfg.MetricsAddr = "127.0.0.1:0"
 		s, err := store.Open(cfg)
 		if err != nil {
 			t.Fatalf("store.Open: %v", err)

@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"math"
 	"reflect"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/testutil"
 )
 
 func lk(c *client, ino, owner, start, end uint64, typ uint32) *rpc.LockReq {
@@ -547,5 +549,97 @@ func TestStatusLockListBounded(t *testing.T) {
 		if st.locks[i].Ino < st.locks[i-1].Ino {
 			t.Fatalf("locks not in inode order at %d: %d after %d", i, st.locks[i].Ino, st.locks[i-1].Ino)
 		}
+	}
+}
+
+// TestStatusFreePending: cluster status counts the removed files whose
+// chunks wait for the reaper, and the space they hold (reported
+// allocation, as st_blocks shows it), until the reaper has freed them.
+func TestStatusFreePending(t *testing.T) {
+	store, c, _ := reapingSetup(t, 300*time.Millisecond)
+	status := func() rpc.ClusterStatusResp {
+		t.Helper()
+		var cs rpc.ClusterStatusResp
+		if err := c.call(rpc.MClusterStatus, &rpc.Empty{}, &cs); err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	f := c.mustCreate(1, "f", fileMode)
+	g := c.mustCreate(1, "g", fileMode)
+	var r rpc.AttrResp
+	if err := c.call(rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: c.hdr(), Ino: f.Ino, Size: 3901, Mtime: 1,
+		Alloc: []rpc.SlotAlloc{{Slot: 0, Bytes: 4096}}}, &r); err != nil {
+		t.Fatal(err)
+	}
+	alloc := []rpc.SlotAlloc{{Slot: 0, Bytes: 8192}, {Slot: 1, Bytes: 4096}}
+	if err := c.call(rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: c.hdr(), Ino: g.Ino, Size: 10000, Mtime: 1, Alloc: alloc}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if cs := status(); cs.FreePendingFiles != 0 || cs.FreePendingBytes != 0 {
+		t.Fatalf("before any unlink: pending %d files, %d bytes", cs.FreePendingFiles, cs.FreePendingBytes)
+	}
+	c.unlink(1, "f")
+	c.unlink(1, "g")
+	if cs := status(); cs.FreePendingFiles != 2 || cs.FreePendingBytes != 4096+12288 {
+		t.Fatalf("after unlinks: pending %d files, %d bytes; want 2, %d", cs.FreePendingFiles, cs.FreePendingBytes, 4096+12288)
+	}
+	waitFor(t, "chunks removed and status at zero", func() bool {
+		if err := c.heartbeat(); err != nil {
+			t.Fatal(err)
+		}
+		cs := status()
+		return len(store.removed()) == 4 && cs.FreePendingFiles == 0 && cs.FreePendingBytes == 0
+	})
+}
+
+// TestCloseWithOrphansOneLine: stopping while removed files wait for their
+// chunks (their storage server gone) logs one line that counts them, not a
+// line per file, and the reaper's failed rounds one line each at most.
+func TestCloseWithOrphansOneLine(t *testing.T) {
+	var logs testutil.SyncBuffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	cfg := testConfig(t, "")
+	cfg.OrphanGrace = 10 * time.Millisecond
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := newClient(t, s.Addr())
+	c.registerTargets("127.0.0.1:1", "t1", "t2") // nothing listens there
+	const n = 300
+	for i := 0; i < n; i++ {
+		c.mustCreate(1, fmt.Sprintf("f%d", i), fileMode)
+	}
+	for i := 0; i < n; i++ {
+		c.unlink(1, fmt.Sprintf("f%d", i))
+	}
+	for i := 0; i < 2; i++ { // the second list postdates the unlinks
+		if err := c.heartbeat(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "a reaper round", func() bool { return strings.Contains(logs.String(), "orphan data not removed yet") })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	summary := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "wait for their chunks to be freed") {
+			summary++
+			if !strings.Contains(l, fmt.Sprintf("files=%d", n)) {
+				t.Errorf("summary does not count %d files: %s", n, l)
+			}
+		}
+	}
+	if summary != 1 {
+		t.Errorf("%d summary lines at close, want 1:\n%s", summary, out)
+	}
+	if k := strings.Count(out, "level=WARN"); k >= n {
+		t.Errorf("%d warnings for %d waiting files:\n%s", k, n, out)
 	}
 }

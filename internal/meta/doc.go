@@ -37,7 +37,9 @@
 // — only when no live session reports the inode in its heartbeat's
 // OpenInodes, and not before OrphanGrace after gaining leadership (so
 // clients of a restarted service can report first). A store that is down
-// leaves the orphan for a later pass. Reaping costs about as much as the
+// leaves the orphan for a later pass (one log line per failed round; when
+// the leader loop ends, one line counts the orphans left — cluster status
+// reports them as FreePendingFiles and FreePendingBytes). Reaping costs about as much as the
 // removal did, so while clients keep the service busy the reaper waits for
 // a pause, at most ReapDeferMax (reapPacer).
 //

@@ -555,6 +555,10 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 	if err != nil {
 		return nil, err
 	}
+	pendingFiles, pendingBytes, err := s.freePending()
+	if err != nil {
+		return nil, err
+	}
 	return &rpc.ClusterStatusResp{
 		MetaAddr: s.Addr(), RaftState: st.State, Leader: leader, Term: st.Term,
 		CommitIndex: st.CommitIndex, AppliedIndex: s.fsm.AppliedIndex(), DurableIndex: st.DurableIndex,
@@ -562,7 +566,8 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 		Servers: servers, Targets: targets, TotalBytes: total, FreeBytes: free,
 		Clients: clients, Locks: ls.locks, LocksTotal: uint32(min(ls.total, math.MaxUint32)),
 		LockGrace: ls.grace, LockGracePending: uint32(ls.pending),
-		Problems: s.problems(),
+		Problems:         s.problems(),
+		FreePendingFiles: pendingFiles, FreePendingBytes: pendingBytes,
 	}, nil
 }
 

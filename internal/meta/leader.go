@@ -402,6 +402,7 @@ func (s *Service) leaderLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			s.logFreePending()
 			return
 		case <-st.C:
 			s.expireSessions()
@@ -411,6 +412,19 @@ func (s *Service) leaderLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// logFreePending says in one line, as this node stops leading (or
+// stops), how many removed files still wait for their chunks to be freed:
+// the next leader frees them, and their number is all an operator needs,
+// not a line per file or per failed attempt.
+func (s *Service) logFreePending() {
+	files, bytes, err := s.freePending()
+	if err != nil || files == 0 {
+		return
+	}
+	s.log.Info("removed files wait for their chunks to be freed; the next leader frees them in the background",
+		"files", files, "bytes", bytes)
 }
 
 // reapBusyRate is the request rate above which the reaper yields to
@@ -504,7 +518,8 @@ func (s *Service) reapOrphans(ctx context.Context) {
 }
 
 // reapRound reaps up to reapBatch orphans and reports how many it found
-// ready.
+// ready, or 0 when some could not be reaped (the pass ends there: the
+// next tick retries, rather than the same failure again at once).
 func (s *Service) reapRound(ctx context.Context) int {
 	// An orphan may be reaped once every session has reported its open
 	// files since the orphan appeared, and none reported it: a client that
@@ -547,6 +562,10 @@ func (s *Service) reapRound(ctx context.Context) int {
 		return 0
 	}
 	reaped := s.removeChunks(ctx, inos)
+	found := len(inos)
+	if len(reaped) < found {
+		found = 0
+	}
 	// Drop every orphan whose data is gone in one Raft command per
 	// reapCommand inodes: one log append per round, not one per file.
 	for len(reaped) > 0 {
@@ -562,7 +581,40 @@ func (s *Service) reapRound(ctx context.Context) int {
 		s.m.reaped.Add(float64(n))
 		reaped = reaped[n:]
 	}
-	return len(inos)
+	return found
+}
+
+// freePending counts the orphans (removed files whose chunks the reaper
+// has not freed yet, open ones included) and the space they hold: the
+// space their size commits reported, else (none reported) their size. It reads every
+// orphan record, as cluster status asks for it, not on any file's path.
+func (s *Service) freePending() (files, bytes uint64, err error) {
+	p := schema.OrphanPrefix()
+	it, err := s.db.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return 0, 0, fmt.Errorf("scan orphans: %w", err)
+	}
+	defer it.Close()
+	var in schema.Inode
+	for ok := it.First(); ok; ok = it.Next() {
+		ino, err := schema.DecodeOrphanKey(it.Key())
+		if err != nil {
+			continue // reapRound logs bad records
+		}
+		files++
+		v, err := s.db.Get(schema.InodeKey(ino))
+		if err != nil || schema.DecodeInode(v, &in) != nil {
+			continue
+		}
+		// A small file's size commit often reports no space yet (the
+		// store's file system had not allocated it): count its size then.
+		if blocks, _ := in.AllocBlocks(); blocks > 0 {
+			bytes += blocks * 512
+		} else {
+			bytes += in.Size
+		}
+	}
+	return files, bytes, it.Error()
 }
 
 // reapCommand bounds the inodes of one opReapMany command.
@@ -587,6 +639,7 @@ func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 		err  error
 	}
 	addrs := map[uint32]resolved{}
+	unreadable := 0 // logged once per round
 	for _, ino := range inos {
 		v, err := s.db.Get(schema.InodeKey(ino))
 		if errors.Is(err, kv.ErrNotFound) {
@@ -597,7 +650,10 @@ func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 			err = schema.DecodeInode(v, &in)
 		}
 		if err != nil {
-			s.log.Warn("orphan inode unreadable; will retry", "ino", ino, "err", err)
+			if unreadable == 0 {
+				s.log.Warn("orphan inode unreadable; will retry", "ino", ino, "err", err)
+			}
+			unreadable++
 			failed[ino] = true
 			continue
 		}
@@ -626,6 +682,8 @@ func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	var down []string // servers that failed, for one warning
+	var firstErr error
 	for addr, j := range jobs {
 		wg.Add(1)
 		go func() {
@@ -634,8 +692,11 @@ func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 			defer cancel()
 			err := s.peer(addr).Call(cctx, rpc.SRemoveMany, &rpc.ChunksReq{Chunks: j.chunks}, nil)
 			if err != nil {
-				s.log.Warn("orphan data not removed yet; will retry", "server", addr, "chunks", len(j.chunks), "err", err)
 				mu.Lock()
+				down = append(down, addr)
+				if firstErr == nil {
+					firstErr = err
+				}
 				for ino := range j.inos {
 					failed[ino] = true
 				}
@@ -644,6 +705,11 @@ func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 		}()
 	}
 	wg.Wait()
+	// One line per round, none while the service stops (its storage
+	// servers may be gone already; logFreePending sums up what is left).
+	if len(down) > 0 && ctx.Err() == nil {
+		s.log.Warn("orphan data not removed yet; will retry", "servers", down, "files", len(failed), "err", firstErr)
+	}
 	var done []uint64
 	for _, ino := range inos {
 		if !failed[ino] {

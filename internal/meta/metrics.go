@@ -94,11 +94,15 @@ func (m *metrics) observe(method rpc.Method, d time.Duration, err error) {
 	m.latency.WithLabelValues(name).Observe(d.Seconds())
 }
 
+// MetricsAddr is the address of the /metrics endpoint ("" without one).
+func (s *Service) MetricsAddr() string { return s.webAddr }
+
 func (s *Service) serveMetrics(addr string) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics listen on %s: %w", addr, err)
 	}
+	s.webAddr = ln.Addr().String()
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	s.web = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}

@@ -47,6 +47,7 @@ type Service struct {
 	srv      *transport.Server
 	ln       net.Listener
 	web      *http.Server
+	webAddr  string // the metrics listener's address ("" without one)
 	m        *metrics
 	disk     *diskSpace // free space of DataDir's file system
 

@@ -97,6 +97,8 @@ func optionalTails(m Message) []int {
 	case *SessionHeartbeatReq:
 		add(func(e *Enc) { e.I64(x.ListedAfter) })
 		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.ListedAfter) })
+	case *ClusterStatusResp:
+		add(func(e *Enc) { e.U64(x.FreePendingFiles); e.U64(x.FreePendingBytes) })
 	case *SessionHeartbeatResp:
 		add(func(e *Enc) { e.I64(x.Now) })
 		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.Now) })

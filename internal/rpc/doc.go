@@ -63,7 +63,8 @@
 // methods (ENOSYS). Answers with attributes (AttrResp, ChangeResp,
 // ReadDirResp) gained a trailing run with each Attr's Blocks, CommitSizeReq
 // a trailing Alloc list and ChunkStatResp a trailing Alloc: absent, they
-// read as unknown. Moving the connection machinery out of this package
+// read as unknown. ClusterStatusResp gained trailing FreePendingFiles and
+// FreePendingBytes (absent: zero). Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //
 // Frame and handshake versions are the transport's (package transport,

@@ -1090,6 +1090,10 @@ type ClusterStatusResp struct {
 	// own stores from working (a raft log that cannot be appended to or
 	// synced, a store whose engine keeps failing); empty when healthy.
 	Problems []string
+	// FreePendingFiles, FreePendingBytes: removed files whose chunks the
+	// background reaper has not freed yet (open ones included), and the
+	// space they hold. Appended: an older service sends neither (zero).
+	FreePendingFiles, FreePendingBytes uint64
 }
 
 // MaxStatusLocks bounds the locks one ClusterStatusResp lists.
@@ -1200,6 +1204,8 @@ func (m *ClusterStatusResp) Encode(e *Enc) {
 	e.Bool(m.LockGrace)
 	e.U32(m.LockGracePending)
 	e.Strings(m.Problems)
+	e.U64(m.FreePendingFiles)
+	e.U64(m.FreePendingBytes)
 }
 
 func (m *ClusterStatusResp) Decode(d *Dec) {
@@ -1239,4 +1245,8 @@ func (m *ClusterStatusResp) Decode(d *Dec) {
 	m.LockGrace = d.Bool()
 	m.LockGracePending = d.U32()
 	m.Problems = d.Strings()
+	if d.Len() > 0 { // absent from older services
+		m.FreePendingFiles = d.U64()
+		m.FreePendingBytes = d.U64()
+	}
 }

@@ -77,7 +77,7 @@ func messageSamples() map[string][]Message {
 			TotalBytes: 10, FreeBytes: 11,
 			Clients:    []ClientInfo{{ID: 1, Host: "h", MountPoint: "/m", Pid: 2, OpenedMs: 3, LastSeenMs: 4, OpenFiles: 5, Locks: 6}},
 			Locks:      []LockInfo{{Ino: 1, Client: 2, Owner: 3, Pid: 4, Type: LockWrite, Flock: true, Start: 5, End: 6}},
-			LocksTotal: 1, LockGrace: true, LockGracePending: 2, Problems: []string{"p"}}},
+			LocksTotal: 1, LockGrace: true, LockGracePending: 2, Problems: []string{"p"}, FreePendingFiles: 12, FreePendingBytes: 13}},
 		"ClientInfo":     {&ClientInfo{ID: 1, Host: "h", MountPoint: "/m", Pid: 2, OpenedMs: 3, LastSeenMs: 4, OpenFiles: 5, Locks: 6}},
 		"LockInfo":       {&LockInfo{Ino: 1, Client: 2, Owner: 3, Pid: 4, Type: LockWrite, Flock: true, Start: 5, End: 6}},
 		"SeekReq":        {&SeekReq{Chunk: chunk, Off: 1 << 33, Data: true}},
