@@ -45,6 +45,10 @@ import (
 //     only if no mutation started since it sampled the mutation generation
 //     (gen) under the flag's write lock; otherwise the chunk stays dirty.
 //     Clearing needs no fsync: a lost clear only costs a recomputation.
+//   - Creating a chunk (and its fan-out directories) syncs nothing; Sync
+//     also fsyncs the directories on the chunk's path that changed since
+//     their last fsync (target.syncDirsOf), so a synced chunk is reachable
+//     after a crash and an unsynced one may vanish whole.
 //   - Opening a chunk whose sidecar is dirty and that this process did not
 //     mark itself (target.ours) recomputes every block's sum from the data,
 //     syncs, and clears the flag, logging how many sums changed.
@@ -134,9 +138,6 @@ type chunk struct {
 	}
 	// gen counts mutations; Sync clears the flag only if it did not move.
 	gen atomic.Uint64
-	// newDir: the chunk was created since its last sync, so its directory
-	// entry must be synced too.
-	newDir atomic.Bool
 
 	// stream is the sequential run of writes being followed (see
 	// Streaming write-out): end is where the last write ended, from where
@@ -184,7 +185,7 @@ func (c *chunk) open(create bool, s *Server) error {
 			return c.ioErr("create sidecar", 0, err)
 		}
 		c.sumFd = sfd
-		c.newDir.Store(true)
+		c.t.createdIn(dir)
 		c.flag.dirty = true
 		if err := c.writeHeader(flagDirty, false); err != nil {
 			return err
@@ -776,12 +777,9 @@ func (c *chunk) sync() error {
 	if err := fdatasync(c.sumFd); err != nil {
 		return c.ioErr("sync sums", 0, err)
 	}
-	if c.newDir.Load() {
-		dir, _ := c.t.chunkPath(c.ino)
-		if err := syncDir(dir); err != nil {
-			return c.ioErr("sync chunk directory", 0, err)
-		}
-		c.newDir.Store(false)
+	dir, _ := c.t.chunkPath(c.ino)
+	if err := c.t.syncDirsOf(dir); err != nil {
+		return c.ioErr("sync chunk directory", 0, err)
 	}
 	c.flag.Lock()
 	defer c.flag.Unlock()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -853,5 +854,63 @@ func TestStreamingWritesStartWriteOut(t *testing.T) {
 		if b := e.mustRead(1, c.ino, c.off, uint32(len(c.want))); !bytes.Equal(b, c.want) {
 			t.Errorf("chunk %x reads back %d bytes differing", c.ino, diffCount(b, c.want))
 		}
+	}
+}
+
+// Creating chunks syncs nothing (the async policy promises no server sync
+// per file); a sync of a chunk makes every entry that leads to it durable:
+// its directory, the fan-out directory above and chunks/ — also when
+// another chunk's create made the directories, and when the chunk was
+// evicted from the cache before its sync.
+func TestChunkCreateSyncsNoDirectoryUntilSync(t *testing.T) {
+	var mu sync.Mutex
+	var synced []string
+	hook := func(dir string) {
+		if !strings.Contains(dir, chunksDir) {
+			return // the identity file's (inode ceiling): once per step of inodes
+		}
+		mu.Lock()
+		synced = append(synced, dir)
+		mu.Unlock()
+	}
+	testHookSyncDir.Store(&hook)
+	t.Cleanup(func() { testHookSyncDir.Store(nil) })
+	taken := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		s := synced
+		synced = nil
+		return s
+	}
+	e := newEnv(t, 1, func(c *Config) { c.MaxOpenChunks = 1 })
+	taken()
+	// ino 0x105 makes chunks/05/01; ino 0x10105 lands in the same one and
+	// is evicted (one open chunk) when 0x206 is created.
+	for _, ino := range []uint64{0x105, 0x10105, 0x206} {
+		e.mustWrite(1, ino, 0, pattern(int(ino), 3901), false)
+	}
+	if got := taken(); len(got) != 0 {
+		t.Fatalf("creating chunks synced directories %q; want none before a sync", got)
+	}
+	chunks := filepath.Join(e.dirs[0], chunksDir)
+	if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0x10105}}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{filepath.Join(chunks, "05", "01"), filepath.Join(chunks, "05"), chunks}
+	if got := taken(); !slices.Equal(got, want) {
+		t.Fatalf("sync of a chunk in directories another create made synced %q, want %q", got, want)
+	}
+	if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0x105}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := taken(); len(got) != 0 {
+		t.Fatalf("second sync in synced directories synced %q again", got)
+	}
+	if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0x206}}); err != nil {
+		t.Fatal(err)
+	}
+	want = []string{filepath.Join(chunks, "06", "02"), filepath.Join(chunks, "06")}
+	if got := taken(); !slices.Equal(got, want) {
+		t.Fatalf("sync of a chunk in new directories synced %q, want %q", got, want)
 	}
 }
