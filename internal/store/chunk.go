@@ -41,7 +41,9 @@ import (
 //   - Mutations then write sums and data through the page cache, so while
 //     the process runs the two always agree (block range locks keep readers
 //     from seeing one without the other).
-//   - Sync fdatasyncs data, then the sidecar, then clears the flag — but
+//   - Sync makes data and sidecar durable (a syncfs round shared with the
+//     target's concurrent syncs, or else an fdatasync of each: see
+//     groupsync.go), then clears the flag — but
 //     only if no mutation started since it sampled the mutation generation
 //     (gen) under the flag's write lock; otherwise the chunk stays dirty.
 //     Clearing needs no fsync: a lost clear only costs a recomputation.
@@ -138,6 +140,9 @@ type chunk struct {
 	}
 	// gen counts mutations; Sync clears the flag only if it did not move.
 	gen atomic.Uint64
+	// dirtyEpoch is the target's error epoch (groupSync.errEpoch) when
+	// the chunk last became dirty; 0 for a chunk found dirty at open.
+	dirtyEpoch atomic.Uint64
 
 	// stream is the sequential run of writes being followed (see
 	// Streaming write-out): end is where the last write ended, from where
@@ -187,6 +192,7 @@ func (c *chunk) open(create bool, s *Server) error {
 		c.sumFd = sfd
 		c.t.createdIn(dir)
 		c.flag.dirty = true
+		c.dirtyEpoch.Store(c.t.gs.errEpoch.Load())
 		if err := c.writeHeader(flagDirty, false); err != nil {
 			return err
 		}
@@ -325,6 +331,7 @@ func (c *chunk) beginMutation() error {
 				return err
 			}
 			c.flag.dirty = true
+			c.dirtyEpoch.Store(c.t.gs.errEpoch.Load())
 		}
 		c.flag.Unlock()
 		c.flag.RLock()
@@ -771,15 +778,15 @@ func (c *chunk) sync() error {
 	if !dirty || removed {
 		return nil
 	}
-	if err := fdatasync(c.dataFd); err != nil {
-		return c.ioErr("sync data", 0, err)
-	}
-	if err := fdatasync(c.sumFd); err != nil {
-		return c.ioErr("sync sums", 0, err)
-	}
-	dir, _ := c.t.chunkPath(c.ino)
-	if err := c.t.syncDirsOf(dir); err != nil {
-		return c.ioErr("sync chunk directory", 0, err)
+	// A round shared with the target's other syncs, or else (a failed
+	// round, a dirty period across one, too much dirty memory) the
+	// chunk's own files: see groupsync.go.
+	epoch := c.dirtyEpoch.Load()
+	grouped := c.t.canGroupSync(epoch) && c.t.syncRoundWait() == nil && c.t.gs.errEpoch.Load() == epoch
+	if !grouped {
+		if err := c.syncOwnFiles(); err != nil {
+			return err
+		}
 	}
 	c.flag.Lock()
 	defer c.flag.Unlock()
@@ -789,6 +796,22 @@ func (c *chunk) sync() error {
 		}
 		c.flag.dirty = false
 		c.t.forgetOurs(c.ino)
+	}
+	return nil
+}
+
+// syncOwnFiles fdatasyncs the chunk's data and sidecar and fsyncs the
+// directories on its path that changed.
+func (c *chunk) syncOwnFiles() error {
+	if err := fdatasync(c.dataFd); err != nil {
+		return c.ioErr("sync data", 0, err)
+	}
+	if err := fdatasync(c.sumFd); err != nil {
+		return c.ioErr("sync sums", 0, err)
+	}
+	dir, _ := c.t.chunkPath(c.ino)
+	if err := c.t.syncDirsOf(dir); err != nil {
+		return c.ioErr("sync chunk directory", 0, err)
 	}
 	return nil
 }

@@ -107,6 +107,9 @@ type target struct {
 		m map[string]uint64
 	}
 
+	// gs groups concurrent chunk syncs into syncfs rounds (groupsync.go).
+	gs groupSync
+
 	m *targetMetrics
 
 	// noReserve turns the reserve check off, so that tests reach the
