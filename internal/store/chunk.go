@@ -782,7 +782,7 @@ func (c *chunk) sync() error {
 	// round, a dirty period across one, too much dirty memory) the
 	// chunk's own files: see groupsync.go.
 	epoch := c.dirtyEpoch.Load()
-	grouped := c.t.canGroupSync(epoch) && c.t.syncRoundWait() == nil && c.t.gs.errEpoch.Load() == epoch
+	grouped := c.t.canGroupSync(epoch) && c.t.gs.wait() == nil && c.t.gs.errEpoch.Load() == epoch
 	if !grouped {
 		if err := c.syncOwnFiles(); err != nil {
 			return err

@@ -3,7 +3,9 @@ package store
 import (
 	"bufio"
 	"bytes"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -13,8 +15,8 @@ import (
 
 // Group commit of chunk syncs (docs/design/0010)
 //
-// Concurrent syncs of chunks on one target share one syncfs of the
-// target's file system instead of each fdatasyncing its data, its sidecar
+// Concurrent syncs of chunks on one file system (of every target of this
+// process on it) share one syncfs instead of each fdatasyncing its data, its sidecar
 // and the directories on its path: for 64 small chunks that is one
 // journal commit and device flush (2–5 ms on the development VM) against
 // 10–24 ms of concurrent fdatasyncs. A sync joins the next round that
@@ -68,13 +70,71 @@ var syncfsReportsErrors = func() bool {
 	return major > 5 || major == 5 && minor >= 8
 }()
 
-// groupSync is a target's state of sync rounds.
+// groupSync is the state of the sync rounds of one file system, shared by
+// the targets of this process on it (strata up runs several storage
+// servers over one disk; a syncfs covers them all).
 type groupSync struct {
+	fd      int       // a descriptor on the file system, the group's own
+	refs    int       // targets in the group; guarded by fsGroups
+	targets []*target // guarded by fsGroups
+
 	mu      sync.Mutex
 	running bool
 	next    *syncRound // the round new callers join; nil: none yet
 	// errEpoch counts failed rounds (see the essay above).
 	errEpoch atomic.Uint64
+}
+
+// fsGroups maps a file system's id (statfs f_fsid) to its group. Targets
+// whose file system has no id get a group of their own.
+var fsGroups struct {
+	sync.Mutex
+	m map[uint64]*groupSync
+}
+
+// joinGroup gives t the sync-round group of its file system.
+func (t *target) joinGroup() error {
+	fsGroups.Lock()
+	defer fsGroups.Unlock()
+	id := t.fsid.Load()
+	g := fsGroups.m[id]
+	if g == nil || id == 0 {
+		// Its own open, not a dup of the lock's descriptor: a dup would
+		// hold the target's flock past the target's close.
+		fd, err := unix.Open(t.path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		g = &groupSync{fd: fd}
+		if id != 0 {
+			if fsGroups.m == nil {
+				fsGroups.m = map[uint64]*groupSync{}
+			}
+			fsGroups.m[id] = g
+		}
+	}
+	g.refs++
+	g.targets = append(g.targets, t)
+	t.gs = g
+	return nil
+}
+
+// leaveGroup undoes joinGroup; the last target closes the group.
+func (t *target) leaveGroup() {
+	g := t.gs
+	if g == nil {
+		return
+	}
+	fsGroups.Lock()
+	defer fsGroups.Unlock()
+	g.targets = slices.DeleteFunc(g.targets, func(o *target) bool { return o == t })
+	if g.refs--; g.refs == 0 {
+		if fsGroups.m[t.fsid.Load()] == g {
+			delete(fsGroups.m, t.fsid.Load())
+		}
+		unix.Close(g.fd)
+	}
+	t.gs = nil
 }
 
 // syncRound is one syncfs that its callers wait for.
@@ -90,11 +150,10 @@ func (t *target) canGroupSync(epoch uint64) bool {
 	return syncfsReportsErrors && epoch == t.gs.errEpoch.Load() && dirtyPagesBelow(groupSyncDirtyBound.Load())
 }
 
-// syncRoundWait makes everything written on the target before the call
+// wait makes everything written on the file system before the call
 // durable, data, sidecars and directory entries alike: it joins the next
 // round and waits for its end, running it when no round runs.
-func (t *target) syncRoundWait() error {
-	g := &t.gs
+func (g *groupSync) wait() error {
 	g.mu.Lock()
 	r := g.next
 	if r == nil {
@@ -110,49 +169,53 @@ func (t *target) syncRoundWait() error {
 	g.running = true
 	g.next = nil
 	g.mu.Unlock()
-	t.runRound(r)
+	g.run(r)
 	return r.err
 }
 
-// runRound runs r, then hands the round joined meanwhile to a goroutine
-// of its own, so that r's caller returns at once.
-func (t *target) runRound(r *syncRound) {
-	r.err = t.syncAll()
+// run runs r, then hands the round joined meanwhile to a goroutine of its
+// own, so that r's caller returns at once.
+func (g *groupSync) run(r *syncRound) {
+	r.err = g.syncAll()
 	close(r.done)
-	g := &t.gs
 	g.mu.Lock()
 	next := g.next
 	g.next = nil
 	g.running = next != nil
 	g.mu.Unlock()
 	if next != nil {
-		go t.runRound(next)
+		go g.run(next)
 	}
 }
 
-// syncAll syncfs's the target's file system and forgets the directory
-// changes it covered.
-func (t *target) syncAll() error {
-	t.unsyncedDirs.Lock()
-	dirs := make(map[string]uint64, len(t.unsyncedDirs.m))
-	for d, n := range t.unsyncedDirs.m {
-		dirs[d] = n
+// syncAll syncfs's the file system and forgets the directory changes of
+// the group's targets that it covered.
+func (g *groupSync) syncAll() error {
+	fsGroups.Lock()
+	targets := slices.Clone(g.targets)
+	fsGroups.Unlock()
+	dirs := make([]map[string]uint64, len(targets))
+	for i, t := range targets {
+		t.unsyncedDirs.Lock()
+		dirs[i] = maps.Clone(t.unsyncedDirs.m)
+		t.unsyncedDirs.Unlock()
 	}
-	t.unsyncedDirs.Unlock()
 	if h := testHookSyncfs.Load(); h != nil {
 		(*h)()
 	}
-	if err := unix.Syncfs(t.lockFd); err != nil {
-		t.gs.errEpoch.Add(1)
+	if err := unix.Syncfs(g.fd); err != nil {
+		g.errEpoch.Add(1)
 		return err
 	}
-	t.unsyncedDirs.Lock()
-	for d, n := range dirs {
-		if t.unsyncedDirs.m[d] == n {
-			delete(t.unsyncedDirs.m, d)
+	for i, t := range targets {
+		t.unsyncedDirs.Lock()
+		for d, n := range dirs[i] {
+			if t.unsyncedDirs.m[d] == n {
+				delete(t.unsyncedDirs.m, d)
+			}
 		}
+		t.unsyncedDirs.Unlock()
 	}
-	t.unsyncedDirs.Unlock()
 	return nil
 }
 

@@ -1020,3 +1020,25 @@ func TestConcurrentSyncsShareOneRound(t *testing.T) {
 		t.Fatalf("directories still recorded unsynced after the rounds: %v", tg.unsyncedDirs.m)
 	}
 }
+
+// The targets of two servers of one process on one file system share its
+// sync rounds (a syncfs covers both); a server stopped and opened again on
+// its targets finds them unlocked although the other keeps the group.
+func TestTargetsOfOneFileSystemShareRounds(t *testing.T) {
+	e1, e2 := newEnv(t, 2, nil), newEnv(t, 1, nil)
+	g := e1.s.targets[0].gs
+	if e1.s.targets[0].fsid.Load() == 0 {
+		t.Skip("the file system has no id")
+	}
+	if e1.s.targets[1].gs != g || e2.s.targets[0].gs != g {
+		t.Fatal("targets on one file system got different sync-round groups")
+	}
+	e1.restart()
+	if e1.s.targets[0].gs != e2.s.targets[0].gs {
+		t.Fatal("a reopened target did not rejoin its file system's group")
+	}
+	e1.mustWrite(1, 3, 0, pattern(3, 3901), false)
+	if err := e1.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 3}}); err != nil {
+		t.Fatal(err)
+	}
+}

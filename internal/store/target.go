@@ -107,8 +107,9 @@ type target struct {
 		m map[string]uint64
 	}
 
-	// gs groups concurrent chunk syncs into syncfs rounds (groupsync.go).
-	gs groupSync
+	// gs groups concurrent chunk syncs into syncfs rounds of the target's
+	// file system (groupsync.go); set at open.
+	gs *groupSync
 
 	m *targetMetrics
 
@@ -178,6 +179,10 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("target %s: syncfs: %w", dir, err)
 	}
+	if err := t.joinGroup(); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("target %s: %w", dir, err)
+	}
 	return t, nil
 }
 
@@ -216,6 +221,7 @@ func checkMaxFile(dir string) error {
 }
 
 func (t *target) close() {
+	t.leaveGroup()
 	if t.lockFd >= 0 {
 		unix.Close(t.lockFd)
 		t.lockFd = -1
