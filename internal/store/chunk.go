@@ -41,10 +41,16 @@ import (
 //   - Mutations then write sums and data through the page cache, so while
 //     the process runs the two always agree (block range locks keep readers
 //     from seeing one without the other).
-//   - Sync fdatasyncs data, then the sidecar, then clears the flag — but
+//   - Sync makes data and sidecar durable (a syncfs round shared with the
+//     target's concurrent syncs, or else an fdatasync of each: see
+//     groupsync.go), then clears the flag — but
 //     only if no mutation started since it sampled the mutation generation
 //     (gen) under the flag's write lock; otherwise the chunk stays dirty.
 //     Clearing needs no fsync: a lost clear only costs a recomputation.
+//   - Creating a chunk (and its fan-out directories) syncs nothing; Sync
+//     also fsyncs the directories on the chunk's path that changed since
+//     their last fsync (target.syncDirsOf), so a synced chunk is reachable
+//     after a crash and an unsynced one may vanish whole.
 //   - Opening a chunk whose sidecar is dirty and that this process did not
 //     mark itself (target.ours) recomputes every block's sum from the data,
 //     syncs, and clears the flag, logging how many sums changed.
@@ -134,9 +140,9 @@ type chunk struct {
 	}
 	// gen counts mutations; Sync clears the flag only if it did not move.
 	gen atomic.Uint64
-	// newDir: the chunk was created since its last sync, so its directory
-	// entry must be synced too.
-	newDir atomic.Bool
+	// dirtyEpoch is the target's error epoch (groupSync.errEpoch) when
+	// the chunk last became dirty; 0 for a chunk found dirty at open.
+	dirtyEpoch atomic.Uint64
 
 	// stream is the sequential run of writes being followed (see
 	// Streaming write-out): end is where the last write ended, from where
@@ -184,8 +190,9 @@ func (c *chunk) open(create bool, s *Server) error {
 			return c.ioErr("create sidecar", 0, err)
 		}
 		c.sumFd = sfd
-		c.newDir.Store(true)
+		c.t.createdIn(dir)
 		c.flag.dirty = true
+		c.dirtyEpoch.Store(c.t.gs.errEpoch.Load())
 		if err := c.writeHeader(flagDirty, false); err != nil {
 			return err
 		}
@@ -324,6 +331,7 @@ func (c *chunk) beginMutation() error {
 				return err
 			}
 			c.flag.dirty = true
+			c.dirtyEpoch.Store(c.t.gs.errEpoch.Load())
 		}
 		c.flag.Unlock()
 		c.flag.RLock()
@@ -770,18 +778,15 @@ func (c *chunk) sync() error {
 	if !dirty || removed {
 		return nil
 	}
-	if err := fdatasync(c.dataFd); err != nil {
-		return c.ioErr("sync data", 0, err)
-	}
-	if err := fdatasync(c.sumFd); err != nil {
-		return c.ioErr("sync sums", 0, err)
-	}
-	if c.newDir.Load() {
-		dir, _ := c.t.chunkPath(c.ino)
-		if err := syncDir(dir); err != nil {
-			return c.ioErr("sync chunk directory", 0, err)
+	// A round shared with the target's other syncs, or else (a failed
+	// round, a dirty period across one, too much dirty memory) the
+	// chunk's own files: see groupsync.go.
+	epoch := c.dirtyEpoch.Load()
+	grouped := c.t.canGroupSync(epoch) && c.t.gs.wait() == nil && c.t.gs.errEpoch.Load() == epoch
+	if !grouped {
+		if err := c.syncOwnFiles(); err != nil {
+			return err
 		}
-		c.newDir.Store(false)
 	}
 	c.flag.Lock()
 	defer c.flag.Unlock()
@@ -791,6 +796,22 @@ func (c *chunk) sync() error {
 		}
 		c.flag.dirty = false
 		c.t.forgetOurs(c.ino)
+	}
+	return nil
+}
+
+// syncOwnFiles fdatasyncs the chunk's data and sidecar and fsyncs the
+// directories on its path that changed.
+func (c *chunk) syncOwnFiles() error {
+	if err := fdatasync(c.dataFd); err != nil {
+		return c.ioErr("sync data", 0, err)
+	}
+	if err := fdatasync(c.sumFd); err != nil {
+		return c.ioErr("sync sums", 0, err)
+	}
+	dir, _ := c.t.chunkPath(c.ino)
+	if err := c.t.syncDirsOf(dir); err != nil {
+		return c.ioErr("sync chunk directory", 0, err)
 	}
 	return nil
 }

@@ -43,8 +43,11 @@
 // Per chunk, in this order: chunk.flag (RWMutex; mutations hold it shared
 // for their duration, sync/remove exclusively), then the region stripes
 // (32 RWMutexes over 1 MiB regions; writes exclusive, reads shared,
-// truncate all stripes). chunkCache.mu and target.ours are leaves, taken
-// for map and list updates only, never across I/O. No global lock sits on
+// truncate all stripes). chunkCache.mu, target.ours, target.unsyncedDirs
+// (except around the mkdirs of a chunk's fan-out directories) and
+// groupSync.mu are leaves, taken for map and list updates only, never
+// across other I/O. A chunk's sync waits for its target's next syncfs
+// round (groupsync.go) holding no lock. No global lock sits on
 // the data path: writers of disjoint ranges of one chunk run in parallel
 // unless their regions share a stripe.
 //
@@ -70,7 +73,8 @@
 // registration loop (register.go: register, heartbeat every
 // HeartbeatInterval, register again on ESTALE, back off while the metadata
 // service is down), with a helper that cancels its calls on Close; the
-// metrics HTTP server when MetricsAddr is set. Close stops them all, then
+// metrics HTTP server when MetricsAddr is set. Short-lived: a goroutine
+// per sync round that starts when the round before it ends. Close stops them all, then
 // syncs every chunk written since its last sync and marks it clean.
 //
 // Architecture Invariant: only this package reads or writes chunk files and

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -853,5 +855,190 @@ func TestStreamingWritesStartWriteOut(t *testing.T) {
 		if b := e.mustRead(1, c.ino, c.off, uint32(len(c.want))); !bytes.Equal(b, c.want) {
 			t.Errorf("chunk %x reads back %d bytes differing", c.ino, diffCount(b, c.want))
 		}
+	}
+}
+
+// Creating chunks syncs nothing (the async policy promises no server sync
+// per file); a sync of a chunk on its own makes every entry that leads to
+// it durable:
+// its directory, the fan-out directory above and chunks/ — also when
+// another chunk's create made the directories, and when the chunk was
+// evicted from the cache before its sync.
+func TestChunkCreateSyncsNoDirectoryUntilSync(t *testing.T) {
+	var mu sync.Mutex
+	var synced []string
+	hook := func(dir string) {
+		if !strings.Contains(dir, chunksDir) {
+			return // the identity file's (inode ceiling): once per step of inodes
+		}
+		mu.Lock()
+		synced = append(synced, dir)
+		mu.Unlock()
+	}
+	testHookSyncDir.Store(&hook)
+	t.Cleanup(func() { testHookSyncDir.Store(nil) })
+	noGroupSync(t) // each chunk syncs its own files and directories
+	taken := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		s := synced
+		synced = nil
+		return s
+	}
+	e := newEnv(t, 1, func(c *Config) { c.MaxOpenChunks = 1 })
+	taken()
+	// ino 0x105 makes chunks/05/01; ino 0x10105 lands in the same one and
+	// is evicted (one open chunk) when 0x206 is created.
+	for _, ino := range []uint64{0x105, 0x10105, 0x206} {
+		e.mustWrite(1, ino, 0, pattern(int(ino), 3901), false)
+	}
+	if got := taken(); len(got) != 0 {
+		t.Fatalf("creating chunks synced directories %q; want none before a sync", got)
+	}
+	chunks := filepath.Join(e.dirs[0], chunksDir)
+	if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0x10105}}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{filepath.Join(chunks, "05", "01"), filepath.Join(chunks, "05"), chunks}
+	if got := taken(); !slices.Equal(got, want) {
+		t.Fatalf("sync of a chunk in directories another create made synced %q, want %q", got, want)
+	}
+	if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0x105}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := taken(); len(got) != 0 {
+		t.Fatalf("second sync in synced directories synced %q again", got)
+	}
+	if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0x206}}); err != nil {
+		t.Fatal(err)
+	}
+	want = []string{filepath.Join(chunks, "06", "02"), filepath.Join(chunks, "06")}
+	if got := taken(); !slices.Equal(got, want) {
+		t.Fatalf("sync of a chunk in new directories synced %q, want %q", got, want)
+	}
+}
+
+// noGroupSync makes every chunk sync its own files (as with much dirty
+// memory) until the test ends.
+func noGroupSync(t *testing.T) {
+	old := groupSyncDirtyBound.Swap(0)
+	t.Cleanup(func() { groupSyncDirtyBound.Store(old) })
+}
+
+// Syncs of many chunks on a target while a round runs share the next
+// round: one syncfs for them all, and none of them is answered before
+// that round (which began after they asked) has ended. The chunks are
+// clean afterwards and the directories they made need no fsync of their
+// own.
+func TestConcurrentSyncsShareOneRound(t *testing.T) {
+	if !syncfsReportsErrors {
+		t.Skip("syncfs reports no errors on this kernel: no rounds")
+	}
+	old := groupSyncDirtyBound.Swap(1 << 62) // the machine's dirty memory is not this test's
+	t.Cleanup(func() { groupSyncDirtyBound.Store(old) })
+	var mu sync.Mutex
+	var events []string
+	rounds := 0
+	release := make(chan struct{})
+	hook := func() {
+		mu.Lock()
+		rounds++
+		n := rounds
+		events = append(events, fmt.Sprintf("round %d", n))
+		mu.Unlock()
+		if n == 1 {
+			<-release
+		}
+	}
+	testHookSyncfs.Store(&hook)
+	t.Cleanup(func() { testHookSyncfs.Store(nil) })
+	var dirSyncs atomic.Int32
+	dirHook := func(string) { dirSyncs.Add(1) }
+	testHookSyncDir.Store(&dirHook)
+	t.Cleanup(func() { testHookSyncDir.Store(nil) })
+
+	e := newEnv(t, 1, nil)
+	const n = 9
+	for i := uint64(1); i <= n; i++ {
+		e.mustWrite(1, i, 0, pattern(int(i), 3901), false)
+	}
+	dirSyncs.Store(0)
+	sync1 := func(ino uint64) error {
+		return e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: ino}})
+	}
+	first := make(chan error, 1)
+	go func() { first <- sync1(1) }()
+	waitFor(t, "the first round to start", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return rounds == 1
+	})
+	errs := make(chan error, n-1)
+	for i := uint64(2); i <= n; i++ {
+		go func() {
+			err := sync1(i)
+			mu.Lock()
+			events = append(events, fmt.Sprintf("answered %d", i))
+			mu.Unlock()
+			errs <- err
+		}()
+	}
+	tg := e.s.targets[0]
+	waitFor(t, "the later syncs to join the next round", func() bool {
+		tg.gs.mu.Lock()
+		defer tg.gs.mu.Unlock()
+		return tg.gs.next != nil && tg.gs.next.callers == n-1
+	})
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for i := 2; i <= n; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if rounds != 2 {
+		t.Fatalf("%d syncs made %d rounds, want 2 (one running, one shared by the rest): %q", n, rounds, events)
+	}
+	if events[1] != "round 2" {
+		t.Fatalf("a sync was answered before the round that covers it began: %q", events)
+	}
+	if d := dirSyncs.Load(); d != 0 {
+		t.Fatalf("%d directory fsyncs besides the rounds", d)
+	}
+	for i := uint64(1); i <= n; i++ {
+		if f := sidecarFlags(t, sumPath(e.dirs[0], i)); f&flagDirty != 0 {
+			t.Fatalf("chunk %d still dirty after its sync", i)
+		}
+	}
+	tg.unsyncedDirs.Lock()
+	defer tg.unsyncedDirs.Unlock()
+	if len(tg.unsyncedDirs.m) != 0 {
+		t.Fatalf("directories still recorded unsynced after the rounds: %v", tg.unsyncedDirs.m)
+	}
+}
+
+// The targets of two servers of one process on one file system share its
+// sync rounds (a syncfs covers both); a server stopped and opened again on
+// its targets finds them unlocked although the other keeps the group.
+func TestTargetsOfOneFileSystemShareRounds(t *testing.T) {
+	e1, e2 := newEnv(t, 2, nil), newEnv(t, 1, nil)
+	g := e1.s.targets[0].gs
+	if e1.s.targets[0].fsid.Load() == 0 {
+		t.Skip("the file system has no id")
+	}
+	if e1.s.targets[1].gs != g || e2.s.targets[0].gs != g {
+		t.Fatal("targets on one file system got different sync-round groups")
+	}
+	e1.restart()
+	if e1.s.targets[0].gs != e2.s.targets[0].gs {
+		t.Fatal("a reopened target did not rejoin its file system's group")
+	}
+	e1.mustWrite(1, 3, 0, pattern(3, 3901), false)
+	if err := e1.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 3}}); err != nil {
+		t.Fatal(err)
 	}
 }

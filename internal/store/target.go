@@ -98,6 +98,19 @@ type target struct {
 		m map[uint64]struct{}
 	}
 
+	// unsyncedDirs holds the directories of the chunk tree (chunks/,
+	// chunks/XX, chunks/XX/YY) whose entries this process changed by
+	// creating a chunk file or a fan-out directory in them since their
+	// last fsync, each with a count of those changes (see syncDirsOf).
+	unsyncedDirs struct {
+		sync.Mutex
+		m map[string]uint64
+	}
+
+	// gs groups concurrent chunk syncs into syncfs rounds of the target's
+	// file system (groupsync.go); set at open.
+	gs *groupSync
+
 	m *targetMetrics
 
 	// noReserve turns the reserve check off, so that tests reach the
@@ -129,6 +142,7 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 	}
 	t := &target{path: dir, uuid: id.UUID, lockFd: fd}
 	t.ours.m = map[uint64]struct{}{}
+	t.unsyncedDirs.m = map[string]uint64{}
 	t.id.Store(id.ID)
 	if id.InoCeiling == 0 {
 		if id.InoCeiling, err = t.scanCeiling(); err == nil {
@@ -156,6 +170,18 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 	if err := checkMaxFile(dir); err != nil {
 		unix.Close(fd)
 		return nil, err
+	}
+	// A killed predecessor may have left chunk files and fan-out
+	// directories whose entries are not durable yet, and its record of
+	// them (unsyncedDirs) died with it: make them durable before a sync
+	// of this process relies on them.
+	if err := unix.Syncfs(fd); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("target %s: syncfs: %w", dir, err)
+	}
+	if err := t.joinGroup(); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("target %s: %w", dir, err)
 	}
 	return t, nil
 }
@@ -195,6 +221,7 @@ func checkMaxFile(dir string) error {
 }
 
 func (t *target) close() {
+	t.leaveGroup()
 	if t.lockFd >= 0 {
 		unix.Close(t.lockFd)
 		t.lockFd = -1
@@ -360,6 +387,9 @@ func newUUID() string {
 }
 
 func syncDir(dir string) error {
+	if h := testHookSyncDir.Load(); h != nil {
+		(*h)(dir)
+	}
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -368,6 +398,9 @@ func syncDir(dir string) error {
 	unix.Close(fd)
 	return err
 }
+
+// testHookSyncDir, when set (tests), sees every directory syncDir fsyncs.
+var testHookSyncDir atomic.Pointer[func(dir string)]
 
 // statfs refreshes the capacity figures.
 func (t *target) statfs() error {
@@ -524,10 +557,16 @@ func hex2(b byte) string {
 	return string([]byte{digits[b>>4], digits[b&15]})
 }
 
-// makeChunkDir creates the fan-out directories of dir, syncing each parent
-// whose entries change, so that a synced chunk file is reachable after a crash.
+// makeChunkDir creates the fan-out directories of dir that are missing,
+// without syncing anything: their entries become durable when a chunk
+// below them is synced (syncDirsOf), so a create costs no fsync and a
+// chunk that was never synced may vanish with its directories in a crash.
+// The lock orders a creator's mkdir before any other's finding the
+// directory there, so that whoever finds it also finds it recorded.
 func (t *target) makeChunkDir(dir string) error {
 	top := filepath.Dir(dir)
+	t.unsyncedDirs.Lock()
+	defer t.unsyncedDirs.Unlock()
 	for _, d := range []string{top, dir} {
 		err := unix.Mkdir(d, 0o755)
 		if errors.Is(err, unix.EEXIST) {
@@ -536,9 +575,39 @@ func (t *target) makeChunkDir(dir string) error {
 		if err != nil {
 			return err
 		}
-		if err := syncDir(filepath.Dir(d)); err != nil {
+		t.unsyncedDirs.m[filepath.Dir(d)]++
+	}
+	return nil
+}
+
+// createdIn records that a chunk file was created in dir.
+func (t *target) createdIn(dir string) {
+	t.unsyncedDirs.Lock()
+	t.unsyncedDirs.m[dir]++
+	t.unsyncedDirs.Unlock()
+}
+
+// syncDirsOf makes durable the entries that lead to chunk directory dir:
+// it fsyncs dir, its fan-out parent and chunks/ if this process changed
+// them since their last fsync. A directory changed again while its fsync
+// ran stays recorded (that change may have missed the fsync).
+func (t *target) syncDirsOf(dir string) error {
+	top := filepath.Dir(dir)
+	for _, d := range []string{dir, top, filepath.Dir(top)} {
+		t.unsyncedDirs.Lock()
+		n, ok := t.unsyncedDirs.m[d]
+		t.unsyncedDirs.Unlock()
+		if !ok {
+			continue
+		}
+		if err := syncDir(d); err != nil {
 			return err
 		}
+		t.unsyncedDirs.Lock()
+		if t.unsyncedDirs.m[d] == n {
+			delete(t.unsyncedDirs.m, d)
+		}
+		t.unsyncedDirs.Unlock()
 	}
 	return nil
 }
