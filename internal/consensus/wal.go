@@ -114,8 +114,12 @@ type wal struct {
 
 	mu struct {
 		sync.RWMutex
-		segs        []*segment // in index order; the last is being written
-		first, last uint64     // 0, 0 when empty
+		// segs is in index order; the last is being written. Only the
+		// last may be empty (a tail cut at its first entry): locateLocked
+		// searches the others, so storeLogs drops an empty segment it
+		// rotates past, and recovery and head cuts remove empty ones.
+		segs        []*segment
+		first, last uint64 // 0, 0 when empty
 	}
 
 	prealloc chan preallocated // the next zero-filled segment, when ready
@@ -540,6 +544,15 @@ func (w *wal) recover() error {
 		if err != nil {
 			return err
 		}
+		if len(s.offs) == 0 && !lastSeg {
+			// Holds no entry (a crash between a rotation past an empty
+			// segment and its removal): only the last may be empty.
+			s.f.Close()
+			if err := os.Remove(s.path); err != nil {
+				return fmt.Errorf("raft wal: remove empty segment: %w", err)
+			}
+			continue
+		}
 		w.mu.segs = append(w.mu.segs, s)
 		if len(s.offs) > 0 {
 			prev = s.first + uint64(len(s.offs)) - 1
@@ -748,11 +761,17 @@ func (w *wal) locateLocked(index uint64) (*segment, int64, int64, bool) {
 		return nil, 0, 0, false
 	}
 	segs := w.mu.segs
+	if n := len(segs); n > 0 && len(segs[n-1].offs) == 0 {
+		// The segment being written, emptied by a tail cut. Searched with
+		// the others, its false answer after their true ones would send
+		// the search past the segment holding index.
+		segs = segs[:n-1]
+	}
 	i := sort.Search(len(segs), func(i int) bool {
 		s := segs[i]
-		return len(s.offs) > 0 && s.first+uint64(len(s.offs))-1 >= index
+		return s.first+uint64(len(s.offs))-1 >= index
 	})
-	if i == len(segs) || len(segs[i].offs) == 0 || segs[i].first > index {
+	if i == len(segs) || segs[i].first > index {
 		return nil, 0, 0, false
 	}
 	s := segs[i]
@@ -850,6 +869,7 @@ func (w *wal) storeLogs(logs []*raft.Log) error {
 	if cur != nil {
 		end = cur.end
 	}
+	writing := cur // the segment being written before these entries
 	for _, l := range logs {
 		rec := encodeRecord(nil, l)
 		if cur == nil || end+int64(len(rec))+walRecordHead > cur.size {
@@ -913,8 +933,28 @@ func (w *wal) storeLogs(logs []*raft.Log) error {
 		w.ds.written, w.ds.synced = lastIdx, lastIdx
 		w.ds.Unlock()
 	}
+	// A current segment emptied by a tail cut that the entries do not go
+	// into (an outsized first entry) is dropped: only the last segment may
+	// be empty. Its file holds no entry; the new segment may have taken
+	// its name already (same base).
+	var drop *segment
+	if writing != nil && len(writing.offs) == 0 && writes[0].seg != writing {
+		drop = writing
+		w.smu.Lock() // s.closed, against a running sync
+		defer w.smu.Unlock()
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if drop != nil {
+		w.mu.segs = w.mu.segs[:len(w.mu.segs)-1]
+		drop.closed = true
+		drop.f.Close()
+		if !slices.ContainsFunc(writes, func(x *write) bool { return x.seg.path == drop.path }) {
+			if err := os.Remove(drop.path); err != nil {
+				w.log.Warn("raft wal: remove empty segment", "segment", drop.path, "err", err)
+			}
+		}
+	}
 	for _, x := range writes {
 		if n := len(w.mu.segs); n == 0 || w.mu.segs[n-1] != x.seg {
 			w.mu.segs = append(w.mu.segs, x.seg)
@@ -959,7 +999,7 @@ func (w *wal) DeleteRange(min, max uint64) error {
 	case min <= w.mu.first: // head
 		keep := w.mu.segs[:0]
 		for _, s := range w.mu.segs {
-			if len(s.offs) > 0 && s.first+uint64(len(s.offs))-1 <= max && s != w.mu.segs[len(w.mu.segs)-1] {
+			if s != w.mu.segs[len(w.mu.segs)-1] && (len(s.offs) == 0 || s.first+uint64(len(s.offs))-1 <= max) {
 				s.closed = true
 				s.f.Close()
 				if err := os.Remove(s.path); err != nil {

@@ -1218,3 +1218,124 @@ func TestWALSyncStress(t *testing.T) {
 		t.Fatalf("the stress did not stress: %d waits, %d tail cuts", waits.Load(), cuts)
 	}
 }
+
+// A tail cut exactly at the last segment's first entry leaves that segment
+// empty. Every entry before it must still be found (the search over the
+// segments once skipped past the empty one and answered "not found" for
+// the entries of the segment before it: TestWALSyncStress saw this in a CI
+// run), and so after an append that cannot use the empty segment (an
+// outsized entry: a new segment takes its place), after a head cut and
+// across a restart.
+func TestWALCutAtSegmentStart(t *testing.T) {
+	dir := t.TempDir()
+	const seg = 4 << 10
+	w, last := walTwoSegments(t, dir, seg)
+	defer func() { w.Close() }()
+	var err error
+	c := w.mu.segs[1].first // the last segment's first entry
+	if err := w.DeleteRange(c, last); err != nil {
+		t.Fatal(err)
+	}
+	checkRange(t, w, 1, c-1)
+	if term, ok := w.termOf(c - 1); !ok || term != walEntries(c-1, c-1)[0].Term {
+		t.Fatalf("term of %d: %d, %v", c-1, term, ok)
+	}
+	// An entry larger than a segment: it goes into a segment of its own.
+	big := &raft.Log{Index: c, Term: 9, Type: raft.LogCommand, Data: bytes.Repeat([]byte{7}, 2*seg)}
+	if err := w.StoreLogs([]*raft.Log{big}); err != nil {
+		t.Fatal(err)
+	}
+	checkBig := func() {
+		t.Helper()
+		var got raft.Log
+		if err := w.GetLog(c, &got); err != nil || got.Term != 9 || !bytes.Equal(got.Data, big.Data) {
+			t.Fatalf("GetLog(%d): term %d, %d bytes, %v", c, got.Term, len(got.Data), err)
+		}
+	}
+	checkBig()
+	for i := uint64(1); i < c; i++ {
+		var got raft.Log
+		if err := w.GetLog(i, &got); err != nil {
+			t.Fatalf("after the outsized append: GetLog(%d): %v", i, err)
+		}
+	}
+	// The head cut removes the first segment only; the outsized entry's
+	// file stays.
+	if err := w.DeleteRange(1, w.mu.segs[0].first+uint64(len(w.mu.segs[0].offs))-1); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := w.FirstIndex()
+	checkBig()
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if w, err = openWAL(dir, seg, slog.Default()); err != nil {
+		t.Fatal(err)
+	}
+	if f, _ := w.FirstIndex(); f != first {
+		t.Fatalf("first %d after the restart, want %d", f, first)
+	}
+	if l, _ := w.LastIndex(); l != c {
+		t.Fatalf("last %d after the restart, want %d", l, c)
+	}
+	checkBig()
+	for i := first; i < c; i++ {
+		var got raft.Log
+		if err := w.GetLog(i, &got); err != nil {
+			t.Fatalf("after the restart: GetLog(%d): %v", i, err)
+		}
+	}
+}
+
+// Recovery drops a segment file that holds no entry between two that do
+// (left by a crash between a rotation past an emptied segment and its
+// removal); kept, it made the entries before it not found.
+func TestWALRecoverEmptySegmentBetween(t *testing.T) {
+	dir := t.TempDir()
+	const seg = 4 << 10
+	w, last := walTwoSegments(t, dir, seg)
+	second := w.mu.segs[1].base
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	hdr := make([]byte, seg)
+	f, err := os.Open(filepath.Join(dir, segName(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.ReadAt(hdr[:walHeaderBytes], 0)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, segName(second-1))
+	if err := os.WriteFile(empty, hdr, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if w, err = openWAL(dir, seg, slog.Default()); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	checkRange(t, w, 1, last)
+	if _, err := os.Stat(empty); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the empty segment is still there: %v", err)
+	}
+}
+
+// walTwoSegments opens a log in dir and appends entries one at a time
+// until the second segment holds one; last is the last entry.
+func walTwoSegments(t *testing.T, dir string, seg int64) (w *wal, last uint64) {
+	t.Helper()
+	w, err := openWAL(dir, seg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for len(w.mu.segs) < 2 {
+		last++
+		if err := w.StoreLogs(walEntries(last, last)); err != nil {
+			w.Close()
+			t.Fatal(err)
+		}
+	}
+	return w, last
+}
