@@ -48,7 +48,9 @@ import (
 // its predecessor, is a write torn by a crash and ends the log; anywhere
 // else it is corruption and refuses to open. Truncating the tail writes a
 // zero length over the first dropped record (and syncs) before the entries
-// are forgotten, so a restart cannot resurrect them.
+// are forgotten, so a restart cannot resurrect them; the segment files after
+// it are removed and the directory synced, so that a machine crash cannot
+// bring them back either (nor the files of a log deleted whole).
 //
 // Head truncation (after snapshots) deletes whole segments only; entries
 // of a partly truncated segment stay readable until the segment goes. After
@@ -111,6 +113,9 @@ type wal struct {
 	// afterSyncs, when set (tests), runs after a sync's fdatasyncs,
 	// before their result is published.
 	afterSyncs func()
+	// removedSynced, when set (tests), is told of each directory sync
+	// that makes segment removals durable, with the files still present.
+	removedSynced func(remaining []string)
 
 	mu struct {
 		sync.RWMutex
@@ -996,6 +1001,12 @@ func (w *wal) DeleteRange(min, max uint64) error {
 		}
 		w.mu.segs, w.mu.first, w.mu.last = nil, 0, 0
 		w.cutWritten(0)
+		// The removals must be durable before raft goes on (a snapshot
+		// install follows): segments back after a machine crash would hold
+		// entries raft dropped, possibly of an old term.
+		if err := w.syncRemovals(); err != nil {
+			return err
+		}
 	case min <= w.mu.first: // head
 		keep := w.mu.segs[:0]
 		for _, s := range w.mu.segs {
@@ -1026,12 +1037,13 @@ func (w *wal) DeleteRange(min, max uint64) error {
 		s.offs = s.offs[:min-s.first]
 		s.cutTerms(min - 1)
 		s.end = start
-		keep := w.mu.segs[:0]
+		keep, removed := w.mu.segs[:0], false
 		for _, x := range w.mu.segs {
 			if x.base > s.base {
 				x.closed = true
 				x.f.Close()
 				os.Remove(x.path)
+				removed = true
 				continue
 			}
 			keep = append(keep, x)
@@ -1042,8 +1054,32 @@ func (w *wal) DeleteRange(min, max uint64) error {
 			w.mu.first, w.mu.last = 0, 0
 		}
 		w.cutWritten(min - 1)
+		// The zero length written above ends the log, but segments after it
+		// back after a machine crash would make recovery refuse the log
+		// (records that do not follow) or take them for a torn tail.
+		if removed {
+			if err := w.syncRemovals(); err != nil {
+				return err
+			}
+		}
 	default:
 		return fmt.Errorf("raft wal: cannot delete %d..%d inside %d..%d", min, max, w.mu.first, w.mu.last)
+	}
+	return nil
+}
+
+// syncRemovals makes the removal of segment files durable.
+func (w *wal) syncRemovals() error {
+	if err := syncDir(w.dir); err != nil {
+		return fmt.Errorf("raft wal: sync %s after removing segments: %w", w.dir, err)
+	}
+	if w.removedSynced != nil {
+		ents, _ := os.ReadDir(w.dir)
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		w.removedSynced(names)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1338,4 +1339,33 @@ func walTwoSegments(t *testing.T, dir string, seg int64) (w *wal, last uint64) {
 		}
 	}
 	return w, last
+}
+
+// A cut that removes segment files syncs the directory before it returns,
+// after the removals: a machine crash must not bring the files back (a
+// tail's would make recovery refuse the log; a whole log's would hold
+// entries raft dropped).
+func TestWALCutRemovalsSynced(t *testing.T) {
+	for _, whole := range []bool{false, true} {
+		w, last := walTwoSegments(t, t.TempDir(), 16<<10)
+		second := w.mu.segs[1].path
+		var synced [][]string
+		w.removedSynced = func(names []string) { synced = append(synced, names) }
+		from := uint64(2) // inside the first segment: the second one goes
+		if whole {
+			from = 1
+		}
+		if err := w.DeleteRange(from, last); err != nil {
+			t.Fatal(err)
+		}
+		if len(synced) != 1 {
+			t.Fatalf("whole=%v: %d directory syncs after the removals, want 1", whole, len(synced))
+		}
+		if slices.Contains(synced[0], filepath.Base(second)) {
+			t.Fatalf("whole=%v: the directory was synced with %s still there", whole, second)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
