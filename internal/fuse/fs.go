@@ -161,6 +161,12 @@ func (fs *fileSystem) Lookup(cancel <-chan struct{}, h *gofuse.InHeader, name st
 func (fs *fileSystem) Forget(nodeid, nlookup uint64) {
 	fs.reported.Delete(nodeid)
 	fs.blocks.Delete(nodeid)
+	// No open file is left on it in this mount, so no lock through one:
+	// the owners noted for its flushes (OFD owners, which no flush names,
+	// stayed until now) go too.
+	fs.lockMu.Lock()
+	delete(fs.lockOwners, nodeid)
+	fs.lockMu.Unlock()
 }
 
 func (fs *fileSystem) GetAttr(cancel <-chan struct{}, in *gofuse.GetAttrIn, out *gofuse.AttrOut) gofuse.Status {
