@@ -7,7 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${STRATA_SKIP_DEPS:-}" ] || bash scripts/install-deps.sh
 export PATH=/usr/local/bin:/usr/local/go/bin:$PATH
-go build -o strata ./cmd/strata
+# The commit goes into `strata --version` when this is a git checkout (some
+# machines set GOFLAGS=-buildvcs=false in go env; a tarball has no .git).
+vcs=false
+git rev-parse --git-dir >/dev/null 2>&1 && vcs=true
+go build -buildvcs=$vcs -o strata ./cmd/strata
 bindir=${STRATA_BIN_DIR:-/usr/local/bin}
 # A new file renamed over the old one: a strata running from there keeps its binary.
 if install -m 0755 strata "$bindir/.strata.new" 2>/dev/null && mv -f "$bindir/.strata.new" "$bindir/strata"; then
