@@ -1,15 +1,14 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/testutil"
 	"github.com/stratafs/strata/internal/transport"
 )
 
@@ -128,28 +127,10 @@ func sumPath(dir string, ino uint64) string {
 	return filepath.Join(d, base+".sum")
 }
 
-// logCapture collects slog output while a test runs.
-type logCapture struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logCapture) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logCapture) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // captureLogs routes the default slog logger to a buffer (and stderr) for
 // the test; servers opened afterwards log there.
-func captureLogs(t *testing.T) *logCapture {
-	lc := &logCapture{}
+func captureLogs(t *testing.T) *testutil.SyncBuffer {
+	lc := &testutil.SyncBuffer{}
 	old := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(multiWriter{lc, os.Stderr}, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	t.Cleanup(func() { slog.SetDefault(old) })
