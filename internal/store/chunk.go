@@ -19,11 +19,13 @@ import (
 
 // Crash consistency of data and checksums
 //
-// Invariant: for every chunk whose sidecar says "clean", each block's stored
-// sum matches the block's data on stable storage, so a mismatch at read time
-// is corruption and answers EIO. A chunk may differ from its sums on disk
-// only while its sidecar says "dirty", and a dirty chunk is never trusted
-// after a crash: its sums are recomputed from its data before it serves.
+// Invariant: for every chunk whose sidecar says "clean" and that its
+// target's intent log (dirty.log) does not name, each block's stored sum
+// matches the block's data on stable storage, so a mismatch at read time is
+// corruption and answers EIO. A chunk may differ from its sums on disk only
+// while its sidecar says "dirty" or the log names it, and such a chunk is
+// never trusted after a crash: its sums are recomputed from its data before
+// it serves.
 //
 // Why: data and sums live in two files (or two places of one file) and no
 // file system orders their write-back. After a crash before fsync, a block's
@@ -33,11 +35,17 @@ import (
 // must still be caught.
 //
 // Outline:
-//   - The first mutation (write, truncate, punch) after a sync sets the dirty
-//     flag in the sidecar header and fdatasyncs the sidecar *before* touching
-//     data (beginMutation). A chunk created by this process starts dirty
-//     without a sync: any state a crash can leave of a new sidecar (absent,
-//     short, zeros, dirty) makes the next open recompute.
+//   - The first mutation (write, truncate, punch) after a sync waits until
+//     the chunk's record in the target's intent log is durable, *before*
+//     touching data (beginMutation); the records of concurrent first
+//     mutations on the target share one fdatasync (dirtylog.go). It also
+//     sets the dirty flag in the sidecar header, without a sync: this
+//     process reads it back after an eviction, and a crash that loses it
+//     leaves the log's record. A target's open marks every chunk its log
+//     names dirty in its sidecar (synced), then empties the log. A chunk
+//     created by this process starts dirty without a record or a sync: any
+//     state a crash can leave of a new sidecar (absent, short, zeros,
+//     dirty) makes the next open recompute.
 //   - Mutations then write sums and data through the page cache, so while
 //     the process runs the two always agree (block range locks keep readers
 //     from seeing one without the other).
@@ -47,6 +55,8 @@ import (
 //     only if no mutation started since it sampled the mutation generation
 //     (gen) under the flag's write lock; otherwise the chunk stays dirty.
 //     Clearing needs no fsync: a lost clear only costs a recomputation.
+//     Clearing also lets the intent log drop the chunk's record (the log
+//     is cut back once no record in it names a chunk still dirty).
 //   - Creating a chunk (and its fan-out directories) syncs nothing; Sync
 //     also fsyncs the directories on the chunk's path that changed since
 //     their last fsync (target.syncDirsOf), so a synced chunk is reachable
@@ -66,9 +76,13 @@ import (
 //     data that was never acknowledged or hides rot of data that was.
 //   - A dirty bit per block range instead of per chunk: smaller recovery
 //     windows, but a flag fsync per range on the write path.
+//   - An fdatasync of the sidecar's dirty flag per chunk (the design before
+//     the intent log): one device flush per chunk per sync cycle, which
+//     concurrent first mutations cannot share (docs/design/0010 § a4).
 //
-// Cost and limit: one sidecar fdatasync per chunk per sync cycle; recovery
-// reads whole dirty chunks. Within a chunk that was dirty at the crash, rot
+// Cost and limit: one intent-log fdatasync per batch of concurrent first
+// mutations on a target, per sync cycle of their chunks; recovery reads
+// whole dirty chunks. Within a chunk that was dirty at the crash, rot
 // of blocks synced before the crash is re-blessed by the recomputation (it
 // cannot be told apart from an unsynced write); the recovery log line says
 // how many sums changed.
@@ -314,8 +328,12 @@ func (c *chunk) writeHeader(flags uint16, sync bool) error {
 	return nil
 }
 
-// beginMutation makes sure the dirty flag is durable, then holds the flag
-// shared until endMutation. On success the caller must call endMutation.
+// beginMutation makes sure the chunk is durably known to be dirty, then
+// holds the flag shared until endMutation: the first mutation of a clean
+// chunk waits for its record in the target's intent log (a sync shared
+// with the target's other first mutations, dirtylog.go), then sets the
+// sidecar's dirty flag without a sync. On success the caller must call
+// endMutation.
 func (c *chunk) beginMutation() error {
 	c.flag.RLock()
 	for !c.flag.dirty || c.flag.removed {
@@ -326,7 +344,11 @@ func (c *chunk) beginMutation() error {
 		c.flag.RUnlock()
 		c.flag.Lock()
 		if !c.flag.dirty && !c.flag.removed {
-			if err := c.writeHeader(flagDirty, true); err != nil {
+			if err := c.t.dlog.record(c.ino); err != nil {
+				c.flag.Unlock()
+				return c.ioErr("record the chunk in the intent log", 0, err)
+			}
+			if err := c.writeHeader(flagDirty, false); err != nil {
 				c.flag.Unlock()
 				return err
 			}
@@ -502,6 +524,10 @@ func (c *chunk) streamWrote(off, end int64) {
 // testHookWriteOut, when set (tests), sees every write-out streamWrote
 // starts.
 var testHookWriteOut atomic.Pointer[func(from, end int64)]
+
+// testHookFdatasync, when set (tests), sees the descriptor of every
+// fdatasync of a chunk file or the intent log.
+var testHookFdatasync atomic.Pointer[func(fd int)]
 
 // testHookWriteLocked, when set (tests), runs in write once the range is
 // locked and the caller was still there, before anything is summed or
@@ -796,6 +822,7 @@ func (c *chunk) sync() error {
 		}
 		c.flag.dirty = false
 		c.t.forgetOurs(c.ino)
+		c.t.dlog.clean(c.ino)
 	}
 	return nil
 }
@@ -840,6 +867,7 @@ func removeChunkFiles(t *target, ino uint64) error {
 		return rpc.Errorf(errnoOf(err), "target %s chunk %x: remove sidecar: %v", t.path, ino, err)
 	}
 	t.forgetOurs(ino)
+	t.dlog.clean(ino)
 	return nil
 }
 
@@ -930,6 +958,9 @@ func pwriteFull(fd int, b []byte, off int64) error {
 }
 
 func fdatasync(fd int) error {
+	if h := testHookFdatasync.Load(); h != nil {
+		(*h)(fd)
+	}
 	for {
 		err := unix.Fdatasync(fd)
 		if err != unix.EINTR {

@@ -15,9 +15,13 @@
 //     (format.go; docs/design/0002-storage.md). An absent chunk reads as
 //     length 0.
 //   - Dirty flag: the sidecar header bit that says "data and sums may
-//     disagree on disk"; set durably before the first mutation after a
-//     sync, cleared after a sync. A dirty chunk is re-summed from its data
-//     when a fresh process opens it (chunk.go has the essay).
+//     disagree on disk"; set before the first mutation after a sync,
+//     cleared after a sync. What makes it durable is the chunk's record in
+//     the target's intent log (dirty.log, dirtylog.go), which concurrent
+//     first mutations on a target write with one shared fdatasync; a
+//     target's open turns the log's records into dirty flags. A dirty
+//     chunk is re-summed from its data when a fresh process opens it
+//     (chunk.go has the essay).
 //   - Chunk cache: a bounded LRU of open, reference-counted chunk handles
 //     (cache.go), so a 4 KiB request costs two or three syscalls, not an
 //     open and a close.
@@ -43,7 +47,9 @@
 // Per chunk, in this order: chunk.flag (RWMutex; mutations hold it shared
 // for their duration, sync/remove exclusively), then the region stripes
 // (32 RWMutexes over 1 MiB regions; writes exclusive, reads shared,
-// truncate all stripes). chunkCache.mu, target.ours, target.unsyncedDirs
+// truncate all stripes). A first mutation holds chunk.flag exclusively
+// while it waits for its intent-log round, which takes dirtyLog.ioMu, then
+// dirtyLog.mu (a leaf). chunkCache.mu, target.ours, target.unsyncedDirs
 // (except around the mkdirs of a chunk's fan-out directories) and
 // groupSync.mu are leaves, taken for map and list updates only, never
 // across other I/O. A chunk's sync waits for its target's next syncfs
@@ -74,9 +80,10 @@
 // HeartbeatInterval, register again on ESTALE, back off while the metadata
 // service is down), with a helper that cancels its calls on Close; the
 // metrics HTTP server when MetricsAddr is set. Short-lived: a goroutine
-// per sync round that starts when the round before it ends. Close stops them all, then
+// per sync round or intent-log round that starts when the round before it
+// ends. Close stops them all, then
 // syncs every chunk written since its last sync and marks it clean.
 //
-// Architecture Invariant: only this package reads or writes chunk files and
-// target identity files.
+// Architecture Invariant: only this package reads or writes chunk files,
+// target identity files and intent logs.
 package store

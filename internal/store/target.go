@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -31,10 +32,17 @@ import (
 //	chunks/XX/YY/       fan-out directories: XX = ino&0xff, YY = (ino>>8)&0xff
 //	                    in two lower-case hex digits, created on demand
 //	chunks/XX/YY/<ino>.data, .sum   one chunk (format.go)
+//	dirty.log           intent log: the chunks that may differ from their
+//	                    sums on disk (dirtylog.go)
 //
-// Version history: 1 — initial.
+// Version history: 1 — initial. 2 — dirty.log: the first mutation of a
+// clean chunk is recorded there rather than by a sync of its sidecar's
+// dirty flag. A version 1 target is upgraded when opened (it has no log;
+// its dirty flags are all in its sidecars); a release that knows only
+// version 1 refuses a version 2 target instead of missing the chunks its
+// log names.
 const (
-	targetFormat = 1
+	targetFormat = 2
 	identityName = "strata-target"
 	chunksDir    = "chunks"
 )
@@ -111,6 +119,10 @@ type target struct {
 	// file system (groupsync.go); set at open.
 	gs *groupSync
 
+	// dlog is the target's intent log of the dirty flag (dirtylog.go);
+	// set at open.
+	dlog *dirtyLog
+
 	m *targetMetrics
 
 	// noReserve turns the reserve check off, so that tests reach the
@@ -144,6 +156,12 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 	t.ours.m = map[uint64]struct{}{}
 	t.unsyncedDirs.m = map[string]uint64{}
 	t.id.Store(id.ID)
+	if id.Format < targetFormat {
+		if err := t.updateIdentity(func(i *identity) { i.Format = targetFormat }); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("target %s: upgrade to format version %d: %w", dir, targetFormat, err)
+		}
+	}
 	if id.InoCeiling == 0 {
 		if id.InoCeiling, err = t.scanCeiling(); err == nil {
 			err = t.updateIdentity(func(i *identity) { i.InoCeiling = max(i.InoCeiling, id.InoCeiling) })
@@ -171,15 +189,21 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 		unix.Close(fd)
 		return nil, err
 	}
+	if t.dlog, err = openDirtyLog(t, slog.Default().With("pkg", "store")); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
 	// A killed predecessor may have left chunk files and fan-out
 	// directories whose entries are not durable yet, and its record of
 	// them (unsyncedDirs) died with it: make them durable before a sync
 	// of this process relies on them.
 	if err := unix.Syncfs(fd); err != nil {
+		t.dlog.close()
 		unix.Close(fd)
 		return nil, fmt.Errorf("target %s: syncfs: %w", dir, err)
 	}
 	if err := t.joinGroup(); err != nil {
+		t.dlog.close()
 		unix.Close(fd)
 		return nil, fmt.Errorf("target %s: %w", dir, err)
 	}
@@ -221,6 +245,12 @@ func checkMaxFile(dir string) error {
 }
 
 func (t *target) close() {
+	if t.dlog != nil {
+		if err := t.dlog.close(); err != nil {
+			slog.Default().With("pkg", "store").Error("cannot empty the intent log after a clean stop; its chunks are recomputed at the next open",
+				"target", t.path, "err", err)
+		}
+	}
 	t.leaveGroup()
 	if t.lockFd >= 0 {
 		unix.Close(t.lockFd)
@@ -241,8 +271,8 @@ func readOrFormat(dir string) (identity, error) {
 	if err := json.Unmarshal(b, &id); err != nil {
 		return id, fmt.Errorf("%w: target %s: identity file %s is damaged: %v", ErrFormat, dir, identityName, err)
 	}
-	if id.Format != targetFormat {
-		return id, fmt.Errorf("%w: target %s has format version %d, this build serves only version %d (made by another Strata release?)",
+	if id.Format < 1 || id.Format > targetFormat {
+		return id, fmt.Errorf("%w: target %s has format version %d, this build serves only versions 1 to %d (made by another Strata release?)",
 			ErrFormat, dir, id.Format, targetFormat)
 	}
 	if id.UUID == "" {
