@@ -16,7 +16,7 @@ func init() {
 	var (
 		metaAddr, listenAddr, advertise, keyFile, metricsAddr string
 		targets                                               []string
-		heartbeat                                             time.Duration
+		heartbeat, syncInterval                               time.Duration
 		tf                                                    tlsFlags
 	)
 	cmd := &cobra.Command{
@@ -47,6 +47,7 @@ down) and serves clients at --listen.`,
 			cfg.Targets = targets
 			cfg.MetricsAddr = metricsAddr
 			cfg.HeartbeatInterval = heartbeat
+			cfg.SyncInterval = syncInterval
 			key, err := readKeyFile(keyFile)
 			if err != nil {
 				return usagef("store: --key-file: %v", err)
@@ -57,6 +58,9 @@ down) and serves clients at --listen.`,
 			}
 			if heartbeat <= 0 {
 				return usagef("store: --heartbeat-interval must be positive, got %v", heartbeat)
+			}
+			if syncInterval < 0 {
+				return usagef("store: --sync-interval must not be negative, got %v (0 disables the background sync)", syncInterval)
 			}
 			if err := cfg.Validate(); err != nil {
 				return usagef("store: %v", err)
@@ -90,8 +94,12 @@ down) and serves clients at --listen.`,
 	metricsFlag(f, &metricsAddr)
 	tf.register(f)
 	f.DurationVar(&heartbeat, "heartbeat-interval", time.Second, "period of heartbeats to the metadata service")
+	f.DurationVar(&syncInterval, "sync-interval", store.DefaultSyncInterval, syncIntervalUsage)
 	rootCmd.AddCommand(cmd)
 }
+
+// syncIntervalUsage is the help of --sync-interval (strata store, strata up).
+const syncIntervalUsage = "period of each target's background sync round: data written and not yet synced (under --sync-policy async, or not yet closed) becomes durable within it; strata status shows what is waiting (0: no background sync, only fsync, close under sync and a clean stop sync)"
 
 // refusedTargets delivers the registration error of s once the metadata
 // service has refused one of its targets as another file system's — a
