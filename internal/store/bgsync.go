@@ -203,19 +203,22 @@ func (s *Server) syncInos(t *target, inos []uint64, stop <-chan struct{}, forget
 	return done, false, errors.Join(errs...)
 }
 
-// syncChunks syncs cs concurrently, each through chunk.sync, so that they
-// share the target's sync rounds, and answers how many succeeded.
+// syncChunks syncs cs concurrently, syncBatch at a time, each through
+// chunk.sync, so that they share the target's sync rounds, and answers how
+// many succeeded.
 func syncChunks(cs []*chunk) (int, error) {
 	errs := make([]error, len(cs))
-	var wg sync.WaitGroup
-	for i, c := range cs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = c.sync()
-		}()
+	for from := 0; from < len(cs); from += syncBatch {
+		var wg sync.WaitGroup
+		for i := from; i < min(from+syncBatch, len(cs)); i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = cs[i].sync()
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	n := 0
 	for _, err := range errs {
 		if err == nil {
