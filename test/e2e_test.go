@@ -21,9 +21,9 @@ import (
 
 // startUp starts `strata up --data data --mount mnt` (its log in dir) and
 // waits until the file system is mounted.
-func startUp(t *testing.T, bin, dir, data, mnt string) *testutil.Proc {
+func startUp(t *testing.T, bin, dir, data, mnt string, extra ...string) *testutil.Proc {
 	t.Helper()
-	p := testutil.StartProc(t, dir, "up", nil, bin, "up", "--data", data, "--mount", mnt)
+	p := testutil.StartProc(t, dir, "up", nil, bin, append([]string{"up", "--data", data, "--mount", mnt}, extra...)...)
 	if err := testutil.WaitFor(30*time.Second, func() error {
 		if p.Exited() {
 			return errors.New("strata up exited:\n" + p.Tail(30))

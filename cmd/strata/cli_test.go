@@ -119,6 +119,8 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"--log-level", "loud", "status"}, 2, "log-level"},
 		{[]string{"meta", "--data", t.TempDir(), "--disk-reserve", "lots"}, 2, "disk-reserve"},
 		{[]string{"mount", "--meta", "127.0.0.1:1"}, 2, "MOUNTPOINT"},
+		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--target", t.TempDir(), "--sync-interval", "-1s"}, 2, "--sync-interval"},
+		{[]string{"up", "--sync-interval", "-1s"}, 2, "--sync-interval"},
 	} {
 		out, errOut, code := strata(t, nil, tc.args...)
 		if code != tc.want || !strings.Contains(out+errOut, tc.says) {

@@ -139,13 +139,20 @@ func printStatus(out io.Writer, st *rpc.ClusterStatusResp, capa admin.Capacity, 
 	fmt.Fprintln(out)
 	// AVAIL is what writes may still use: the free space less the
 	// target's reserve, below which it answers ENOSPC. The total is df's.
-	fmt.Fprintln(w, "TARGET\tSERVER\tPATH\tSIZE\tUSED\tAVAIL\tUSE%\tHEALTH")
-	for _, t := range st.Targets {
-		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t-\t%s\t-\t%s\n", t.ID, t.ServerID, t.Path, humanBytes(t.TotalBytes), humanBytes(t.FreeBytes), health(t.Alive))
+	// UNSYNCED is what the target's server holds written but not yet
+	// durable (it syncs it within its --sync-interval).
+	fmt.Fprintln(w, "TARGET\tSERVER\tPATH\tSIZE\tUSED\tAVAIL\tUSE%\tHEALTH\tUNSYNCED")
+	for i, t := range st.Targets {
+		var u rpc.TargetUnsynced
+		if i < len(st.Unsynced) {
+			u = st.Unsynced[i]
+		}
+		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t-\t%s\t-\t%s\t%s\n", t.ID, t.ServerID, t.Path, humanBytes(t.TotalBytes), humanBytes(t.FreeBytes), health(t.Alive), unsyncedText(u))
 	}
-	fmt.Fprintf(w, "total\t\t\t%s\t%s\t%s\t%.1f%%\t\n", humanBytes(capa.SizeBytes), humanBytes(capa.UsedBytes), humanBytes(capa.AvailBytes), capa.UsedPercent)
+	fmt.Fprintf(w, "total\t\t\t%s\t%s\t%s\t%.1f%%\t\t\n", humanBytes(capa.SizeBytes), humanBytes(capa.UsedBytes), humanBytes(capa.AvailBytes), capa.UsedPercent)
 	w.Flush()
-	fmt.Fprintln(out, "(as df on the mount: targets on one file system of one host count once; AVAIL is what writes may use, above each target's reserve)")
+	fmt.Fprintln(out, "(as df on the mount: targets on one file system of one host count once; AVAIL is what writes may use, above each target's reserve;")
+	fmt.Fprintln(out, " UNSYNCED is written and not yet durable: each storage server syncs it within its --sync-interval)")
 	fmt.Fprintln(out)
 	printClients(out, st, showLocks)
 }
@@ -231,4 +238,14 @@ func humanBytes(b uint64) string {
 		return fmt.Sprintf("%d B", b)
 	}
 	return strings.TrimSuffix(fmt.Sprintf("%.1f", v), ".0") + " " + units[i]
+}
+
+// unsyncedText shows a target's unsynced figures: "none", or e.g.
+// "123 chunks, 4.5 MiB, oldest 3s".
+func unsyncedText(u rpc.TargetUnsynced) string {
+	if u.Chunks == 0 {
+		return "none"
+	}
+	age := (time.Duration(u.OldestMs) * time.Millisecond).Round(time.Second)
+	return fmt.Sprintf("%d chunks, %s, oldest %s", u.Chunks, humanBytes(u.Bytes), age)
 }

@@ -16,7 +16,7 @@ func init() {
 	var (
 		metaAddr, listenAddr, advertise, keyFile, metricsAddr string
 		targets                                               []string
-		heartbeat                                             time.Duration
+		heartbeat, syncInterval                               time.Duration
 		tf                                                    tlsFlags
 	)
 	cmd := &cobra.Command{
@@ -28,7 +28,9 @@ Each --target is a directory, ideally the root of its own disk. An empty
 directory is formatted on first use; a directory of another format version
 or one already served by another process is refused. The server registers
 its targets with the metadata service at --meta (retrying while it is
-down) and serves clients at --listen.`,
+down) and serves clients at --listen. Data written and not yet synced
+(under --sync-policy async) becomes durable within --sync-interval: each
+target syncs it in a background round; strata status shows what waits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if metaAddr == "" {
@@ -47,6 +49,7 @@ down) and serves clients at --listen.`,
 			cfg.Targets = targets
 			cfg.MetricsAddr = metricsAddr
 			cfg.HeartbeatInterval = heartbeat
+			cfg.SyncInterval = syncInterval
 			key, err := readKeyFile(keyFile)
 			if err != nil {
 				return usagef("store: --key-file: %v", err)
@@ -57,6 +60,9 @@ down) and serves clients at --listen.`,
 			}
 			if heartbeat <= 0 {
 				return usagef("store: --heartbeat-interval must be positive, got %v", heartbeat)
+			}
+			if syncInterval < 0 {
+				return usagef("store: --sync-interval must not be negative, got %v (0 disables the background sync)", syncInterval)
 			}
 			if err := cfg.Validate(); err != nil {
 				return usagef("store: %v", err)
@@ -90,8 +96,12 @@ down) and serves clients at --listen.`,
 	metricsFlag(f, &metricsAddr)
 	tf.register(f)
 	f.DurationVar(&heartbeat, "heartbeat-interval", time.Second, "period of heartbeats to the metadata service")
+	f.DurationVar(&syncInterval, "sync-interval", store.DefaultSyncInterval, syncIntervalUsage)
 	rootCmd.AddCommand(cmd)
 }
+
+// syncIntervalUsage is the help of --sync-interval (strata store, strata up).
+const syncIntervalUsage = "period of each target's background sync round: data written and not yet synced (under --sync-policy async, or not yet closed) becomes durable within it; strata status shows what is waiting (0: no background sync, only fsync, close under sync and a clean stop sync)"
 
 // refusedTargets delivers the registration error of s once the metadata
 // service has refused one of its targets as another file system's — a

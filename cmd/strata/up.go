@@ -32,6 +32,7 @@ func init() {
 		stores, targetsPerStore                   int
 		writeThrough, kernelReadAhead             int64
 		pprofAddr, metaDiskReserve                string
+		syncInterval                              time.Duration
 		tf                                        tlsFlags
 	)
 	cmd := &cobra.Command{
@@ -58,6 +59,9 @@ on the same --data it serves the same files.`,
 			if kernelReadAhead < 0 {
 				return usagef("--kernel-read-ahead-bytes %d: must not be negative", kernelReadAhead)
 			}
+			if syncInterval < 0 {
+				return usagef("--sync-interval %v: must not be negative (0 disables the background sync)", syncInterval)
+			}
 			reserve, err := parseSize(metaDiskReserve)
 			if err != nil {
 				return usagef("--meta-disk-reserve %q: %v", metaDiskReserve, err)
@@ -73,7 +77,7 @@ on the same --data it serves the same files.`,
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore, strictMetaSync: strictMetaSync,
 				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
-				tls: tc,
+				tls: tc, syncInterval: syncInterval,
 			})
 			if err == nil {
 				fmt.Fprintln(os.Stderr, "strata: stopped cleanly: unmounted, every service closed")
@@ -91,6 +95,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().Int64Var(&writeThrough, "write-through-bytes", client.DefaultConfig().WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
 	cmd.Flags().Int64Var(&kernelReadAhead, "kernel-read-ahead-bytes", fuse.DefaultKernelReadAhead, kernelReadAheadUsage)
 	cmd.Flags().StringVar(&metaDiskReserve, "meta-disk-reserve", "256M", "free space the metadata service keeps on the disk under --data: below it, creates, links, renames and xattrs fail with ENOSPC (0: none)")
+	cmd.Flags().DurationVar(&syncInterval, "sync-interval", store.DefaultSyncInterval, syncIntervalUsage)
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
 	tf.register(cmd.Flags())
@@ -104,6 +109,8 @@ type upOptions struct {
 	writeThrough, kernelReadAhead             int64
 	metaDiskReserve                           int64       // 0: none
 	tls                                       *tls.Config // mutual TLS of the services and the client (nil: none)
+	// syncInterval is the stores' background sync period (0: none).
+	syncInterval time.Duration
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -180,6 +187,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		scfg.ListenAddr = "127.0.0.1:0"
 		scfg.ClusterKey = key
 		scfg.TLS = o.tls
+		scfg.SyncInterval = o.syncInterval
 		for t := 0; t < o.targetsPerStore; t++ {
 			dir := filepath.Join(dataDir, fmt.Sprintf("store%d", i), fmt.Sprintf("target%d", t))
 			if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -121,6 +121,7 @@ func TestStatusJSONConvention(t *testing.T) {
 		Clients:  []rpc.ClientInfo{{ID: 7, OpenedMs: 1764000000000, LastSeenMs: 250}},
 		Locks:    []rpc.LockInfo{{Ino: 5, Client: 7, Type: rpc.LockWrite, Flock: true, End: math.MaxUint64}},
 		Problems: []string{"disk full"}, LocksTotal: 1, FreePendingFiles: 2, FreePendingBytes: 8192,
+		Unsynced: []rpc.TargetUnsynced{{Chunks: 3, Bytes: 11703, OldestMs: 2500}},
 	}
 	doc := StatusOf(st, rpc.StatFSResp{TotalBytes: 100, FreeBytes: 50, AvailBytes: 40}, true)
 	b, err := json.Marshal(doc)
@@ -154,6 +155,10 @@ func TestStatusJSONConvention(t *testing.T) {
 	walk("", v)
 	if m := v.(map[string]any); m["free_pending_files"] != 2.0 || m["free_pending_bytes"] != 8192.0 {
 		t.Errorf("free_pending_files, free_pending_bytes = %v, %v; want 2, 8192", m["free_pending_files"], m["free_pending_bytes"])
+	}
+	if tg := v.(map[string]any)["targets"].([]any)[0].(map[string]any); tg["unsynced_chunks"] != 3.0 || tg["unsynced_bytes"] != 11703.0 || tg["oldest_unsynced_seconds"] != 2.5 {
+		t.Errorf("target unsynced_chunks, unsynced_bytes, oldest_unsynced_seconds = %v, %v, %v; want 3, 11703, 2.5",
+			tg["unsynced_chunks"], tg["unsynced_bytes"], tg["oldest_unsynced_seconds"])
 	}
 	if _, err := time.Parse(time.RFC3339, doc.Clients[0].OpenedAt); err != nil {
 		t.Errorf("opened_at %q: %v", doc.Clients[0].OpenedAt, err)

@@ -66,6 +66,14 @@ type TargetStatus struct {
 	SizeBytes  uint64 `json:"size_bytes"`
 	AvailBytes uint64 `json:"avail_bytes"`
 	Alive      bool   `json:"alive"`
+	// UnsyncedChunks, UnsyncedBytes, OldestUnsyncedSeconds: the chunks
+	// written and not yet durable on the target (its server syncs them
+	// within its --sync-interval, at an fsync or at its stop), the bytes
+	// written to them, and the age of the oldest; as the target's server
+	// last reported them (0 from a server that reports none).
+	UnsyncedChunks        uint64  `json:"unsynced_chunks"`
+	UnsyncedBytes         uint64  `json:"unsynced_bytes"`
+	OldestUnsyncedSeconds float64 `json:"oldest_unsynced_seconds"`
 }
 
 // Capacity is the file system's as df on a mount shows it: targets that
@@ -148,9 +156,14 @@ func StatusOf(st *rpc.ClusterStatusResp, fs rpc.StatFSResp, withLocks bool) Stat
 	for _, s := range st.Servers {
 		out.Servers = append(out.Servers, ServerStatus{ID: s.ID, Address: s.Addr, Host: s.Host, Alive: s.Alive, HeartbeatAgeSeconds: ageSeconds(s.LastSeenMs)})
 	}
-	for _, t := range st.Targets {
-		out.Targets = append(out.Targets, TargetStatus{ID: t.ID, ServerID: t.ServerID, Address: t.Addr, Path: t.Path,
-			SizeBytes: t.TotalBytes, AvailBytes: t.FreeBytes, Alive: t.Alive})
+	for i, t := range st.Targets {
+		ts := TargetStatus{ID: t.ID, ServerID: t.ServerID, Address: t.Addr, Path: t.Path,
+			SizeBytes: t.TotalBytes, AvailBytes: t.FreeBytes, Alive: t.Alive}
+		if i < len(st.Unsynced) {
+			u := st.Unsynced[i]
+			ts.UnsyncedChunks, ts.UnsyncedBytes, ts.OldestUnsyncedSeconds = u.Chunks, u.Bytes, float64(u.OldestMs)/1000
+		}
+		out.Targets = append(out.Targets, ts)
 	}
 	for _, c := range st.Clients {
 		out.Clients = append(out.Clients, ClientStatus{ID: c.ID, Host: c.Host, MountPoint: c.MountPoint, Pid: c.Pid,

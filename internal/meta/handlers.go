@@ -326,7 +326,9 @@ func (s *Service) register() {
 			}
 			s.warnIfBehind(r.InoCeiling, next, "storage server "+srv.Addr)
 		}
-		s.live.heartbeat(r.ServerID, srv.Host, r.Targets, r.FSIDs, r.RawFree, time.Now())
+		now := time.Now()
+		s.live.heartbeat(r.ServerID, srv.Host, r.Targets, r.FSIDs, r.RawFree, now)
+		s.live.reportUnsynced(r.Targets, r.Unsynced, now)
 		return empty, nil
 	})
 	handle(s, rpc.MClusterStatus, s.clusterStatus)
@@ -567,8 +569,18 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 		Clients: clients, Locks: ls.locks, LocksTotal: uint32(min(ls.total, math.MaxUint32)),
 		LockGrace: ls.grace, LockGracePending: uint32(ls.pending),
 		Problems:         s.problems(),
-		FreePendingFiles: pendingFiles, FreePendingBytes: pendingBytes,
+		FreePendingFiles: pendingFiles, FreePendingBytes: pendingBytes, Unsynced: s.unsyncedOf(targets),
 	}, nil
+}
+
+// unsyncedOf lists the targets' unsynced figures in their order.
+func (s *Service) unsyncedOf(targets []rpc.TargetInfo) []rpc.TargetUnsynced {
+	now := time.Now()
+	out := make([]rpc.TargetUnsynced, len(targets))
+	for i, t := range targets {
+		out[i] = s.live.unsynced(t.ID, now)
+	}
+	return out
 }
 
 // raiseIno makes the state machine skip every inode number below ceiling.

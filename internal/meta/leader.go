@@ -227,6 +227,10 @@ type targetUsage struct {
 	total, free uint64
 	rawFree     uint64 // free including root-reserved blocks (0 if unknown)
 	fs          fsKey  // the file system the target lives on; zero if unknown
+	// unsynced is the target's data written and not yet durable as its
+	// server last reported it (unsyncedAt), for strata status.
+	unsynced   rpc.TargetUnsynced
+	unsyncedAt time.Time
 }
 
 // fsKey names a file system: its host and statfs f_fsid.
@@ -316,6 +320,34 @@ func (l *liveness) heartbeat(server uint32, host string, usage []rpc.TargetUsage
 		}
 		l.mu.targets[u.ID] = newTargetUsage(server, host, u.TotalBytes, u.FreeBytes, raw, fsid)
 	}
+}
+
+// reportUnsynced records the unsynced figures a heartbeat carried (one
+// per target of usage; an older server sends none).
+func (l *liveness) reportUnsynced(usage []rpc.TargetUsage, unsynced []rpc.TargetUnsynced, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, u := range usage {
+		tu, ok := l.mu.targets[u.ID]
+		if !ok || i >= len(unsynced) {
+			continue
+		}
+		tu.unsynced, tu.unsyncedAt = unsynced[i], now
+		l.mu.targets[u.ID] = tu
+	}
+}
+
+// unsynced is a target's last reported unsynced figures with the oldest
+// chunk's age carried forward to now.
+func (l *liveness) unsynced(target uint32, now time.Time) rpc.TargetUnsynced {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	tu := l.mu.targets[target]
+	f := tu.unsynced
+	if f.Chunks > 0 && !tu.unsyncedAt.IsZero() {
+		f.OldestMs += max(now.Sub(tu.unsyncedAt).Milliseconds(), 0)
+	}
+	return f
 }
 
 // candidates lists live targets with free space, by id. The slice is

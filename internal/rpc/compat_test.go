@@ -12,9 +12,11 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&ReadDirResp{Entries: []DirEntry{{Name: "a", Ino: 2, Mode: 0o40755, Attr: Attr{Ino: 2, Size: 9}}}, EOF: true},
 		&RegisterServerReq{Addr: "a:1", Targets: []TargetReg{{UUID: "u", Path: "/p", TotalBytes: 5}}},
 		&ClusterStatusResp{Servers: []ServerInfo{{ID: 1, Alive: true}}, Targets: []TargetInfo{{ID: 3}}},
+		&ClusterStatusResp{Targets: []TargetInfo{{ID: 3}}, FreePendingFiles: 1, Unsynced: []TargetUnsynced{{Chunks: 1, Bytes: 3901, OldestMs: 1200}}},
 		&LockReq{ClientID: 1, Ino: 2, End: ^uint64(0), Type: LockWrite, Wait: true},
 		&WriteReq{Chunk: ChunkID{1, 2}, Off: 3, Sync: true, Data: []byte("hi")},
 		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, FSIDs: []uint64{7}, RawFree: []uint64{4}},
+		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, Unsynced: []TargetUnsynced{{Chunks: 4, Bytes: 5, OldestMs: 6}}},
 		&SetAttrReq{Valid: SetMode | SetSize, Size: 1 << 40, Mtime: -5},
 		&SessionHeartbeatReq{ClientID: 3, OpenInodes: []uint64{4, 5}, LockEpoch: 77, ListedAfter: 1763885000123456789},
 		&SessionHeartbeatResp{LockEpoch: 9, Now: 1763885000123456789},
@@ -98,7 +100,11 @@ func optionalTails(m Message) []int {
 		add(func(e *Enc) { e.I64(x.ListedAfter) })
 		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.ListedAfter) })
 	case *ClusterStatusResp:
-		add(func(e *Enc) { e.U64(x.FreePendingFiles); e.U64(x.FreePendingBytes) })
+		unsynced := func(e *Enc) { encodeUnsynced(e, x.Unsynced) }
+		add(unsynced)
+		add(func(e *Enc) { e.U64(x.FreePendingFiles); e.U64(x.FreePendingBytes) }, unsynced)
+	case *ServerHeartbeatReq:
+		add(func(e *Enc) { encodeUnsynced(e, x.Unsynced) })
 	case *SessionHeartbeatResp:
 		add(func(e *Enc) { e.I64(x.Now) })
 		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.Now) })

@@ -64,7 +64,9 @@
 // ReadDirResp) gained a trailing run with each Attr's Blocks, CommitSizeReq
 // a trailing Alloc list and ChunkStatResp a trailing Alloc: absent, they
 // read as unknown. ClusterStatusResp gained trailing FreePendingFiles and
-// FreePendingBytes (absent: zero). Moving the connection machinery out of this package
+// FreePendingBytes (absent: zero), then it and ServerHeartbeatReq a
+// trailing Unsynced list, one TargetUnsynced per target (absent: none,
+// shown as zero). Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //
 // Frame and handshake versions are the transport's (package transport,

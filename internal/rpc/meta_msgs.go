@@ -974,6 +974,39 @@ type ServerHeartbeatReq struct {
 	// the inode numbers it forgot also from servers that do not register
 	// again.
 	InoCeiling uint64
+	// Unsynced (one per target, in Targets order) says how much of each
+	// target is written and not yet durable. Appended: an older server
+	// sends none.
+	Unsynced []TargetUnsynced
+}
+
+// TargetUnsynced is how much of a target is written and not yet synced:
+// its chunks made dirty and not synced since, the bytes written to them
+// since they became dirty, and the age of the oldest in milliseconds (0
+// when there are none).
+type TargetUnsynced struct {
+	Chunks   uint64
+	Bytes    uint64
+	OldestMs int64
+}
+
+func encodeUnsynced(e *Enc, us []TargetUnsynced) {
+	e.U64(uint64(len(us)))
+	for _, u := range us {
+		e.U64(u.Chunks)
+		e.U64(u.Bytes)
+		e.I64(u.OldestMs)
+	}
+}
+
+func decodeUnsynced(d *Dec) []TargetUnsynced {
+	us := make([]TargetUnsynced, d.Count())
+	for i := range us {
+		us[i].Chunks = d.U64()
+		us[i].Bytes = d.U64()
+		us[i].OldestMs = d.I64()
+	}
+	return us
 }
 
 func (m *ServerHeartbeatReq) Encode(e *Enc) {
@@ -987,6 +1020,7 @@ func (m *ServerHeartbeatReq) Encode(e *Enc) {
 	e.U64s(m.FSIDs)
 	e.U64s(m.RawFree)
 	e.U64(m.InoCeiling)
+	encodeUnsynced(e, m.Unsynced)
 }
 
 func (m *ServerHeartbeatReq) Decode(d *Dec) {
@@ -1000,6 +1034,9 @@ func (m *ServerHeartbeatReq) Decode(d *Dec) {
 	m.FSIDs = d.U64s()
 	m.RawFree = d.U64s()
 	m.InoCeiling = d.U64()
+	if d.Len() > 0 { // absent from older servers
+		m.Unsynced = decodeUnsynced(d)
+	}
 }
 
 // ServerInfo and TargetInfo describe the cluster registry with health.
@@ -1094,6 +1131,11 @@ type ClusterStatusResp struct {
 	// background reaper has not freed yet (open ones included), and the
 	// space they hold. Appended: an older service sends neither (zero).
 	FreePendingFiles, FreePendingBytes uint64
+	// Unsynced (one per target, in Targets order) is how much of each
+	// target is written and not yet durable, as its server last reported
+	// it, with OldestMs aged to the answer's time. Appended: an older
+	// service sends none.
+	Unsynced []TargetUnsynced
 }
 
 // MaxStatusLocks bounds the locks one ClusterStatusResp lists.
@@ -1206,6 +1248,7 @@ func (m *ClusterStatusResp) Encode(e *Enc) {
 	e.Strings(m.Problems)
 	e.U64(m.FreePendingFiles)
 	e.U64(m.FreePendingBytes)
+	encodeUnsynced(e, m.Unsynced)
 }
 
 func (m *ClusterStatusResp) Decode(d *Dec) {
@@ -1248,5 +1291,8 @@ func (m *ClusterStatusResp) Decode(d *Dec) {
 	if d.Len() > 0 { // absent from older services
 		m.FreePendingFiles = d.U64()
 		m.FreePendingBytes = d.U64()
+	}
+	if d.Len() > 0 { // absent from older services
+		m.Unsynced = decodeUnsynced(d)
 	}
 }

@@ -206,6 +206,7 @@ func (c *chunk) open(create bool, s *Server) error {
 		c.sumFd = sfd
 		c.t.createdIn(dir)
 		c.flag.dirty = true
+		c.t.noteDirty(c.ino)
 		c.dirtyEpoch.Store(c.t.gs.errEpoch.Load())
 		if err := c.writeHeader(flagDirty, false); err != nil {
 			return err
@@ -354,6 +355,7 @@ func (c *chunk) beginMutation() error {
 			}
 			c.flag.dirty = true
 			c.dirtyEpoch.Store(c.t.gs.errEpoch.Load())
+			c.t.noteDirty(c.ino)
 		}
 		c.flag.Unlock()
 		c.flag.RLock()
@@ -492,6 +494,7 @@ func (c *chunk) write(ctx context.Context, s *Server, off int64, data []byte) er
 		return c.ioErr("write", off, err)
 	}
 	c.growSize(end)
+	c.t.noteWritten(c.ino, len(data))
 	c.unlock(mask, true)
 	locked = false
 	c.streamWrote(off, end)

@@ -46,7 +46,16 @@ type Config struct {
 	// MaxOpenChunks bounds the cache of open chunk files (two descriptors
 	// each). Default 1024.
 	MaxOpenChunks int
+	// SyncInterval is the period of each target's background sync round,
+	// which makes the chunks written and not synced since durable
+	// (bgsync.go). 0 disables the rounds (a zero Config has none);
+	// DefaultConfig sets DefaultSyncInterval.
+	SyncInterval time.Duration
 }
+
+// DefaultSyncInterval is the default Config.SyncInterval: ext4's journal
+// commit interval.
+const DefaultSyncInterval = 5 * time.Second
 
 // DefaultConfig returns a configuration with every default filled in; the
 // caller sets Targets and addresses.
@@ -55,6 +64,7 @@ func DefaultConfig() Config {
 		ListenAddr:        "127.0.0.1:0",
 		HeartbeatInterval: time.Second,
 		MaxOpenChunks:     1024,
+		SyncInterval:      DefaultSyncInterval,
 	}
 }
 
@@ -121,6 +131,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxOpenChunks < 0 {
 		bad("max open chunks %d is negative", c.MaxOpenChunks)
+	}
+	if c.SyncInterval < 0 {
+		bad("sync interval %v is negative (0 disables the background sync)", c.SyncInterval)
 	}
 	return errors.Join(errs...)
 }

@@ -49,7 +49,8 @@
 // (32 RWMutexes over 1 MiB regions; writes exclusive, reads shared,
 // truncate all stripes). A first mutation holds chunk.flag exclusively
 // while it waits for its intent-log round, which takes dirtyLog.ioMu, then
-// dirtyLog.mu (a leaf). chunkCache.mu, target.ours, target.unsyncedDirs
+// dirtyLog.mu (a leaf). chunkCache.mu, target.ours, target.unsynced,
+// target.unsyncedDirs
 // (except around the mkdirs of a chunk's fan-out directories) and
 // groupSync.mu are leaves, taken for map and list updates only, never
 // across other I/O. A chunk's sync waits for its target's next syncfs
@@ -79,10 +80,13 @@
 // registration loop (register.go: register, heartbeat every
 // HeartbeatInterval, register again on ESTALE, back off while the metadata
 // service is down), with a helper that cancels its calls on Close; the
-// metrics HTTP server when MetricsAddr is set. Short-lived: a goroutine
-// per sync round or intent-log round that starts when the round before it
-// ends. Close stops them all, then
-// syncs every chunk written since its last sync and marks it clean.
+// metrics HTTP server when MetricsAddr is set; per target, with a
+// SyncInterval, the background sync loop (bgsync.go). Short-lived: a
+// goroutine per sync round or intent-log round that starts when the round
+// before it ends, and one per chunk a background round or Close syncs (at
+// most syncBatch at a time). Close stops them all, then syncs every chunk
+// written since its last sync, marks it clean and logs one line with the
+// count.
 //
 // Architecture Invariant: only this package reads or writes chunk files,
 // target identity files and intent logs.

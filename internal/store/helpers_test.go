@@ -32,6 +32,9 @@ func newEnv(t *testing.T, ntargets int, mod func(*Config)) *env {
 	e.cfg = DefaultConfig()
 	e.cfg.Targets = e.dirs
 	e.cfg.ClusterKey = testKey
+	// No background rounds unless a test asks for them: they would clean
+	// the dirty chunks other tests look at (bgsync_test.go).
+	e.cfg.SyncInterval = 0
 	if mod != nil {
 		mod(&e.cfg)
 	}

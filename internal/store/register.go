@@ -137,7 +137,9 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Client) 
 		case <-tick.C:
 		}
 		req := &rpc.ServerHeartbeatReq{ServerID: s.serverID.Load()}
+		now := time.Now()
 		for _, t := range s.targets {
+			req.Unsynced = append(req.Unsynced, t.unsyncedFigures(now))
 			_ = t.statfs()
 			req.Targets = append(req.Targets, rpc.TargetUsage{ID: t.id.Load(), TotalBytes: t.totalBytes.Load(), FreeBytes: t.availBytes()})
 			req.FSIDs = append(req.FSIDs, t.fsid.Load())

@@ -97,6 +97,7 @@ func Open(cfg Config) (*Server, error) {
 		}
 	}
 	s.byID.Store(&ids)
+	s.m.reg.MustRegister(newUnsyncedCollector(s))
 
 	s.rpc = transport.NewServer(cfg.ClusterKey)
 	s.rpc.TLS = cfg.TLS
@@ -124,11 +125,18 @@ func Open(cfg Config) (*Server, error) {
 		}
 	}()
 	ok = true
+	if cfg.SyncInterval > 0 {
+		for _, t := range s.targets {
+			s.wg.Add(1)
+			go s.syncLoop(t)
+		}
+	}
 	paths := make([]string, len(s.targets))
 	for i, t := range s.targets {
 		paths[i] = t.path
 	}
-	s.log.Info("storage server serving", "listen", ln.Addr().String(), "advertise", s.addr, "targets", paths, "meta", cfg.MetaAddr)
+	s.log.Info("storage server serving", "listen", ln.Addr().String(), "advertise", s.addr, "targets", paths, "meta", cfg.MetaAddr,
+		"sync_interval", cfg.SyncInterval)
 	if cfg.MetaAddr != "" {
 		s.wg.Add(1)
 		go s.registrationLoop()
@@ -222,8 +230,10 @@ func (s *Server) WaitRegistered(ctx context.Context) error {
 	}
 }
 
-// Close stops serving, makes every chunk written since its last sync
-// durable and marks it clean, and releases the targets. Safe to call twice.
+// Close stops serving and the background sync rounds, makes every chunk
+// written since its last sync durable and marks it clean, logs one line
+// saying how many chunks and bytes that took, and releases the targets.
+// Safe to call twice.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() { s.closeErr = s.close(true) })
 	return s.closeErr
@@ -238,31 +248,29 @@ func (s *Server) close(syncAll bool) error {
 		cancel()
 	}
 	s.wg.Wait()
+	var left rpc.TargetUnsynced
+	for _, t := range s.targets {
+		f := t.unsyncedFigures(time.Now())
+		left.Chunks += f.Chunks
+		left.Bytes += f.Bytes
+		left.OldestMs = max(left.OldestMs, f.OldestMs)
+	}
 	var errs []error
-	for _, c := range s.cache.drain() {
-		if syncAll {
-			if err := c.sync(); err != nil {
-				errs = append(errs, err)
-			}
+	open := s.cache.drain()
+	if syncAll {
+		// Open chunks, then those closed dirty earlier (reopened): the
+		// same concurrent syncs as a background round.
+		if _, err := syncChunks(open); err != nil {
+			errs = append(errs, err)
 		}
+	}
+	for _, c := range open {
 		c.closeFiles()
 	}
 	if syncAll {
-		// Chunks closed dirty earlier: reopen, sync, mark clean.
 		for _, t := range s.targets {
-			for _, ino := range t.oursList() {
-				c, err := s.cache.get(t, ino, false)
-				if err != nil {
-					if !errors.Is(err, errNotExist) {
-						errs = append(errs, err)
-					}
-					continue
-				}
-				if err := c.sync(); err != nil {
-					errs = append(errs, err)
-				}
-				s.cache.forget(c)
-				s.cache.release(c)
+			if _, _, err := s.syncInos(t, t.oursList(), nil, true); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}
@@ -271,7 +279,12 @@ func (s *Server) close(syncAll bool) error {
 		s.log.Error("storage server closed with errors", "err", err)
 		return err
 	}
-	s.log.Info("storage server closed", "addr", s.addr)
+	if syncAll {
+		s.log.Info("storage server closed: synced the chunks written since their last sync", "addr", s.addr,
+			"chunks", left.Chunks, "bytes", left.Bytes, "oldest_seconds", float64(left.OldestMs)/1000)
+	} else {
+		s.log.Info("storage server closed", "addr", s.addr)
+	}
 	return nil
 }
 

@@ -115,6 +115,16 @@ type target struct {
 		m map[string]uint64
 	}
 
+	// unsynced holds the chunks this process made dirty (created, or
+	// mutated after a sync) and has not synced since, open or evicted,
+	// with when each became dirty and the bytes written to it since:
+	// what the background round syncs and strata status reports
+	// (bgsync.go). Entries go away with the ours entries.
+	unsynced struct {
+		sync.Mutex
+		m map[uint64]unsyncedChunk
+	}
+
 	// gs groups concurrent chunk syncs into syncfs rounds of the target's
 	// file system (groupsync.go); set at open.
 	gs *groupSync
@@ -155,6 +165,7 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 	t := &target{path: dir, uuid: id.UUID, lockFd: fd}
 	t.ours.m = map[uint64]struct{}{}
 	t.unsyncedDirs.m = map[string]uint64{}
+	t.unsynced.m = map[uint64]unsyncedChunk{}
 	t.id.Store(id.ID)
 	if id.Format < targetFormat {
 		if err := t.updateIdentity(func(i *identity) { i.Format = targetFormat }); err != nil {
@@ -648,10 +659,13 @@ func (t *target) markOurs(ino uint64) {
 	t.ours.Unlock()
 }
 
+// forgetOurs is called when the chunk is synced (and clean) or removed:
+// it drops the chunk from ours and from the unsynced record.
 func (t *target) forgetOurs(ino uint64) {
 	t.ours.Lock()
 	delete(t.ours.m, ino)
 	t.ours.Unlock()
+	t.noteSynced(ino)
 }
 
 func (t *target) isOurs(ino uint64) bool {
