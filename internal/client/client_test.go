@@ -940,6 +940,16 @@ func metaCallCount(t *testing.T, c *Client) float64 {
 	return m.GetCounter().GetValue()
 }
 
+// logIndexes returns the metadata log's durable and applied indexes.
+func logIndexes(t *testing.T, c *Client) (durable, applied uint64) {
+	t.Helper()
+	st, err := c.ClusterStatus(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.DurableIndex, st.AppliedIndex
+}
+
 // SyncMeta is the barrier that makes namespace changes durable; the
 // changes themselves are answered before. Under the sync policy a close
 // that wrote nothing waits for nothing (TestEmptyCloseDurableBySyncDelay),
@@ -951,13 +961,7 @@ func TestMetaBarriers(t *testing.T) {
 	c := tc.client(nil)
 	strict := tc.client(func(cfg *Config) { cfg.SyncPolicy = SyncPolicyStrict })
 	ctx := context.Background()
-	durable := func() (d, a uint64) {
-		st, err := c.ClusterStatus(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st.DurableIndex, st.AppliedIndex
-	}
+	durable := func() (d, a uint64) { return logIndexes(t, c) }
 	// The log syncs at once after a recent durability wait (the session
 	// open was one): wait past that window to see a change answered
 	// before its sync.
@@ -1048,6 +1052,64 @@ func TestEmptyCloseDurableBySyncDelay(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// Under the async policy a close commits the file's size deferred: the
+// metadata log syncs on its timer only (here an hour, so: never), however
+// many files are created, written and closed. The file's fsync, through a
+// handle opened after the close, still makes the commit durable. Counted,
+// not timed: the log's durable index must not move in 200 files (each of
+// which used to wait for a log sync at close).
+func TestAsyncCloseWaitsForNoLogSync(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 2})
+	c := tc.client(func(cfg *Config) { cfg.SyncPolicy = SyncPolicyAsync })
+	ctx := context.Background()
+	status := func() (d, a uint64) { return logIndexes(t, c) }
+	time.Sleep(50 * time.Millisecond) // past the eager window of the session open's wait
+	d0, a0 := status()
+	data := bytes.Repeat([]byte("s"), 3901)
+	const files = 200
+	var last uint64
+	for i := range files {
+		f, err := c.CreateOpen(ctx, 1, fmt.Sprintf("f%d", i), 0o644, 0, 0, syscall.O_WRONLY)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(ctx, data, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		last = f.Ino()
+	}
+	d1, a1 := status()
+	if a1 < a0+2*files {
+		t.Fatalf("applied %d -> %d for %d creates and size commits", a0, a1, files)
+	}
+	if d1 != d0 {
+		t.Fatalf("%d async creates+writes+closes moved the log's durable index %d -> %d (applied %d): a close waited for a log sync", files, d0, d1, a1)
+	}
+
+	// fsync through a new handle: the deferred commit (the last entry)
+	// becomes durable, and the file's size is what was written.
+	f, err := c.Open(ctx, last, syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Release(ctx)
+	if err := f.Fsync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d2, _ := status(); d2 < a1 {
+		t.Fatalf("after fsync of the last file through a new handle durable %d < its size commit's entry %d", d2, a1)
+	}
+	if got := f.Committed().Size; got != uint64(len(data)) {
+		t.Fatalf("size %d, want %d", got, len(data))
 	}
 }
 

@@ -85,7 +85,8 @@ type inode struct {
 		attr      rpc.Attr   // attributes from the last open or commit (atime logic, keep-cache)
 		atimeBusy bool       // an atime update is in flight
 		// metaSeq is the client's metaChanged count after its last
-		// namespace change of this inode (chmod, utimes, …), metaIndex
+		// namespace change of this inode (chmod, utimes, a deferred size
+		// commit…), metaIndex
 		// the raft index of its creation by this client: fsync and close
 		// make the metadata log durable at least up to there.
 		metaSeq   uint64
@@ -119,6 +120,65 @@ func (in *inode) noteMetaIndex(idx, term, seq uint64) {
 func (in *inode) noteMetaChange(seq uint64) {
 	in.mu.Lock()
 	in.mu.metaSeq = max(in.mu.metaSeq, seq)
+	in.mu.Unlock()
+}
+
+// metaOwed is what an inode's fsync makes durable in metadata (its
+// metaSeq, metaIndex, metaTerm and metaIndexSeq), kept when its last handle
+// closes: a file written and closed under the async policy, then opened
+// again and fsync'ed, must still wait for its deferred size commit and
+// its creation.
+type metaOwed struct{ seq, idx, term, idxSeq uint64 }
+
+// maxOwed bounds the records of closed inodes kept; past it the covered
+// ones are dropped and the rest fold into one count that every inode
+// opened afterwards owes (a barrier of all the client's changes so far).
+const maxOwed = 4096
+
+// owedLocked is what in's fsync owes, with in.mu held.
+func (in *inode) owedLocked() metaOwed {
+	return metaOwed{in.mu.metaSeq, in.mu.metaIndex, in.mu.metaTerm, in.mu.metaIndexSeq}
+}
+
+// keepOwedLocked records o for ino, closed here, unless a durable answer
+// already covered it; with c.mu held.
+func (c *Client) keepOwedLocked(ino uint64, o metaOwed) {
+	durable := c.metaDurable.Load()
+	if o.seq <= durable && (o.idx == 0 || o.idxSeq <= durable) {
+		return
+	}
+	if len(c.mu.owed) >= maxOwed {
+		for i, r := range c.mu.owed {
+			if r.seq <= durable && (r.idx == 0 || r.idxSeq <= durable) {
+				delete(c.mu.owed, i)
+			}
+		}
+	}
+	if len(c.mu.owed) >= maxOwed {
+		for i, r := range c.mu.owed {
+			c.mu.owedOver = max(c.mu.owedOver, r.seq, r.idxSeq)
+			delete(c.mu.owed, i)
+		}
+	}
+	c.mu.owed[ino] = o
+}
+
+// takeOwedLocked moves the record kept for ino (keepOwedLocked) into in,
+// newly opened; with c.mu held.
+func (c *Client) takeOwedLocked(in *inode) {
+	o, ok := c.mu.owed[in.ino]
+	delete(c.mu.owed, in.ino)
+	if c.mu.owedOver <= c.metaDurable.Load() {
+		c.mu.owedOver = 0
+	}
+	if !ok && c.mu.owedOver == 0 {
+		return
+	}
+	in.mu.Lock()
+	in.mu.metaSeq = max(in.mu.metaSeq, o.seq, c.mu.owedOver)
+	if o.idx > in.mu.metaIndex {
+		in.mu.metaIndex, in.mu.metaTerm, in.mu.metaIndexSeq = o.idx, o.term, o.idxSeq
+	}
 	in.mu.Unlock()
 }
 
@@ -435,8 +495,23 @@ func (in *inode) commit(ctx context.Context, pre []slotSpace) error {
 	return in.commitHeld(ctx, pre)
 }
 
+// commitDeferred is commit answered before the commit is durable
+// (rpc.CommitSizeReq.Deferred): the async policy's close, which waits for
+// no log sync. The commit then counts as one of the file's metadata
+// changes (metaSeq), which its fsync makes durable and checks.
+func (in *inode) commitDeferred(ctx context.Context) error {
+	in.commitMu.Lock()
+	defer in.commitMu.Unlock()
+	return in.commitAs(ctx, nil, true)
+}
+
 // commitHeld is commit with commitMu held.
 func (in *inode) commitHeld(ctx context.Context, pre []slotSpace) error {
+	return in.commitAs(ctx, pre, false)
+}
+
+// commitAs is commitHeld, deferred as commitDeferred when deferred.
+func (in *inode) commitAs(ctx context.Context, pre []slotSpace, deferred bool) error {
 	in.mu.Lock()
 	var use []rpc.SlotAlloc
 	for _, p := range pre {
@@ -469,11 +544,14 @@ func (in *inode) commitHeld(ctx context.Context, pre []slotSpace) error {
 		}
 	}
 	var resp rpc.AttrResp
-	err := in.c.metaCall(ctx, rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: in.c.hdr(), Ino: in.ino, Size: size, Mtime: mtime, Alloc: alloc}, &resp)
+	err := in.c.metaCall(ctx, rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: in.c.hdr(), Ino: in.ino, Size: size, Mtime: mtime, Alloc: alloc, Deferred: deferred}, &resp)
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.mu.committing = false
 	in.mu.sizeAt = in.c.sizeSeq.Add(1)
+	if deferred {
+		in.mu.metaSeq = max(in.mu.metaSeq, in.c.metaChanged.Load()) // fsync makes it durable
+	}
 	if err != nil {
 		in.mu.dirty = true
 		for _, s := range slots {
