@@ -37,7 +37,9 @@
 // Durability. Fsync = drain write-behind, SSync every target written since
 // the last sync, then CommitSize (size = max(committed, ours), mtime).
 // Flush (close) is Fsync under the "sync" policy; under "async" it drains
-// and commits without SSync.
+// and commits without SSync, the commit deferred (answered before it is
+// durable; the file's fsync waits for it, even through a later handle:
+// Client.keepOwedLocked).
 //
 // Read-ahead. A handle that reads sequentially keeps the next
 // ReadAheadBytes prefetched in 1 MiB blocks read in parallel over the
