@@ -99,11 +99,12 @@ type Client struct {
 		// lack it, so the list is dated no later than that.
 		opening map[uint64]int64
 		nextTok uint64
-		// owed keeps, per inode no longer open here, the metadata
-		// barrier its fsync still owes (metaOwed); owedOver covers the
+		// owed keeps, per inode no longer open here, what its fsync
+		// still owes (fsyncOwed); owedOver and owedOverData cover the
 		// records dropped beyond maxOwed.
-		owed     map[uint64]metaOwed
-		owedOver uint64
+		owed         map[uint64]fsyncOwed
+		owedOver     uint64
+		owedOverData bool
 	}
 	locks     heldLocks     // locks this client holds (reclaimed after a service restart)
 	sessionMu sync.Mutex    // serialises session reopening
@@ -142,7 +143,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.targets.init(c)
 	c.mu.inodes = map[uint64]*inode{}
 	c.mu.opening = map[uint64]int64{}
-	c.mu.owed = map[uint64]metaOwed{}
+	c.mu.owed = map[uint64]fsyncOwed{}
 	c.mu.openSent = true
 	c.kick = make(chan struct{}, 1)
 	c.ctx, c.cancel = context.WithCancel(context.Background())

@@ -38,8 +38,8 @@
 // the last sync, then CommitSize (size = max(committed, ours), mtime).
 // Flush (close) is Fsync under the "sync" policy; under "async" it drains
 // and commits without SSync, the commit deferred (answered before it is
-// durable; the file's fsync waits for it, even through a later handle:
-// Client.keepOwedLocked).
+// durable). The file's fsync syncs the chunks and waits for the commit,
+// also through a handle opened after the close (Client.keepOwedLocked).
 //
 // Read-ahead. A handle that reads sequentially keeps the next
 // ReadAheadBytes prefetched in 1 MiB blocks read in parallel over the

@@ -123,33 +123,49 @@ func (in *inode) noteMetaChange(seq uint64) {
 	in.mu.Unlock()
 }
 
-// metaOwed is what an inode's fsync makes durable in metadata (its
-// metaSeq, metaIndex, metaTerm and metaIndexSeq), kept when its last handle
-// closes: a file written and closed under the async policy, then opened
-// again and fsync'ed, must still wait for its deferred size commit and
-// its creation.
-type metaOwed struct{ seq, idx, term, idxSeq uint64 }
+// fsyncOwed is what an inode's fsync still has to make durable, kept when
+// its last handle closes: the metadata barrier (its metaSeq, metaIndex,
+// metaTerm and metaIndexSeq) and the slots written since their last sync
+// (unsynced; nil when none). A file written and closed under the async
+// policy, then opened again and fsync'ed, must still sync its chunks and
+// wait for its deferred size commit and its creation.
+type fsyncOwed struct {
+	seq, idx, term, idxSeq uint64
+	unsynced               []bool
+}
 
 // maxOwed bounds the records of closed inodes kept; past it the covered
-// ones are dropped and the rest fold into one count that every inode
-// opened afterwards owes (a barrier of all the client's changes so far).
+// ones are dropped and the rest fold into what every inode opened
+// afterwards owes: a barrier of all the client's changes so far, and a
+// sync of each of its chunks (of clean ones a cheap call) when a dropped
+// record had data unsynced.
 const maxOwed = 4096
 
 // owedLocked is what in's fsync owes, with in.mu held.
-func (in *inode) owedLocked() metaOwed {
-	return metaOwed{in.mu.metaSeq, in.mu.metaIndex, in.mu.metaTerm, in.mu.metaIndexSeq}
+func (in *inode) owedLocked() fsyncOwed {
+	o := fsyncOwed{seq: in.mu.metaSeq, idx: in.mu.metaIndex, term: in.mu.metaTerm, idxSeq: in.mu.metaIndexSeq}
+	if slices.Contains(in.mu.unsynced, true) {
+		o.unsynced = slices.Clone(in.mu.unsynced)
+	}
+	return o
 }
 
-// keepOwedLocked records o for ino, closed here, unless a durable answer
-// already covered it; with c.mu held.
-func (c *Client) keepOwedLocked(ino uint64, o metaOwed) {
+// coveredBy reports that nothing is owed once the client's changes up to
+// durable are durable.
+func (o *fsyncOwed) coveredBy(durable uint64) bool {
+	return o.unsynced == nil && o.seq <= durable && (o.idx == 0 || o.idxSeq <= durable)
+}
+
+// keepOwedLocked records o for ino, closed here, unless nothing is owed;
+// with c.mu held.
+func (c *Client) keepOwedLocked(ino uint64, o fsyncOwed) {
 	durable := c.metaDurable.Load()
-	if o.seq <= durable && (o.idx == 0 || o.idxSeq <= durable) {
+	if o.coveredBy(durable) {
 		return
 	}
 	if len(c.mu.owed) >= maxOwed {
 		for i, r := range c.mu.owed {
-			if r.seq <= durable && (r.idx == 0 || r.idxSeq <= durable) {
+			if r.coveredBy(durable) {
 				delete(c.mu.owed, i)
 			}
 		}
@@ -157,29 +173,35 @@ func (c *Client) keepOwedLocked(ino uint64, o metaOwed) {
 	if len(c.mu.owed) >= maxOwed {
 		for i, r := range c.mu.owed {
 			c.mu.owedOver = max(c.mu.owedOver, r.seq, r.idxSeq)
+			c.mu.owedOverData = c.mu.owedOverData || r.unsynced != nil
 			delete(c.mu.owed, i)
 		}
 	}
 	c.mu.owed[ino] = o
 }
 
-// takeOwedLocked moves the record kept for ino (keepOwedLocked) into in,
-// newly opened; with c.mu held.
+// takeOwedLocked moves what was kept for in's inode (keepOwedLocked) into
+// in, newly opened; with c.mu held.
 func (c *Client) takeOwedLocked(in *inode) {
 	o, ok := c.mu.owed[in.ino]
 	delete(c.mu.owed, in.ino)
 	if c.mu.owedOver <= c.metaDurable.Load() {
 		c.mu.owedOver = 0
 	}
-	if !ok && c.mu.owedOver == 0 {
+	if !ok && c.mu.owedOver == 0 && !c.mu.owedOverData {
 		return
 	}
 	in.mu.Lock()
+	defer in.mu.Unlock()
 	in.mu.metaSeq = max(in.mu.metaSeq, o.seq, c.mu.owedOver)
 	if o.idx > in.mu.metaIndex {
 		in.mu.metaIndex, in.mu.metaTerm, in.mu.metaIndexSeq = o.idx, o.term, o.idxSeq
 	}
-	in.mu.Unlock()
+	for s := range in.mu.unsynced {
+		if c.mu.owedOverData || s < len(o.unsynced) && o.unsynced[s] {
+			in.mu.unsynced[s] = true
+		}
+	}
 }
 
 func newInode(c *Client, a *rpc.Attr) *inode {
