@@ -17,7 +17,8 @@ import (
 
 // Namespace changes are answered once applied; the log catches up at the
 // client's barrier (MSync). A size commit (fsync, close) is answered only
-// when durable, and with StrictSync everything is.
+// when durable unless deferred (the async close), and with StrictSync
+// everything is.
 func TestDurabilityOfAnswers(t *testing.T) {
 	cfg := testConfig(t, "")
 	cfg.SyncDelay = time.Hour // nothing becomes durable unless somebody waits
