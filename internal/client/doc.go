@@ -78,8 +78,8 @@
 // Lock order: inode.commitMu → Client.mu → inode.mu; readahead.mu →
 // inode.mu. inode.commitMu is held across a size commit's (and a size
 // SetAttr's) network calls; inode.mu is never held across a network call; its cond is broadcast whenever an
-// in-flight write completes. Client.mu guards the open-inode map and
-// inode refcounts only.
+// in-flight write completes. Client.mu guards the open-inode map, inode
+// refcounts and what closed inodes' fsyncs still owe (Client.keepOwedLocked).
 //
 // # Long-lived goroutines
 //

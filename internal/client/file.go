@@ -799,15 +799,17 @@ func (f *File) Release(ctx context.Context) error {
 	}
 	f.ra.drop()
 	c := f.c
-	f.in.mu.Lock()
-	owed := f.in.owedLocked()
-	f.in.mu.Unlock()
 	c.mu.Lock()
 	f.in.refs--
 	if f.in.refs == 0 {
 		// A write through another path could still be buffered only if a
 		// handle was used after release; nothing is lost: Flush drained.
 		delete(c.mu.inodes, f.in.ino)
+		// Every handle's Flush has returned (each Release flushes
+		// before it counts down): what the inode owes is final.
+		f.in.mu.Lock()
+		owed := f.in.owedLocked()
+		f.in.mu.Unlock()
 		c.keepOwedLocked(f.in.ino, owed)
 	}
 	c.mu.Unlock()
