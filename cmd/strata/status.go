@@ -116,8 +116,8 @@ func printJSON(v any) error {
 
 func printStatus(out io.Writer, st *rpc.ClusterStatusResp, capa admin.Capacity, showLocks bool) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "metadata\t%s\traft %s, term %d, commit %d, applied %d, durable %d\tinodes %d, sessions %d\n",
-		st.MetaAddr, st.RaftState, st.Term, st.CommitIndex, st.AppliedIndex, st.DurableIndex, st.Inodes, st.Sessions)
+	fmt.Fprintf(w, "metadata\t%s\traft %s, term %d, commit %d, applied %d, durable %d (%d not yet synced)\tinodes %d, sessions %d\n",
+		st.MetaAddr, st.RaftState, st.Term, st.CommitIndex, st.AppliedIndex, st.DurableIndex, admin.UnsyncedEntries(st), st.Inodes, st.Sessions)
 	if len(st.Problems) == 0 {
 		fmt.Fprintln(w, "\thealth ok")
 	}

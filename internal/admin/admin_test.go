@@ -172,6 +172,7 @@ func TestStatusJSONConvention(t *testing.T) {
 				State        string `json:"state"`
 				AppliedIndex uint64 `json:"applied_index"`
 			} `json:"voters"`
+			UnsyncedEntries uint64 `json:"unsynced_entries"`
 		} `json:"meta"`
 	}
 	if err := json.Unmarshal(b, &shape); err != nil {
@@ -180,6 +181,9 @@ func TestStatusJSONConvention(t *testing.T) {
 	m := shape.Meta
 	if m.Leader != "127.0.0.1:7400" || m.Term != 3 || len(m.Voters) != 1 || m.Voters[0].State != "leader" || m.Voters[0].AppliedIndex != 9 {
 		t.Errorf("meta member: %+v", m)
+	}
+	if m.UnsyncedEntries != 1 { // applied 9, durable 8
+		t.Errorf("meta.unsynced_entries = %d, want 1", m.UnsyncedEntries)
 	}
 	if doc.Servers[1].HeartbeatAgeSeconds != nil || *doc.Servers[0].HeartbeatAgeSeconds != 1.5 {
 		t.Errorf("heartbeat ages: unknown must be null, 1500 ms must be 1.5 s")

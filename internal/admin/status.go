@@ -38,6 +38,19 @@ type MetaStatus struct {
 	CommitIndex  uint64  `json:"commit_index"`
 	DurableIndex uint64  `json:"durable_index"`
 	Voters       []Voter `json:"voters"`
+	// UnsyncedEntries: log entries applied but not yet on stable storage
+	// (answered before durable: namespace changes, deferred size commits;
+	// the log syncs them within its sync delay, or at the next barrier).
+	UnsyncedEntries uint64 `json:"unsynced_entries"`
+}
+
+// UnsyncedEntries is how many metadata log entries st says were applied
+// but are not yet durable.
+func UnsyncedEntries(st *rpc.ClusterStatusResp) uint64 {
+	if st.AppliedIndex > st.DurableIndex {
+		return st.AppliedIndex - st.DurableIndex
+	}
+	return 0
 }
 
 // Voter is one member of the metadata service's Raft group.
@@ -138,7 +151,8 @@ func StatusOf(st *rpc.ClusterStatusResp, fs rpc.StatFSResp, withLocks bool) Stat
 	out := Status{
 		Meta: MetaStatus{
 			Leader: st.Leader, Term: st.Term, CommitIndex: st.CommitIndex, DurableIndex: st.DurableIndex,
-			Voters: []Voter{{Address: st.MetaAddr, State: strings.ToLower(st.RaftState), AppliedIndex: st.AppliedIndex}},
+			Voters:          []Voter{{Address: st.MetaAddr, State: strings.ToLower(st.RaftState), AppliedIndex: st.AppliedIndex}},
+			UnsyncedEntries: UnsyncedEntries(st),
 		},
 		Health: "ok", Problems: append([]string{}, st.Problems...),
 		Inodes: st.Inodes, Sessions: st.Sessions,

@@ -99,6 +99,12 @@ type Client struct {
 		// lack it, so the list is dated no later than that.
 		opening map[uint64]int64
 		nextTok uint64
+		// owed keeps, per inode no longer open here, what its fsync
+		// still owes (fsyncOwed); owedOver and owedOverData cover the
+		// records dropped beyond maxOwed.
+		owed         map[uint64]fsyncOwed
+		owedOver     uint64
+		owedOverData bool
 	}
 	locks     heldLocks     // locks this client holds (reclaimed after a service restart)
 	sessionMu sync.Mutex    // serialises session reopening
@@ -137,6 +143,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.targets.init(c)
 	c.mu.inodes = map[uint64]*inode{}
 	c.mu.opening = map[uint64]int64{}
+	c.mu.owed = map[uint64]fsyncOwed{}
 	c.mu.openSent = true
 	c.kick = make(chan struct{}, 1)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -246,9 +253,9 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 		cancel()
 		if err == nil || !retryableMeta(err) {
 			switch {
-			case answeredBeforeDurable(m):
+			case answeredBeforeDurable(m, req):
 				c.noteChange(err, resp)
-				if m != rpc.MCreate && m != rpc.MUnlink && m != rpc.MTmpfile {
+				if m != rpc.MCreate && m != rpc.MUnlink && m != rpc.MTmpfile && m != rpc.MCommitSize {
 					c.dirs.reset() // creates and unlinks answer their directory's attributes
 				}
 			case err == nil && answeredDurable(m, req):
@@ -280,14 +287,22 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 }
 
 // answeredBeforeDurable reports whether the metadata service may answer m
-// before the change is on stable storage (meta's command.answerBeforeDurable).
-func answeredBeforeDurable(m rpc.Method) bool {
+// before the change is on stable storage (meta's command.answerBeforeDurable):
+// namespace changes, and size commits sent as deferred (the async close).
+func answeredBeforeDurable(m rpc.Method, req rpc.Message) bool {
 	switch m {
 	case rpc.MCreate, rpc.MTmpfile, rpc.MSetAttr, rpc.MUnlink, rpc.MRmdir, rpc.MRename, rpc.MLink,
 		rpc.MSetXattr, rpc.MRemoveXattr, rpc.MSetDirLayout:
 		return true
+	case rpc.MCommitSize:
+		return isDeferredCommit(req)
 	}
 	return false
+}
+
+func isDeferredCommit(req rpc.Message) bool {
+	r, ok := req.(*rpc.CommitSizeReq)
+	return ok && r.Deferred
 }
 
 // answeredDurable reports whether the answer to m comes only once m's
@@ -298,7 +313,7 @@ func answeredDurable(m rpc.Method, req rpc.Message) bool {
 		r, ok := req.(*rpc.SyncReq)
 		return ok && r.Index == 0
 	}
-	return m == rpc.MCommitSize
+	return m == rpc.MCommitSize && !isDeferredCommit(req)
 }
 
 func (c *Client) noteDurable(n uint64) { storeMax(&c.metaDurable, n) }

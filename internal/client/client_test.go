@@ -19,6 +19,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -940,6 +941,16 @@ func metaCallCount(t *testing.T, c *Client) float64 {
 	return m.GetCounter().GetValue()
 }
 
+// logIndexes returns the metadata log's durable and applied indexes.
+func logIndexes(t *testing.T, c *Client) (durable, applied uint64) {
+	t.Helper()
+	st, err := c.ClusterStatus(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.DurableIndex, st.AppliedIndex
+}
+
 // SyncMeta is the barrier that makes namespace changes durable; the
 // changes themselves are answered before. Under the sync policy a close
 // that wrote nothing waits for nothing (TestEmptyCloseDurableBySyncDelay),
@@ -951,13 +962,7 @@ func TestMetaBarriers(t *testing.T) {
 	c := tc.client(nil)
 	strict := tc.client(func(cfg *Config) { cfg.SyncPolicy = SyncPolicyStrict })
 	ctx := context.Background()
-	durable := func() (d, a uint64) {
-		st, err := c.ClusterStatus(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st.DurableIndex, st.AppliedIndex
-	}
+	durable := func() (d, a uint64) { return logIndexes(t, c) }
 	// The log syncs at once after a recent durability wait (the session
 	// open was one): wait past that window to see a change answered
 	// before its sync.
@@ -1048,6 +1053,109 @@ func TestEmptyCloseDurableBySyncDelay(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// Under the async policy a close commits the file's size deferred: the
+// metadata log syncs on its timer only (here an hour, so: never), however
+// many files are created, written and closed. The file's fsync, through a
+// handle opened after the close, still makes the commit durable. Counted,
+// not timed: the log's durable index must not move in 200 files (each of
+// which used to wait for a log sync at close).
+func TestAsyncCloseWaitsForNoLogSync(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 2, metrics: true})
+	c := tc.client(func(cfg *Config) { cfg.SyncPolicy = SyncPolicyAsync })
+	ctx := context.Background()
+	status := func() (d, a uint64) { return logIndexes(t, c) }
+	time.Sleep(50 * time.Millisecond) // past the eager window of the session open's wait
+	d0, a0 := status()
+	data := bytes.Repeat([]byte("s"), 3901)
+	const files = 200
+	var last uint64
+	for i := range files {
+		f, err := c.CreateOpen(ctx, 1, fmt.Sprintf("f%d", i), 0o644, 0, 0, syscall.O_WRONLY)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(ctx, data, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		last = f.Ino()
+	}
+	d1, a1 := status()
+	if a1 < a0+2*files {
+		t.Fatalf("applied %d -> %d for %d creates and size commits", a0, a1, files)
+	}
+	if d1 != d0 {
+		t.Fatalf("%d async creates+writes+closes moved the log's durable index %d -> %d (applied %d): a close waited for a log sync", files, d0, d1, a1)
+	}
+
+	// fsync through a new handle: the chunk written before the close is
+	// synced, the deferred commit (the last entry) becomes durable, and
+	// the file's size is what was written.
+	f, err := c.Open(ctx, last, syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Release(ctx)
+	syncs := storeRequests(t, tc, "sync") + storeRequests(t, tc, "sync_stat")
+	if err := f.Fsync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := storeRequests(t, tc, "sync") + storeRequests(t, tc, "sync_stat") - syncs; n != 1 {
+		t.Fatalf("fsync through a new handle of a file written and closed under async made %d chunk syncs, want 1", n)
+	}
+	if d2, _ := status(); d2 < a1 {
+		t.Fatalf("after fsync of the last file through a new handle durable %d < its size commit's entry %d", d2, a1)
+	}
+	if got := f.Committed().Size; got != uint64(len(data)) {
+		t.Fatalf("size %d, want %d", got, len(data))
+	}
+}
+
+// What the fsync of a closed file still owes is kept for maxOwed files;
+// beyond that the records fold into what every file opened later owes:
+// a barrier of all the client's changes so far and a sync of each chunk.
+// Records a durable answer covered are dropped first.
+func TestOwedFoldsBeyondItsBound(t *testing.T) {
+	c := &Client{}
+	c.mu.owed = map[uint64]fsyncOwed{}
+	open := func(ino uint64) *inode {
+		in := newInode(c, &rpc.Attr{Ino: ino, Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 2, Targets: []uint32{1, 2}}})
+		c.takeOwedLocked(in)
+		return in
+	}
+	c.keepOwedLocked(1, fsyncOwed{seq: 5})                             // covered below
+	c.keepOwedLocked(2, fsyncOwed{seq: 3, idx: 9, term: 1, idxSeq: 2}) // covered below
+	c.metaDurable.Store(5)
+	c.keepOwedLocked(3, fsyncOwed{seq: 4}) // already covered: not kept
+	if len(c.mu.owed) != 2 {
+		t.Fatalf("%d records kept, want 2", len(c.mu.owed))
+	}
+	if in := open(2); in.mu.metaIndex != 9 || in.mu.metaSeq != 3 {
+		t.Fatalf("reopened file owes seq %d index %d, want 3 and 9", in.mu.metaSeq, in.mu.metaIndex)
+	}
+	for i := range uint64(maxOwed) {
+		c.keepOwedLocked(100+i, fsyncOwed{seq: 6 + i, unsynced: []bool{i%2 == 0, false}})
+	}
+	if len(c.mu.owed) != maxOwed || c.mu.owedOver != 0 {
+		t.Fatalf("%d records, fold %d: the covered record was not dropped first", len(c.mu.owed), c.mu.owedOver)
+	}
+	c.keepOwedLocked(50, fsyncOwed{seq: 10000, unsynced: []bool{false, true}})
+	if len(c.mu.owed) != 1 || c.mu.owedOver != 6+maxOwed-1 || !c.mu.owedOverData {
+		t.Fatalf("after the bound: %d records, fold %d (data %v)", len(c.mu.owed), c.mu.owedOver, c.mu.owedOverData)
+	}
+	if in := open(50); in.mu.metaSeq != 10000 || !in.mu.unsynced[0] || !in.mu.unsynced[1] {
+		t.Fatalf("kept file owes seq %d, slots %v", in.mu.metaSeq, in.mu.unsynced)
+	}
+	if in := open(7); in.mu.metaSeq != 6+maxOwed-1 || !in.mu.unsynced[0] || !in.mu.unsynced[1] {
+		t.Fatalf("a file opened after the fold owes seq %d, slots %v; want everything", in.mu.metaSeq, in.mu.unsynced)
 	}
 }
 

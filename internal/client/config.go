@@ -26,7 +26,8 @@ const (
 	// storage.
 	SyncPolicyStrict = "strict"
 	// SyncPolicyAsync makes close only drain write-behind to the servers
-	// (their memory) and commit the size: faster, scratch-grade.
+	// (their memory) and commit the size without waiting for the metadata
+	// log's sync: faster, scratch-grade.
 	SyncPolicyAsync = "async"
 )
 

@@ -37,7 +37,9 @@
 // Durability. Fsync = drain write-behind, SSync every target written since
 // the last sync, then CommitSize (size = max(committed, ours), mtime).
 // Flush (close) is Fsync under the "sync" policy; under "async" it drains
-// and commits without SSync.
+// and commits without SSync, the commit deferred (answered before it is
+// durable). The file's fsync syncs the chunks and waits for the commit,
+// also through a handle opened after the close (Client.keepOwedLocked).
 //
 // Read-ahead. A handle that reads sequentially keeps the next
 // ReadAheadBytes prefetched in 1 MiB blocks read in parallel over the
@@ -76,8 +78,8 @@
 // Lock order: inode.commitMu → Client.mu → inode.mu; readahead.mu →
 // inode.mu. inode.commitMu is held across a size commit's (and a size
 // SetAttr's) network calls; inode.mu is never held across a network call; its cond is broadcast whenever an
-// in-flight write completes. Client.mu guards the open-inode map and
-// inode refcounts only.
+// in-flight write completes. Client.mu guards the open-inode map, inode
+// refcounts and what closed inodes' fsyncs still owe (Client.keepOwedLocked).
 //
 // # Long-lived goroutines
 //

@@ -154,6 +154,7 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags
 	}
 	if in == nil {
 		in = newInode(c, &a)
+		c.takeOwedLocked(in)
 		c.mu.inodes[ino] = in
 		c.mu.openSent = false
 		select {
@@ -503,7 +504,9 @@ func gather(buf []byte, r *slotRange, p []byte, base int64) []byte {
 // every metadata change applied before it, the file's create included);
 // under strict it is Fsync, which also waits for the file's own namespace
 // changes when no commit covered them; under async the stores are not
-// asked to sync.
+// asked to sync and the size commit is deferred: answered once applied,
+// with no metadata log sync to wait for (the file's fsync, through this
+// handle or a later one of this client, waits for and checks it).
 func (f *File) Flush(ctx context.Context) error {
 	if f.c.cfg.SyncPolicy == SyncPolicyStrict {
 		return f.Fsync(ctx)
@@ -516,12 +519,15 @@ func (f *File) Flush(ctx context.Context) error {
 	if err := in.takeErr(); err != nil {
 		return err
 	}
-	var alloc []slotSpace
-	if f.c.cfg.SyncPolicy == SyncPolicySync {
-		var err error
-		if alloc, err = in.syncTargets(ctx); err != nil {
+	if f.c.cfg.SyncPolicy == SyncPolicyAsync {
+		if err := in.commitDeferred(ctx); err != nil {
 			return err
 		}
+		return f.lockErr()
+	}
+	alloc, err := in.syncTargets(ctx)
+	if err != nil {
+		return err
 	}
 	if err := in.commit(ctx, alloc); err != nil {
 		return err
@@ -799,6 +805,12 @@ func (f *File) Release(ctx context.Context) error {
 		// A write through another path could still be buffered only if a
 		// handle was used after release; nothing is lost: Flush drained.
 		delete(c.mu.inodes, f.in.ino)
+		// Every handle's Flush has returned (each Release flushes
+		// before it counts down): what the inode owes is final.
+		f.in.mu.Lock()
+		owed := f.in.owedLocked()
+		f.in.mu.Unlock()
+		c.keepOwedLocked(f.in.ino, owed)
 	}
 	c.mu.Unlock()
 	return err

@@ -85,7 +85,8 @@ type inode struct {
 		attr      rpc.Attr   // attributes from the last open or commit (atime logic, keep-cache)
 		atimeBusy bool       // an atime update is in flight
 		// metaSeq is the client's metaChanged count after its last
-		// namespace change of this inode (chmod, utimes, …), metaIndex
+		// namespace change of this inode (chmod, utimes, a deferred size
+		// commit…), metaIndex
 		// the raft index of its creation by this client: fsync and close
 		// make the metadata log durable at least up to there.
 		metaSeq   uint64
@@ -120,6 +121,87 @@ func (in *inode) noteMetaChange(seq uint64) {
 	in.mu.Lock()
 	in.mu.metaSeq = max(in.mu.metaSeq, seq)
 	in.mu.Unlock()
+}
+
+// fsyncOwed is what an inode's fsync still has to make durable, kept when
+// its last handle closes: the metadata barrier (its metaSeq, metaIndex,
+// metaTerm and metaIndexSeq) and the slots written since their last sync
+// (unsynced; nil when none). A file written and closed under the async
+// policy, then opened again and fsync'ed, must still sync its chunks and
+// wait for its deferred size commit and its creation.
+type fsyncOwed struct {
+	seq, idx, term, idxSeq uint64
+	unsynced               []bool
+}
+
+// maxOwed bounds the records of closed inodes kept; past it the covered
+// ones are dropped and the rest fold into what every inode opened
+// afterwards owes: a barrier of all the client's changes so far, and a
+// sync of each of its chunks (of clean ones a cheap call) when a dropped
+// record had data unsynced.
+const maxOwed = 4096
+
+// owedLocked is what in's fsync owes, with in.mu held.
+func (in *inode) owedLocked() fsyncOwed {
+	o := fsyncOwed{seq: in.mu.metaSeq, idx: in.mu.metaIndex, term: in.mu.metaTerm, idxSeq: in.mu.metaIndexSeq}
+	if slices.Contains(in.mu.unsynced, true) {
+		o.unsynced = slices.Clone(in.mu.unsynced)
+	}
+	return o
+}
+
+// coveredBy reports that nothing is owed once the client's changes up to
+// durable are durable.
+func (o *fsyncOwed) coveredBy(durable uint64) bool {
+	return o.unsynced == nil && o.seq <= durable && (o.idx == 0 || o.idxSeq <= durable)
+}
+
+// keepOwedLocked records o for ino, closed here, unless nothing is owed;
+// with c.mu held.
+func (c *Client) keepOwedLocked(ino uint64, o fsyncOwed) {
+	durable := c.metaDurable.Load()
+	if o.coveredBy(durable) {
+		return
+	}
+	if len(c.mu.owed) >= maxOwed {
+		for i, r := range c.mu.owed {
+			if r.coveredBy(durable) {
+				delete(c.mu.owed, i)
+			}
+		}
+	}
+	if len(c.mu.owed) >= maxOwed {
+		for i, r := range c.mu.owed {
+			c.mu.owedOver = max(c.mu.owedOver, r.seq, r.idxSeq)
+			c.mu.owedOverData = c.mu.owedOverData || r.unsynced != nil
+			delete(c.mu.owed, i)
+		}
+	}
+	c.mu.owed[ino] = o
+}
+
+// takeOwedLocked moves what was kept for in's inode (keepOwedLocked) into
+// in, newly opened; with c.mu held.
+func (c *Client) takeOwedLocked(in *inode) {
+	o, ok := c.mu.owed[in.ino]
+	delete(c.mu.owed, in.ino)
+	if c.mu.owedOver <= c.metaDurable.Load() {
+		c.mu.owedOver = 0
+	}
+	if !ok && c.mu.owedOver == 0 && !c.mu.owedOverData {
+		return
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.mu.metaSeq = max(in.mu.metaSeq, o.seq, c.mu.owedOver)
+	if o.idx > in.mu.metaIndex {
+		in.mu.metaIndex, in.mu.metaTerm, in.mu.metaIndexSeq = o.idx, o.term, o.idxSeq
+	}
+	for s := range in.mu.unsynced {
+		if c.mu.owedOverData || s < len(o.unsynced) && o.unsynced[s] {
+			in.mu.unsynced[s] = true
+		}
+	}
 }
 
 func newInode(c *Client, a *rpc.Attr) *inode {
@@ -435,8 +517,23 @@ func (in *inode) commit(ctx context.Context, pre []slotSpace) error {
 	return in.commitHeld(ctx, pre)
 }
 
+// commitDeferred is commit answered before the commit is durable
+// (rpc.CommitSizeReq.Deferred): the async policy's close, which waits for
+// no log sync. The commit then counts as one of the file's metadata
+// changes (metaSeq), which its fsync makes durable and checks.
+func (in *inode) commitDeferred(ctx context.Context) error {
+	in.commitMu.Lock()
+	defer in.commitMu.Unlock()
+	return in.commitAs(ctx, nil, true)
+}
+
 // commitHeld is commit with commitMu held.
 func (in *inode) commitHeld(ctx context.Context, pre []slotSpace) error {
+	return in.commitAs(ctx, pre, false)
+}
+
+// commitAs is commitHeld, deferred as commitDeferred when deferred.
+func (in *inode) commitAs(ctx context.Context, pre []slotSpace, deferred bool) error {
 	in.mu.Lock()
 	var use []rpc.SlotAlloc
 	for _, p := range pre {
@@ -469,11 +566,14 @@ func (in *inode) commitHeld(ctx context.Context, pre []slotSpace) error {
 		}
 	}
 	var resp rpc.AttrResp
-	err := in.c.metaCall(ctx, rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: in.c.hdr(), Ino: in.ino, Size: size, Mtime: mtime, Alloc: alloc}, &resp)
+	err := in.c.metaCall(ctx, rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: in.c.hdr(), Ino: in.ino, Size: size, Mtime: mtime, Alloc: alloc, Deferred: deferred}, &resp)
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.mu.committing = false
 	in.mu.sizeAt = in.c.sizeSeq.Add(1)
+	if deferred {
+		in.mu.metaSeq = max(in.mu.metaSeq, in.c.metaChanged.Load()) // fsync makes it durable
+	}
 	if err != nil {
 		in.mu.dirty = true
 		for _, s := range slots {

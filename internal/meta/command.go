@@ -121,6 +121,11 @@ type command struct {
 
 	// space of a file's chunks (opCommitSize)
 	Alloc []slotAlloc
+
+	// Deferred: the request asked for its answer before its entry is
+	// durable (rpc.CommitSizeReq.Deferred). Not in the log: it changes
+	// only when the proposer answers, never what the entry does.
+	Deferred bool
 }
 
 // reqHeader names a deduplicated request: the session's client id and the
@@ -167,16 +172,22 @@ const commandFormatV1 = 1
 
 // answerBeforeDurable reports whether the answer to c may go out before its
 // raft entry is on stable storage: namespace changes, which (as on a local
-// file system) become durable at the client's next fsync or close barrier.
-// Size changes, sessions, registrations and reaping always wait: a lost
-// size change after the chunks were already truncated, or a lost reap
-// after the data was deleted, would contradict what is on the targets.
+// file system) become durable at the client's next fsync or close barrier,
+// and size commits the client asked to defer (the async policy's close,
+// whose data the stores were not asked to sync either: a lost commit
+// leaves the file shorter than the bytes its chunks hold, which are its
+// own). Truncation, the other size commits, sessions, registrations and
+// reaping always wait: a lost size change after the chunks were already
+// truncated, or a lost reap after the data was deleted, would contradict
+// what is on the targets.
 func (c *command) answerBeforeDurable() bool {
 	switch c.Op {
 	case opCreate, opTmpfile, opUnlink, opRmdir, opRename, opLink, opSetXattr, opRemoveXattr, opSetDirLayout:
 		return true
 	case opSetAttr:
 		return c.Valid&rpc.SetSize == 0
+	case opCommitSize:
+		return c.Deferred
 	}
 	return false
 }

@@ -17,7 +17,8 @@ import (
 
 // Namespace changes are answered once applied; the log catches up at the
 // client's barrier (MSync). A size commit (fsync, close) is answered only
-// when durable, and with StrictSync everything is.
+// when durable unless deferred (the async close), and with StrictSync
+// everything is.
 func TestDurabilityOfAnswers(t *testing.T) {
 	cfg := testConfig(t, "")
 	cfg.SyncDelay = time.Hour // nothing becomes durable unless somebody waits
@@ -52,6 +53,16 @@ func TestDurabilityOfAnswers(t *testing.T) {
 	if d, a := durable(), s.fsm.AppliedIndex(); d < a {
 		t.Fatalf("size commit answered with durable index %d < applied %d", d, a)
 	}
+	// A deferred size commit (the async close) is answered once applied,
+	// with its entry's stamp for the client's barrier.
+	time.Sleep(50 * time.Millisecond)
+	if err := c.call(rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: c.hdr(), Ino: g.Ino, Size: 20, Mtime: time.Now().UnixNano(), Deferred: true}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if d, a := durable(), s.fsm.AppliedIndex(); d >= a || resp.Index != a || resp.Term == 0 || resp.Attr.Size != 20 {
+		t.Fatalf("deferred size commit answered with durable index %d, applied %d, stamp %+v, size %d: want durable < applied = stamp, size 20",
+			d, a, resp.Stamp, resp.Attr.Size)
+	}
 	c.mustCreate(1, "late", dirMode) // answered before durable; Close syncs it
 
 	// After a restart the changes are there: Close synced the log and
@@ -62,8 +73,8 @@ func TestDurabilityOfAnswers(t *testing.T) {
 	cfg.StrictSync = true
 	s = openService(t, cfg)
 	c2 := newClient(t, s.Addr())
-	if _, err := c2.lookup(1, "g"); err != nil {
-		t.Fatalf("g after restart: %v", err)
+	if a, err := c2.lookup(1, "g"); err != nil || a.Size != 20 {
+		t.Fatalf("g after restart: %+v, %v; want size 20", a, err)
 	}
 	if _, err := c2.lookup(1, "late"); err != nil {
 		t.Fatalf("late after restart: %v", err)
@@ -74,6 +85,16 @@ func TestDurabilityOfAnswers(t *testing.T) {
 	c2.mustCreate(1, "strict", dirMode)
 	if d, a := s.node.Stats().DurableIndex, s.fsm.AppliedIndex(); d < a {
 		t.Fatalf("StrictSync: mkdir answered with durable index %d < applied %d", d, a)
+	}
+	g2, err := c2.lookup(1, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.call(rpc.MCommitSize, &rpc.CommitSizeReq{Hdr: c2.hdr(), Ino: g2.Ino, Size: 30, Deferred: true}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if d, a := s.node.Stats().DurableIndex, s.fsm.AppliedIndex(); d < a {
+		t.Fatalf("StrictSync: deferred size commit answered with durable index %d < applied %d", d, a)
 	}
 }
 

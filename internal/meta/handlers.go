@@ -263,7 +263,7 @@ func (s *Service) register() {
 		return &rpc.SyncResp{Durable: s.node.DurableIndex(), Term: term}, nil
 	})
 	handle(s, rpc.MCommitSize, func(_ context.Context, r *rpc.CommitSizeReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid, Alloc: slotAllocsOf(r.Alloc)})
+		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid, Alloc: slotAllocsOf(r.Alloc), Deferred: r.Deferred})
 	})
 	handle(s, rpc.MGetLk, func(ctx context.Context, r *rpc.LockReq) (rpc.Message, error) {
 		if !s.sess.known(r.ClientID) {

@@ -28,6 +28,7 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&AttrResp{Attr: Attr{Ino: 5, Size: 7, Blocks: 3, BlocksKnown: true}, Stamp: Stamp{Index: 9, Term: 2}},
 		&ChangeResp{Attr: Attr{Ino: 5, Blocks: 8, BlocksKnown: true}, Dir: Attr{Ino: 1}, Index: 4, Term: 1},
 		&CommitSizeReq{Hdr: ReqHeader{1, 2}, Ino: 5, Size: 9, Mtime: 3, Alloc: []SlotAlloc{{0, 4096}, {3, 1 << 33}}},
+		&CommitSizeReq{Hdr: ReqHeader{1, 2}, Ino: 5, Size: 9, Mtime: 3, Alloc: []SlotAlloc{{0, 4096}}, Deferred: true},
 		&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true},
 		&SeekResp{Off: 1<<33 + 5, Found: true},
 		&LockReq{ClientID: 1, Ino: 2, Start: 3, End: 4, Type: LockRead, Reclaim: true},
@@ -90,7 +91,8 @@ func optionalTails(m Message) []int {
 	case *ChangeResp:
 		add(blocks(&x.Attr))
 	case *CommitSizeReq:
-		add(func(e *Enc) { EncodeSlotAllocs(e, x.Alloc) })
+		add(func(e *Enc) { e.Bool(x.Deferred) })
+		add(func(e *Enc) { EncodeSlotAllocs(e, x.Alloc) }, func(e *Enc) { e.Bool(x.Deferred) })
 	case *ChunkStatResp:
 		add(func(e *Enc) { e.U64(x.Alloc); e.Bool(x.HasAlloc) })
 	case *LockReq:

@@ -66,7 +66,8 @@
 // read as unknown. ClusterStatusResp gained trailing FreePendingFiles and
 // FreePendingBytes (absent: zero), then it and ServerHeartbeatReq a
 // trailing Unsynced list, one TargetUnsynced per target (absent: none,
-// shown as zero). Moving the connection machinery out of this package
+// shown as zero). CommitSizeReq gained a trailing Deferred flag (absent:
+// false, a commit answered once durable). Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //
 // Frame and handshake versions are the transport's (package transport,

@@ -686,6 +686,14 @@ func (m *ListXattrResp) Decode(d *Dec) { m.Names = d.Strings() }
 // regions (N-to-1) from any number of clients end with the right size — and
 // mtime/ctime become Mtime. ClearSuid clears setuid/setgid (a write by a
 // non-owner). Answers AttrResp.
+//
+// Deferred (appended; absent from older clients: false) asks for the
+// answer once the commit is applied, before its log entry is durable, as
+// for a namespace change: the answer's Stamp names the entry, and the
+// client's next barrier for the file (fsync) waits for and checks it. The
+// async policy's close sends it; a commit without it (fsync, the sync
+// policy's close) is answered once durable. An older service ignores the
+// flag and answers once durable, which is only slower.
 type CommitSizeReq struct {
 	Hdr       ReqHeader
 	Ino       uint64
@@ -694,7 +702,8 @@ type CommitSizeReq struct {
 	ClearSuid bool
 	// Alloc: the chunks this client changed and the space each takes now
 	// (appended; absent from older clients).
-	Alloc []SlotAlloc
+	Alloc    []SlotAlloc
+	Deferred bool
 }
 
 // SlotAlloc is the space (bytes) the chunk of layout slot Slot takes.
@@ -710,6 +719,7 @@ func (m *CommitSizeReq) Encode(e *Enc) {
 	e.I64(m.Mtime)
 	e.Bool(m.ClearSuid)
 	EncodeSlotAllocs(e, m.Alloc)
+	e.Bool(m.Deferred)
 }
 
 func (m *CommitSizeReq) Decode(d *Dec) {
@@ -719,6 +729,7 @@ func (m *CommitSizeReq) Decode(d *Dec) {
 	m.Mtime = d.I64()
 	m.ClearSuid = d.Bool()
 	m.Alloc = DecodeSlotAllocs(d)
+	m.Deferred = d.Len() > 0 && d.Bool()
 }
 
 // EncodeSlotAllocs appends allocs; DecodeSlotAllocs reads them, nil when
