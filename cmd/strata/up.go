@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/stratafs/strata/internal/admin"
@@ -32,6 +34,7 @@ func init() {
 		stores, targetsPerStore                   int
 		writeThrough, kernelReadAhead             int64
 		pprofAddr, metaDiskReserve                string
+		debugFuse                                 bool
 		tf                                        tlsFlags
 	)
 	cmd := &cobra.Command{
@@ -73,7 +76,7 @@ on the same --data it serves the same files.`,
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore, strictMetaSync: strictMetaSync,
 				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
-				tls: tc,
+				tls: tc, pprof: pprofAddr != "", debugFuse: debugFuse,
 			})
 			if err == nil {
 				fmt.Fprintln(os.Stderr, "strata: stopped cleanly: unmounted, every service closed")
@@ -93,6 +96,8 @@ on the same --data it serves the same files.`,
 	cmd.Flags().StringVar(&metaDiskReserve, "meta-disk-reserve", "256M", "free space the metadata service keeps on the disk under --data: below it, creates, links, renames and xattrs fail with ENOSPC (0: none)")
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
+	cmd.Flags().BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request (very verbose)")
+	_ = cmd.Flags().MarkHidden("debug-fuse")
 	tf.register(cmd.Flags())
 	rootCmd.AddCommand(cmd)
 }
@@ -104,6 +109,8 @@ type upOptions struct {
 	writeThrough, kernelReadAhead             int64
 	metaDiskReserve                           int64       // 0: none
 	tls                                       *tls.Config // mutual TLS of the services and the client (nil: none)
+	pprof                                     bool        // --pprof: also serve the client's metrics there, at /metrics/client
+	debugFuse                                 bool        // log every FUSE request
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -224,7 +231,10 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		return fmt.Errorf("start client: %w", err)
 	}
 	stops = append(stops, func() error { cl.Close(); return nil })
-	m, err := fuse.Mount(cl, mountDir, fuse.Options{KernelReadAhead: kernelReadAheadOption(o.kernelReadAhead)})
+	if o.pprof {
+		http.Handle("/metrics/client", promhttp.HandlerFor(cl.Registry(), promhttp.HandlerOpts{}))
+	}
+	m, err := fuse.Mount(cl, mountDir, fuse.Options{KernelReadAhead: kernelReadAheadOption(o.kernelReadAhead), Debug: o.debugFuse})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mountDir, err)
 	}

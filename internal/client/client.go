@@ -255,6 +255,7 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 				c.noteDurable(changed) // the log is sequential: earlier changes are durable too
 			}
 			c.m.metaOps.Inc()
+			c.m.call("meta", m)
 			if err != nil {
 				c.m.metaErrors.Inc()
 			}
