@@ -64,7 +64,9 @@
 // ReadDirResp) gained a trailing run with each Attr's Blocks, CommitSizeReq
 // a trailing Alloc list and ChunkStatResp a trailing Alloc: absent, they
 // read as unknown. ClusterStatusResp gained trailing FreePendingFiles and
-// FreePendingBytes (absent: zero). Moving the connection machinery out of this package
+// FreePendingBytes (absent: zero). MSetAtimes (SetAtimesReq) was added at
+// the end; a client that gets ENOSYS from an older service sends its
+// atimes one SetAttr each, as before. Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //
 // Frame and handshake versions are the transport's (package transport,
