@@ -127,6 +127,7 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 // just made, which has no links by design.
 func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags int, tok uint64, tmpfile bool) (*File, error) {
 	a := *ap
+	c.atimes.merge(&a)
 	ino := a.Ino
 	var err error
 	switch {
@@ -878,36 +879,19 @@ func (f *File) Allocate(ctx context.Context, off, n int64) error {
 }
 
 // touchAtime updates the access time relatime-style: only when atime is
-// not newer than mtime or ctime, or older than a day. The update is sent
-// in the background, one at a time per inode; it does not change ctime.
+// not newer than mtime or ctime, or older than a day. The update is noted
+// for the next batch (atime.go), which sends it within atimeInterval; it
+// does not change ctime.
 func (c *Client) touchAtime(in *inode) {
 	now := nowNs()
 	in.mu.Lock()
 	a := &in.mu.attr
 	need := a.Atime <= a.Mtime || a.Atime <= a.Ctime || now-a.Atime > int64(24*time.Hour)
-	if !need || in.mu.atimeBusy {
+	if !need {
 		in.mu.Unlock()
 		return
 	}
-	in.mu.atimeBusy = true
 	a.Atime = now
-	ctime := a.Ctime
 	in.mu.Unlock()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.IOTimeout)
-		defer cancel()
-		var resp rpc.AttrResp
-		req := &rpc.SetAttrReq{Hdr: c.hdr(), Ino: in.ino, Valid: rpc.SetAtime | rpc.SetCtime, Atime: now, Ctime: ctime}
-		err := c.metaCall(ctx, rpc.MSetAttr, req, &resp)
-		in.mu.Lock()
-		in.mu.atimeBusy = false
-		if err == nil {
-			in.mu.attr.Atime = resp.Attr.Atime
-			in.mu.attr.Ctime = resp.Attr.Ctime
-		}
-		in.mu.Unlock()
-		if err != nil {
-			c.log.Debug("atime update failed", "ino", in.ino, "err", err)
-		}
-	}()
+	c.atimes.note(in.ino, now)
 }

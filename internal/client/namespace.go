@@ -61,6 +61,7 @@ func (c *Client) GetAttr(ctx context.Context, ino uint64) (rpc.Attr, error) {
 // mergeLocal folds the uncommitted state of an open inode into a.
 // since is Client.sizeSeq before the call that answered a (inode.merge).
 func (c *Client) mergeLocal(a *rpc.Attr, since uint64) {
+	c.atimes.merge(a) // reads whose atimes are not sent yet
 	if in := c.openInode(a.Ino); in != nil {
 		in.merge(a, since)
 	}

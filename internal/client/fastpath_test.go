@@ -1,0 +1,163 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/testutil"
+)
+
+// smallFiles creates n files of one byte each through c and returns their
+// inode numbers.
+func smallFiles(t *testing.T, c *Client, prefix string, n int) []uint64 {
+	t.Helper()
+	ctx := context.Background()
+	inos := make([]uint64, n)
+	for i := range inos {
+		f, err := c.CreateOpen(ctx, 1, fmt.Sprintf("%s%d", prefix, i), 0o644, 0, 0, syscall.O_WRONLY)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(ctx, []byte{'x'}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		inos[i] = f.Ino()
+	}
+	return inos
+}
+
+// TestAtimesSentInOneBatch: reading N files sends no SetAttr per file;
+// the access times wait in the client (which answers its own stats with
+// them) and go in one MSetAtimes at the next flush, after which a second
+// client sees them.
+func TestAtimesSentInOneBatch(t *testing.T) {
+	old := atimeInterval
+	atimeInterval = time.Hour // only explicit flushes send
+	t.Cleanup(func() { atimeInterval = old })
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	c := tc.client(nil)
+	other := tc.client(nil)
+	ctx := context.Background()
+	const n = 20
+	inos := smallFiles(t, c, "a", n)
+	before := make([]rpc.Attr, n)
+	for i, ino := range inos {
+		a, err := other.GetAttr(ctx, ino)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[i] = a
+	}
+	setattrs, batches := c.Calls("meta", rpc.MSetAttr), c.Calls("meta", rpc.MSetAtimes)
+	buf := make([]byte, 8)
+	for _, ino := range inos {
+		f, err := c.Open(ctx, ino, syscall.O_RDONLY)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k, err := f.ReadAt(ctx, buf, 0); err != nil || k != 1 {
+			t.Fatalf("read %d bytes, %v", k, err)
+		}
+		if err := f.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mine := make([]int64, n)
+	for i, ino := range inos {
+		a, err := c.GetAttr(ctx, ino)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Atime <= before[i].Mtime {
+			t.Fatalf("file %d: this client's stat shows atime %d, not after mtime %d", i, a.Atime, before[i].Mtime)
+		}
+		if a.Ctime != before[i].Ctime {
+			t.Fatalf("file %d: ctime moved from %d to %d on a read", i, before[i].Ctime, a.Ctime)
+		}
+		mine[i] = a.Atime
+	}
+	if got := c.Calls("meta", rpc.MSetAtimes) - batches; got != 0 {
+		t.Fatalf("%d atime batches sent before the interval or a flush", got)
+	}
+	if err := c.FlushAtimes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Calls("meta", rpc.MSetAttr) - setattrs; got != 0 {
+		t.Fatalf("%d reads sent %d SetAttr calls, want none", n, got)
+	}
+	if got := c.Calls("meta", rpc.MSetAtimes) - batches; got != 1 {
+		t.Fatalf("%d reads sent %d atime batches, want 1", n, got)
+	}
+	for i, ino := range inos {
+		a, err := other.GetAttr(ctx, ino)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Atime != mine[i] || a.Ctime != before[i].Ctime {
+			t.Fatalf("file %d from the second client: atime %d ctime %d, want %d and %d", i, a.Atime, a.Ctime, mine[i], before[i].Ctime)
+		}
+	}
+	// A second flush has nothing to send.
+	if err := c.FlushAtimes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Calls("meta", rpc.MSetAtimes) - batches; got != 1 {
+		t.Fatalf("an empty flush sent a batch (%d in all)", got)
+	}
+}
+
+// TestAtimesSentWhenBatchFull: atimeBatchMax pending access times go at
+// once, without waiting for the interval.
+func TestAtimesSentWhenBatchFull(t *testing.T) {
+	old := atimeInterval
+	atimeInterval = time.Hour
+	t.Cleanup(func() { atimeInterval = old })
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	c := tc.client(nil)
+	batches := c.Calls("meta", rpc.MSetAtimes)
+	now := time.Now().UnixNano()
+	for i := 0; i < atimeBatchMax; i++ {
+		c.atimes.note(uint64(1<<40+i), now) // files that do not exist are skipped by the service
+	}
+	err := testutil.WaitFor(10*time.Second, func() error {
+		if c.Calls("meta", rpc.MSetAtimes) == batches {
+			return errors.New("a full batch of access times was not sent")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAtimesMoveOnlyForward: a batch never moves an atime back (a
+// utimes to a later time set meanwhile stays).
+func TestAtimesMoveOnlyForward(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	c := tc.client(nil)
+	ctx := context.Background()
+	ino := smallFiles(t, c, "f", 1)[0]
+	later := time.Now().Add(time.Hour).UnixNano()
+	if _, err := c.SetAttr(ctx, ino, rpc.SetAttrReq{Valid: rpc.SetAtime, Atime: later}); err != nil {
+		t.Fatal(err)
+	}
+	c.atimes.note(ino, time.Now().UnixNano())
+	if err := c.FlushAtimes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a, err := tc.client(nil).GetAttr(ctx, ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Atime != later {
+		t.Fatalf("atime %d after a batch of an earlier time, want %d", a.Atime, later)
+	}
+}
