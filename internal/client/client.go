@@ -104,6 +104,7 @@ type Client struct {
 	sessionMu sync.Mutex    // serialises session reopening
 	kick      chan struct{} // asks the heartbeat loop to report open inodes soon
 	atimes    atimeBatch    // access times not sent yet (atime.go)
+	xattrs    xattrMisses   // xattrs known to be absent (xattrcache.go)
 
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc

@@ -161,3 +161,75 @@ func TestAtimesMoveOnlyForward(t *testing.T) {
 		t.Fatalf("atime %d after a batch of an earlier time, want %d", a.Atime, later)
 	}
 }
+
+// TestXattrMissesAnsweredLocally: a file this client created has no
+// xattrs without asking; a miss the service answered is kept for the
+// attribute timeout; this client's own setxattr is seen at once, another
+// client's after the timeout.
+func TestXattrMissesAnsweredLocally(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	const ttl = 300 * time.Millisecond
+	c := tc.client(func(cfg *Config) { cfg.DirAttrTTL = ttl })
+	other := tc.client(nil)
+	ctx := context.Background()
+	gets := func() uint64 { return c.Calls("meta", rpc.MGetXattr) }
+	const capName = "security.capability"
+
+	// Created here: no round trip for any number of questions (the
+	// kernel asks before each write).
+	ino := smallFiles(t, c, "new", 1)[0]
+	g := gets()
+	for i := 0; i < 10; i++ {
+		if _, err := c.GetXattr(ctx, ino, capName); !errors.Is(err, syscall.ENODATA) {
+			t.Fatalf("getxattr of a new file: %v, want ENODATA", err)
+		}
+	}
+	if d := gets() - g; d != 0 {
+		t.Fatalf("%d GetXattr calls for a file this client just created, want 0", d)
+	}
+
+	// Own setxattr: seen at once.
+	if err := c.SetXattr(ctx, ino, "user.k", []byte("v"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.GetXattr(ctx, ino, "user.k"); err != nil || string(v) != "v" {
+		t.Fatalf("own setxattr not seen at once: %q, %v", v, err)
+	}
+	if err := c.RemoveXattr(ctx, ino, "user.k"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetXattr(ctx, ino, "user.k"); !errors.Is(err, syscall.ENODATA) {
+		t.Fatalf("own removexattr not seen at once: %v", err)
+	}
+
+	// A file made elsewhere: the first miss asks, the next ones do not.
+	ino2 := smallFiles(t, other, "theirs", 1)[0]
+	g = gets()
+	for i := 0; i < 10; i++ {
+		if _, err := c.GetXattr(ctx, ino2, capName); !errors.Is(err, syscall.ENODATA) {
+			t.Fatalf("getxattr: %v, want ENODATA", err)
+		}
+	}
+	if d := gets() - g; d != 1 {
+		t.Fatalf("%d GetXattr calls for 10 misses, want 1", d)
+	}
+
+	// Another client's setxattr: seen once the timeout has passed.
+	if err := other.SetXattr(ctx, ino2, capName, []byte("cap"), 0); err != nil {
+		t.Fatal(err)
+	}
+	err := testutil.WaitFor(10*time.Second, func() error {
+		v, err := c.GetXattr(ctx, ino2, capName)
+		switch {
+		case err == nil && string(v) == "cap":
+			return nil
+		case err == nil || errors.Is(err, syscall.ENODATA):
+			return fmt.Errorf("another client's setxattr not seen: %q, %v", v, err)
+		}
+		t.Fatalf("getxattr: %v", err)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

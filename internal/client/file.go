@@ -90,6 +90,7 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 		return nil, err
 	}
 	f.in.noteMetaIndex(ch.Index, ch.Term, c.metaChanged.Load()) // close must make the creation durable
+	c.xattrs.none(a.Ino, c.cfg.DirAttrTTL)                      // a new file has no xattrs
 	return f, nil
 }
 
@@ -118,6 +119,7 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 		return nil, err
 	}
 	f.in.noteMetaIndex(resp.Index, resp.Term, c.metaChanged.Load())
+	c.xattrs.none(resp.Attr.Ino, c.cfg.DirAttrTTL)
 	return f, nil
 }
 

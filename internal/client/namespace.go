@@ -324,8 +324,16 @@ func (c *Client) StatFS(ctx context.Context) (rpc.StatFSResp, error) {
 
 // GetXattr returns the value of an extended attribute (ENODATA if absent).
 func (c *Client) GetXattr(ctx context.Context, ino uint64, name string) ([]byte, error) {
+	asked := time.Now()
+	if c.xattrs.absent(ino, name, asked) {
+		return nil, fmt.Errorf("getxattr %q of inode %d (known absent): %w", name, ino, syscall.ENODATA)
+	}
+	gen := c.xattrs.generation()
 	var resp rpc.XattrResp
 	if err := c.metaCall(ctx, rpc.MGetXattr, &rpc.XattrReq{Ino: ino, Name: name}, &resp); err != nil {
+		if rpc.ErrnoOf(err) == syscall.ENODATA {
+			c.xattrs.missing(ino, name, asked, c.cfg.DirAttrTTL, gen)
+		}
 		return nil, metaErr(c, "getxattr", err)
 	}
 	return resp.Value, nil
@@ -334,6 +342,7 @@ func (c *Client) GetXattr(ctx context.Context, ino uint64, name string) ([]byte,
 // SetXattr sets an extended attribute; flags are rpc.XattrCreate or
 // rpc.XattrReplace (or 0).
 func (c *Client) SetXattr(ctx context.Context, ino uint64, name string, value []byte, flags uint32) error {
+	defer c.xattrs.changed(ino)
 	if err := c.metaCall(ctx, rpc.MSetXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name, Value: value, Flags: flags}, &rpc.Stamp{}); err != nil {
 		return metaErr(c, "setxattr", err)
 	}
@@ -351,6 +360,7 @@ func (c *Client) ListXattr(ctx context.Context, ino uint64) ([]string, error) {
 
 // RemoveXattr removes an extended attribute (ENODATA if absent).
 func (c *Client) RemoveXattr(ctx context.Context, ino uint64, name string) error {
+	defer c.xattrs.changed(ino)
 	if err := c.metaCall(ctx, rpc.MRemoveXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name}, &rpc.Stamp{}); err != nil {
 		return metaErr(c, "removexattr", err)
 	}
