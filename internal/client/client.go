@@ -105,6 +105,7 @@ type Client struct {
 	kick      chan struct{} // asks the heartbeat loop to report open inodes soon
 	atimes    atimeBatch    // access times not sent yet (atime.go)
 	xattrs    xattrMisses   // xattrs known to be absent (xattrcache.go)
+	looked    recentLookups // small files lookups described, for Open's read (smallread.go)
 
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc

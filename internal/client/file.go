@@ -41,19 +41,28 @@ type File struct {
 
 // Open opens regular file ino. flags are open(2) flags: O_DIRECT disables
 // buffering, O_SYNC/O_DSYNC make every write durable, O_TRUNC truncates.
-// The attributes are read fresh from the metadata service (close-to-open).
+// The attributes are read fresh from the metadata service (close-to-open);
+// a small file a lookup just described is read meanwhile (smallread.go).
 func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error) {
 	if c.closed() {
 		return nil, ErrClosed
 	}
 	tok := c.beginOpen()
+	rd := c.startOpenRead(ino, flags) // a small file's data, in parallel (smallread.go)
 	var resp rpc.AttrResp
 	since := c.sizeSeq.Load()
-	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
+	err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp)
+	var f *File
+	if err == nil {
+		f, err = c.openAttr(ctx, &resp.Attr, since, flags, tok, false)
+	} else {
 		c.endOpen(tok)
-		return nil, metaErr(c, "open", err)
+		err = metaErr(c, "open", err)
 	}
-	return c.openAttr(ctx, &resp.Attr, since, flags, tok, false)
+	if rd != nil {
+		rd.adopt(f) // f nil: dropped
+	}
+	return f, err
 }
 
 // beginOpen records an open or create under way (see Client.mu.opening);

@@ -39,6 +39,7 @@ func (c *Client) Lookup(ctx context.Context, parent uint64, name string) (rpc.At
 		return rpc.Attr{}, metaErr(c, "lookup", err)
 	}
 	c.mergeLocal(&resp.Attr, since)
+	c.looked.put(&resp.Attr) // an open may follow (smallread.go)
 	return resp.Attr, nil
 }
 
