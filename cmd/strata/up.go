@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/stratafs/strata/internal/admin"
@@ -33,6 +35,7 @@ func init() {
 		writeThrough, kernelReadAhead             int64
 		pprofAddr, metaDiskReserve                string
 		syncInterval                              time.Duration
+		debugFuse                                 bool
 		tf                                        tlsFlags
 	)
 	cmd := &cobra.Command{
@@ -77,7 +80,7 @@ on the same --data it serves the same files.`,
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore, strictMetaSync: strictMetaSync,
 				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
-				tls: tc, syncInterval: syncInterval,
+				tls: tc, syncInterval: syncInterval, pprof: pprofAddr != "", debugFuse: debugFuse,
 			})
 			if err == nil {
 				fmt.Fprintln(os.Stderr, "strata: stopped cleanly: unmounted, every service closed")
@@ -98,6 +101,8 @@ on the same --data it serves the same files.`,
 	cmd.Flags().DurationVar(&syncInterval, "sync-interval", store.DefaultSyncInterval, syncIntervalUsage)
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
+	cmd.Flags().BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request (very verbose)")
+	_ = cmd.Flags().MarkHidden("debug-fuse")
 	tf.register(cmd.Flags())
 	rootCmd.AddCommand(cmd)
 }
@@ -111,6 +116,8 @@ type upOptions struct {
 	tls                                       *tls.Config // mutual TLS of the services and the client (nil: none)
 	// syncInterval is the stores' background sync period (0: none).
 	syncInterval time.Duration
+	pprof        bool // --pprof: also serve the client's metrics there, at /metrics/client
+	debugFuse    bool // log every FUSE request
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -232,7 +239,10 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		return fmt.Errorf("start client: %w", err)
 	}
 	stops = append(stops, func() error { cl.Close(); return nil })
-	m, err := fuse.Mount(cl, mountDir, fuse.Options{KernelReadAhead: kernelReadAheadOption(o.kernelReadAhead)})
+	if o.pprof {
+		http.Handle("/metrics/client", promhttp.HandlerFor(cl.Registry(), promhttp.HandlerOpts{}))
+	}
+	m, err := fuse.Mount(cl, mountDir, fuse.Options{KernelReadAhead: kernelReadAheadOption(o.kernelReadAhead), Debug: o.debugFuse})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mountDir, err)
 	}

@@ -109,6 +109,9 @@ type Client struct {
 	locks     heldLocks     // locks this client holds (reclaimed after a service restart)
 	sessionMu sync.Mutex    // serialises session reopening
 	kick      chan struct{} // asks the heartbeat loop to report open inodes soon
+	atimes    atimeBatch    // access times not sent yet (atime.go)
+	xattrs    xattrMisses   // xattrs known to be absent (xattrcache.go)
+	looked    recentLookups // small files lookups described, for Open's read (smallread.go)
 
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
@@ -146,6 +149,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.mu.owed = map[uint64]fsyncOwed{}
 	c.mu.openSent = true
 	c.kick = make(chan struct{}, 1)
+	c.atimes.init()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if err := c.openSession(ctx); err != nil {
 		c.meta.Close()
@@ -170,9 +174,10 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 			_ = http.Serve(ln, mux)
 		}()
 	}
-	c.wg.Add(2)
+	c.wg.Add(3)
 	go c.heartbeatLoop()
 	go c.targets.refreshLoop()
+	go c.atimeLoop()
 	return c, nil
 }
 
@@ -194,8 +199,11 @@ func (c *Client) Close() error {
 	}
 	c.mu.closed = true
 	c.mu.Unlock()
-	c.cancel()
 	ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.IOTimeout, 5*time.Second))
+	if err := c.FlushAtimes(ctx); err != nil {
+		c.log.Warn("access times of the last second not sent at unmount", "err", err)
+	}
+	c.cancel()
 	err := c.meta.Call(ctx, rpc.MSessionClose, &rpc.SessionCloseReq{ClientID: c.clientID.Load()}, nil)
 	cancel()
 	if err != nil {
@@ -262,6 +270,7 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 				c.noteDurable(changed) // the log is sequential: earlier changes are durable too
 			}
 			c.m.metaOps.Inc()
+			c.m.call("meta", m)
 			if err != nil {
 				c.m.metaErrors.Inc()
 			}
@@ -412,6 +421,9 @@ func (c *Client) noteChange(err error, resp rpc.Message) {
 // change it had answered (a metadata machine crash before the change was
 // durable).
 func (c *Client) SyncMeta(ctx context.Context) error {
+	if err := c.FlushAtimes(ctx); err != nil {
+		c.log.Debug("access times not sent at a barrier", "err", err)
+	}
 	return c.syncMetaUpTo(ctx, c.metaChanged.Load())
 }
 

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/stratafs/strata/internal/layout"
@@ -932,13 +933,16 @@ func checkHeld(t *testing.T, rd *ReadData, want []byte) {
 }
 
 // metaCallCount is how many metadata calls c has made.
-func metaCallCount(t *testing.T, c *Client) float64 {
+func metaCallCount(t *testing.T, c *Client) float64 { return counterValue(t, c.m.metaOps) }
+
+// counterValue is the value of counter m.
+func counterValue(t *testing.T, m prometheus.Counter) float64 {
 	t.Helper()
-	var m dto.Metric
-	if err := c.m.metaOps.Write(&m); err != nil {
+	var out dto.Metric
+	if err := m.Write(&out); err != nil {
 		t.Fatal(err)
 	}
-	return m.GetCounter().GetValue()
+	return out.GetCounter().GetValue()
 }
 
 // logIndexes returns the metadata log's durable and applied indexes.

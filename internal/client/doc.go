@@ -87,11 +87,14 @@
 //     expired session. Ends at Close.
 //   - targetMap.refreshLoop: reloads the target map every
 //     TargetRefreshInterval. Ends at Close.
+//   - atimeLoop: sends the access times reads noted (relatime) as one
+//     MSetAtimes per second, or at once when 256 wait; SyncMeta and Close
+//     send them too (atime.go). Ends at Close.
 //   - the metrics HTTP server when MetricsAddr is set.
 //
 // Short-lived: one goroutine per in-flight storage write (bounded by the
 // budget and maxInflight per inode), per prefetch block, per parallel
-// slot call, and per relatime atime update (one per inode at a time).
+// slot call.
 //
 // # Pitfalls
 //

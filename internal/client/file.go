@@ -41,19 +41,28 @@ type File struct {
 
 // Open opens regular file ino. flags are open(2) flags: O_DIRECT disables
 // buffering, O_SYNC/O_DSYNC make every write durable, O_TRUNC truncates.
-// The attributes are read fresh from the metadata service (close-to-open).
+// The attributes are read fresh from the metadata service (close-to-open);
+// a small file a lookup just described is read meanwhile (smallread.go).
 func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error) {
 	if c.closed() {
 		return nil, ErrClosed
 	}
 	tok := c.beginOpen()
+	rd := c.startOpenRead(ino, flags) // a small file's data, in parallel (smallread.go)
 	var resp rpc.AttrResp
 	since := c.sizeSeq.Load()
-	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
+	err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp)
+	var f *File
+	if err == nil {
+		f, err = c.openAttr(ctx, &resp.Attr, since, flags, tok, false)
+	} else {
 		c.endOpen(tok)
-		return nil, metaErr(c, "open", err)
+		err = metaErr(c, "open", err)
 	}
-	return c.openAttr(ctx, &resp.Attr, since, flags, tok, false)
+	if rd != nil {
+		rd.adopt(f) // f nil: dropped
+	}
+	return f, err
 }
 
 // beginOpen records an open or create under way (see Client.mu.opening);
@@ -90,6 +99,7 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 		return nil, err
 	}
 	f.in.noteMetaIndex(ch.Index, ch.Term, c.metaChanged.Load()) // close must make the creation durable
+	c.xattrs.none(a.Ino, c.cfg.DirAttrTTL)                      // a new file has no xattrs
 	return f, nil
 }
 
@@ -118,6 +128,7 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 		return nil, err
 	}
 	f.in.noteMetaIndex(resp.Index, resp.Term, c.metaChanged.Load())
+	c.xattrs.none(resp.Attr.Ino, c.cfg.DirAttrTTL)
 	return f, nil
 }
 
@@ -127,6 +138,7 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 // just made, which has no links by design.
 func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags int, tok uint64, tmpfile bool) (*File, error) {
 	a := *ap
+	c.atimes.merge(&a)
 	ino := a.Ino
 	var err error
 	switch {
@@ -890,36 +902,19 @@ func (f *File) Allocate(ctx context.Context, off, n int64) error {
 }
 
 // touchAtime updates the access time relatime-style: only when atime is
-// not newer than mtime or ctime, or older than a day. The update is sent
-// in the background, one at a time per inode; it does not change ctime.
+// not newer than mtime or ctime, or older than a day. The update is noted
+// for the next batch (atime.go), which sends it within atimeInterval; it
+// does not change ctime.
 func (c *Client) touchAtime(in *inode) {
 	now := nowNs()
 	in.mu.Lock()
 	a := &in.mu.attr
 	need := a.Atime <= a.Mtime || a.Atime <= a.Ctime || now-a.Atime > int64(24*time.Hour)
-	if !need || in.mu.atimeBusy {
+	if !need {
 		in.mu.Unlock()
 		return
 	}
-	in.mu.atimeBusy = true
 	a.Atime = now
-	ctime := a.Ctime
 	in.mu.Unlock()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.IOTimeout)
-		defer cancel()
-		var resp rpc.AttrResp
-		req := &rpc.SetAttrReq{Hdr: c.hdr(), Ino: in.ino, Valid: rpc.SetAtime | rpc.SetCtime, Atime: now, Ctime: ctime}
-		err := c.metaCall(ctx, rpc.MSetAttr, req, &resp)
-		in.mu.Lock()
-		in.mu.atimeBusy = false
-		if err == nil {
-			in.mu.attr.Atime = resp.Attr.Atime
-			in.mu.attr.Ctime = resp.Attr.Ctime
-		}
-		in.mu.Unlock()
-		if err != nil {
-			c.log.Debug("atime update failed", "ino", in.ino, "err", err)
-		}
-	}()
+	c.atimes.note(in.ino, now)
 }

@@ -71,19 +71,18 @@ type inode struct {
 
 	mu struct {
 		sync.Mutex
-		cond      *sync.Cond // broadcast when an in-flight write completes
-		size      uint64     // our view of the size: committed size, grown by our writes, set by truncate
-		mtime     int64      // mtime of our last write, valid when dirty
-		dirty     bool       // writes (size/mtime) not yet committed to metadata
-		unsynced  []bool     // per slot: written since the last SSync
-		allocOld  []bool     // per slot: written or punched since its space was last reported
-		allocGen  []uint64   // per slot: writes and punches so far (markAlloc), to tell a space answer's age
-		pending   []*wbuf    // per slot: coalescing buffer not yet submitted
-		inflight  []*wbuf    // submitted, not yet acknowledged
-		err       error      // first write-behind error, not yet reported by flush/fsync
-		gen       uint64     // bumped by writes, truncates and punches: read-ahead validity
-		attr      rpc.Attr   // attributes from the last open or commit (atime logic, keep-cache)
-		atimeBusy bool       // an atime update is in flight
+		cond     *sync.Cond // broadcast when an in-flight write completes
+		size     uint64     // our view of the size: committed size, grown by our writes, set by truncate
+		mtime    int64      // mtime of our last write, valid when dirty
+		dirty    bool       // writes (size/mtime) not yet committed to metadata
+		unsynced []bool     // per slot: written since the last SSync
+		allocOld []bool     // per slot: written or punched since its space was last reported
+		allocGen []uint64   // per slot: writes and punches so far (markAlloc), to tell a space answer's age
+		pending  []*wbuf    // per slot: coalescing buffer not yet submitted
+		inflight []*wbuf    // submitted, not yet acknowledged
+		err      error      // first write-behind error, not yet reported by flush/fsync
+		gen      uint64     // bumped by writes, truncates and punches: read-ahead validity
+		attr     rpc.Attr   // attributes from the last open or commit (atime logic, keep-cache)
 		// metaSeq is the client's metaChanged count after its last
 		// namespace change of this inode (chmod, utimes, a deferred size
 		// commit…), metaIndex

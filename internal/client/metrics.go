@@ -1,6 +1,13 @@
 package client
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
 
 // metrics are the client's Prometheus counters. Each Client has its own
 // registry so that several clients can live in one process (tests, bench).
@@ -17,6 +24,9 @@ type metrics struct {
 	bytesWrite prometheus.Counter
 	bytesRA    prometheus.Counter
 	raHits     prometheus.Counter
+	// calls counts metadata and storage calls by rpc method number
+	// (round trips per file operation, for performance work).
+	calls *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -27,7 +37,8 @@ func newMetrics() *metrics {
 	m.bytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_bytes_total", Help: "Bytes moved by kind."}, []string{"kind"})
 	m.storeErrs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_store_errors_total", Help: "Failed storage calls by target."}, []string{"target"})
 	m.raHits = prometheus.NewCounter(prometheus.CounterOpts{Name: "strata_client_readahead_hits_total", Help: "Reads served from read-ahead buffers."})
-	m.reg.MustRegister(m.metaOps, m.metaErrors, m.ops, m.bytes, m.storeErrs, m.raHits)
+	m.calls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_calls_total", Help: "Metadata and storage calls by service (meta, store) and rpc method number."}, []string{"service", "method"})
+	m.reg.MustRegister(m.metaOps, m.metaErrors, m.ops, m.bytes, m.storeErrs, m.raHits, m.calls)
 	m.opRead = m.ops.WithLabelValues("read")
 	m.opWrite = m.ops.WithLabelValues("write")
 	m.bytesRead = m.bytes.WithLabelValues("read")
@@ -37,6 +48,21 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) op(kind string) { m.ops.WithLabelValues(kind).Inc() }
+
+// call counts one call of method meth to service ("meta" or "store").
+func (m *metrics) call(service string, meth rpc.Method) {
+	m.calls.WithLabelValues(service, strconv.Itoa(int(meth))).Inc()
+}
+
+// Calls returns how many calls of method meth this client made to the
+// metadata service (service "meta") or the storage servers ("store").
+func (c *Client) Calls(service string, meth rpc.Method) uint64 {
+	var out dto.Metric
+	if err := c.m.calls.WithLabelValues(service, strconv.Itoa(int(meth))).Write(&out); err != nil {
+		return 0
+	}
+	return uint64(out.GetCounter().GetValue())
+}
 
 // Registry exposes the client's metrics (for embedding in another server).
 func (c *Client) Registry() *prometheus.Registry { return c.m.reg }

@@ -39,6 +39,7 @@ func (c *Client) Lookup(ctx context.Context, parent uint64, name string) (rpc.At
 		return rpc.Attr{}, metaErr(c, "lookup", err)
 	}
 	c.mergeLocal(&resp.Attr, since)
+	c.looked.put(&resp.Attr) // an open may follow (smallread.go)
 	return resp.Attr, nil
 }
 
@@ -61,6 +62,7 @@ func (c *Client) GetAttr(ctx context.Context, ino uint64) (rpc.Attr, error) {
 // mergeLocal folds the uncommitted state of an open inode into a.
 // since is Client.sizeSeq before the call that answered a (inode.merge).
 func (c *Client) mergeLocal(a *rpc.Attr, since uint64) {
+	c.atimes.merge(a) // reads whose atimes are not sent yet
 	if in := c.openInode(a.Ino); in != nil {
 		in.merge(a, since)
 	}
@@ -323,8 +325,16 @@ func (c *Client) StatFS(ctx context.Context) (rpc.StatFSResp, error) {
 
 // GetXattr returns the value of an extended attribute (ENODATA if absent).
 func (c *Client) GetXattr(ctx context.Context, ino uint64, name string) ([]byte, error) {
+	asked := time.Now()
+	if c.xattrs.absent(ino, name, asked) {
+		return nil, fmt.Errorf("getxattr %q of inode %d (known absent): %w", name, ino, syscall.ENODATA)
+	}
+	gen := c.xattrs.generation()
 	var resp rpc.XattrResp
 	if err := c.metaCall(ctx, rpc.MGetXattr, &rpc.XattrReq{Ino: ino, Name: name}, &resp); err != nil {
+		if rpc.ErrnoOf(err) == syscall.ENODATA {
+			c.xattrs.missing(ino, name, asked, c.cfg.DirAttrTTL, gen)
+		}
 		return nil, metaErr(c, "getxattr", err)
 	}
 	return resp.Value, nil
@@ -333,6 +343,7 @@ func (c *Client) GetXattr(ctx context.Context, ino uint64, name string) ([]byte,
 // SetXattr sets an extended attribute; flags are rpc.XattrCreate or
 // rpc.XattrReplace (or 0).
 func (c *Client) SetXattr(ctx context.Context, ino uint64, name string, value []byte, flags uint32) error {
+	defer c.xattrs.changed(ino)
 	if err := c.metaCall(ctx, rpc.MSetXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name, Value: value, Flags: flags}, &rpc.Stamp{}); err != nil {
 		return metaErr(c, "setxattr", err)
 	}
@@ -350,6 +361,7 @@ func (c *Client) ListXattr(ctx context.Context, ino uint64) ([]string, error) {
 
 // RemoveXattr removes an extended attribute (ENODATA if absent).
 func (c *Client) RemoveXattr(ctx context.Context, ino uint64, name string) error {
+	defer c.xattrs.changed(ino)
 	if err := c.metaCall(ctx, rpc.MRemoveXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name}, &rpc.Stamp{}); err != nil {
 		return metaErr(c, "removexattr", err)
 	}

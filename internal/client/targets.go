@@ -171,6 +171,7 @@ func (c *Client) storeCall(ctx context.Context, op string, target uint32, m rpc.
 		if err == nil {
 			addr = a
 			err = cl.Call(ctx, m, req, resp)
+			c.m.call("store", m)
 		}
 		if err == nil {
 			return nil

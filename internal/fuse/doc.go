@@ -74,8 +74,9 @@
 //   - Never call into a mount from the process serving it while holding a
 //     lock the server needs: tests that use the mount in-process must not
 //     outlive its server.
-//   - The kernel asks security.capability before every write; the answer
-//     "absent" is cached per inode for one attribute timeout.
+//   - The kernel asks security.capability before every write; the client
+//     answers "absent" without a round trip for a file it created, and
+//     for one attribute timeout after the service said so (xattrcache.go).
 //   - setuid/setgid clearing on write is done by the kernel with a SETATTR
 //     of the mode (HANDLE_KILLPRIV is not negotiated).
 package fuse

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 
@@ -46,11 +45,6 @@ type fileSystem struct {
 	// (POSIX: a process's locks go on any close of the file).
 	lockMu     sync.Mutex
 	lockOwners map[uint64]map[uint64]struct{}
-
-	// noCap caches "security.capability is absent" per inode for one
-	// attribute timeout: the kernel asks before every write.
-	capMu sync.Mutex
-	noCap map[uint64]time.Time
 }
 
 type reportedAttr struct {
@@ -67,7 +61,6 @@ func newFileSystem(c *client.Client, opts Options) *fileSystem {
 		opts:          opts,
 		log:           slog.Default().With("pkg", "fuse"),
 		lockOwners:    map[uint64]map[uint64]struct{}{},
-		noCap:         map[uint64]time.Time{},
 	}
 }
 
@@ -320,7 +313,6 @@ func (fs *fileSystem) Access(cancel <-chan struct{}, in *gofuse.AccessIn) gofuse
 }
 
 const (
-	xattrCapability = "security.capability"
 	xattrACLAccess  = "system.posix_acl_access"
 	xattrACLDefault = "system.posix_acl_default"
 )
@@ -332,24 +324,10 @@ func (fs *fileSystem) GetXAttr(cancel <-chan struct{}, h *gofuse.InHeader, attr 
 	if attr == layoutXattr {
 		return fs.getLayoutXattr(h.NodeId, dest)
 	}
-	if attr == xattrCapability {
-		fs.capMu.Lock()
-		exp, ok := fs.noCap[h.NodeId]
-		fs.capMu.Unlock()
-		if ok && time.Now().Before(exp) {
-			return 0, gofuse.ENOATTR
-		}
-	}
+	// The client answers misses it knows of without a round trip (the
+	// kernel asks for security.capability before every write).
 	v, err := fs.c.GetXattr(fs.ctx(), h.NodeId, attr)
 	if err != nil {
-		if attr == xattrCapability && errors.Is(err, syscall.ENODATA) {
-			fs.capMu.Lock()
-			if len(fs.noCap) > 100000 {
-				clear(fs.noCap)
-			}
-			fs.noCap[h.NodeId] = time.Now().Add(fs.opts.AttrTimeout)
-			fs.capMu.Unlock()
-		}
 		return 0, fs.errno("getxattr", h.NodeId, err)
 	}
 	if len(dest) < len(v) {
@@ -385,11 +363,6 @@ func (fs *fileSystem) SetXAttr(cancel <-chan struct{}, in *gofuse.SetXAttrIn, at
 	}
 	if attr == layoutXattr {
 		return fs.setLayoutXattr(in.NodeId, data)
-	}
-	if attr == xattrCapability {
-		fs.capMu.Lock()
-		delete(fs.noCap, in.NodeId)
-		fs.capMu.Unlock()
 	}
 	var flags uint32
 	if in.Flags&0x1 != 0 { // XATTR_CREATE

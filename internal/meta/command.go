@@ -29,9 +29,10 @@ const (
 	opSessionClose
 	opRegister
 	opReap
-	opReapMany // appended: op numbers are part of the log format
-	opRaiseIno // NextIno = max(NextIno, Ino): a target holds chunks up to there
-	opTmpfile  // a regular file with no name (O_TMPFILE): operands as opCreate, Name empty
+	opReapMany  // appended: op numbers are part of the log format
+	opRaiseIno  // NextIno = max(NextIno, Ino): a target holds chunks up to there
+	opTmpfile   // a regular file with no name (O_TMPFILE): operands as opCreate, Name empty
+	opSetAtimes // a client's batch of access times (rpc.MSetAtimes), each only forward
 )
 
 // command is one state-machine command: the payload of a raft log entry.
@@ -60,6 +61,7 @@ const (
 //	op                                    operands
 //	Init, SessionClose, Reap, RaiseIno    Ino
 //	ReapMany                              Inos
+//	SetAtimes                             count, then (Ino, Atime) pairs
 //	Create, Tmpfile                       Parent, Name, Mode, Uid, Gid, Rdev, Symlink,
 //	                                      Cands (ID, FreeBytes each), RRStart
 //	SetAttr                               Ino, Valid, Mode, Uid, Gid, Size, Atime, Mtime, Ctime
@@ -83,7 +85,7 @@ const (
 //
 //	1  initial. Appended within version 1 (read as absent from older
 //	   entries): opRegister's targets' InoCeiling run, opCommitSize's
-//	   Alloc list; ops opReapMany, opRaiseIno and opTmpfile.
+//	   Alloc list; ops opReapMany, opRaiseIno, opTmpfile and opSetAtimes.
 //
 // A node refuses an entry of a newer version (errNewerCommand) and stops
 // rather than skip it: a state machine that skipped an entry its peers
@@ -116,8 +118,10 @@ type command struct {
 	LeaseMs                uint32
 	Targets                []targetReg
 
-	// orphan reaping (opReapMany)
+	// orphan reaping (opReapMany); files whose atimes change (opSetAtimes)
 	Inos []uint64
+	// the access times of Inos (opSetAtimes)
+	Atimes []int64
 
 	// space of a file's chunks (opCommitSize)
 	Alloc []slotAlloc
@@ -182,7 +186,7 @@ const commandFormatV1 = 1
 // what is on the targets.
 func (c *command) answerBeforeDurable() bool {
 	switch c.Op {
-	case opCreate, opTmpfile, opUnlink, opRmdir, opRename, opLink, opSetXattr, opRemoveXattr, opSetDirLayout:
+	case opCreate, opTmpfile, opUnlink, opRmdir, opRename, opLink, opSetXattr, opRemoveXattr, opSetDirLayout, opSetAtimes:
 		return true
 	case opSetAttr:
 		return c.Valid&rpc.SetSize == 0
@@ -204,6 +208,12 @@ func (c *command) encode(b []byte) []byte {
 		e.U64(c.Ino)
 	case opReapMany:
 		e.U64s(c.Inos)
+	case opSetAtimes:
+		e.U64(uint64(len(c.Inos)))
+		for i, ino := range c.Inos {
+			e.U64(ino)
+			e.I64(c.Atimes[i])
+		}
 	case opCreate, opTmpfile:
 		e.U64(c.Parent)
 		e.String(c.Name)
@@ -305,6 +315,14 @@ func decodeCommand(b []byte, c *command) error {
 		c.Ino = d.U64()
 	case opReapMany:
 		c.Inos = d.U64s()
+	case opSetAtimes:
+		if n := d.Count(); n > 0 {
+			c.Inos, c.Atimes = make([]uint64, n), make([]int64, n)
+			for i := range c.Inos {
+				c.Inos[i] = d.U64()
+				c.Atimes[i] = d.I64()
+			}
+		}
 	case opCreate, opTmpfile:
 		c.Parent = d.U64()
 		c.Name = d.String()

@@ -61,6 +61,8 @@ func commandSamples() []struct {
 		{command{Op: opTmpfile, Now: now, Hdr: h, Parent: 2, Mode: 0o100600, Uid: 5, Gid: 6,
 			Cands: []layout.Candidate{{ID: 2, FreeBytes: 77}}, RRStart: 1},
 			"0112aab4aef2eda9fefa3007ac0202008083020506000001024d01"},
+		{command{Op: opSetAtimes, Now: now, Hdr: h, Inos: []uint64{5, 1 << 40}, Atimes: []int64{now, -1}},
+			"0113aab4aef2eda9fefa3007ac020205aab4aef2eda9fefa3080808080802001"},
 	}
 }
 

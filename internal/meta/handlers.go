@@ -247,6 +247,12 @@ func (s *Service) register() {
 		return s.mutate(&command{Op: opSetXattr, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Name: r.Name, Value: r.Value, Flags: r.Flags})
 	})
 	handle(s, rpc.MListXattr, s.listXattr)
+	handle(s, rpc.MSetAtimes, func(_ context.Context, r *rpc.SetAtimesReq) (rpc.Message, error) {
+		if len(r.Inos) > rpc.MaxSetAtimes || len(r.Atimes) != len(r.Inos) {
+			return nil, rpc.Errorf(syscall.EINVAL, "%d access times for %d files (at most %d)", len(r.Atimes), len(r.Inos), rpc.MaxSetAtimes)
+		}
+		return s.mutate(&command{Op: opSetAtimes, Now: now(), Hdr: hdrOf(r.Hdr), Inos: r.Inos, Atimes: r.Atimes})
+	})
 	handle(s, rpc.MRemoveXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opRemoveXattr, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Name: r.Name})
 	})

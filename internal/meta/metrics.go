@@ -42,6 +42,7 @@ var methodNames = map[rpc.Method]string{
 	rpc.MCommitSize: "commit_size", rpc.MGetLk: "getlk", rpc.MSetLk: "setlk", rpc.MSetDirLayout: "set_dir_layout",
 	rpc.MRegisterServer: "register_server", rpc.MServerHeartbeat: "server_heartbeat",
 	rpc.MClusterStatus: "cluster_status", rpc.MListTargets: "list_targets", rpc.MSync: "sync", rpc.MTmpfile: "tmpfile",
+	rpc.MSetAtimes: "set_atimes",
 }
 
 func newMetrics() *metrics {

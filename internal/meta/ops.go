@@ -298,6 +298,8 @@ func (x *opCtx) apply(c *command) (*answer, error) {
 	case opRaiseIno:
 		x.raiseIno(c.Ino)
 		return nil, nil
+	case opSetAtimes:
+		return x.setAtimes(c)
 	case opReapMany:
 		// Each reap is a whole step of its own: flush it and empty the
 		// small inode cache before the next (reaps only fail on kv errors).
@@ -855,6 +857,35 @@ func checkXattrName(name string) error {
 		return rpc.Errorf(syscall.ERANGE, "xattr name of %d bytes is longer than %d", len(name), maxXattrName)
 	}
 	return nil
+}
+
+// setAtimes applies a client's batch of access times: each file's atime
+// moves forward to the one given (never back, so that a batch arriving
+// after a utimes(2) of an older time set elsewhere, or a second client's
+// batch, cannot undo a later time), and its ctime stays, as for any
+// atime update on a read. Files unlinked since are skipped. Each file is a
+// step of its own (flushed, the inode cache emptied), as in opReapMany.
+func (x *opCtx) setAtimes(c *command) (*answer, error) {
+	for i, ino := range c.Inos {
+		in, err := x.inode(ino)
+		if errors.Is(err, syscall.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if c.Atimes[i] <= in.Atime {
+			x.reset(x.f, x.b, x.now)
+			continue
+		}
+		in.Atime = c.Atimes[i]
+		x.mark(ino)
+		if err := x.flush(); err != nil {
+			return nil, err
+		}
+		x.reset(x.f, x.b, x.now)
+	}
+	return x.stampBody()
 }
 
 func (x *opCtx) setXattr(c *command) (*answer, error) {

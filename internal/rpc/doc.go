@@ -67,7 +67,9 @@
 // FreePendingBytes (absent: zero), then it and ServerHeartbeatReq a
 // trailing Unsynced list, one TargetUnsynced per target (absent: none,
 // shown as zero). CommitSizeReq gained a trailing Deferred flag (absent:
-// false, a commit answered once durable). Moving the connection machinery out of this package
+// false, a commit answered once durable). MSetAtimes (SetAtimesReq) was
+// added at the end; a client that gets ENOSYS from an older service sends
+// its atimes one SetAttr each, as before. Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //
 // Frame and handshake versions are the transport's (package transport,

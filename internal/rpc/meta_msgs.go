@@ -45,6 +45,10 @@ const (
 	// from the start, reaped once no client holds it open unless MLink
 	// gives it a name first.
 	MTmpfile
+	// MSetAtimes (SetAtimesReq, Stamp) sets the access times of many
+	// files at once, each only forward: a client's batch of relatime
+	// updates, applied as one raft entry. ctime does not change.
+	MSetAtimes
 )
 
 // InodesKnownReq asks which of Inos exist (as files, directories, or
@@ -1305,5 +1309,41 @@ func (m *ClusterStatusResp) Decode(d *Dec) {
 	}
 	if d.Len() > 0 { // absent from older services
 		m.Unsynced = decodeUnsynced(d)
+	}
+}
+
+// SetAtimesReq sets each Inos[i]'s atime to Atimes[i] (ns since the
+// epoch) where that is later than the atime it has; files gone meanwhile
+// are skipped. At most MaxSetAtimes entries.
+type SetAtimesReq struct {
+	Hdr    ReqHeader
+	Inos   []uint64
+	Atimes []int64
+}
+
+// MaxSetAtimes bounds SetAtimesReq.Inos (about 20 bytes each on the wire:
+// well inside the small frame limit).
+const MaxSetAtimes = 1024
+
+func (m *SetAtimesReq) Encode(e *Enc) {
+	m.Hdr.Encode(e)
+	e.U64(uint64(len(m.Inos)))
+	for i, ino := range m.Inos {
+		e.U64(ino)
+		e.I64(m.Atimes[i])
+	}
+}
+
+func (m *SetAtimesReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	n := d.Count()
+	if n == 0 {
+		m.Inos, m.Atimes = nil, nil
+		return
+	}
+	m.Inos, m.Atimes = make([]uint64, n), make([]int64, n)
+	for i := range m.Inos {
+		m.Inos[i] = d.U64()
+		m.Atimes[i] = d.I64()
 	}
 }

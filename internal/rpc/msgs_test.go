@@ -57,6 +57,7 @@ func messageSamples() map[string][]Message {
 		"XattrReq":      {&XattrReq{Hdr: hdr, Ino: 5, Name: "user.k", Value: []byte("v\x00"), Flags: XattrCreate}},
 		"XattrResp":     {&XattrResp{Value: []byte("value")}},
 		"ListXattrResp": {&ListXattrResp{Names: []string{"user.a", "user.b"}}},
+		"SetAtimesReq":  {&SetAtimesReq{Hdr: hdr, Inos: []uint64{5, 1 << 40}, Atimes: []int64{-1, 1763885000123456789}}},
 		"CommitSizeReq": {&CommitSizeReq{Hdr: hdr, Ino: 5, Size: 9, Mtime: 3, ClearSuid: true, Alloc: []SlotAlloc{{0, 4096}, {3, 1 << 33}}, Deferred: true}},
 		"LockReq": {
 			&LockReq{ClientID: 1, Ino: 2, Owner: 3, Start: 4, End: ^uint64(0), Type: LockWrite, Pid: 5, Flock: true, Wait: true},
