@@ -40,6 +40,9 @@ type Client struct {
 	// noSyncStat: a storage server answered SSyncStat with ENOSYS (an
 	// older version); syncs and space reports are two calls from then on.
 	noSyncStat atomic.Bool
+	// noWriteSpace (tests): take storage servers' write answers as an
+	// older server's, without the chunk's space (WriteResp.HasAlloc).
+	noWriteSpace atomic.Bool
 	// sizeSeq orders this client's changes of file sizes in metadata
 	// (size commits, truncates) against the metadata answers it merges:
 	// an answer to a call begun before such a change of an open file

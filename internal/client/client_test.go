@@ -1531,6 +1531,7 @@ func TestSyncReportsSpace(t *testing.T) {
 	for _, older := range []bool{false, true} {
 		c := tc.client(nil)
 		c.noSyncStat.Store(older)
+		c.noWriteSpace.Store(older)
 		name := fmt.Sprintf("sparse-%v", older)
 		f, err := c.CreateOpen(ctx, 1, name, 0o644, 0, 0, syscall.O_RDWR)
 		if err != nil {

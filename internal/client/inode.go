@@ -30,6 +30,11 @@ type wbuf struct {
 	sticky   bool // a failure is also kept for the next Flush/Fsync (large buffered writes)
 	done     chan struct{}
 	err      error // valid after done
+	// gen is the slot's allocGen once w was submitted; shared: another
+	// write of the slot was in flight with w, so w's answer's space may
+	// miss it (the server may stat the chunk before that write lands).
+	gen    uint64
+	shared bool
 }
 
 func (w *wbuf) end() int64 { return w.chunkOff + int64(len(w.buf)) }
@@ -83,6 +88,13 @@ type inode struct {
 		err      error      // first write-behind error, not yet reported by flush/fsync
 		gen      uint64     // bumped by writes, truncates and punches: read-ahead validity
 		attr     rpc.Attr   // attributes from the last open or commit (atime logic, keep-cache)
+		// allocAns is per slot the space a write's answer reported, with
+		// the allocGen of that write (0: none): the size commit uses it
+		// while no write or punch followed (allocGen unchanged). A
+		// truncate needs nothing here: SetAttr commits before it cuts
+		// the chunks, and the metadata service caps the space at the
+		// new size.
+		allocAns []slotSpace
 		// metaSeq is the client's metaChanged count after its last
 		// namespace change of this inode (chmod, utimes, a deferred size
 		// commit…), metaIndex
@@ -212,6 +224,7 @@ func newInode(c *Client, a *rpc.Attr) *inode {
 	in.mu.unsynced = make([]bool, n)
 	in.mu.allocOld = make([]bool, n)
 	in.mu.allocGen = make([]uint64, n)
+	in.mu.allocAns = make([]slotSpace, n)
 	in.mu.pending = make([]*wbuf, n)
 	return in
 }
@@ -322,9 +335,15 @@ func (in *inode) submitLocked(w *wbuf) {
 		w.buf, w.pooled = small, false
 	}
 	w.done = make(chan struct{})
+	for _, x := range in.mu.inflight {
+		if x.slot == w.slot {
+			x.shared, w.shared = true, true
+		}
+	}
 	in.mu.inflight = append(in.mu.inflight, w)
 	in.mu.unsynced[w.slot] = true
 	in.markAllocLocked(w.slot)
+	w.gen = in.mu.allocGen[w.slot]
 	go in.writeOut(w)
 }
 
@@ -342,11 +361,17 @@ func (in *inode) writeOut(w *wbuf) {
 	c := in.c
 	target := in.layout.Targets[w.slot]
 	req := &rpc.WriteReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(w.chunkOff), Sync: w.sync, Data: w.buf}
-	err := c.storeCall(c.ctxOrBackground(), "write", target, rpc.SWrite, req, nil)
+	var resp rpc.WriteResp
+	err := c.storeCall(c.ctxOrBackground(), "write", target, rpc.SWrite, req, &resp)
 	n := int64(len(w.buf))
 	c.m.bytesWrite.Add(float64(n))
 	in.mu.Lock()
 	w.err = err
+	if err == nil && resp.HasAlloc && !w.shared && in.mu.allocGen[w.slot] == w.gen && !c.noWriteSpace.Load() {
+		// The slot's latest write, alone in flight: its answer's space
+		// is the chunk's now, and the size commit need not ask.
+		in.mu.allocAns[w.slot] = slotSpace{rpc.SlotAlloc{Slot: uint32(w.slot), Bytes: resp.Alloc}, w.gen}
+	}
 	for i, x := range in.mu.inflight {
 		if x == w {
 			last := len(in.mu.inflight) - 1
@@ -429,7 +454,7 @@ func (in *inode) takeErr() error {
 	return err
 }
 
-// slotSpace is a chunk's space as a sync answered it, with the slot's
+// slotSpace is a chunk's space as a sync or write answered it, with the slot's
 // allocGen when it was asked.
 type slotSpace struct {
 	rpc.SlotAlloc
@@ -506,7 +531,9 @@ func (in *inode) syncTargets(ctx context.Context) ([]slotSpace, error) {
 // commit reports our size and mtime to the metadata service (CommitSize
 // takes the max of sizes, so N-to-1 writers converge on the right size),
 // with the space of the chunks written or punched since the last commit:
-// pre holds what syncTargets learnt; the other slots are asked here. A
+// pre holds what syncTargets learnt; a slot whose latest write answered
+// its space (allocAns) needs no question; the other slots are asked here
+// (an older server's write answer, a punch, writes in flight together). A
 // pre answer of a slot written since it was asked is dropped: the slot is
 // asked again here, or another commit reported a newer answer. A commit
 // of another handle on its way is waited for first (commitMu).
@@ -551,14 +578,20 @@ func (in *inode) commitAs(ctx context.Context, pre []slotSpace, deferred bool) e
 	in.mu.dirty = false
 	in.mu.committing = true
 	var slots []int
+	var known []rpc.SlotAlloc // answered by the slot's latest write
 	for s, old := range in.mu.allocOld {
-		if old {
+		if !old {
+			continue
+		}
+		in.mu.allocOld[s] = false
+		if a := in.mu.allocAns[s]; a.gen != 0 && a.gen == in.mu.allocGen[s] {
+			known = append(known, a.SlotAlloc)
+		} else {
 			slots = append(slots, s)
-			in.mu.allocOld[s] = false
 		}
 	}
 	in.mu.Unlock()
-	alloc := in.statAlloc(ctx, slots)
+	alloc := append(in.statAlloc(ctx, slots), known...)
 	for _, a := range use {
 		if !slices.Contains(slots, int(a.Slot)) { // asked afresh: that answer stands
 			alloc = append(alloc, a)
@@ -578,7 +611,7 @@ func (in *inode) commitAs(ctx context.Context, pre []slotSpace, deferred bool) e
 		for _, s := range slots {
 			in.mu.allocOld[s] = true
 		}
-		for _, a := range use {
+		for _, a := range append(use, known...) {
 			in.mu.allocOld[a.Slot] = true
 		}
 		return metaErr(in.c, "commit size", err)

@@ -30,6 +30,7 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&CommitSizeReq{Hdr: ReqHeader{1, 2}, Ino: 5, Size: 9, Mtime: 3, Alloc: []SlotAlloc{{0, 4096}, {3, 1 << 33}}},
 		&CommitSizeReq{Hdr: ReqHeader{1, 2}, Ino: 5, Size: 9, Mtime: 3, Alloc: []SlotAlloc{{0, 4096}}, Deferred: true},
 		&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true},
+		&WriteResp{Alloc: 8192, HasAlloc: true},
 		&SeekResp{Off: 1<<33 + 5, Found: true},
 		&LockReq{ClientID: 1, Ino: 2, Start: 3, End: 4, Type: LockRead, Reclaim: true},
 		&LockReq{ClientID: 1, Ino: 2, Type: LockUnlock, Handle: 1 << 40, CloseHandle: true},
@@ -95,6 +96,8 @@ func optionalTails(m Message) []int {
 		add(func(e *Enc) { EncodeSlotAllocs(e, x.Alloc) }, func(e *Enc) { e.Bool(x.Deferred) })
 	case *ChunkStatResp:
 		add(func(e *Enc) { e.U64(x.Alloc); e.Bool(x.HasAlloc) })
+	case *WriteResp:
+		add(func(e *Enc) { x.Encode(e) })
 	case *LockReq:
 		add(func(e *Enc) { e.U64(x.Handle); e.Bool(x.CloseHandle) })
 		add(func(e *Enc) { e.Bool(x.Reclaim) }, func(e *Enc) { e.U64(x.Handle); e.Bool(x.CloseHandle) })

@@ -69,7 +69,11 @@
 // shown as zero). CommitSizeReq gained a trailing Deferred flag (absent:
 // false, a commit answered once durable). MSetAtimes (SetAtimesReq) was
 // added at the end; a client that gets ENOSYS from an older service sends
-// its atimes one SetAttr each, as before. Moving the connection machinery out of this package
+// its atimes one SetAttr each, as before. SWrite answers WriteResp
+// instead of Empty: the chunk's space after the write, both fields
+// appended to the empty answer (an Empty from an older store reads as
+// unknown; an older client ignores them).
+// Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //
 // Frame and handshake versions are the transport's (package transport,

@@ -88,6 +88,7 @@ func messageSamples() map[string][]Message {
 		"ListChunksResp": {&ListChunksResp{Inos: []uint64{5, 1 << 40}, Bytes: []uint64{7, 0}, Next: 301, Done: true}},
 		"ChunkID":        {&chunk},
 		"WriteReq":       {&WriteReq{Chunk: chunk, Off: 3, Sync: true, Data: []byte("hi")}},
+		"WriteResp":      {&WriteResp{Alloc: 8192, HasAlloc: true}},
 		"ReadReq":        {&ReadReq{Chunk: chunk, Off: 3, Len: 4096}},
 		"ReadResp":       {&ReadResp{Data: []byte("read")}},
 		"TruncateReq":    {&TruncateReq{Chunk: chunk, Size: 5}},

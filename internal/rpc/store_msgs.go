@@ -93,7 +93,7 @@ func (c *ChunkID) Encode(e *Enc) { e.U32(c.Target); e.U64(c.Ino) }
 func (c *ChunkID) Decode(d *Dec) { c.Target = d.U32(); c.Ino = d.U64() }
 
 // WriteReq writes Data at chunk offset Off. With Sync the chunk is on stable
-// storage before the answer (Empty). ENOSPC when the target is full (nothing
+// storage before the answer (WriteResp; Empty from older stores). ENOSPC when the target is full (nothing
 // of this write is kept past the old end of file).
 // Data is the last field so that the transport can send it without copying.
 type WriteReq struct {
@@ -206,6 +206,25 @@ func (m *ReadResp) DecodeTail(d *Dec, tail []byte) {
 
 // CopiesOut reports that Decode copies the body out (CopyingDecoder).
 func (m *ReadResp) CopiesOut() bool { return m.Into != nil }
+
+// WriteResp answers a write (SWrite): Alloc is the space the chunk's data
+// takes on the target's disk after it (bytes, as ChunkStatResp's), valid
+// when HasAlloc. An older store answers Empty, which decodes as unknown
+// (both appended: a missing tail reads as zero).
+type WriteResp struct {
+	Alloc    uint64
+	HasAlloc bool
+}
+
+func (m *WriteResp) Encode(e *Enc) { e.U64(m.Alloc); e.Bool(m.HasAlloc) }
+
+func (m *WriteResp) Decode(d *Dec) {
+	m.Alloc, m.HasAlloc = 0, false
+	if d.Len() > 0 {
+		m.Alloc = d.U64()
+		m.HasAlloc = d.Bool()
+	}
+}
 
 // TruncateReq sets the chunk file's length (answers Empty). A missing chunk
 // is created when Size > 0.

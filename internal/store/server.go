@@ -343,7 +343,10 @@ func checkGrowth(t *target, ino uint64, end uint64, what string) error {
 // maxRetries bounds the lookups of a chunk that is removed concurrently.
 const maxRetries = 3
 
-func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.Empty, error) {
+// handleWrite writes and answers the chunk's space after the write (an
+// fstat of its open data file, as SChunkStat answers it), so that the
+// writer's size commit need not ask for it.
+func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.WriteResp, error) {
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
 		return nil, err
@@ -374,6 +377,13 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.Empty, 
 		if err == nil && r.Sync {
 			err = c.sync()
 		}
+		var resp rpc.WriteResp
+		if err == nil {
+			// The write is done: a failed fstat only leaves the space
+			// unknown (the writer then asks with SChunkStat).
+			a, serr := c.alloc()
+			resp.Alloc, resp.HasAlloc = a, serr == nil
+		}
 		s.cache.release(c)
 		if errors.Is(err, errRemoved) && i < maxRetries {
 			continue
@@ -383,7 +393,7 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.Empty, 
 		}
 		t.m.writeOps.Inc()
 		t.m.writeBytes.Add(float64(len(r.Data)))
-		return &rpc.Empty{}, nil
+		return &resp, nil
 	}
 }
 
@@ -541,11 +551,21 @@ func (s *Server) handleChunkStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.Chu
 // chunkStat answers an open chunk's length and the space its data takes.
 func (s *Server) chunkStat(c *chunk) (*rpc.ChunkStatResp, error) {
 	size := c.size.Load()
+	alloc, err := c.alloc()
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	return &rpc.ChunkStatResp{Size: uint64(size), Exists: true, Alloc: alloc, HasAlloc: true}, nil
+}
+
+// alloc is the space (bytes) an open chunk's data file takes on disk: one
+// fstat, no sync.
+func (c *chunk) alloc() (uint64, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(c.dataFd, &st); err != nil {
-		return nil, s.failed(c.ioErr("stat data file", 0, err))
+		return 0, c.ioErr("stat data file", 0, err)
 	}
-	return &rpc.ChunkStatResp{Size: uint64(size), Exists: true, Alloc: uint64(st.Blocks) * 512, HasAlloc: true}, nil
+	return uint64(st.Blocks) * 512, nil
 }
 
 // handleSeek answers lseek's SEEK_DATA or SEEK_HOLE on a chunk file. A

@@ -165,6 +165,33 @@ func TestSyncStat(t *testing.T) {
 	}
 }
 
+// A write's answer carries the chunk's space after it, what SChunkStat
+// answers then: a small file's first write, a sparse one far out, and a
+// synced one.
+func TestWriteAnswersSpace(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	write := func(off uint64, n int, sync bool) rpc.WriteResp {
+		t.Helper()
+		var r rpc.WriteResp
+		req := &rpc.WriteReq{Chunk: rpc.ChunkID{Target: 1, Ino: 9}, Off: off, Sync: sync, Data: bytes.Repeat([]byte{1}, n)}
+		if err := e.cl.Call(context.Background(), rpc.SWrite, req, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, w := range []struct {
+		off  uint64
+		n    int
+		sync bool
+	}{{0, 3901, false}, {5 << 20, 64 << 10, false}, {1 << 20, 4096, true}} {
+		got := write(w.off, w.n, w.sync)
+		want := e.stat(1, 9)
+		if !got.HasAlloc || got.Alloc != want.Alloc || got.Alloc < uint64(w.n) {
+			t.Fatalf("write of %d bytes at %d answered %+v; the chunk's stat says %+v", w.n, w.off, got, want)
+		}
+	}
+}
+
 func TestHolesTruncatePunchStat(t *testing.T) {
 	e := newEnv(t, 1, nil)
 	if st := e.stat(1, 9); st.Exists || st.Size != 0 || !st.HasAlloc || st.Alloc != 0 {
