@@ -248,8 +248,11 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 			switch {
 			case answeredBeforeDurable(m):
 				c.noteChange(err, resp)
-				if m != rpc.MCreate && m != rpc.MUnlink && m != rpc.MTmpfile {
-					c.dirs.reset() // creates and unlinks answer their directory's attributes
+				if err != nil && !changeRefused(err) {
+					// The change may have been made; what it did to
+					// the directories is unknown (a success says it:
+					// dirCache).
+					c.dirs.reset()
 				}
 			case err == nil && answeredDurable(m, req):
 				c.noteDurable(changed) // the log is sequential: earlier changes are durable too
@@ -277,6 +280,18 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 		}
 		backoff = min(backoff*2, 500*time.Millisecond)
 	}
+}
+
+// changeRefused reports whether err is the metadata service refusing a change
+// for what it asked (the state machine's checks, or the disk reserve): the
+// namespace is as it was.
+func changeRefused(err error) bool {
+	switch rpc.ErrnoOf(err) {
+	case syscall.EEXIST, syscall.ENOENT, syscall.ENOTEMPTY, syscall.ENOTDIR, syscall.EISDIR, syscall.EINVAL,
+		syscall.EPERM, syscall.EMLINK, syscall.ENAMETOOLONG, syscall.ENOSPC, syscall.ENODATA, syscall.ERANGE, syscall.E2BIG:
+		return true
+	}
+	return false
 }
 
 // answeredBeforeDurable reports whether the metadata service may answer m

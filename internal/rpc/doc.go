@@ -65,7 +65,12 @@
 // a trailing Alloc list and ChunkStatResp a trailing Alloc: absent, they
 // read as unknown. ClusterStatusResp gained trailing FreePendingFiles and
 // FreePendingBytes (absent: zero). Moving the connection machinery out of this package
-// into package transport changed no byte on the wire.
+// into package transport changed no byte on the wire. MRmdir and MRename
+// answer DirChangeResp (Stamp with the attributes of the directories and
+// entries they changed appended) and MLink LinkResp (AttrResp with the new
+// parent's attributes appended): absent — older services, answers replayed
+// for a retry — they read as unknown, and older clients decode the new
+// answers as Stamp and AttrResp, leaving the tail unread.
 //
 // Frame and handshake versions are the transport's (package transport,
 // transport.go has the frame table); WireVersion, their number, is kept
