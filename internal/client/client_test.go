@@ -1247,6 +1247,48 @@ func TestDirAttrsFromChanges(t *testing.T) {
 	check("chmod", d1.Ino)
 }
 
+// An inode opened since the last open-file report counts as unreported
+// until a heartbeat lists it or its last handle is released: a rename or
+// unlink after the close (write to a temporary name, rename into place)
+// then reports nothing (reportOpen).
+func TestUnsentForgetsClosedFiles(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	c := tc.client(nil)
+	unsent := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.mu.unsent)
+	}
+	f := create(t, c, RootIno, "f", syscall.O_RDWR)
+	g, err := c.Open(bg, f.Ino(), syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := unsent(); n != 1 {
+		t.Fatalf("%d unreported inodes after an open, want 1", n)
+	}
+	if err := f.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	if n := unsent(); n != 1 {
+		t.Fatalf("%d unreported inodes with a handle left open, want 1", n)
+	}
+	if err := g.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	if n := unsent(); n != 0 {
+		t.Fatalf("%d unreported inodes after the last release, want 0", n)
+	}
+	h := create(t, c, RootIno, "h", syscall.O_RDWR)
+	defer h.Release(bg)
+	if err := c.heartbeat(bg); err != nil {
+		t.Fatal(err)
+	}
+	if n := unsent(); n != 0 {
+		t.Fatalf("%d unreported inodes after a heartbeat, want 0", n)
+	}
+}
+
 // TestLargeWriteThrough: beside another handle's large write, a buffered
 // write of at least WriteThroughBytes is on the stores when WriteAt returns
 // (no write-behind budget held, no flush needed), reads back, and a

@@ -155,7 +155,7 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags
 	if in == nil {
 		in = newInode(c, &a)
 		c.mu.inodes[ino] = in
-		c.mu.openSent = false
+		c.mu.unsent[ino] = struct{}{}
 		select {
 		case c.kick <- struct{}{}:
 		default:
@@ -799,6 +799,7 @@ func (f *File) Release(ctx context.Context) error {
 		// A write through another path could still be buffered only if a
 		// handle was used after release; nothing is lost: Flush drained.
 		delete(c.mu.inodes, f.in.ino)
+		delete(c.mu.unsent, f.in.ino)
 	}
 	c.mu.Unlock()
 	return err
