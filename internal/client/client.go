@@ -94,9 +94,11 @@ type Client struct {
 
 	mu struct {
 		sync.Mutex
-		inodes   map[uint64]*inode // open inodes, refcounted by handles
-		openSent bool              // every open inode has been reported in a heartbeat
-		closed   bool
+		inodes map[uint64]*inode // open inodes, refcounted by handles
+		// unsent holds the open inodes not yet listed in a heartbeat
+		// (reportOpen); an inode closed before that leaves it.
+		unsent map[uint64]struct{}
+		closed bool
 		// opening holds, per open or create under way, metaNow when it
 		// started: until its inode is in inodes, a heartbeat's list may
 		// lack it, so the list is dated no later than that.
@@ -150,7 +152,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.mu.inodes = map[uint64]*inode{}
 	c.mu.opening = map[uint64]int64{}
 	c.mu.owed = map[uint64]fsyncOwed{}
-	c.mu.openSent = true
+	c.mu.unsent = map[uint64]struct{}{}
 	c.kick = make(chan struct{}, 1)
 	c.atimes.init()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -266,8 +268,11 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 			switch {
 			case answeredBeforeDurable(m, req):
 				c.noteChange(err, resp)
-				if m != rpc.MCreate && m != rpc.MUnlink && m != rpc.MTmpfile && m != rpc.MCommitSize {
-					c.dirs.reset() // creates and unlinks answer their directory's attributes
+				if err != nil && !changeRefused(err) {
+					// The change may have been made; what it did to
+					// the directories is unknown (a success says it:
+					// dirCache).
+					c.dirs.reset()
 				}
 			case err == nil && answeredDurable(m, req):
 				c.noteDurable(changed) // the log is sequential: earlier changes are durable too
@@ -296,6 +301,18 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 		}
 		backoff = min(backoff*2, 500*time.Millisecond)
 	}
+}
+
+// changeRefused reports whether err is the metadata service refusing a change
+// for what it asked (the state machine's checks, or the disk reserve): the
+// namespace is as it was.
+func changeRefused(err error) bool {
+	switch rpc.ErrnoOf(err) {
+	case syscall.EEXIST, syscall.ENOENT, syscall.ENOTEMPTY, syscall.ENOTDIR, syscall.EISDIR, syscall.EINVAL,
+		syscall.EPERM, syscall.EMLINK, syscall.ENAMETOOLONG, syscall.ENOSPC, syscall.ENODATA, syscall.ERANGE, syscall.E2BIG:
+		return true
+	}
+	return false
 }
 
 // answeredBeforeDurable reports whether the metadata service may answer m
@@ -557,7 +574,7 @@ func (c *Client) heartbeat(ctx context.Context) error {
 	for ino := range c.mu.inodes {
 		open = append(open, ino)
 	}
-	c.mu.openSent = true
+	clear(c.mu.unsent)
 	c.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
 	defer cancel()
@@ -571,9 +588,7 @@ func (c *Client) heartbeat(ctx context.Context) error {
 		return c.reopenSession(ctx, c.clientID.Load())
 	}
 	if err != nil {
-		c.mu.Lock()
-		c.mu.openSent = false
-		c.mu.Unlock()
+		c.markUnsent()
 		return err
 	}
 	if resp.LockEpoch != 0 && resp.LockEpoch != req.LockEpoch && c.reclaimLocks(cctx, resp.LockEpoch) {
@@ -597,20 +612,28 @@ func (c *Client) reopenSession(ctx context.Context, old uint64) error {
 	if err := c.openSession(ctx); err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.mu.openSent = false
-	c.mu.Unlock()
+	c.markUnsent()
 	return c.heartbeat(ctx)
+}
+
+// markUnsent counts every open inode as not reported (the last list did
+// not reach the service).
+func (c *Client) markUnsent() {
+	c.mu.Lock()
+	for ino := range c.mu.inodes {
+		c.mu.unsent[ino] = struct{}{}
+	}
+	c.mu.Unlock()
 }
 
 // reportOpen makes sure the metadata service knows every inode this client
 // holds open before an operation that could orphan one of them.
 func (c *Client) reportOpen(ctx context.Context) {
 	c.mu.Lock()
-	sent := c.mu.openSent
+	sent := len(c.mu.unsent) == 0
 	c.mu.Unlock()
 	if sent {
-		return
+		return // a file opened and closed since the last list needs no report
 	}
 	if err := c.heartbeat(ctx); err != nil {
 		c.log.Debug("open-inode report failed", "err", err)

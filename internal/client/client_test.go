@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand"
 	"net/http"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -1166,7 +1167,7 @@ func TestOwedFoldsBeyondItsBound(t *testing.T) {
 // A directory's attributes answered with this client's own create or unlink
 // in it serve GetAttr for DirAttrTTL without a metadata call; they are as
 // fresh as the metadata service's; another client's change shows after the
-// ttl; any other namespace change through this client drops them.
+// ttl; a chmod through this client shows at once.
 func TestDirAttrCache(t *testing.T) {
 	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
 	const ttl = 300 * time.Millisecond
@@ -1235,29 +1236,168 @@ func TestDirAttrCache(t *testing.T) {
 	}
 }
 
-// An older answer never replaces a newer one; an answer to a call sent
-// before a reset is not stored.
+// An answer of an earlier change (lower raft index) never replaces a later
+// one's; a change known to alter a directory without saying how buries it
+// until a later answer; an answer to a call sent before a reset is not
+// stored; only directories are kept, a removed one is buried.
 func TestDirCacheOrder(t *testing.T) {
 	d := newDirCache(time.Hour)
-	gen, at := d.begin()
-	d.note(rpc.Attr{Ino: 5, Ctime: 20, Mtime: 20}, gen, at)
-	d.note(rpc.Attr{Ino: 5, Ctime: 10, Mtime: 10}, gen, at)
-	if a, ok := d.get(5); !ok || a.Ctime != 20 {
-		t.Fatalf("got %+v %v, want ctime 20", a, ok)
+	dir := func(ino uint64, ctime int64, nlink uint32) *rpc.Attr {
+		return &rpc.Attr{Ino: ino, Mode: syscall.S_IFDIR | 0o755, Nlink: nlink, Ctime: ctime, Mtime: ctime}
 	}
-	d.note(rpc.Attr{Ino: 5, Ctime: 20, Mtime: 20, Nlink: 3}, gen, at) // same instant, other state
+	gen, at := d.begin()
+	d.note(dir(5, 20, 2), 20, gen, at)
+	d.note(dir(5, 30, 2), 10, gen, at) // an earlier change, answered later (its clock ran ahead)
+	if a, ok := d.get(5); !ok || a.Ctime != 20 {
+		t.Fatalf("got %+v %v, want the answer of index 20", a, ok)
+	}
+	d.changed(5, 21) // an xattr of the directory: its ctime moved
 	if _, ok := d.get(5); ok {
-		t.Fatal("conflicting answers of the same instant kept")
+		t.Fatal("attributes served after a change that did not answer them")
+	}
+	d.note(dir(5, 20, 2), 20, gen, at) // late answer of an earlier change
+	if _, ok := d.get(5); ok {
+		t.Fatal("answer from before the change stored over its tombstone")
+	}
+	d.note(dir(5, 25, 3), 22, gen, at)
+	if a, ok := d.get(5); !ok || a.Nlink != 3 {
+		t.Fatalf("got %+v %v, want the answer of index 22", a, ok)
+	}
+	d.note(dir(5, 26, 0), 23, gen, at) // removed
+	if _, ok := d.get(5); ok {
+		t.Fatal("a removed directory's attributes served")
+	}
+	d.note(&rpc.Attr{Ino: 8, Mode: syscall.S_IFREG | 0o644, Nlink: 1}, 24, gen, at)
+	if _, ok := d.get(8); ok {
+		t.Fatal("a regular file's attributes kept")
 	}
 	d.reset()
-	d.note(rpc.Attr{Ino: 6, Ctime: 30}, gen, at) // sent before the reset
+	d.note(dir(6, 30, 2), 30, gen, at) // sent before the reset
 	if _, ok := d.get(6); ok {
 		t.Fatal("answer to a call sent before a reset stored")
 	}
 	gen, _ = d.begin()
-	d.note(rpc.Attr{Ino: 7, Ctime: 30}, gen, time.Now().Add(-2*time.Hour))
+	d.note(dir(7, 30, 2), 31, gen, time.Now().Add(-2*time.Hour))
 	if _, ok := d.get(7); ok {
 		t.Fatal("entry older than the ttl served")
+	}
+}
+
+// TestDirAttrsFromChanges: after each kind of namespace change through a
+// client — mkdir, mknod, symlink, create, link, rename within and across
+// directories (a file, a directory, over an empty directory, an
+// exchange), unlink, rmdir, chmod of the directory — GetAttr of every
+// directory it changed is answered without a metadata call, with what the
+// metadata service says (a client without the cache asks it).
+func TestDirAttrsFromChanges(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	a := tc.client(func(c *Config) { c.DirAttrTTL = time.Hour })
+	b := tc.client(func(c *Config) { c.DirAttrTTL = 0 })
+	d1 := mkdir(t, a, RootIno, "d1")
+	d2 := mkdir(t, a, RootIno, "d2")
+	check := func(what string, dirs ...uint64) {
+		t.Helper()
+		for _, ino := range dirs {
+			n := metaCallCount(t, a)
+			got, err := a.GetAttr(bg, ino)
+			if err != nil {
+				t.Fatalf("%s: getattr %d: %v", what, ino, err)
+			}
+			if metaCallCount(t, a) != n {
+				t.Fatalf("%s: GetAttr of directory %d asked the metadata service", what, ino)
+			}
+			want, err := b.GetAttr(bg, ino)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("%s: directory %d cached as %+v, the metadata service says %+v", what, ino, got, want)
+			}
+		}
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub := mkdir(t, a, d1.Ino, "sub")
+	check("mkdir", d1.Ino)
+	_, err := a.Mknod(bg, d1.Ino, "fifo", syscall.S_IFIFO|0o644, 0, 0, 0)
+	must(err)
+	check("mknod", d1.Ino)
+	_, err = a.Symlink(bg, d1.Ino, "sym", "target", 0, 0)
+	must(err)
+	check("symlink", d1.Ino)
+	f, err := a.Create(bg, d1.Ino, "f", 0o644, 0, 0)
+	must(err)
+	check("create", d1.Ino)
+	_, err = a.Link(bg, f.Ino, d2.Ino, "f2")
+	must(err)
+	check("link", d2.Ino)
+	must(a.Rename(bg, d1.Ino, "f", d1.Ino, "g", 0))
+	check("rename within a directory", d1.Ino)
+	must(a.Rename(bg, d1.Ino, "g", d2.Ino, "g", 0))
+	check("rename of a file across directories", d1.Ino, d2.Ino)
+	must(a.Rename(bg, d1.Ino, "sub", d2.Ino, "sub", 0))
+	check("rename of a directory", d1.Ino, d2.Ino, sub.Ino)
+	mkdir(t, a, d1.Ino, "empty")
+	must(a.Rename(bg, d2.Ino, "sub", d1.Ino, "empty", 0))
+	check("rename over an empty directory", d1.Ino, d2.Ino, sub.Ino)
+	must(a.Rename(bg, d1.Ino, "empty", RootIno, "d2", rpc.RenameExchange))
+	check("exchange", d1.Ino, RootIno, sub.Ino, d2.Ino)
+	_, err = a.Unlink(bg, d1.Ino, "fifo")
+	must(err)
+	check("unlink", d1.Ino)
+	must(a.Rmdir(bg, RootIno, "d2")) // sub, exchanged with d2
+	check("rmdir", RootIno)
+	if _, err := a.GetAttr(bg, sub.Ino); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("getattr of the removed directory: %v, want ENOENT", err)
+	}
+	_, err = a.SetAttr(bg, d1.Ino, rpc.SetAttrReq{Valid: rpc.SetMode, Mode: 0o700})
+	must(err)
+	check("chmod", d1.Ino)
+}
+
+// An inode opened since the last open-file report counts as unreported
+// until a heartbeat lists it or its last handle is released: a rename or
+// unlink after the close (write to a temporary name, rename into place)
+// then reports nothing (reportOpen).
+func TestUnsentForgetsClosedFiles(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	c := tc.client(nil)
+	unsent := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.mu.unsent)
+	}
+	f := create(t, c, RootIno, "f", syscall.O_RDWR)
+	g, err := c.Open(bg, f.Ino(), syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := unsent(); n != 1 {
+		t.Fatalf("%d unreported inodes after an open, want 1", n)
+	}
+	if err := f.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	if n := unsent(); n != 1 {
+		t.Fatalf("%d unreported inodes with a handle left open, want 1", n)
+	}
+	if err := g.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	if n := unsent(); n != 0 {
+		t.Fatalf("%d unreported inodes after the last release, want 0", n)
+	}
+	h := create(t, c, RootIno, "h", syscall.O_RDWR)
+	defer h.Release(bg)
+	if err := c.heartbeat(bg); err != nil {
+		t.Fatal(err)
+	}
+	if n := unsent(); n != 0 {
+		t.Fatalf("%d unreported inodes after a heartbeat, want 0", n)
 	}
 }
 

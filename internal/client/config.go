@@ -85,8 +85,8 @@ type Config struct {
 	// http://MetricsAddr/metrics.
 	MetricsAddr string
 	// DirAttrTTL is how long a directory's attributes, as answered with
-	// this client's own create or unlink in it, serve GetAttr without a
-	// metadata call. Keep it at most the mount's attribute timeout (the
+	// this client's own namespace change in it (create, unlink, rmdir,
+	// rename, link, …), serve GetAttr without a metadata call. Keep it at most the mount's attribute timeout (the
 	// kernel caches attributes that long anyway); 0 turns it off.
 	DirAttrTTL time.Duration
 	// Host and MountPoint describe this client in its session (shown by

@@ -2,26 +2,40 @@ package client
 
 import (
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/stratafs/strata/internal/rpc"
 )
 
 // dirCache holds directories' attributes as the metadata service answered
-// them with this client's own creates and unlinks (rpc.ChangeResp), for
-// GetAttr to serve for ttl instead of asking again.
+// them to this client's own namespace changes — create, mkdir, mknod and
+// symlink, unlink, rmdir, rename (both parents and a moved directory), link,
+// setattr and layout of a directory (rpc.ChangeResp.Dir, rpc.DirChangeResp,
+// rpc.LinkResp.Dir, rpc.AttrResp) — for GetAttr to serve for ttl instead
+// of asking again.
 //
 // Why: with default_permissions the kernel re-reads a directory's
 // attributes after every entry change in it (they are invalidated by the
 // change, and the next create or unlink needs them for its permission
-// check), so each create or unlink cost two metadata calls. The answer to
-// the change already carries them.
+// check), so each change cost two metadata calls. The answer to the change
+// already carries them.
+//
+// Order: every answer carries the raft index of its change, and the
+// attributes it carries are the directory's state right after that entry.
+// An entry keeps the answer of the highest index seen for its inode, so
+// answers overtaking each other on their way back (concurrent creates in
+// one directory) never put an older state in place of a newer one. A
+// change known to alter a directory without saying how (xattrs, rmdir of
+// it, an answer replayed for a retry without the attributes) leaves a
+// tombstone at its index: GetAttr asks the service, and older answers are
+// not taken while they could still be served.
 //
 // Staleness is that of the kernel's own attribute cache (the same ttl):
-// another client's change shows after at most ttl. Every other namespace
-// change made through this client (rename, rmdir, link, setattr, xattrs,
-// layouts) empties the cache, and an answer to a call sent before such a
-// change is not stored (gen).
+// another client's change shows after at most ttl. A change whose effect on
+// directories is unknown (a call that failed other than by a refusal)
+// empties the cache, and an answer to a call sent before that is not
+// stored (gen).
 type dirCache struct {
 	ttl time.Duration
 	mu  sync.Mutex
@@ -30,8 +44,10 @@ type dirCache struct {
 }
 
 type dirAttr struct {
-	a  rpc.Attr
-	at time.Time // when the call that answered it was sent
+	a     rpc.Attr
+	at    time.Time // when the call that answered it was sent (tombstone: when it was set)
+	index uint64    // raft index of the change that answered it
+	gone  bool      // a tombstone: the state after index is unknown here
 }
 
 // dirCacheMax bounds the cache; when full it starts over.
@@ -48,29 +64,67 @@ func (d *dirCache) begin() (uint64, time.Time) {
 	return d.gen, time.Now()
 }
 
-// note stores a directory's attributes answered by a call begun at (gen, at).
-func (d *dirCache) note(a rpc.Attr, gen uint64, at time.Time) {
-	if d.ttl <= 0 || a.Ino == 0 {
+// note stores the attributes a of a directory as the change at raft index
+// answered them to a call begun at (gen, at). Attributes of anything but a
+// directory are ignored; a directory without links (removed) leaves a
+// tombstone; index 0 (an answer of unknown order) leaves one for a.Ino.
+func (d *dirCache) note(a *rpc.Attr, index, gen uint64, at time.Time) {
+	if d.ttl <= 0 || a.Ino == 0 || a.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return
+	}
+	if index == 0 {
+		d.reset()
 		return
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if gen != d.gen {
-		return // the namespace changed since the call was sent
+		return // a change of unknown effect came in between
 	}
-	if old, ok := d.m[a.Ino]; ok {
-		switch {
-		case old.a.Ctime > a.Ctime:
-			return // a later change's answer is already here
-		case old.a.Ctime == a.Ctime && !sameDirAttr(&old.a, &a):
-			delete(d.m, a.Ino) // same instant, different state: order unknown
-			return
-		}
+	if a.Nlink == 0 {
+		d.buryLocked(a.Ino, index)
+		return
 	}
-	if len(d.m) >= dirCacheMax {
+	if old, ok := d.m[a.Ino]; ok && old.index >= index {
+		return // this change's answer, or a later one's, is here already
+	}
+	d.putLocked(a.Ino, dirAttr{a: *a, at: at, index: index})
+}
+
+// changed records that the change at raft index altered directory ino in a
+// way not answered: its cached attributes go, and answers of earlier
+// changes are not taken (index 0, order unknown: everything goes).
+func (d *dirCache) changed(ino, index uint64) {
+	if d.ttl <= 0 || ino == 0 {
+		return
+	}
+	if index == 0 {
+		d.reset()
+		return
+	}
+	d.mu.Lock()
+	d.buryLocked(ino, index)
+	d.mu.Unlock()
+}
+
+// buryLocked leaves a tombstone for ino at index. It lives for ttl from
+// now: every answer of an earlier change was sent before now, so it is too
+// old to be served once the tombstone is gone.
+func (d *dirCache) buryLocked(ino, index uint64) {
+	if old, ok := d.m[ino]; ok && old.index > index {
+		return
+	}
+	d.putLocked(ino, dirAttr{at: time.Now(), index: index, gone: true})
+}
+
+func (d *dirCache) putLocked(ino uint64, e dirAttr) {
+	if _, ok := d.m[ino]; !ok && len(d.m) >= dirCacheMax {
+		// Starting over forgets tombstones: answers to calls sent
+		// before are not taken either.
+		d.gen++
 		clear(d.m)
 	}
-	d.m[a.Ino] = dirAttr{a: a, at: at}
+	d.m[ino] = e
 }
 
 // get returns a cached directory's attributes younger than ttl.
@@ -88,19 +142,16 @@ func (d *dirCache) get(ino uint64) (rpc.Attr, bool) {
 		delete(d.m, ino)
 		return rpc.Attr{}, false
 	}
+	if e.gone {
+		return rpc.Attr{}, false
+	}
 	return e.a, true
 }
 
-// reset forgets everything (another kind of namespace change was made).
+// reset forgets everything (a change of unknown effect was made).
 func (d *dirCache) reset() {
 	d.mu.Lock()
 	d.gen++
 	clear(d.m)
 	d.mu.Unlock()
-}
-
-// sameDirAttr compares the fields that a directory's changes move.
-func sameDirAttr(x, y *rpc.Attr) bool {
-	return x.Mode == y.Mode && x.Nlink == y.Nlink && x.Uid == y.Uid && x.Gid == y.Gid &&
-		x.Size == y.Size && x.Mtime == y.Mtime && x.Atime == y.Atime
 }

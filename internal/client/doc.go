@@ -54,7 +54,8 @@
 // Sessions. A heartbeat every lease/3 reports the open inodes, so that a
 // file unlinked elsewhere keeps its data while open here; opening a new
 // inode triggers a report within 50 ms, and Unlink/Rename report
-// synchronously first if the set changed. An ESTALE heartbeat (session
+// synchronously first if an inode opened since the last report is still
+// open (one closed since needs none). An ESTALE heartbeat (session
 // expired) opens a new session.
 //
 // # Errors

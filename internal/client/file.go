@@ -168,7 +168,7 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags
 		in = newInode(c, &a)
 		c.takeOwedLocked(in)
 		c.mu.inodes[ino] = in
-		c.mu.openSent = false
+		c.mu.unsent[ino] = struct{}{}
 		select {
 		case c.kick <- struct{}{}:
 		default:
@@ -823,6 +823,7 @@ func (f *File) Release(ctx context.Context) error {
 		owed := f.in.owedLocked()
 		f.in.mu.Unlock()
 		c.keepOwedLocked(f.in.ino, owed)
+		delete(c.mu.unsent, f.in.ino)
 	}
 	c.mu.Unlock()
 	return err

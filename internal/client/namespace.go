@@ -108,9 +108,11 @@ func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (r
 	req.Hdr = c.hdr()
 	var resp rpc.AttrResp
 	since := c.sizeSeq.Load()
+	gen, at := c.dirs.begin()
 	if err := c.metaCall(ctx, rpc.MSetAttr, &req, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "setattr", err)
 	}
+	c.dirs.note(&resp.Attr, resp.Index, gen, at) // a directory's new attributes
 	seq := c.metaChanged.Load()
 	if in := c.openInode(ino); in != nil {
 		in.setAttr(&resp.Attr, req.Valid&rpc.SetSize != 0)
@@ -215,7 +217,7 @@ func (c *Client) createIdx(ctx context.Context, req *rpc.CreateReq) (rpc.Attr, *
 	if err := c.metaCall(ctx, rpc.MCreate, req, &resp); err != nil {
 		return rpc.Attr{}, nil, metaErr(c, "create", err)
 	}
-	c.dirs.note(resp.Dir, gen, at)
+	c.dirs.note(&resp.Dir, resp.Index, gen, at)
 	c.m.op("create")
 	return resp.Attr, &resp, nil
 }
@@ -232,7 +234,7 @@ func (c *Client) Unlink(ctx context.Context, parent uint64, name string) (rpc.At
 	if err := c.metaCall(ctx, rpc.MUnlink, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "unlink", err)
 	}
-	c.dirs.note(resp.Dir, gen, at)
+	c.dirs.note(&resp.Dir, resp.Index, gen, at)
 	c.m.op("unlink")
 	return resp.Attr, nil
 }
@@ -242,9 +244,12 @@ func (c *Client) Rmdir(ctx context.Context, parent uint64, name string) error {
 	if len(name) > MaxNameBytes {
 		return syscall.ENAMETOOLONG
 	}
-	if err := c.metaCall(ctx, rpc.MRmdir, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &rpc.Stamp{}); err != nil {
+	var resp rpc.DirChangeResp
+	gen, at := c.dirs.begin()
+	if err := c.metaCall(ctx, rpc.MRmdir, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &resp); err != nil {
 		return metaErr(c, "rmdir", err)
 	}
+	c.noteDirs(&resp, gen, at)
 	c.m.op("rmdir")
 	return nil
 }
@@ -263,11 +268,29 @@ func (c *Client) Rename(ctx context.Context, oldParent uint64, oldName string, n
 	}
 	c.reportOpen(ctx)
 	req := &rpc.RenameReq{Hdr: c.hdr(), OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, Flags: flags}
-	if err := c.metaCall(ctx, rpc.MRename, req, &rpc.Stamp{}); err != nil {
+	var resp rpc.DirChangeResp
+	gen, at := c.dirs.begin()
+	if err := c.metaCall(ctx, rpc.MRename, req, &resp); err != nil {
 		return metaErr(c, "rename", err)
 	}
+	c.noteDirs(&resp, gen, at)
 	c.m.op("rename")
 	return nil
+}
+
+// noteDirs keeps what an rmdir or rename (a call begun at gen, at)
+// answered of the directories it changed: the parents, a moved directory,
+// a replaced or exchanged one (a removed one as gone). An answer without
+// them (an older service, a retry's replayed answer) empties the cache:
+// which directories moved is unknown.
+func (c *Client) noteDirs(r *rpc.DirChangeResp, gen uint64, at time.Time) {
+	if r.Dir.Ino == 0 {
+		c.dirs.reset()
+		return
+	}
+	for _, a := range []*rpc.Attr{&r.Dir, &r.NewDir, &r.Entry, &r.Other} {
+		c.dirs.note(a, r.Index, gen, at)
+	}
 }
 
 // Link adds the hard link newParent/newName to ino.
@@ -275,10 +298,16 @@ func (c *Client) Link(ctx context.Context, ino, newParent uint64, newName string
 	if err := checkName(newName); err != nil {
 		return rpc.Attr{}, err
 	}
-	var resp rpc.AttrResp
+	var resp rpc.LinkResp
 	since := c.sizeSeq.Load()
+	gen, at := c.dirs.begin()
 	if err := c.metaCall(ctx, rpc.MLink, &rpc.LinkReq{Hdr: c.hdr(), Ino: ino, NewParent: newParent, NewName: newName}, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "link", err)
+	}
+	if resp.Dir.Ino != 0 {
+		c.dirs.note(&resp.Dir, resp.Index, gen, at)
+	} else { // an older service, or a retry's replayed answer
+		c.dirs.changed(newParent, resp.Index)
 	}
 	c.mergeLocal(&resp.Attr, since)
 	c.m.op("link")
@@ -344,9 +373,11 @@ func (c *Client) GetXattr(ctx context.Context, ino uint64, name string) ([]byte,
 // rpc.XattrReplace (or 0).
 func (c *Client) SetXattr(ctx context.Context, ino uint64, name string, value []byte, flags uint32) error {
 	defer c.xattrs.changed(ino)
-	if err := c.metaCall(ctx, rpc.MSetXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name, Value: value, Flags: flags}, &rpc.Stamp{}); err != nil {
+	var st rpc.Stamp
+	if err := c.metaCall(ctx, rpc.MSetXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name, Value: value, Flags: flags}, &st); err != nil {
 		return metaErr(c, "setxattr", err)
 	}
+	c.dirs.changed(ino, st.Index) // its ctime moved
 	return nil
 }
 
@@ -362,9 +393,11 @@ func (c *Client) ListXattr(ctx context.Context, ino uint64) ([]string, error) {
 // RemoveXattr removes an extended attribute (ENODATA if absent).
 func (c *Client) RemoveXattr(ctx context.Context, ino uint64, name string) error {
 	defer c.xattrs.changed(ino)
-	if err := c.metaCall(ctx, rpc.MRemoveXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name}, &rpc.Stamp{}); err != nil {
+	var st rpc.Stamp
+	if err := c.metaCall(ctx, rpc.MRemoveXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name}, &st); err != nil {
 		return metaErr(c, "removexattr", err)
 	}
+	c.dirs.changed(ino, st.Index) // its ctime moved
 	return nil
 }
 
@@ -373,9 +406,11 @@ func (c *Client) RemoveXattr(ctx context.Context, ino uint64, name string) error
 func (c *Client) SetDirLayout(ctx context.Context, dir uint64, stripeSize, stripeCount uint32) (rpc.Attr, error) {
 	var resp rpc.AttrResp
 	req := &rpc.SetDirLayoutReq{Hdr: c.hdr(), Dir: dir, StripeSize: stripeSize, StripeCount: stripeCount}
+	gen, at := c.dirs.begin()
 	if err := c.metaCall(ctx, rpc.MSetDirLayout, req, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "set layout", err)
 	}
+	c.dirs.note(&resp.Attr, resp.Index, gen, at)
 	return resp.Attr, nil
 }
 

@@ -70,11 +70,19 @@ func (r *result) reply() rpc.Message {
 		return r.ans.msg
 	}
 	a := &r.ans.rec
+	st := rpc.Stamp{Index: a.Index, Term: a.Term}
+	switch d := r.ans.dirs; {
+	case d != nil && a.Kind == schema.AnswerStamp:
+		return &rpc.DirChangeResp{Stamp: st, Dir: wireAttr(&d.dir), NewDir: wireAttr(&d.newDir),
+			Entry: wireAttr(&d.entry), Other: wireAttr(&d.other)}
+	case d != nil && a.Kind == schema.AnswerAttr:
+		return &rpc.LinkResp{AttrResp: rpc.AttrResp{Attr: wireAttr(&a.Attr), Stamp: st}, Dir: wireAttr(&d.dir)}
+	}
 	switch a.Kind {
 	case schema.AnswerStamp:
-		return &rpc.Stamp{Index: a.Index, Term: a.Term}
+		return &st
 	case schema.AnswerAttr:
-		return &rpc.AttrResp{Attr: wireAttr(&a.Attr), Stamp: rpc.Stamp{Index: a.Index, Term: a.Term}}
+		return &rpc.AttrResp{Attr: wireAttr(&a.Attr), Stamp: st}
 	case schema.AnswerChange:
 		return &rpc.ChangeResp{Attr: wireAttr(&a.Attr), Dir: wireAttr(&a.Dir), Index: a.Index, Term: a.Term}
 	}

@@ -224,6 +224,35 @@ func checkName(name string) error {
 type answer struct {
 	rec schema.Answer
 	msg rpc.Message
+	// dirs, of an rmdir, rename or link, are the attributes the change
+	// left on the directories and entries it changed (rpc.DirChangeResp,
+	// rpc.LinkResp): hints for the client's attribute cache, not
+	// recorded in the dedupe table (an answer replayed for a retry goes
+	// without them, and the client then forgets what it cached).
+	dirs *changedDirs
+}
+
+// changedDirs: see answer.dirs and rpc.DirChangeResp (Ino 0: none).
+type changedDirs struct {
+	dir, newDir, entry, other schema.Attr
+}
+
+// withDirs adds the attributes of a change's directories and entries to
+// its answer: the (cached, changed) inodes of dir, newDir, entry and other;
+// an ino of 0 leaves that one out.
+func withDirs(ans *answer, dir uint64, d *schema.Inode, newDir uint64, nd *schema.Inode, entry uint64, e *schema.Inode, other uint64, o *schema.Inode) *answer {
+	cd := &changedDirs{}
+	for _, x := range []struct {
+		dst *schema.Attr
+		ino uint64
+		in  *schema.Inode
+	}{{&cd.dir, dir, d}, {&cd.newDir, newDir, nd}, {&cd.entry, entry, e}, {&cd.other, other, o}} {
+		if x.ino != 0 && x.in != nil {
+			*x.dst = answerAttr(x.ino, x.in)
+		}
+	}
+	ans.dirs = cd
+	return ans
 }
 
 // recAttr is an inode's attributes (sharing the layout's targets).
@@ -625,7 +654,8 @@ func (x *opCtx) rmdir(c *command) (*answer, error) {
 	parent.Entries--
 	parent.Nlink--
 	x.touchDir(c.Parent, parent)
-	return x.stampBody()
+	ans, _ := x.stampBody()
+	return withDirs(ans, c.Parent, parent, 0, nil, de.Ino, in, 0, nil), nil
 }
 
 // isAncestor reports whether directory anc is dir or one of dir's ancestors.
@@ -733,9 +763,11 @@ func (x *opCtx) rename(c *command) (*answer, error) {
 		x.mark(dst.Ino)
 		x.touchDir(c.Parent, op)
 		x.touchDir(c.NewParent, np)
-		return x.stampBody()
+		ans, _ := x.stampBody()
+		return withDirs(ans, c.Parent, op, c.NewParent, np, src.Ino, srcIn, dst.Ino, dstIn), nil
 	}
 
+	var replaced *schema.Inode
 	if dstOK {
 		if c.Flags&rpc.RenameNoReplace != 0 {
 			return nil, rpc.Errorf(syscall.EEXIST, "%q exists in directory %d", c.NewName, c.NewParent)
@@ -747,6 +779,7 @@ func (x *opCtx) rename(c *command) (*answer, error) {
 		if err != nil {
 			return nil, err
 		}
+		replaced = dstIn
 		switch {
 		case src.Type == modeDir && dst.Type != modeDir:
 			return nil, rpc.Errorf(syscall.ENOTDIR, "cannot replace non-directory %q with a directory", c.NewName)
@@ -780,7 +813,11 @@ func (x *opCtx) rename(c *command) (*answer, error) {
 	x.mark(src.Ino)
 	x.touchDir(c.Parent, op)
 	x.touchDir(c.NewParent, np)
-	return x.stampBody()
+	ans, _ := x.stampBody()
+	if replaced == nil {
+		dst.Ino = 0
+	}
+	return withDirs(ans, c.Parent, op, c.NewParent, np, src.Ino, srcIn, dst.Ino, replaced), nil
 }
 
 // moveDir fixes link counts and the parent pointer when directory ino moves
@@ -846,7 +883,8 @@ func (x *opCtx) link(c *command) (*answer, error) {
 			return nil, err
 		}
 	}
-	return x.attrBody(c.Ino, in)
+	ans, _ := x.attrBody(c.Ino, in)
+	return withDirs(ans, c.NewParent, parent, 0, nil, 0, nil, 0, nil), nil
 }
 
 func checkXattrName(name string) error {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -970,4 +971,83 @@ func TestInodesKnown(t *testing.T) {
 	}
 	err := c.call(rpc.MInodesKnown, &rpc.InodesKnownReq{Inos: make([]uint64, rpc.MaxInodesKnown+1)}, &r)
 	wantErrno(t, err, syscall.EINVAL, "too many inode numbers")
+}
+
+// TestChangesAnswerTheirDirectories: rmdir, rename and link answer the
+// attributes they left on the directories (and entries) they changed,
+// exactly what a getattr says right after, so a client can serve the
+// kernel's next GETATTR of them without asking; a retry's answer, replayed
+// from the dedupe table, goes without them.
+func TestChangesAnswerTheirDirectories(t *testing.T) {
+	_, c := newNamespace(t)
+	same := func(what string, got rpc.Attr, ino uint64) {
+		t.Helper()
+		want := c.mustGetattr(ino)
+		want.Blocks, want.BlocksKnown = 0, false // not in these answers
+		if got.Ino != ino || !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: answered %+v, getattr says %+v", what, got, want)
+		}
+	}
+	d1 := c.mustCreate(1, "d1", dirMode)
+	d2 := c.mustCreate(1, "d2", dirMode)
+	f := c.mustCreate(d1.Ino, "f", fileMode)
+	sub := c.mustCreate(d1.Ino, "sub", dirMode)
+	empty := c.mustCreate(d2.Ino, "empty", dirMode)
+
+	rename := func(hdr rpc.ReqHeader, op uint64, on string, np uint64, nn string, flags uint32) rpc.DirChangeResp {
+		t.Helper()
+		var r rpc.DirChangeResp
+		if err := c.call(rpc.MRename, &rpc.RenameReq{Hdr: hdr, OldParent: op, OldName: on, NewParent: np, NewName: nn, Flags: flags}, &r); err != nil {
+			t.Fatalf("rename %q → %q: %v", on, nn, err)
+		}
+		return r
+	}
+	// A file from d1 to d2.
+	r := rename(c.hdr(), d1.Ino, "f", d2.Ino, "g", 0)
+	same("rename: old parent", r.Dir, d1.Ino)
+	same("rename: new parent", r.NewDir, d2.Ino)
+	same("rename: moved file", r.Entry, f.Ino)
+	if r.Other.Ino != 0 || r.Index == 0 {
+		t.Fatalf("rename without a victim: other %+v, stamp %+v", r.Other, r.Stamp)
+	}
+	// A directory over an empty one: the link counts move.
+	hdr := c.hdr()
+	r = rename(hdr, d1.Ino, "sub", d2.Ino, "empty", 0)
+	same("rename dir: old parent", r.Dir, d1.Ino)
+	same("rename dir: new parent", r.NewDir, d2.Ino)
+	same("rename dir: moved dir", r.Entry, sub.Ino)
+	if r.Dir.Nlink != 2 || r.NewDir.Nlink != 3 || r.Other.Ino != empty.Ino || r.Other.Nlink != 0 {
+		t.Fatalf("rename over an empty dir: old parent nlink %d (want 2), new parent %d (want 3), replaced %+v (want inode %d, nlink 0)",
+			r.Dir.Nlink, r.NewDir.Nlink, r.Other, empty.Ino)
+	}
+	// The retry of that rename is answered from the dedupe table: the
+	// same stamp, no attributes.
+	again := rename(hdr, d1.Ino, "sub", d2.Ino, "empty", 0)
+	if again.Stamp != r.Stamp || again.Dir.Ino != 0 || again.NewDir.Ino != 0 || again.Entry.Ino != 0 {
+		t.Fatalf("retried rename answered %+v, first %+v", again, r)
+	}
+	// An exchange within one directory.
+	c.mustCreate(d2.Ino, "h", fileMode)
+	r = rename(c.hdr(), d2.Ino, "g", d2.Ino, "h", rpc.RenameExchange)
+	same("exchange: directory", r.Dir, d2.Ino)
+	same("exchange: directory (new)", r.NewDir, d2.Ino)
+	same("exchange: moved", r.Entry, f.Ino)
+	if r.Other.Ino == 0 || r.Other.Ino == f.Ino {
+		t.Fatalf("exchange: other %+v", r.Other)
+	}
+	// A link into d1.
+	var la rpc.LinkResp
+	if err := c.call(rpc.MLink, &rpc.LinkReq{Hdr: c.hdr(), Ino: f.Ino, NewParent: d1.Ino, NewName: "f2"}, &la); err != nil {
+		t.Fatal(err)
+	}
+	same("link: new parent", la.Dir, d1.Ino)
+	// Rmdir: the parent, and the removed directory with no links.
+	var rr rpc.DirChangeResp
+	if err := c.call(rpc.MRmdir, &rpc.EntryReq{Hdr: c.hdr(), Parent: d2.Ino, Name: "empty"}, &rr); err != nil {
+		t.Fatal(err)
+	}
+	same("rmdir: parent", rr.Dir, d2.Ino)
+	if rr.Dir.Nlink != 2 || rr.Entry.Ino != sub.Ino || rr.Entry.Nlink != 0 || rr.Index == 0 {
+		t.Fatalf("rmdir answered parent nlink %d (want 2), removed %+v (want inode %d, nlink 0), stamp %+v", rr.Dir.Nlink, rr.Entry, sub.Ino, rr.Stamp)
+	}
 }

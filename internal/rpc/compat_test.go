@@ -27,6 +27,8 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&SeekReq{Chunk: ChunkID{3, 1 << 40}, Off: 1 << 33, Data: true},
 		&AttrResp{Attr: Attr{Ino: 5, Size: 7, Blocks: 3, BlocksKnown: true}, Stamp: Stamp{Index: 9, Term: 2}},
 		&ChangeResp{Attr: Attr{Ino: 5, Blocks: 8, BlocksKnown: true}, Dir: Attr{Ino: 1}, Index: 4, Term: 1},
+		&LinkResp{AttrResp: AttrResp{Attr: Attr{Ino: 5, Nlink: 2}, Stamp: Stamp{Index: 9, Term: 2}}, Dir: Attr{Ino: 1, Mode: 0o40755, Mtime: 3}},
+		&DirChangeResp{Stamp: Stamp{Index: 9, Term: 2}, Dir: Attr{Ino: 1, Mtime: 3}, NewDir: Attr{Ino: 2}, Entry: Attr{Ino: 5}},
 		&CommitSizeReq{Hdr: ReqHeader{1, 2}, Ino: 5, Size: 9, Mtime: 3, Alloc: []SlotAlloc{{0, 4096}, {3, 1 << 33}}},
 		&CommitSizeReq{Hdr: ReqHeader{1, 2}, Ino: 5, Size: 9, Mtime: 3, Alloc: []SlotAlloc{{0, 4096}}, Deferred: true},
 		&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true},
@@ -89,6 +91,21 @@ func optionalTails(m Message) []int {
 	case *AttrResp:
 		add(blocks(&x.Attr))
 		add(func(e *Enc) { x.Stamp.Encode(e) }, blocks(&x.Attr))
+	case *LinkResp:
+		dir := func(e *Enc) {
+			if x.Dir.Ino != 0 {
+				x.Dir.Encode(e)
+			}
+		}
+		if x.Dir.Ino != 0 {
+			add(dir)
+		}
+		add(blocks(&x.Attr), dir)
+		add(func(e *Enc) { x.Stamp.Encode(e) }, blocks(&x.Attr), dir)
+	case *DirChangeResp:
+		dirs := func(e *Enc) { x.Dir.Encode(e); x.NewDir.Encode(e); x.Entry.Encode(e); x.Other.Encode(e) }
+		add(dirs)
+		add(func(e *Enc) { x.Stamp.Encode(e) }, dirs) // an empty answer (a rename of a name onto its own inode)
 	case *ChangeResp:
 		add(blocks(&x.Attr))
 	case *CommitSizeReq:
@@ -163,5 +180,43 @@ func TestLockEpochOptional(t *testing.T) {
 	}
 	if err := Unmarshal(Marshal(&SessionHeartbeatResp{LockEpoch: 9}), &h); err != nil || h.LockEpoch != 9 {
 		t.Fatalf("heartbeat answer round trip: %+v %v", h, err)
+	}
+}
+
+// TestDirAttrsOptional: the directory attributes that rmdir, rename and
+// link answers gained are absent from older services' answers (and from
+// answers replayed for a retry): those decode with them unknown, and an
+// older client reads the new answers as it read the old ones.
+func TestDirAttrsOptional(t *testing.T) {
+	full := &DirChangeResp{Stamp: Stamp{Index: 9, Term: 2}, Dir: Attr{Ino: 1, Nlink: 3, Mtime: 5}, NewDir: Attr{Ino: 2},
+		Entry: Attr{Ino: 7}, Other: Attr{Ino: 8}}
+	var st Stamp
+	if err := Unmarshal(Marshal(&Stamp{Index: 9, Term: 2}), &st); err != nil {
+		t.Fatal(err)
+	}
+	var d DirChangeResp
+	if err := Unmarshal(Marshal(&st), &d); err != nil || d.Stamp != st || d.Dir.Ino != 0 || d.Entry.Ino != 0 {
+		t.Fatalf("a bare stamp as DirChangeResp: %+v %v", d, err)
+	}
+	if err := Unmarshal(nil, &d); err != nil || !reflect.DeepEqual(d, DirChangeResp{}) {
+		t.Fatalf("an empty answer as DirChangeResp: %+v %v", d, err)
+	}
+	// An older client decodes into a Stamp and leaves the tail unread.
+	dec := NewDec(Marshal(full))
+	st = Stamp{}
+	st.Decode(dec)
+	if dec.Err() != nil || st != full.Stamp {
+		t.Fatalf("DirChangeResp as a Stamp: %+v %v", st, dec.Err())
+	}
+	l := &LinkResp{AttrResp: AttrResp{Attr: Attr{Ino: 5}, Stamp: Stamp{Index: 9, Term: 2}}, Dir: Attr{Ino: 1, Nlink: 3}}
+	var got LinkResp
+	if err := Unmarshal(Marshal(&l.AttrResp), &got); err != nil || got.Attr.Ino != 5 || got.Dir.Ino != 0 {
+		t.Fatalf("an AttrResp as LinkResp: %+v %v", got, err)
+	}
+	dec = NewDec(Marshal(l)) // an older client
+	var old AttrResp
+	old.Decode(dec)
+	if dec.Err() != nil || old.Attr.Ino != 5 || old.Stamp != l.Stamp {
+		t.Fatalf("LinkResp as an AttrResp: %+v %v", old, dec.Err())
 	}
 }

@@ -72,7 +72,12 @@
 // its atimes one SetAttr each, as before. SWrite answers WriteResp
 // instead of Empty: the chunk's space after the write, both fields
 // appended to the empty answer (an Empty from an older store reads as
-// unknown; an older client ignores them).
+// unknown; an older client ignores them). MRmdir and MRename answer
+// DirChangeResp (Stamp with the attributes of the directories and entries
+// they changed appended) and MLink LinkResp (AttrResp with the new
+// parent's attributes appended): absent — older services, answers
+// replayed for a retry — they read as unknown, and older clients decode
+// the new answers as Stamp and AttrResp, leaving the tail unread.
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

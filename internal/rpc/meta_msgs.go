@@ -1347,3 +1347,70 @@ func (m *SetAtimesReq) Decode(d *Dec) {
 		m.Atimes[i] = d.I64()
 	}
 }
+
+// DirChangeResp answers MRmdir and MRename: the change's raft stamp and
+// the attributes it left on the directories and entries it changed, which
+// the client keeps for the kernel's next GETATTR of them (as
+// ChangeResp.Dir) instead of asking again. Dir is the directory the entry
+// left (rmdir: the parent of the removed directory; rename: the old
+// parent), NewDir the one it went to (rename; the same inode as Dir within
+// one directory), Entry the removed directory (Nlink 0) or the moved
+// entry, Other the entry a rename replaced (its links after the change)
+// or exchanged. An Attr with Ino 0 is none.
+//
+// The attributes are appended to Stamp's encoding, all four or none:
+// older services, and answers replayed for a retry, send the bare Stamp,
+// which decodes with all four unknown (Ino 0), and older clients decode
+// this answer as a Stamp.
+type DirChangeResp struct {
+	Stamp
+	Dir, NewDir, Entry, Other Attr
+}
+
+func (m *DirChangeResp) Encode(e *Enc) {
+	m.Stamp.Encode(e)
+	if m.Dir.Ino == 0 && m.NewDir.Ino == 0 && m.Entry.Ino == 0 && m.Other.Ino == 0 {
+		return
+	}
+	m.Dir.Encode(e)
+	m.NewDir.Encode(e)
+	m.Entry.Encode(e)
+	m.Other.Encode(e)
+}
+
+func (m *DirChangeResp) Decode(d *Dec) {
+	m.Stamp.Decode(d)
+	m.Dir, m.NewDir, m.Entry, m.Other = Attr{}, Attr{}, Attr{}, Attr{}
+	if d.Len() == 0 {
+		return
+	}
+	m.Dir.Decode(d)
+	m.NewDir.Decode(d)
+	m.Entry.Decode(d)
+	m.Other.Decode(d)
+}
+
+// LinkResp answers MLink: the linked inode's attributes and stamp, encoded
+// as AttrResp (which older clients decode), then the attributes the link
+// left on the new parent directory (Dir), for the client's cache as
+// ChangeResp.Dir. Dir is appended only when set; absent (older services,
+// answers replayed for a retry) it reads as unknown (Ino 0).
+type LinkResp struct {
+	AttrResp
+	Dir Attr
+}
+
+func (m *LinkResp) Encode(e *Enc) {
+	m.AttrResp.Encode(e)
+	if m.Dir.Ino != 0 {
+		m.Dir.Encode(e)
+	}
+}
+
+func (m *LinkResp) Decode(d *Dec) {
+	m.AttrResp.Decode(d)
+	m.Dir = Attr{}
+	if d.Len() > 0 {
+		m.Dir.Decode(d)
+	}
+}
