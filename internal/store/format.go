@@ -11,10 +11,13 @@ import (
 
 // On-disk format of a chunk, version 1. See docs/design/0002-storage.md.
 //
-// A chunk is two files in the target's fan-out tree:
+// A chunk is two files in a fan-out directory chunks/XX/YY of the target
+// (which one: the target's chunkLayout, target.go; layout 2 uses
+// XX = (ino>>16)&0xff, YY = (ino>>8)&0xff, layout 1 XX = ino&0xff,
+// YY = (ino>>8)&0xff):
 //
-//	chunks/<ino&0xff>/<(ino>>8)&0xff>/<ino as 16 hex digits>.data   the bytes, sparse
-//	chunks/<ino&0xff>/<(ino>>8)&0xff>/<ino as 16 hex digits>.sum    the sidecar below
+//	chunks/XX/YY/<ino as 16 hex digits>.data   the bytes, sparse
+//	chunks/XX/YY/<ino as 16 hex digits>.sum    the sidecar below
 //
 // Sidecar (all integers little-endian):
 //

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -119,15 +121,31 @@ func (e *env) stat(tgt uint32, ino uint64) rpc.ChunkStatResp {
 
 // dataPath is the chunk's data file in target directory dir.
 func dataPath(dir string, ino uint64) string {
-	t := &target{path: dir}
-	d, base := t.chunkPath(ino)
+	d, base := layoutTarget(dir).chunkPath(ino)
 	return filepath.Join(d, base+".data")
 }
 
 func sumPath(dir string, ino uint64) string {
-	t := &target{path: dir}
-	d, base := t.chunkPath(ino)
+	d, base := layoutTarget(dir).chunkPath(ino)
 	return filepath.Join(d, base+".sum")
+}
+
+// layoutTarget is enough of a target for chunkPath: formatted target
+// directory dir with the chunk layout its identity file names.
+func layoutTarget(dir string) *target {
+	b, err := os.ReadFile(filepath.Join(dir, identityName))
+	if err != nil {
+		panic(err) // a test's mistake: dir is no target
+	}
+	var id identity
+	if err := json.Unmarshal(b, &id); err != nil {
+		panic(err)
+	}
+	l, err := layoutOf(id)
+	if err != nil {
+		panic(fmt.Sprintf("target %s: %v", dir, err))
+	}
+	return &target{path: dir, layout: l}
 }
 
 // captureLogs routes the default slog logger to a buffer (and stderr) for

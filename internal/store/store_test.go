@@ -914,19 +914,19 @@ func TestChunkCreateSyncsNoDirectoryUntilSync(t *testing.T) {
 	}
 	e := newEnv(t, 1, func(c *Config) { c.MaxOpenChunks = 1 })
 	taken()
-	// ino 0x105 makes chunks/05/01; ino 0x10105 lands in the same one and
-	// is evicted (one open chunk) when 0x206 is created.
-	for _, ino := range []uint64{0x105, 0x10105, 0x206} {
+	// ino 0x105 makes chunks/00/01; ino 0x1ff lands in the same one and
+	// is evicted (one open chunk) when 0x10206 is created.
+	for _, ino := range []uint64{0x105, 0x1ff, 0x10206} {
 		e.mustWrite(1, ino, 0, pattern(int(ino), 3901), false)
 	}
 	if got := taken(); len(got) != 0 {
 		t.Fatalf("creating chunks synced directories %q; want none before a sync", got)
 	}
 	chunks := filepath.Join(e.dirs[0], chunksDir)
-	if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0x10105}}); err != nil {
+	if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0x1ff}}); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{filepath.Join(chunks, "05", "01"), filepath.Join(chunks, "05"), chunks}
+	want := []string{filepath.Join(chunks, "00", "01"), filepath.Join(chunks, "00"), chunks}
 	if got := taken(); !slices.Equal(got, want) {
 		t.Fatalf("sync of a chunk in directories another create made synced %q, want %q", got, want)
 	}
@@ -936,10 +936,10 @@ func TestChunkCreateSyncsNoDirectoryUntilSync(t *testing.T) {
 	if got := taken(); len(got) != 0 {
 		t.Fatalf("second sync in synced directories synced %q again", got)
 	}
-	if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0x206}}); err != nil {
+	if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 0x10206}}); err != nil {
 		t.Fatal(err)
 	}
-	want = []string{filepath.Join(chunks, "06", "02"), filepath.Join(chunks, "06")}
+	want = []string{filepath.Join(chunks, "01", "02"), filepath.Join(chunks, "01")}
 	if got := taken(); !slices.Equal(got, want) {
 		t.Fatalf("sync of a chunk in new directories synced %q, want %q", got, want)
 	}

@@ -23,29 +23,82 @@ import (
 	"github.com/stratafs/strata/internal/rpc"
 )
 
-// Target directory layout, format version 1:
+// Target directory layout, format version 3:
 //
 //	strata-target       identity file (JSON, below), written once at format
 //	                    time and rewritten (atomically) when the metadata
 //	                    service assigns an id (the directory itself is
 //	                    flock'ed while served)
-//	chunks/XX/YY/       fan-out directories: XX = ino&0xff, YY = (ino>>8)&0xff
-//	                    in two lower-case hex digits, created on demand
+//	chunks/XX/YY/       fan-out directories in two lower-case hex digits,
+//	                    created on demand; which one holds an inode's chunk
+//	                    is the target's chunk layout (chunkLayout)
 //	chunks/XX/YY/<ino>.data, .sum   one chunk (format.go)
 //	dirty.log           intent log: the chunks that may differ from their
 //	                    sums on disk (dirtylog.go)
 //
-// Version history: 1 — initial. 2 — dirty.log: the first mutation of a
-// clean chunk is recorded there rather than by a sync of its sidecar's
-// dirty flag. A version 1 target is upgraded when opened (it has no log;
-// its dirty flags are all in its sidecars); a release that knows only
-// version 1 refuses a version 2 target instead of missing the chunks its
-// log names.
+// Version history: 1 — initial: chunks/XX/YY with XX = ino&0xff, YY =
+// (ino>>8)&0xff. 2 — dirty.log: the first mutation of a clean chunk is
+// recorded there rather than by a sync of its sidecar's dirty flag.
+// 3 — the identity names the chunk layout (chunk_layout): 2 for new
+// targets (XX = (ino>>16)&0xff, YY = (ino>>8)&0xff), 1 (format 1's) for
+// the targets upgraded from versions 1 and 2. An older target is upgraded
+// when opened (version 1 has no log; its dirty flags are all in its
+// sidecars) and keeps its layout: chunks never move. A release that knows
+// only older versions refuses a newer target instead of missing the chunks
+// its log names or looking for them in the wrong directories.
 const (
-	targetFormat = 2
+	targetFormat = 3
 	identityName = "strata-target"
 	chunksDir    = "chunks"
 )
+
+// chunkLayout is how a target places its chunks in the fan-out tree: it
+// maps an inode number to the number of its fan-out directory (dirOf),
+// 0..fanOutDirs-1, where directory i is chunks/XX/YY with XX = i>>8 and
+// YY = i&0xff (target.fanOutDir). Every chunk path is computed through it;
+// the walks of the tree (listing, the inode ceiling scan) go over the
+// directory numbers, which mean the same paths under every layout.
+type chunkLayout uint8
+
+const (
+	// layoutLowBytes (1; every target of formats 1 and 2): XX = byte 0 of
+	// the inode, YY = byte 1. Consecutive inodes land in different leaf
+	// directories.
+	layoutLowBytes chunkLayout = 1
+	// layoutRuns (2; new targets): XX = byte 2, YY = byte 1: a run of 256
+	// consecutive inodes shares a leaf and 65,536 share a top directory.
+	layoutRuns chunkLayout = 2
+	// newTargetLayout is the layout format gives new targets.
+	newTargetLayout = layoutRuns
+)
+
+// layoutOf is the chunk layout an identity names; an error if this build
+// does not know it.
+func layoutOf(id identity) (chunkLayout, error) {
+	if id.Format < 3 {
+		if id.ChunkLayout == 0 {
+			return layoutLowBytes, nil
+		}
+	} else if id.ChunkLayout == 0 {
+		return 0, fmt.Errorf("format version %d names no chunk layout", id.Format)
+	}
+	switch l := chunkLayout(id.ChunkLayout); l {
+	case layoutLowBytes, layoutRuns:
+		return l, nil
+	}
+	return 0, fmt.Errorf("chunk layout %d, this build knows only layouts 1 and 2 (made by a newer Strata release?)", id.ChunkLayout)
+}
+
+// dirOf is the number of the fan-out directory that holds ino's chunk.
+func (l chunkLayout) dirOf(ino uint64) uint32 {
+	switch l {
+	case layoutLowBytes:
+		return uint32(ino&0xff)<<8 | uint32(ino>>8&0xff)
+	case layoutRuns:
+		return uint32(ino>>8) & 0xffff
+	}
+	panic(fmt.Sprintf("store: chunk layout %d", l)) // broken invariant: readOrFormat checks it
+}
 
 // identity is the content of the identity file.
 type identity struct {
@@ -62,6 +115,9 @@ type identity struct {
 	// not recorded yet (a target formatted by an earlier release), found
 	// by scanning the chunk directories at open.
 	InoCeiling uint64 `json:"ino_ceiling,omitempty"`
+	// ChunkLayout (format 3 on) is the chunkLayout of the chunk tree;
+	// absent in formats 1 and 2, whose layout is 1.
+	ChunkLayout int `json:"chunk_layout,omitempty"`
 }
 
 // ErrFormat marks a target directory this build cannot serve: another
@@ -73,8 +129,9 @@ var ErrFormat = errors.New("unusable target directory")
 type target struct {
 	path    string // as configured; used in messages and metrics
 	uuid    string
-	lockFd  int    // the target directory, flock'ed while served
-	reserve uint64 // free bytes a write must leave
+	layout  chunkLayout // from the identity file's format version
+	lockFd  int         // the target directory, flock'ed while served
+	reserve uint64      // free bytes a write must leave
 
 	id atomic.Uint32 // id assigned by the metadata service (or 1..n standalone)
 
@@ -162,13 +219,15 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 		}
 		return nil, fmt.Errorf("target %s: lock: %w", dir, err)
 	}
-	t := &target{path: dir, uuid: id.UUID, lockFd: fd}
+	lay, _ := layoutOf(id) // readOrFormat refuses the unknown
+	t := &target{path: dir, uuid: id.UUID, lockFd: fd, layout: lay}
 	t.ours.m = map[uint64]struct{}{}
 	t.unsyncedDirs.m = map[string]uint64{}
 	t.unsynced.m = map[uint64]unsyncedChunk{}
 	t.id.Store(id.ID)
 	if id.Format < targetFormat {
-		if err := t.updateIdentity(func(i *identity) { i.Format = targetFormat }); err != nil {
+		// The chunks stay where they are: the layout becomes explicit.
+		if err := t.updateIdentity(func(i *identity) { i.Format, i.ChunkLayout = targetFormat, int(lay) }); err != nil {
 			unix.Close(fd)
 			return nil, fmt.Errorf("target %s: upgrade to format version %d: %w", dir, targetFormat, err)
 		}
@@ -286,6 +345,9 @@ func readOrFormat(dir string) (identity, error) {
 		return id, fmt.Errorf("%w: target %s has format version %d, this build serves only versions 1 to %d (made by another Strata release?)",
 			ErrFormat, dir, id.Format, targetFormat)
 	}
+	if _, err := layoutOf(id); err != nil {
+		return id, fmt.Errorf("%w: target %s: %v", ErrFormat, dir, err)
+	}
 	if id.UUID == "" {
 		return id, fmt.Errorf("%w: target %s: identity file has no uuid", ErrFormat, dir)
 	}
@@ -307,7 +369,8 @@ func format(dir string) (identity, error) {
 				ErrFormat, dir, identityName, e.Name())
 		}
 	}
-	id := identity{Format: targetFormat, UUID: newUUID(), Created: time.Now().UTC().Truncate(time.Second), InoCeiling: 1}
+	id := identity{Format: targetFormat, UUID: newUUID(), Created: time.Now().UTC().Truncate(time.Second), InoCeiling: 1,
+		ChunkLayout: int(newTargetLayout)}
 	if err := writeIdentity(dir, id); err != nil {
 		return identity{}, err
 	}
@@ -505,8 +568,19 @@ func (t *target) checkSpace(n int, ino uint64) error {
 
 // chunkPath returns the directory of inode ino's chunk files and their base name.
 func (t *target) chunkPath(ino uint64) (dir, base string) {
-	dir = filepath.Join(t.path, chunksDir, hex2(byte(ino)), hex2(byte(ino>>8)))
-	return dir, fmt.Sprintf("%016x", ino)
+	return t.fanOutDir(t.layout.dirOf(ino)), fmt.Sprintf("%016x", ino)
+}
+
+// fanOutDir is the path of fan-out directory i: chunks/XX/YY with XX = i>>8,
+// YY = i&0xff.
+func (t *target) fanOutDir(i uint32) string {
+	return filepath.Join(t.fanOutTop(i>>8), hex2(byte(i)))
+}
+
+// fanOutTop is the path of top directory xx (chunks/XX), the parent of
+// fan-out directories xx<<8 to xx<<8|0xff.
+func (t *target) fanOutTop(xx uint32) string {
+	return filepath.Join(t.path, chunksDir, hex2(byte(xx)))
 }
 
 // fanOutWalk walks a target's fan-out directories in order, visiting only
@@ -527,7 +601,7 @@ func (w *fanOutWalk) next(i uint32) uint32 {
 		if xx := int(i >> 8); xx != w.top {
 			w.top = xx
 			w.present = [256]bool{}
-			ents, err := os.ReadDir(filepath.Join(w.t.path, chunksDir, hex2(byte(xx))))
+			ents, err := os.ReadDir(w.t.fanOutTop(uint32(xx)))
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
 				w.present = allPresent // unreadable: let the listing report it
 			}
@@ -551,13 +625,12 @@ var allPresent = func() (a [256]bool) {
 	return a
 }()
 
-// listChunkDir appends the chunks of fan-out directory i (chunks/XX/YY with
-// XX = i>>8, YY = i&0xff) to resp: one entry per inode with a data or
+// listChunkDir appends the chunks of fan-out directory i (fanOutDir) to
+// resp: one entry per inode with a data or
 // sidecar file (a sidecar alone is what a remove cut short leaves), with
 // the data file's size.
 func (t *target) listChunkDir(i uint32, resp *rpc.ListChunksResp) error {
-	dir := filepath.Join(t.path, chunksDir, hex2(byte(i>>8)), hex2(byte(i)))
-	ents, err := os.ReadDir(dir)
+	ents, err := os.ReadDir(t.fanOutDir(i))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
