@@ -793,7 +793,8 @@ func worldExecutableSelf(t *testing.T) string {
 }
 
 // chunkFiles counts the chunk data files of inode ino under dir (the
-// targets' layout: chunks/<ino&0xff>/<(ino>>8)&0xff>/<ino in hex>.data).
+// targets' layout: chunks/XX/YY/<ino in hex>.data, XX and YY chosen by the
+// target's format version).
 func chunkFiles(t *testing.T, dir string, ino uint64) int {
 	t.Helper()
 	name := fmt.Sprintf("%016x.data", ino)
