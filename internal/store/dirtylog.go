@@ -223,17 +223,10 @@ type dirtyLog struct {
 	// yet (see the essay). A record written by a round enters it before
 	// the round's callers are answered.
 	durable map[uint64]struct{}
-	running bool
-	next    *dirtyLogRound // the round new callers join; nil: none yet
+
+	rounds rounds[uint64] // one write (and fdatasync) of inodes per round
 
 	syncs atomic.Uint64 // fdatasyncs of the log, for tests and measurements
-}
-
-// dirtyLogRound is one write and fdatasync of the log that its callers wait for.
-type dirtyLogRound struct {
-	done chan struct{}
-	err  error    // set before done is closed
-	inos []uint64 // guarded by dirtyLog.mu until the round starts
 }
 
 // testHookDirtyLogSync, when set (tests), runs in every round before its
@@ -331,45 +324,16 @@ func markDirtyForRecovery(t *target, ino uint64) (bool, error) {
 	return true, fdatasync(fd)
 }
 
-// record makes the log name chunk ino durably: it joins the next round
-// and waits for its end, running it when no round runs.
+// record makes the log name chunk ino durably: one write and fdatasync
+// of the log (rounds) that started after the call.
 func (l *dirtyLog) record(ino uint64) error {
 	l.mu.Lock()
-	if _, ok := l.durable[ino]; ok {
-		l.mu.Unlock()
+	_, named := l.durable[ino]
+	l.mu.Unlock()
+	if named {
 		return nil // named already (a mutation whose header write failed)
 	}
-	r := l.next
-	if r == nil {
-		r = &dirtyLogRound{done: make(chan struct{})}
-		l.next = r
-	}
-	r.inos = append(r.inos, ino)
-	if l.running {
-		l.mu.Unlock()
-		<-r.done
-		return r.err
-	}
-	l.running = true
-	l.next = nil
-	l.mu.Unlock()
-	l.runRound(r)
-	return r.err
-}
-
-// runRound runs r, then hands the round joined meanwhile to a goroutine of
-// its own, so that r's caller returns at once.
-func (l *dirtyLog) runRound(r *dirtyLogRound) {
-	r.err = l.write(r.inos)
-	close(r.done)
-	l.mu.Lock()
-	next := l.next
-	l.next = nil
-	l.running = next != nil
-	l.mu.Unlock()
-	if next != nil {
-		go l.runRound(next)
-	}
+	return l.rounds.join(ino, l.write)
 }
 
 // write makes the records of inos durable: after the run's records, from

@@ -100,9 +100,7 @@ func TestConcurrentFirstMutationsShareLogSyncs(t *testing.T) {
 		go func() { errs <- mutate(i) }()
 	}
 	waitFor(t, "the later first mutations to join the next round", func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.next != nil && len(l.next.inos) == n-1
+		return l.rounds.waiting() == int(n-1)
 	})
 	select {
 	case err := <-errs:

@@ -52,9 +52,10 @@
 // dirtyLog.mu (a leaf). chunkCache.mu, target.ours, target.unsynced,
 // target.unsyncedDirs
 // (except around the mkdirs of a chunk's fan-out directories) and
-// groupSync.mu are leaves, taken for map and list updates only, never
-// across other I/O. A chunk's sync waits for its target's next syncfs
-// round (groupsync.go) holding no lock. No global lock sits on
+// rounds.mu (the group commit of rounds.go, under groupSync and dirtyLog)
+// are leaves, taken for map and list updates only, never across other
+// I/O. A chunk's sync waits for its target's next syncfs round
+// (groupsync.go) holding no lock. No global lock sits on
 // the data path: writers of disjoint ranges of one chunk run in parallel
 // unless their regions share a stripe.
 //

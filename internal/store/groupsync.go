@@ -78,9 +78,7 @@ type groupSync struct {
 	refs    int       // targets in the group; guarded by fsGroups
 	targets []*target // guarded by fsGroups
 
-	mu      sync.Mutex
-	running bool
-	next    *syncRound // the round new callers join; nil: none yet
+	rounds rounds[struct{}] // one syncAll per round
 	// errEpoch counts failed rounds (see the essay above).
 	errEpoch atomic.Uint64
 }
@@ -137,13 +135,6 @@ func (t *target) leaveGroup() {
 	t.gs = nil
 }
 
-// syncRound is one syncfs that its callers wait for.
-type syncRound struct {
-	done    chan struct{}
-	err     error // set before done is closed
-	callers int   // guarded by groupSync.mu
-}
-
 // canGroupSync reports whether a chunk that became dirty in epoch may be
 // made durable by a round now.
 func (t *target) canGroupSync(epoch uint64) bool {
@@ -151,41 +142,10 @@ func (t *target) canGroupSync(epoch uint64) bool {
 }
 
 // wait makes everything written on the file system before the call
-// durable, data, sidecars and directory entries alike: it joins the next
-// round and waits for its end, running it when no round runs.
+// durable, data, sidecars and directory entries alike: one syncfs round
+// (rounds) that started after the call.
 func (g *groupSync) wait() error {
-	g.mu.Lock()
-	r := g.next
-	if r == nil {
-		r = &syncRound{done: make(chan struct{})}
-		g.next = r
-	}
-	r.callers++
-	if g.running {
-		g.mu.Unlock()
-		<-r.done
-		return r.err
-	}
-	g.running = true
-	g.next = nil
-	g.mu.Unlock()
-	g.run(r)
-	return r.err
-}
-
-// run runs r, then hands the round joined meanwhile to a goroutine of its
-// own, so that r's caller returns at once.
-func (g *groupSync) run(r *syncRound) {
-	r.err = g.syncAll()
-	close(r.done)
-	g.mu.Lock()
-	next := g.next
-	g.next = nil
-	g.running = next != nil
-	g.mu.Unlock()
-	if next != nil {
-		go g.run(next)
-	}
+	return g.rounds.join(struct{}{}, func([]struct{}) error { return g.syncAll() })
 }
 
 // syncAll syncfs's the file system and forgets the directory changes of

@@ -1012,9 +1012,7 @@ func TestConcurrentSyncsShareOneRound(t *testing.T) {
 	}
 	tg := e.s.targets[0]
 	waitFor(t, "the later syncs to join the next round", func() bool {
-		tg.gs.mu.Lock()
-		defer tg.gs.mu.Unlock()
-		return tg.gs.next != nil && tg.gs.next.callers == n-1
+		return tg.gs.rounds.waiting() == n-1
 	})
 	close(release)
 	if err := <-first; err != nil {
