@@ -3,22 +3,17 @@ package admin
 import (
 	"encoding/json"
 	"fmt"
+
+	"github.com/stratafs/strata/internal/layout"
 )
 
-// LayoutXattr is the virtual extended attribute through which a Strata
-// mount shows a file's layout (JSON, Layout) and sets a directory's
-// default ("stripe_count=N,stripe_size=S").
-const LayoutXattr = "user.strata.layout"
+// LayoutXattr is the virtual extended attribute of a file's layout
+// (layout.XattrName).
+const LayoutXattr = layout.XattrName
 
 // Layout is the contract of the layout xattr and of `strata stripe get
-// --json`. Zero size or count: the system default.
-type Layout struct {
-	StripeSize  uint32   `json:"stripe_size"`
-	StripeCount uint32   `json:"stripe_count"`
-	Targets     []uint32 `json:"targets"`
-	// MaxFileBytes is the largest size of the file (files only).
-	MaxFileBytes int64 `json:"max_file_bytes,omitempty"`
-}
+// --json` (layout.Xattr).
+type Layout = layout.Xattr
 
 // ParseLayout reads the layout xattr's value.
 func ParseLayout(b []byte) (Layout, error) {

@@ -8,30 +8,24 @@ import (
 	"syscall"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/stratafs/strata/internal/layout"
 )
 
-// layoutXattr is the virtual extended attribute through which `strata
-// stripe` reads a file's layout (JSON) and sets a directory's default
-// ("stripe_count=N,stripe_size=S"). It is not listed by listxattr. For a
-// regular file it also carries the largest size the file can have
-// (layout.MaxFileSize): FUSE has no other way to say it (statfs has no
-// field for it, and pathconf's _PC_FILESIZEBITS is answered by the C
-// library from the file system type without asking the mount).
-const layoutXattr = "user.strata.layout"
-
-type layoutJSON struct {
-	StripeSize   uint32   `json:"stripe_size"`
-	StripeCount  uint32   `json:"stripe_count"`
-	Targets      []uint32 `json:"targets"`
-	MaxFileBytes int64    `json:"max_file_bytes,omitempty"`
-}
+// layoutXattr (layout.XattrName) is how `strata stripe` reads a file's
+// layout (JSON, layout.Xattr) and sets a directory's default. It is not
+// listed by listxattr. For a regular file it also carries the largest size
+// the file can have (layout.MaxFileSize): FUSE has no other way to say it
+// (statfs has no field for it, and pathconf's _PC_FILESIZEBITS is answered
+// by the C library from the file system type without asking the mount).
+const layoutXattr = layout.XattrName
 
 func (fs *fileSystem) getLayoutXattr(ino uint64, dest []byte) (uint32, gofuse.Status) {
 	a, err := fs.c.GetAttr(fs.ctx(), ino)
 	if err != nil {
 		return 0, fs.errno("get layout", ino, err)
 	}
-	l := layoutJSON{StripeSize: a.Layout.StripeSize, StripeCount: a.Layout.StripeCount, Targets: a.Layout.Targets}
+	l := layout.Xattr{StripeSize: a.Layout.StripeSize, StripeCount: a.Layout.StripeCount, Targets: a.Layout.Targets}
 	if l.Targets == nil {
 		l.Targets = []uint32{}
 	}

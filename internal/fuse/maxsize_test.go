@@ -46,7 +46,7 @@ func TestMaxFileSize(t *testing.T) {
 	xb := make([]byte, 4096)
 	xn, err := unix.Getxattr(p, layoutXattr, xb)
 	must(t, err)
-	var lj layoutJSON
+	var lj layout.Xattr
 	must(t, json.Unmarshal(xb[:xn], &lj))
 	if lj.MaxFileBytes != limit {
 		t.Fatalf("%s says the largest file is %d bytes, want %d", layoutXattr, lj.MaxFileBytes, limit)
