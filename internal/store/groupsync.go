@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -183,14 +184,38 @@ func (g *groupSync) syncAll() error {
 var testHookSyncfs atomic.Pointer[func()]
 
 // dirtyPagesBelow reports whether the machine's Dirty + Writeback pages
-// (/proc/meminfo) are below bound bytes; false when unreadable.
+// (/proc/meminfo) are below bound bytes; false when unreadable. Chunk
+// syncs that ask within dirtyReadingTTL of each other (a background round
+// syncs up to syncBatch at once) share one reading of the file.
 func dirtyPagesBelow(bound int64) bool {
+	dirtyReading.Lock()
+	defer dirtyReading.Unlock()
+	if now := time.Now(); now.Sub(dirtyReading.at) >= dirtyReadingTTL {
+		dirtyReading.bytes, dirtyReading.ok = readDirtyPages()
+		dirtyReading.at = now
+	}
+	return dirtyReading.ok && dirtyReading.bytes < bound
+}
+
+// dirtyReadingTTL is how long a reading of /proc/meminfo serves.
+const dirtyReadingTTL = 5 * time.Millisecond
+
+// dirtyReading is the last reading of readDirtyPages and its time.
+var dirtyReading struct {
+	sync.Mutex
+	at    time.Time
+	bytes int64
+	ok    bool
+}
+
+// readDirtyPages reads Dirty + Writeback from /proc/meminfo, in bytes; ok
+// false when unreadable.
+func readDirtyPages() (total int64, ok bool) {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
-		return false
+		return 0, false
 	}
 	defer f.Close()
-	var total int64
 	seen := 0
 	sc := bufio.NewScanner(f)
 	for sc.Scan() && seen < 2 {
@@ -207,9 +232,9 @@ func dirtyPagesBelow(bound int64) bool {
 		seen++
 		kb, err := strconv.ParseInt(string(bytes.TrimSuffix(bytes.TrimSpace(rest), []byte(" kB"))), 10, 64)
 		if err != nil {
-			return false
+			return 0, false
 		}
 		total += kb << 10
 	}
-	return seen == 2 && total < bound
+	return total, seen == 2
 }
