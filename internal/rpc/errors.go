@@ -3,6 +3,7 @@ package rpc
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 )
 
@@ -39,4 +40,35 @@ func ErrnoOf(err error) syscall.Errno {
 		return en
 	}
 	return syscall.EIO
+}
+
+// leaderHintPrefix marks, in the text of a "not the leader" answer, the
+// rpc address of the metadata voter that leads (as far as the answering
+// voter knows): the text ends with "[leader=ADDR]". The hint rides in the
+// error text, which every wire version carries, so no message changes.
+const leaderHintPrefix = " [leader="
+
+// NotLeader builds the answer of a metadata voter that cannot serve a
+// request: ENOTCONN (callers retry the same request elsewhere), the
+// explanation, and, when leader is not empty, the leader's rpc address for
+// LeaderHint.
+func NotLeader(leader string, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if leader != "" {
+		msg += leaderHintPrefix + leader + "]"
+	}
+	return &Error{Errno: syscall.ENOTCONN, Msg: msg}
+}
+
+// LeaderHint returns the leader address a NotLeader answer names, or "".
+func LeaderHint(err error) string {
+	var re *Error
+	if !errors.As(err, &re) || re.Errno != syscall.ENOTCONN {
+		return ""
+	}
+	i := strings.LastIndex(re.Msg, leaderHintPrefix)
+	if i < 0 || !strings.HasSuffix(re.Msg, "]") {
+		return ""
+	}
+	return re.Msg[i+len(leaderHintPrefix) : len(re.Msg)-1]
 }
