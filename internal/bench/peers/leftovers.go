@@ -22,6 +22,7 @@ func hostDaemonPaths(dir string) []string {
 	return []string{
 		filepath.Join(dir, "passthrough-src"), filepath.Join(dir, "passthrough-mnt"),
 		filepath.Join(dir, "strata-data"), filepath.Join(dir, "strata-mnt"),
+		filepath.Join(dir, "strata-meta3-data"), filepath.Join(dir, "strata-meta3-mnt"),
 	}
 }
 

@@ -17,6 +17,11 @@ import (
 // Systems are the peers in the order they are set up and run.
 var Systems = []string{"local", "passthrough", "glusterfs", "moosefs", "strata"}
 
+// Optional are systems run only when named: "strata-meta3" is Strata with
+// three metadata voters (`strata up --meta-voters 3`), to measure the cost
+// of the quorum against "strata" in the same run.
+var Optional = []string{"strata-meta3"}
+
 // Config is one peers run.
 type Config struct {
 	// Bench is the suite template (sizes, sweep, worker command); Path and
@@ -73,6 +78,8 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		"glusterfs":   &glusterFS{env: e},
 		"moosefs":     &mooseFS{env: e},
 		"strata":      &strataFS{env: e},
+		// strata-meta3 runs after strata (Systems' order, then Optional).
+		"strata-meta3": &strataFS{env: e, sys: "strata-meta3", flags: []string{"--meta-voters", "3"}},
 	}
 	rep = &bench.Report{Machine: bench.CurrentMachine(dir)}
 	var started []system
@@ -98,7 +105,7 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 	for _, name := range cfg.Systems {
 		s, ok := all[name]
 		if !ok {
-			return rep, fmt.Errorf("unknown system %q (want %s)", name, strings.Join(Systems, ", "))
+			return rep, fmt.Errorf("unknown system %q (want %s)", name, strings.Join(append(slices.Clone(Systems), Optional...), ", "))
 		}
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
@@ -302,7 +309,7 @@ func Cleanup(dir string, logf func(string, ...any)) {
 	}
 	os.RemoveAll("/var/lib/glusterd/vols/" + glusterVolume)
 	// Data of the systems (not the logs or reports).
-	for _, sub := range []string{"local", "passthrough-src", "passthrough-mnt", "gluster", "moosefs", "strata-data", "strata-mnt"} {
+	for _, sub := range []string{"local", "passthrough-src", "passthrough-mnt", "gluster", "moosefs", "strata-data", "strata-mnt", "strata-meta3-data", "strata-meta3-mnt"} {
 		p := filepath.Join(dir, sub)
 		if mountFSType(p) == "" {
 			os.RemoveAll(p)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -102,7 +103,12 @@ func (s *passthroughFS) teardown() error {
 // written. It stops on SIGTERM, unmounting itself; the teardown waits a
 // bounded time, then kills it and unmounts lazily.
 type strataFS struct {
-	env       *env
+	env *env
+	// sys names a variant ("" = "strata"); flags are its own `strata up`
+	// flags, before the run's --strata-up-flags. Its directories are
+	// SYS-data and SYS-mnt.
+	sys       string
+	flags     []string
 	d         *daemon
 	data, mnt string
 }
@@ -112,7 +118,12 @@ const (
 	strataStopGrace = 60 * time.Second
 )
 
-func (s *strataFS) name() string { return "strata" }
+func (s *strataFS) name() string {
+	if s.sys != "" {
+		return s.sys
+	}
+	return "strata"
+}
 
 // upArgv is the command line of the cluster.
 func upArgv(self, data, mnt string, extra ...string) []string {
@@ -122,16 +133,23 @@ func upArgv(self, data, mnt string, extra ...string) []string {
 func (s *strataFS) setup(ctx context.Context) (string, error) {
 	if out, err := exec.CommandContext(ctx, s.env.self, "up", "--help").CombinedOutput(); err != nil || !strings.Contains(string(out), "--mount") {
 		return "", errSkip{"`strata up` is not available in this build"}
+	} else {
+		for _, f := range s.flags {
+			if strings.HasPrefix(f, "--") && !strings.Contains(string(out), f) {
+				return "", errSkip{fmt.Sprintf("`strata up` of this build has no %s", f)}
+			}
+		}
 	}
-	s.data = filepath.Join(s.env.dir, "strata-data")
-	s.mnt = filepath.Join(s.env.dir, "strata-mnt")
+	s.data = filepath.Join(s.env.dir, s.name()+"-data")
+	s.mnt = filepath.Join(s.env.dir, s.name()+"-mnt")
 	for _, d := range []string{s.data, s.mnt} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return "", err
 		}
 	}
 	var err error
-	if s.d, err = start("strata up", s.env.logPath("strata-up"), upArgv(s.env.self, s.data, s.mnt, s.env.upFlags...)...); err != nil {
+	flags := append(slices.Clone(s.flags), s.env.upFlags...)
+	if s.d, err = start("strata up", s.env.logPath(s.name()+"-up"), upArgv(s.env.self, s.data, s.mnt, flags...)...); err != nil {
 		return "", err
 	}
 	if err := waitMount(ctx, s.mnt, strataFSType, s.d, 90*time.Second); err != nil {
