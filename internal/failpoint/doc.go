@@ -8,7 +8,7 @@
 //
 // A point is a call at a named place:
 //
-//	failpoint.Hit("meta/after-apply")                 // may panic, exit or sleep
+//	failpoint.Hit("some/point")                        // may panic, exit or sleep
 //	err := failpoint.Eval("consensus/before-log-sync") // may also return an error
 //	err := failpoint.EvalSub("meta/before-reply", c.Op) // c.Op.String() == "create"
 //
@@ -34,7 +34,7 @@
 // "N+action" fires on the N-th hit and every one after. Without a count an
 // action fires on every hit.
 //
-// EvalSub points have a sub-name (the metadata command, e.g. "create"):
+// HitSub and EvalSub points have a sub-name (the metadata command, e.g. "create"):
 // "meta/before-reply/create=1*exit" arms only creates' replies, while
 // "meta/before-reply=..." arms every mutation's. Hits are counted per armed
 // name.
@@ -46,9 +46,10 @@
 //	consensus/before-log-sync  the raft WAL's deferred syncer, before its
 //	                           fdatasyncs (error: the sync fails, sticky)
 //	consensus/after-log-sync   the same, after them (error: as before)
-//	meta/before-apply          the metadata FSM's ApplyBatch, before it
-//	                           applies a group of committed entries
-//	meta/after-apply           the same, after the batch was written to the
+//	meta/before-apply[/OP]     the metadata FSM's ApplyBatch, before it
+//	                           applies a group of committed entries; OP is
+//	                           the last command's (create, unlink, ...)
+//	meta/after-apply[/OP]      the same, after the batch was written to the
 //	                           store and before any answer is returned
 //	meta/before-reply[/OP]     the metadata service's propose, once the
 //	                           state machine's answer is known (and durable

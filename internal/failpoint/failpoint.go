@@ -72,6 +72,16 @@ func Eval(name string) error {
 	return fire(name)
 }
 
+// HitSub is Hit for a point with a sub-name (see EvalSub).
+func HitSub(name string, sub fmt.Stringer) {
+	if armed.Load() == 0 {
+		return
+	}
+	if err := fire(subName(name, sub)); err != nil {
+		panic(fmt.Sprintf("failpoint %s: %v", name, err))
+	}
+}
+
 // EvalSub is Eval for a point with a sub-name: the action armed at
 // name+"/"+sub.String() if there is one, else the one armed at name. sub's
 // String is called only when some point is armed.
@@ -79,14 +89,19 @@ func EvalSub(name string, sub fmt.Stringer) error {
 	if armed.Load() == 0 {
 		return nil
 	}
+	return fire(subName(name, sub))
+}
+
+// subName is name+"/"+sub when a point of that name is armed, else name.
+func subName(name string, sub fmt.Stringer) string {
 	full := name + "/" + sub.String()
 	mu.RLock()
 	_, ok := points[full]
 	mu.RUnlock()
 	if ok {
-		return fire(full)
+		return full
 	}
-	return fire(name)
+	return name
 }
 
 func fire(name string) error {

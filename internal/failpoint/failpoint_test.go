@@ -80,6 +80,14 @@ func TestEvalSubPrefersTheSubName(t *testing.T) {
 	if err := EvalSub("meta/before-reply", opName(1)); err == nil {
 		t.Error("create did not fail at its armed point")
 	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("HitSub of create did not panic at an error point armed for create")
+			}
+		}()
+		HitSub("meta/before-reply", opName(1))
+	}()
 	if err := Arm("meta/before-reply", "1*error"); err != nil {
 		t.Fatal(err)
 	}
@@ -106,6 +114,7 @@ func TestUnarmedCostsNoAllocation(t *testing.T) {
 		Hit("x")
 		_ = Eval("y")
 		_ = EvalSub("z", opName(1))
+		HitSub("z", opName(1))
 	}); n != 0 {
 		t.Errorf("%v allocations per unarmed call", n)
 	}

@@ -151,7 +151,7 @@ func (f *fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 // ApplyBatch applies a group of committed entries in one kv batch: the
 // state-machine half of group commit.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
-	failpoint.Hit("meta/before-apply")
+	failpoint.HitSub("meta/before-apply", lastOp(logs))
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make([]any, len(logs))
@@ -170,7 +170,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 		f.ctr.AppliedIndex, f.ctr.AppliedTerm = l.Index, l.Term
 	}
 	f.commitLocked(b)
-	failpoint.Hit("meta/after-apply")
+	failpoint.HitSub("meta/after-apply", lastOp(logs))
 	if f.onBatch != nil && n > 0 {
 		f.onBatch(n)
 	}
