@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -31,6 +32,9 @@ type Config struct {
 	// running then are Unknown and Run returns ErrStalled with the
 	// history.
 	Stall time.Duration
+	// Kinds, if set, limits the operations drawn to these (to narrow down
+	// a finding); the final read-back is done regardless.
+	Kinds []Kind
 	// Pause, if set, is called between a recorder's operations (tests use
 	// it to let a fault land mid-run); it must be safe for concurrent use.
 	Pause func()
@@ -99,7 +103,7 @@ func Run(cfg Config) (*History, error) {
 				if cfg.Pause != nil {
 					cfg.Pause()
 				}
-				r.random(rng, content, renamed, &writes)
+				r.random(rng, content, renamed, &writes, cfg.Kinds)
 			}
 		}()
 	}
@@ -131,7 +135,21 @@ type recorder struct {
 // random does one operation drawn from rng: on a content name (7 in 10)
 // create 3, unlink 2, write 3, truncate 1, read 3, stat 2 in 14; on a
 // rename name create 2, unlink 1, rename 3, stat 2 in 8.
-func (r *recorder) random(rng *rand.Rand, content, renamed []string, writes *atomic.Uint64) {
+func (r *recorder) random(rng *rand.Rand, content, renamed []string, writes *atomic.Uint64, kinds []Kind) {
+	for {
+		in := draw(rng, content, renamed)
+		if kinds != nil && !slices.Contains(kinds, in.Kind) {
+			continue
+		}
+		if in.Kind == Write {
+			in.Value = fmt.Sprintf("w%d-%0*d", r.client, valueLen-2-len(fmt.Sprint(r.client)), writes.Add(1))
+		}
+		r.do(in)
+		return
+	}
+}
+
+func draw(rng *rand.Rand, content, renamed []string) Input {
 	if rng.IntN(10) < 7 {
 		n := content[rng.IntN(len(content))]
 		in := Input{Part: n, Name: n}
@@ -142,7 +160,6 @@ func (r *recorder) random(rng *rand.Rand, content, renamed []string, writes *ato
 			in.Kind = Unlink
 		case x < 8:
 			in.Kind = Write
-			in.Value = fmt.Sprintf("w%d-%0*d", r.client, valueLen-2-len(fmt.Sprint(r.client)), writes.Add(1))
 		case x < 9:
 			in.Kind = Truncate
 		case x < 12:
@@ -150,8 +167,7 @@ func (r *recorder) random(rng *rand.Rand, content, renamed []string, writes *ato
 		default:
 			in.Kind = Stat
 		}
-		r.do(in)
-		return
+		return in
 	}
 	in := Input{Part: renameDir, Name: renamed[rng.IntN(len(renamed))]}
 	switch x := rng.IntN(8); {
@@ -165,7 +181,7 @@ func (r *recorder) random(rng *rand.Rand, content, renamed []string, writes *ato
 	default:
 		in.Kind = Stat
 	}
-	r.do(in)
+	return in
 }
 
 // do runs in on the file system and records it.

@@ -1,11 +1,14 @@
 package history
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -130,7 +133,7 @@ func Check(ops []Op, label string) error {
 		where = fmt.Sprintf("could not write the visualisation: %v", werr)
 	}
 	if res == porcupine.Illegal {
-		return fmt.Errorf("%s (%d operations); %s: %w", label, len(ops), where, ErrNotLinearizable)
+		return fmt.Errorf("%s (%d operations); %s; %s: %w", label, len(ops), illegalParts(model, pops), where, ErrNotLinearizable)
 	}
 	return fmt.Errorf("%s: linearizability check of %d operations inconclusive after %v (%v); %s", label, len(ops), checkTimeout, res, where)
 }
@@ -152,4 +155,58 @@ func visualise(model porcupine.Model, info porcupine.LinearizationInfo, label st
 		return "", fmt.Errorf("write %s: %w", path, err)
 	}
 	return path, nil
+}
+
+// illegalParts names the partitions that are not linearizable and, for
+// the first, shows where every linearization got stuck: the end of the
+// longest one found, then the first operations (by invocation) it could
+// not place.
+func illegalParts(model porcupine.Model, pops []porcupine.Operation) string {
+	var bad []string
+	var first []porcupine.Operation
+	single := porcupine.Model{Init: model.Init, Step: model.Step, Hash: model.Hash}
+	for _, part := range model.Partition(pops) {
+		if !porcupine.CheckOperations(single, part) {
+			bad = append(bad, part[0].Input.(Input).Part)
+			if first == nil {
+				first = part
+			}
+		}
+	}
+	if first == nil {
+		return "no single partition fails"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "partitions %v fail; in %s (%d operations)", bad, bad[0], len(first))
+	_, info := porcupine.CheckOperationsVerbose(single, first, checkTimeout)
+	var best []porcupine.Operation
+	for _, l := range info.PartialLinearizationsOperations()[0] {
+		if len(l) > len(best) {
+			best = l
+		}
+	}
+	if len(best) == 0 {
+		return b.String()
+	}
+	placed := map[int64]bool{}
+	for _, o := range best {
+		placed[o.Call] = true
+	}
+	line := func(tag string, o porcupine.Operation) {
+		fmt.Fprintf(&b, "\n  %s client %d [%.3f ms, %.3f ms] %v → %v", tag, o.ClientId, float64(o.Call)/1e6, float64(o.Return)/1e6, o.Input, o.Output)
+	}
+	b.WriteString(", the longest linearization ends:")
+	for _, o := range best[max(0, len(best)-6):] {
+		line("placed ", o)
+	}
+	sorted := slices.Clone(first)
+	slices.SortFunc(sorted, func(x, y porcupine.Operation) int { return cmp.Compare(x.Call, y.Call) })
+	n := 0
+	for _, o := range sorted {
+		if !placed[o.Call] && n < 8 {
+			line("stuck  ", o)
+			n++
+		}
+	}
+	return b.String()
 }
