@@ -37,7 +37,8 @@ type Config struct {
 	Kinds []Kind
 	// Pause, if set, is called between a recorder's operations (tests use
 	// it to let a fault land mid-run); it must be safe for concurrent use.
-	Pause func()
+	// Not passed to a recorder process (Start).
+	Pause func() `json:"-"`
 }
 
 // ErrStalled: some operations did not complete within Config.Stall.
