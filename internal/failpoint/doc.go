@@ -60,6 +60,11 @@
 //
 // # Pitfalls
 //
+// The FSM's points are hit for entries replayed at start too (raft applies
+// the log after its last snapshot again; the FSM skips what its store
+// already holds, after meta/before-apply): arm "meta/after-apply/create"
+// in a process whose log holds no create, or count the replayed ones.
+//
 // STRATA_FAILPOINTS is read once, in this package's init: arming it later in
 // the process's own environment changes nothing (use Arm). A malformed
 // specification is reported on stderr and ignored, so that a typo cannot make
