@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/testutil"
 	"github.com/stratafs/strata/internal/testutil/history"
 )
@@ -113,9 +114,12 @@ func TestHistoryOnStrataUp(t *testing.T) {
 // The same on a cluster of processes whose metadata service is killed
 // (kill -9) and restarted twice mid-run: the mount's client retries each
 // call, with the same (client, seq), on the restarted service, so no
-// operation fails, the histories are linearizable and every create and
-// unlink took effect exactly once.
+// operation fails, the history is linearizable and every create and
+// unlink took effect exactly once. A failpoint holds every reply to a
+// change back for 10 ms after the change is applied, so that the kills
+// land, as often as not, between an apply and its reply.
 func TestHistoryAcrossMetaKill(t *testing.T) {
+	t.Setenv(failpoint.EnvVar, "meta/before-reply=sleep(10ms)")
 	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 1})
 	wait := startHistories(t, c.Mount(0), historySeed(t), 10*time.Second, historyMixes, 4)
 	for range 2 {
