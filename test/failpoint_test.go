@@ -101,3 +101,28 @@ func TestCreateExactlyOnceAcrossCrash(t *testing.T) {
 		})
 	}
 }
+
+// TestReplyErrorAfterCreate: a failpoint's error action before the reply
+// of a create answers the client EIO although the create was made — the
+// "unknown outcome" the history checker allows for; the file exists once,
+// and the service serves on.
+func TestReplyErrorAfterCreate(t *testing.T) {
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 1})
+	if err := c.Meta.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	restartMeta(t, c, "meta/before-reply/create=1*error")
+	path := filepath.Join(c.Mount(0), "f")
+	_, err := unix.Open(path, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	if !errors.Is(err, unix.EIO) {
+		t.Fatalf("create at an armed error point: %v, want EIO", err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the create answered EIO was made, yet: %v", err)
+	}
+	fd, err := unix.Open(filepath.Join(c.Mount(0), "g"), unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatalf("the next create (the point fires once): %v", err)
+	}
+	unix.Close(fd)
+}
