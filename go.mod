@@ -3,6 +3,7 @@ module github.com/stratafs/strata
 go 1.26.8
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/cockroachdb/pebble/v2 v2.1.7
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/hashicorp/raft v1.8.0

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"os"
 	"testing"
+
+	"github.com/stratafs/strata/internal/testutil/history"
 )
 
 // Worker modes: the test binary re-executes itself to act as a separate
@@ -20,6 +22,8 @@ func TestMain(m *testing.M) {
 		os.Exit(lockCountWorker())
 	case "tmpfile":
 		os.Exit(tmpfileWorker())
+	case "history":
+		os.Exit(history.Worker())
 	}
 	flag.Parse()
 	// The strata processes of the tests keep their runtime records (how

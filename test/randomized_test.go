@@ -20,7 +20,7 @@ import (
 )
 
 var (
-	randSeed     = flag.Int64("seed", 0, "seed for TestRandomOpsAgainstLocal (0: time-based)")
+	randSeed     = flag.Int64("seed", 0, "seed for TestRandomOpsAgainstLocal and the history tests (0: time-based)")
 	randOps      = flag.Int("ops", 1500, "operations in TestRandomOpsAgainstLocal")
 	randDuration = flag.Duration("ops-time", 60*time.Second, "time bound of TestRandomOpsAgainstLocal")
 )

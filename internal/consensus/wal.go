@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/stratafs/strata/internal/failpoint"
 	"golang.org/x/sys/unix"
 )
 
@@ -327,7 +328,7 @@ func (w *wal) syncOnce(wait bool) {
 	run := &syncRun{upTo: target}
 	w.ds.runs = append(w.ds.runs, run)
 	w.ds.Unlock()
-	var err error
+	err := failpoint.Eval("consensus/before-log-sync")
 	w.smu.RLock()
 	for _, s := range segs {
 		if s.closed {
@@ -343,6 +344,7 @@ func (w *wal) syncOnce(wait bool) {
 		}
 	}
 	w.smu.RUnlock()
+	err = errors.Join(err, failpoint.Eval("consensus/after-log-sync"))
 	if w.afterSyncs != nil {
 		w.afterSyncs()
 	}

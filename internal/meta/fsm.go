@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/stratafs/strata/internal/consensus"
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/kv"
 	"github.com/stratafs/strata/internal/meta/schema"
 	"github.com/stratafs/strata/internal/rpc"
@@ -150,6 +151,7 @@ func (f *fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 // ApplyBatch applies a group of committed entries in one kv batch: the
 // state-machine half of group commit.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
+	failpoint.HitSub("meta/before-apply", lastOp(logs))
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make([]any, len(logs))
@@ -168,6 +170,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 		f.ctr.AppliedIndex, f.ctr.AppliedTerm = l.Index, l.Term
 	}
 	f.commitLocked(b)
+	failpoint.HitSub("meta/after-apply", lastOp(logs))
 	if f.onBatch != nil && n > 0 {
 		f.onBatch(n)
 	}

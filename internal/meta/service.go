@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/consensus"
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/kv"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/transport"
@@ -392,7 +393,7 @@ func (s *Service) propose(c *command) (*result, error) {
 			return nil, rpc.Errorf(syscall.EIO, "metadata log not durable: %v", err)
 		}
 	}
-	return r, nil
+	return r, failpoint.EvalSub("meta/before-reply", c.Op)
 }
 
 // checkEntry fails with EIO when the log no longer holds the entry (index,

@@ -1,0 +1,170 @@
+package test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/failpoint"
+	"github.com/stratafs/strata/internal/testutil"
+	"github.com/stratafs/strata/internal/testutil/history"
+)
+
+// historySeed is -seed, or the time: printed so that a failure replays.
+func historySeed(t *testing.T) int64 {
+	seed := *randSeed
+	if seed == 0 {
+		seed = time.Now().UnixNano()
+	}
+	t.Logf("seed %d (replay: go test ./test -run '%s$' -seed %d)", seed, t.Name(), seed)
+	return seed
+}
+
+// The recorders' operation mix: creates, unlinks, renames and stats,
+// what the metadata service alone answers. Operations on file contents
+// (opens, writes, reads, truncates) show anomalies of the mount today and
+// run in TestHistoryKnownAnomalies.
+var namespaceKinds = []history.Kind{history.Create, history.Unlink, history.Rename, history.Stat}
+
+// checkHistory checks a recorded history for linearizability and
+// exactly-once, and that no operation returned an error to the
+// application (the recorders' unknown outcomes).
+func checkHistory(t *testing.T, name string, ops []history.Op) {
+	t.Helper()
+	counts := history.Counts(ops)
+	t.Logf("%s: %d operations: %v", name, len(ops), counts)
+	for _, op := range ops {
+		if op.Out.Status == history.Unknown {
+			t.Errorf("%s: client %d %v failed: %s", name, op.Client, op.In, op.Out.Err)
+		}
+	}
+	if counts[history.OK] < 20 {
+		t.Errorf("%s: only %d operations succeeded: the recorders hardly ran", name, counts[history.OK])
+	}
+	if err := history.Check(ops, t.Name()+"-"+name); err != nil {
+		t.Error(err)
+	}
+	if err := history.ExactlyOnce(ops); err != nil {
+		t.Error(err)
+	}
+}
+
+// startHistories starts one recorder process per mix (the test binary as
+// a history worker: see history.Start for why not this process), on
+// directories of root; the returned wait gives their operations by name.
+func startHistories(t *testing.T, root string, seed int64, d time.Duration, mixes map[string][]history.Kind, workers int) (wait func() map[string][]history.Op) {
+	t.Helper()
+	children := map[string]*history.Child{}
+	for name, kinds := range mixes {
+		cfg := history.Config{Root: filepath.Join(root, name), Workers: workers, Seed: seed, Duration: d, Stall: 30 * time.Second, Kinds: kinds}
+		c, err := history.Start(cfg, t.TempDir(), []string{"STRATA_TEST_WORKER=history"}, os.Args[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		children[name] = c
+	}
+	return func() map[string][]history.Op {
+		t.Helper()
+		out := map[string][]history.Op{}
+		for name, c := range children {
+			ops, err := c.Wait(d + 45*time.Second)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			out[name] = ops
+		}
+		return out
+	}
+}
+
+var historyMixes = map[string][]history.Kind{"namespace": namespaceKinds}
+
+// startHistoryUp starts a single-voter strata up for a history test.
+func startHistoryUp(t *testing.T) string {
+	testutil.RequireFUSE(t)
+	bin := testutil.Binary(t)
+	dir := t.TempDir()
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := startUp(t, bin, dir, filepath.Join(dir, "data"), mnt)
+	t.Cleanup(func() {
+		if err := p.Stop(30 * time.Second); err != nil {
+			t.Errorf("stop strata up: %v", err)
+		}
+		testutil.ForceUnmount(mnt)
+		if t.Failed() {
+			t.Logf("strata up log:\n%s", p.Tail(40))
+		}
+	})
+	return mnt
+}
+
+// Four recorders on the mount of a single-voter strata up: the history is
+// linearizable and every create and unlink took effect exactly once.
+func TestHistoryOnStrataUp(t *testing.T) {
+	mnt := startHistoryUp(t)
+	for name, h := range startHistories(t, mnt, historySeed(t), 4*time.Second, historyMixes, 4)() {
+		checkHistory(t, name, h)
+	}
+}
+
+// The same on a cluster of processes whose metadata service is killed
+// (kill -9) and restarted twice mid-run: the mount's client retries each
+// call, with the same (client, seq), on the restarted service, so no
+// operation fails, the history is linearizable and every create and
+// unlink took effect exactly once. A failpoint holds every reply to a
+// change back for 10 ms after the change is applied, so that the kills
+// land, as often as not, between an apply and its reply.
+func TestHistoryAcrossMetaKill(t *testing.T) {
+	t.Setenv(failpoint.EnvVar, "meta/before-reply=sleep(10ms)")
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 1})
+	wait := startHistories(t, c.Mount(0), historySeed(t), 10*time.Second, historyMixes, 4)
+	for range 2 {
+		time.Sleep(2500 * time.Millisecond)
+		t.Logf("kill -9 of the metadata service (pid %d)", c.Meta.Pid())
+		start := time.Now()
+		c.Meta.Kill()
+		killed := time.Since(start)
+		c.Meta = testutil.StartProc(t, c.Dir, "meta", nil, c.Bin, c.Meta.Args...)
+		started := time.Since(start)
+		if err := testutil.WaitFor(30*time.Second, func() error { _, err := c.Status(); return err }); err != nil {
+			t.Fatalf("metadata service did not come back: %v", err)
+		}
+		t.Logf("metadata service dead after %v, started after %v, answering after %v", killed.Round(time.Millisecond), started.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	}
+	for name, h := range wait() {
+		checkHistory(t, name, h)
+	}
+}
+
+// TestHistoryKnownAnomalies records operations on file contents on a
+// strata up mount: one mix of creates, writes, reads and stats, and one of
+// every kind at once. It fails today in three ways, all in the mount
+// rather than the metadata service, so it runs only with
+// STRATA_HISTORY_KNOWN=1 (to check a fix):
+//
+//   - a read, on a fresh descriptor, of a file whose write (of a value of
+//     the same length) was closed before the read began returns the
+//     value before the write: a stale page cache kept across the open;
+//   - an open (read or write) of a name whose unlink is in flight on
+//     another thread answers ENOENT (the client's open of the removed
+//     inode), while the kernel still holds the name's entry, so a stat
+//     right after it finds the file again;
+//   - an O_TRUNC open racing a write on another descriptor can leave the
+//     file at the written size but with zeros instead of the data.
+func TestHistoryKnownAnomalies(t *testing.T) {
+	if os.Getenv("STRATA_HISTORY_KNOWN") != "1" {
+		t.Skip("known anomalies of the mount; STRATA_HISTORY_KNOWN=1 runs it")
+	}
+	mnt := startHistoryUp(t)
+	mixes := map[string][]history.Kind{
+		"content": {history.Create, history.Write, history.Read, history.Stat},
+		"all":     nil,
+	}
+	for name, ops := range startHistories(t, mnt, historySeed(t), 4*time.Second, mixes, 4)() {
+		checkHistory(t, name, ops)
+	}
+}
