@@ -151,15 +151,18 @@ func (m *Multi) Call(ctx context.Context, method rpc.Method, req, resp rpc.Messa
 		}
 		tried.note(addr, err)
 		failed[addr] = true
+		// Where to go next, also when giving up: the leader guess moves
+		// on from addr for the next call.
+		next, ok := rpc.LeaderHint(err), true
+		if next != "" && !failed[next] {
+			m.follow(addr, next)
+		} else {
+			next, ok = m.next(addr, failed)
+		}
 		if ctx.Err() != nil {
 			return tried.giveUp(method, time.Since(start), err)
 		}
-		if hint := rpc.LeaderHint(err); hint != "" && !failed[hint] {
-			m.follow(addr, hint)
-			addr = hint
-			continue
-		}
-		if next, ok := m.next(addr, failed); ok {
+		if ok {
 			addr = next
 			continue
 		}

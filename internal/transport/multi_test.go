@@ -298,6 +298,18 @@ func TestMultiSkipsAHungVoter(t *testing.T) {
 	if _, served := leader.headers(); len(served) != 1 {
 		t.Fatalf("leader served %d, want 1", len(served))
 	}
+
+	// A call whose time runs out at the hung voter still moves the next
+	// call on to another address.
+	m2 := newTestMulti([]string{hung.addr, leader.addr}, nil)
+	defer m2.Close()
+	if _, err := create(m2, 300*time.Millisecond, rpc.ReqHeader{ClientID: 2, Seq: 2}); err == nil {
+		t.Fatal("a call that only reached the hung voter succeeded")
+	}
+	start = time.Now()
+	if _, err := create(m2, 900*time.Millisecond, rpc.ReqHeader{ClientID: 2, Seq: 3}); err != nil {
+		t.Fatalf("the call after a timed-out one went to the hung voter again: %v", err)
+	}
 }
 
 func TestParseAddrList(t *testing.T) {
