@@ -65,3 +65,23 @@ func checkDialAddr(a string) error {
 	}
 	return nil
 }
+
+// AddrsOf returns the address list a configuration gives in either of two
+// forms, checked: list when it is not empty (text must then be empty or
+// list joined with commas), else text parsed by ParseAddrList. Both empty:
+// nil, and no error.
+func AddrsOf(list []string, text string) ([]string, error) {
+	switch {
+	case len(list) > 0:
+		if text != "" && text != strings.Join(list, ",") {
+			return nil, fmt.Errorf("the address %q and the list %v disagree (give one)", text, list)
+		}
+		if err := CheckAddrs(list); err != nil {
+			return nil, err
+		}
+		return list, nil
+	case text == "":
+		return nil, nil
+	}
+	return ParseAddrList(text)
+}

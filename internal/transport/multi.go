@@ -13,6 +13,16 @@ import (
 	"github.com/stratafs/strata/internal/rpc"
 )
 
+// Caller is what Client and Multi have in common: a call to a service.
+type Caller interface {
+	Call(ctx context.Context, m rpc.Method, req, resp rpc.Message) error
+}
+
+var (
+	_ Caller = (*Client)(nil)
+	_ Caller = (*Multi)(nil)
+)
+
 // MultiConfig tunes a Multi.
 type MultiConfig struct {
 	ClientConfig // of the Client of each address

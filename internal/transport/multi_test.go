@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/testutil"
 )
 
 // fakeVoter is a real transport server on loopback that answers MCreate as
@@ -72,18 +73,6 @@ func notLeader(hint string) func(*rpc.CreateReq) error {
 	return func(*rpc.CreateReq) error { return rpc.NotLeader(hint, "test voter is not the leader") }
 }
 
-// deadAddr is a loopback address nobody listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := ln.Addr().String()
-	ln.Close()
-	return a
-}
-
 func newTestMulti(addrs []string, onChange func(old, cur string)) *Multi {
 	return NewMulti(addrs, MultiConfig{
 		ClientConfig:   ClientConfig{Key: []byte("k"), NoLocal: true, DialTimeout: time.Second},
@@ -120,7 +109,7 @@ func TestMultiFindsTheLeader(t *testing.T) {
 	hinting.setRole(notLeader(leader.addr))
 	clueless := startFakeVoter(t)
 	clueless.setRole(notLeader(""))
-	dead := deadAddr(t)
+	dead := testutil.FreePort(t) // nobody listens there
 	for _, tc := range []struct {
 		name  string
 		addrs []string
@@ -251,7 +240,7 @@ func TestMultiFinalAnswers(t *testing.T) {
 func TestMultiGivesUpAtTheDeadline(t *testing.T) {
 	clueless := startFakeVoter(t)
 	clueless.setRole(notLeader(""))
-	dead := deadAddr(t)
+	dead := testutil.FreePort(t) // nobody listens there
 	m := newTestMulti([]string{dead, clueless.addr}, nil)
 	defer m.Close()
 	start := time.Now()
