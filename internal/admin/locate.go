@@ -62,7 +62,11 @@ func Locate(q Query) (Cluster, error) {
 		return Cluster{}, err
 	}
 	if c.MetaAddrs, err = transport.ParseAddrList(c.Meta); err != nil {
-		return Cluster{}, fmt.Errorf("%w from %s: %v", ErrBadMeta, c.From, err)
+		from := c.From
+		if from == "flags" {
+			from = "--meta"
+		}
+		return Cluster{}, fmt.Errorf("%w (%s): %v", ErrBadMeta, from, err)
 	}
 	return withKey(c), nil
 }
