@@ -61,9 +61,11 @@ const maxLearnedAddrs = 16
 //   - ENOTCONN naming the leader (rpc.NotLeader, rpc.LeaderHint): to that
 //     address, also one outside the list (the group's membership changed;
 //     logged once, then kept in the list);
-//   - ENOTCONN without a hint (no leader elected yet), or transport trouble
+//   - ENOTCONN without a hint (no leader elected yet), transport trouble
 //     (ErrUnavailable: the voter is down, or did not answer within
-//     AttemptTimeout): to the next address of the list;
+//     AttemptTimeout), or a failed handshake (ErrAuth: not a voter of this
+//     cluster): to the next address of the list — unless every address
+//     refused the key, which is final;
 //   - after every address failed in a round: a short backoff (20 ms,
 //     doubling up to 500 ms), then the address taken for the leader again.
 //
@@ -153,12 +155,15 @@ func (m *Multi) Call(ctx context.Context, method rpc.Method, req, resp rpc.Messa
 	failed := map[string]bool{} // in this round
 	backoff := multiBackoffMin
 	addr := m.Addr()
+	authOnly := true // every failure of this round was ErrAuth
 	for {
 		err := m.attempt(ctx, addr, method, req, resp)
-		if err == nil || !Retryable(err) {
+		auth := errors.Is(err, ErrAuth)
+		if err == nil || !Retryable(err) && !auth {
 			m.answered(addr)
 			return err
 		}
+		authOnly = authOnly && auth
 		tried.note(addr, err)
 		failed[addr] = true
 		// Where to go next, also when giving up: the leader guess moves
@@ -176,8 +181,13 @@ func (m *Multi) Call(ctx context.Context, method rpc.Method, req, resp rpc.Messa
 			addr = next
 			continue
 		}
-		// Every address failed in this round: wait a little, then start
-		// a new round where the leader is thought to be.
+		// Every address failed in this round. If each refused the key,
+		// that will not pass; else wait a little, then start a new round
+		// where the leader is thought to be.
+		if authOnly {
+			return tried.giveUp(method, time.Since(start), err)
+		}
+		authOnly = true
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:

@@ -331,3 +331,29 @@ func TestParseAddrList(t *testing.T) {
 		}
 	}
 }
+
+// TestMultiWrongKey: a voter that refuses the key (another cluster's
+// service on a listed port) is skipped for the others; when every address
+// refuses it, the call fails at once with ErrAuth.
+func TestMultiWrongKey(t *testing.T) {
+	leader := startFakeVoter(t)
+	other := NewServer([]byte("another cluster"))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go other.Serve(ln)
+	defer other.Close()
+	m := newTestMulti([]string{ln.Addr().String(), leader.addr}, nil)
+	defer m.Close()
+	if _, err := create(m, 5*time.Second, rpc.ReqHeader{ClientID: 3, Seq: 1}); err != nil {
+		t.Fatalf("past a voter of another cluster: %v", err)
+	}
+	alone := newTestMulti([]string{ln.Addr().String()}, nil)
+	defer alone.Close()
+	start := time.Now()
+	_, err = create(alone, 5*time.Second, rpc.ReqHeader{ClientID: 3, Seq: 2})
+	if !errors.Is(err, ErrAuth) || time.Since(start) > 2*time.Second {
+		t.Fatalf("only a voter of another cluster: %v after %v, want ErrAuth at once", err, time.Since(start))
+	}
+}
