@@ -655,17 +655,22 @@ func (c *Client) markUnsent() {
 }
 
 // reportOpen makes sure the metadata service knows every inode this client
-// holds open before an operation that could orphan one of them.
-func (c *Client) reportOpen(ctx context.Context) {
+// holds open before an operation that could orphan one of them. It returns
+// the context for that operation's call: the report and the call share one
+// IOTimeout, so that a service without a leader fails the operation after
+// IOTimeout, not twice that (a heartbeat waits for a leader too).
+func (c *Client) reportOpen(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
 	c.mu.Lock()
 	sent := len(c.mu.unsent) == 0
 	c.mu.Unlock()
 	if sent {
-		return // a file opened and closed since the last list needs no report
+		return ctx, cancel // a file opened and closed since the last list needs no report
 	}
 	if err := c.heartbeat(ctx); err != nil {
 		c.log.Debug("open-inode report failed", "err", err)
 	}
+	return ctx, cancel
 }
 
 // budget is a counting semaphore of bytes (write-behind memory).

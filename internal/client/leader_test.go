@@ -283,6 +283,27 @@ func TestLocksReclaimedAtANewLeader(t *testing.T) {
 	}
 }
 
+// TestUnlinkWithoutLeaderFailsWithinIOTimeout: with no leader reachable,
+// an unlink that first reports the open files (a heartbeat, which waits
+// for a leader too) fails with EIO after one IOTimeout, not two.
+func TestUnlinkWithoutLeaderFailsWithinIOTimeout(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	c := tc.client(func(cfg *Config) { cfg.IOTimeout = 2 * time.Second })
+	ctx := context.Background()
+	f, err := c.CreateOpen(ctx, RootIno, "open", 0o644, 0, 0, syscall.O_RDWR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Release(ctx)
+	tc.meta.Close()
+	c.markUnsent() // as after a heartbeat that did not get through
+	start := time.Now()
+	_, err = c.Unlink(ctx, RootIno, "open")
+	if took := time.Since(start); !errIs(err, syscall.EIO) || took > 3500*time.Millisecond {
+		t.Fatalf("unlink without a leader: %v after %v, want EIO after the 2s IOTimeout", err, took)
+	}
+}
+
 // waitUntil polls cond every 10 ms for up to d.
 func waitUntil(d time.Duration, cond func() bool) error {
 	deadline := time.Now().Add(d)

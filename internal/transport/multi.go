@@ -314,6 +314,6 @@ func (a *attempts) giveUp(method rpc.Method, took time.Duration, last error) err
 		}
 		fmt.Fprintf(&b, "%s: %v", addr, a.last[addr])
 	}
-	return fmt.Errorf("call %d: no metadata voter answered as leader in %v (%d attempts; tried %s): %w",
+	return fmt.Errorf("method %d: no metadata voter answered as leader in %v (%d attempts; tried %s): %w",
 		method, took.Round(time.Millisecond), a.n, b.String(), last)
 }
