@@ -544,10 +544,13 @@ func retryableMeta(err error) bool { return transport.Retryable(err) }
 func (c *Client) heartbeatLoop() {
 	defer c.wg.Done()
 	const kickDelay = 50 * time.Millisecond
-	// After a failed heartbeat (the service restarting, a new leader being
-	// elected) try again soon rather than a third of a lease later: a
-	// restarted service holds back new locks until every client has
-	// reclaimed its own, which happens in the first heartbeat it answers.
+	// A heartbeat itself follows the leader among the voters and waits
+	// for one to be elected (c.meta), up to IOTimeout; one that failed
+	// even so is tried again soon rather than a third of a lease later: a
+	// restarted service, or a new leader, holds back new locks until every
+	// client has reclaimed its own, which happens in the first heartbeat
+	// it answers. Calls answered by a new leader kick a heartbeat at once
+	// (New: OnLeaderChange).
 	const retryInterval = 500 * time.Millisecond
 	failed := false
 	for {

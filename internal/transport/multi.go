@@ -149,8 +149,11 @@ func Retryable(err error) bool {
 // the call is answered or its deadline passes (see Multi).
 func (m *Multi) Call(ctx context.Context, method rpc.Method, req, resp rpc.Message) error {
 	start := time.Now()
-	ctx, cancel := context.WithDeadline(ctx, deadlineOf(ctx, m.cfg.CallTimeout))
-	defer cancel()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, m.cfg.CallTimeout)
+		defer cancel()
+	}
 	var tried attempts
 	failed := map[string]bool{} // in this round
 	backoff := multiBackoffMin
