@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,26 +32,7 @@ func TestMetaAddressList(t *testing.T) {
 	t.Cleanup(func() { st.Stop(10 * time.Second) })
 	c.WaitTargets(2, 20*time.Second)
 
-	mnt := filepath.Join(c.Dir, "listed-mnt")
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	mp := testutil.StartProc(t, c.Dir, "listed-mount", nil, c.Bin, "mount", "--meta", list, "--key-file", c.KeyFile, mnt)
-	t.Cleanup(func() {
-		mp.Stop(10 * time.Second)
-		testutil.ForceUnmount(mnt)
-	})
-	if err := testutil.WaitFor(20*time.Second, func() error {
-		if mp.Exited() {
-			t.Fatalf("mount --meta %s exited:\n%s", list, mp.Tail(20))
-		}
-		if !testutil.IsMounted(mnt) {
-			return os.ErrNotExist
-		}
-		return nil
-	}); err != nil {
-		t.Fatalf("mount --meta %s: %v\n%s", list, err, mp.Tail(20))
-	}
+	mnt := startListedMount(t, c, list)
 	data := bytes.Repeat([]byte("voters"), 50000)
 	if err := os.WriteFile(filepath.Join(mnt, "f"), data, 0o644); err != nil {
 		t.Fatalf("write through the mount with --meta %s: %v", list, err)
@@ -77,6 +59,103 @@ func TestMetaAddressList(t *testing.T) {
 	}
 	if out, code := run(t, c.Bin, mnt, "status"); code != 0 || !strings.Contains(out, "health ok") {
 		t.Fatalf("status inside the mount with --meta %s: exit %d\n%s", list, code, out)
+	}
+}
+
+// startListedMount mounts the cluster with --meta list and returns the
+// mount point.
+func startListedMount(t *testing.T, c *testutil.ProcCluster, list string) string {
+	t.Helper()
+	mnt := filepath.Join(c.Dir, "listed-mnt")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mp := testutil.StartProc(t, c.Dir, "listed-mount", nil, c.Bin, "mount", "--meta", list, "--key-file", c.KeyFile, mnt)
+	t.Cleanup(func() {
+		mp.Stop(10 * time.Second)
+		testutil.ForceUnmount(mnt)
+	})
+	if err := testutil.WaitFor(20*time.Second, func() error {
+		if mp.Exited() {
+			t.Fatalf("mount --meta %s exited:\n%s", list, mp.Tail(20))
+		}
+		if !testutil.IsMounted(mnt) {
+			return os.ErrNotExist
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("mount --meta %s: %v\n%s", list, err, mp.Tail(20))
+	}
+	return mnt
+}
+
+// TestListedMountRidesOutAMetaKill: a mount given --meta DEAD,LIVE keeps
+// creating, writing and removing files while the metadata service is
+// killed (kill -9) and restarted: no operation fails, and the files that
+// exist afterwards are exactly those created and not removed (a create or
+// unlink repeated after the kill is answered from the duplicate-request
+// table, not applied twice).
+func TestListedMountRidesOutAMetaKill(t *testing.T) {
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 1, Mounts: 1})
+	mnt := startListedMount(t, c, testutil.FreePort(t)+","+c.MetaAddr)
+	dir := filepath.Join(mnt, "load")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	created := 0
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			p := filepath.Join(dir, "f"+strconv.Itoa(i))
+			if err := os.WriteFile(p, []byte(p), 0o644); err != nil {
+				done <- err
+				return
+			}
+			if i%2 == 1 {
+				if err := os.Remove(p); err != nil {
+					done <- err
+					return
+				}
+			}
+			created = i + 1
+		}
+	}()
+	time.Sleep(time.Second)
+	c.Meta.Kill()
+	time.Sleep(500 * time.Millisecond)
+	c.StartMeta()
+	time.Sleep(time.Second)
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatalf("operation failed across the metadata service's kill and restart: %v", err)
+	}
+	t.Logf("%d files created (every other one removed) across the kill", created)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for i := 0; i < created; i += 2 {
+		want["f"+strconv.Itoa(i)] = true
+	}
+	for _, e := range ents {
+		if !want[e.Name()] {
+			t.Errorf("%s exists: it was removed, or never created", e.Name())
+		}
+		delete(want, e.Name())
+		if b, err := os.ReadFile(filepath.Join(dir, e.Name())); err != nil || string(b) != filepath.Join(dir, e.Name()) {
+			t.Errorf("%s holds %q, %v", e.Name(), b, err)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("created and not removed, but missing: %v", want)
 	}
 }
 
