@@ -48,7 +48,8 @@ func startFakeFollower(t *testing.T, hint string) *fakeFollower {
 
 // TestRegistrationFindsTheLeader: a storage server given a dead address,
 // a follower and the leader registers with the leader; when the leader
-// goes away and the follower names another, heartbeats go there.
+// goes away and the follower names another, which does not know the
+// server (ESTALE), the server registers there and heartbeats go there.
 func TestRegistrationFindsTheLeader(t *testing.T) {
 	leader := startFakeMeta(t, "127.0.0.1:0")
 	follower := startFakeFollower(t, leader.addr)
@@ -63,9 +64,11 @@ func TestRegistrationFindsTheLeader(t *testing.T) {
 	waitFor(t, "heartbeats at the leader", func() bool { return leader.beats.Load() >= 3 })
 
 	next := startFakeMeta(t, "127.0.0.1:0")
+	next.staleOnce.Store(true) // the new leader does not know this server yet
 	follower.mu.Lock()
 	follower.hint = next.addr // a voter outside the list given
 	follower.mu.Unlock()
 	leader.srv.Close()
+	waitFor(t, "registration with the new leader", func() bool { return next.regs.Load() >= 1 })
 	waitFor(t, "heartbeats at the new leader", func() bool { return next.beats.Load() >= 3 })
 }
