@@ -138,6 +138,9 @@ func (m *Multi) Close() error {
 	return nil
 }
 
+// errMultiClosed fails the calls on a closed Multi, at once.
+var errMultiClosed = fmt.Errorf("%w: closed", ErrUnavailable)
+
 // Retryable reports whether err leaves a call to a replicated service
 // unanswered, so that the same request may go again, to the same address
 // or another: transport trouble, or ENOTCONN (not the leader).
@@ -161,6 +164,9 @@ func (m *Multi) Call(ctx context.Context, method rpc.Method, req, resp rpc.Messa
 	authOnly := true // every failure of this round was ErrAuth
 	for {
 		err := m.attempt(ctx, addr, method, req, resp)
+		if err == errMultiClosed {
+			return err
+		}
 		auth := errors.Is(err, ErrAuth)
 		if err == nil || !Retryable(err) && !auth {
 			m.answered(addr)
@@ -209,7 +215,7 @@ func (m *Multi) Call(ctx context.Context, method rpc.Method, req, resp rpc.Messa
 func (m *Multi) attempt(ctx context.Context, addr string, method rpc.Method, req, resp rpc.Message) error {
 	c, n := m.client(addr)
 	if c == nil {
-		return fmt.Errorf("%w: %s: caller closed", ErrUnavailable, addr)
+		return errMultiClosed
 	}
 	if n > 1 && m.cfg.AttemptTimeout > 0 {
 		var cancel context.CancelFunc

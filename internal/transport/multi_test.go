@@ -357,3 +357,14 @@ func TestMultiWrongKey(t *testing.T) {
 		t.Fatalf("only a voter of another cluster: %v after %v, want ErrAuth at once", err, time.Since(start))
 	}
 }
+
+// TestMultiClosed: a call on a closed Multi fails at once.
+func TestMultiClosed(t *testing.T) {
+	leader := startFakeVoter(t)
+	m := newTestMulti([]string{leader.addr}, nil)
+	m.Close()
+	start := time.Now()
+	if _, err := create(m, 5*time.Second, rpc.ReqHeader{ClientID: 4, Seq: 1}); !errors.Is(err, ErrUnavailable) || time.Since(start) > time.Second {
+		t.Fatalf("call on a closed Multi: %v after %v, want ErrUnavailable at once", err, time.Since(start))
+	}
+}
