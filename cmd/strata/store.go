@@ -29,9 +29,10 @@ Each --target is a directory, ideally the root of its own disk. An empty
 directory is formatted on first use; a directory of another format version
 or one already served by another process is refused. The server registers
 its targets with the metadata service at --meta (the leader among the
-voters listed; retrying while it is down) and serves clients at --listen. Data written and not yet synced
-(under --sync-policy async) becomes durable within --sync-interval: each
-target syncs it in a background round; strata status shows what waits.`,
+voters listed; retrying while it is down) and serves clients at --listen.
+Data written and not yet synced (under --sync-policy async) becomes
+durable within --sync-interval: each target syncs it in a background
+round; strata status shows what waits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if metaAddr == "" {
