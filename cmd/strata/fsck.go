@@ -120,7 +120,7 @@ func isTerminal(f *os.File) bool {
 // fsck checks every target of the cluster whose metadata service is at meta,
 // reporting its progress to progress (nil: nowhere).
 func fsck(ctx context.Context, meta string, key []byte, remove bool, progress io.Writer) ([]*fsckTarget, error) {
-	mc := adminClient(meta, key)
+	mc := adminMetaClient(meta, key)
 	defer mc.Close()
 	var st rpc.ClusterStatusResp
 	if err := mc.Call(ctx, rpc.MClusterStatus, &rpc.Empty{}, &st); err != nil {
@@ -177,7 +177,7 @@ func fsck(ctx context.Context, meta string, key []byte, remove bool, progress io
 
 // fsckTargetChunks lists r's chunks page by page and counts those whose
 // inode, below next, the namespace does not know.
-func fsckTargetChunks(ctx context.Context, mc, sc *transport.Client, r *fsckTarget, next uint64, p *fsckProgress) error {
+func fsckTargetChunks(ctx context.Context, mc transport.Caller, sc *transport.Client, r *fsckTarget, next uint64, p *fsckProgress) error {
 	for from := uint32(0); ; {
 		var page rpc.ListChunksResp
 		if err := sc.Call(ctx, rpc.SListChunks, &rpc.ListChunksReq{Target: r.ID, From: from, Max: fsckListPage}, &page); err != nil {

@@ -16,16 +16,17 @@ import (
 	"github.com/stratafs/strata/internal/client"
 	"github.com/stratafs/strata/internal/fuse"
 	"github.com/stratafs/strata/internal/mountinfo"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 func init() {
 	cfg := client.DefaultConfig()
-	var keyFile string
+	var keyFile, metaList string
 	var tf tlsFlags
 	var debugFuse bool
 	kernelReadAhead := int64(fuse.DefaultKernelReadAhead)
 	cmd := &cobra.Command{
-		Use:   "mount --meta ADDR [--key-file FILE] MOUNTPOINT",
+		Use:   "mount --meta ADDR[,ADDR...] [--key-file FILE] MOUNTPOINT",
 		Short: "Mount the Strata file system (FUSE) and serve it until SIGINT/SIGTERM",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -34,14 +35,18 @@ func init() {
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if cfg.MetaAddr == "" {
-				cfg.MetaAddr = os.Getenv("STRATA_META")
+			if metaList == "" {
+				metaList = os.Getenv("STRATA_META")
 			}
 			if keyFile == "" {
 				keyFile = os.Getenv("STRATA_KEY_FILE")
 			}
-			if cfg.MetaAddr == "" {
-				return usagef("mount: --meta ADDR is required (or set STRATA_META)")
+			if metaList == "" {
+				return usagef("mount: --meta ADDR[,ADDR...] is required (or set STRATA_META)")
+			}
+			var err error
+			if cfg.MetaAddrs, err = transport.ParseAddrList(metaList); err != nil {
+				return usagef("mount: --meta %v", err)
 			}
 			if keyFile == "" {
 				return usagef("mount: --key-file FILE is required (or set STRATA_KEY_FILE)")
@@ -68,7 +73,7 @@ func init() {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.MetaAddr, "meta", "", "metadata service address host:port (default $STRATA_META)")
+	f.StringVar(&metaList, "meta", "", metaFlagUsage+" (default $STRATA_META)")
 	f.StringVar(&keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE)")
 	tf.register(f)
 	f.DurationVar(&cfg.IOTimeout, "io-timeout", cfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
@@ -81,6 +86,9 @@ func init() {
 	f.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request")
 	rootCmd.AddCommand(cmd)
 }
+
+// metaFlagUsage is the help of --meta (store, mount, the admin commands).
+const metaFlagUsage = "metadata service: its voters' addresses, host:port[,host:port...] (calls go to the leader among them)"
 
 // syncPolicyUsage explains --sync-policy (mount and up).
 const syncPolicyUsage = "sync: close puts written data on stable storage and commits the size durably (a close that wrote nothing waits for nothing; names are durable within 5 ms or at fsync); " +
@@ -107,7 +115,7 @@ func runMount(cfg client.Config, keyFile, mountpoint string, opts fuse.Options) 
 	if abs, err := filepath.Abs(keyFile); err == nil && keyFile != "" {
 		keyFile = abs
 	}
-	removeRecord, err := mountinfo.WriteRecord(mountinfo.Record{Mount: cfg.MountPoint, Meta: cfg.MetaAddr, KeyFile: keyFile})
+	removeRecord, err := mountinfo.WriteRecord(mountinfo.Record{Mount: cfg.MountPoint, Meta: c.Config().MetaAddr, KeyFile: keyFile})
 	if err != nil {
 		slog.Warn("admin commands will not find this mount's key file", "err", err)
 	} else {

@@ -32,32 +32,45 @@ type adminFlags struct {
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&a.meta, "meta", "", "metadata service address (default $STRATA_META, the mount the working directory is on, or the running strata up)")
+	cmd.Flags().StringVar(&a.meta, "meta", "", metaFlagUsage+" (default $STRATA_META, the mount the working directory is on, or the running strata up)")
 	cmd.Flags().StringVar(&a.keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE, or the one the mount or strata up was started with)")
 	cmd.Flags().StringVar(&a.data, "data", "", "data directory of a local cluster started by strata up (default: ./strata-data if present)")
 	a.tls.register(cmd.Flags())
 }
 
-func (a *adminFlags) dial() (*transport.Client, error) {
+// dial returns a caller of the metadata service found (its leader).
+func (a *adminFlags) dial() (*transport.Multi, error) {
 	meta, key, err := a.resolve()
 	if err != nil {
 		return nil, err
 	}
-	return adminClient(meta, key), nil
+	return adminMetaClient(meta, key), nil
+}
+
+// adminMetaClient is adminClient for the metadata service whose voters
+// meta lists (as resolve returns it: checked, comma-separated): calls go
+// to the leader among them.
+func adminMetaClient(meta string, key []byte) *transport.Multi {
+	return transport.NewMulti(strings.Split(meta, ","), transport.MultiConfig{ClientConfig: adminClientConfig(key), AttemptTimeout: 3 * time.Second})
 }
 
 // adminClient is a client of a cluster's service at addr for the admin
 // commands: one connection, short timeouts.
 func adminClient(addr string, key []byte) *transport.Client {
-	return transport.NewClient(addr, transport.ClientConfig{Key: key, TLS: adminTLS, Conns: 1, DialTimeout: 3 * time.Second, CallTimeout: 10 * time.Second})
+	return transport.NewClient(addr, adminClientConfig(key))
 }
 
-// resolve finds the metadata service's address and the cluster key.
+func adminClientConfig(key []byte) transport.ClientConfig {
+	return transport.ClientConfig{Key: key, TLS: adminTLS, Conns: 1, DialTimeout: 3 * time.Second, CallTimeout: 10 * time.Second}
+}
+
+// resolve finds the metadata service's addresses (its voters; returned
+// checked and comma-separated, as --meta takes them) and the cluster key.
 func (a *adminFlags) resolve() (string, []byte, error) {
 	wd, _ := os.Getwd()
 	c, err := admin.Locate(admin.Query{Meta: a.meta, KeyFile: a.keyFile, Data: a.data, Dir: wd})
 	if err != nil {
-		if errors.Is(err, admin.ErrNoCluster) || errors.Is(err, admin.ErrNoPath) {
+		if errors.Is(err, admin.ErrNoCluster) || errors.Is(err, admin.ErrNoPath) || errors.Is(err, admin.ErrBadMeta) {
 			return "", nil, usageError{err}
 		}
 		return "", nil, err
@@ -69,8 +82,8 @@ func (a *adminFlags) resolve() (string, []byte, error) {
 	if _, err := a.tls.load(); err != nil {
 		return "", nil, err
 	}
-	slog.Debug("cluster located", "meta", c.Meta, "key_file", c.KeyFile, "from", c.From)
-	return c.Meta, key, nil
+	slog.Debug("cluster located", "meta", c.MetaAddrs, "key_file", c.KeyFile, "from", c.From)
+	return strings.Join(c.MetaAddrs, ","), key, nil
 }
 
 func init() {

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stratafs/strata/internal/store"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 func init() {
@@ -20,21 +21,26 @@ func init() {
 		tf                                                    tlsFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "store --meta ADDR --listen ADDR --target DIR [--target DIR ...]",
+		Use:   "store --meta ADDR[,ADDR...] --listen ADDR --target DIR [--target DIR ...]",
 		Short: "Run a storage server: serve chunk data from target directories",
 		Long: `Run a storage server in the foreground until SIGINT or SIGTERM.
 
 Each --target is a directory, ideally the root of its own disk. An empty
 directory is formatted on first use; a directory of another format version
 or one already served by another process is refused. The server registers
-its targets with the metadata service at --meta (retrying while it is
-down) and serves clients at --listen. Data written and not yet synced
-(under --sync-policy async) becomes durable within --sync-interval: each
-target syncs it in a background round; strata status shows what waits.`,
+its targets with the metadata service at --meta (the leader among the
+voters listed; retrying while it is down) and serves clients at --listen.
+Data written and not yet synced (under --sync-policy async) becomes
+durable within --sync-interval: each target syncs it in a background
+round; strata status shows what waits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if metaAddr == "" {
-				return usagef("store: --meta ADDR is required (the metadata service address, host:port)")
+				return usagef("store: --meta ADDR[,ADDR...] is required (the metadata service's voters, host:port each)")
+			}
+			metaAddrs, err := transport.ParseAddrList(metaAddr)
+			if err != nil {
+				return usagef("store: --meta %v", err)
 			}
 			if listenAddr == "" {
 				return usagef("store: --listen ADDR is required (the data-path address, host:port)")
@@ -43,7 +49,7 @@ target syncs it in a background round; strata status shows what waits.`,
 				return usagef("store: at least one --target DIR is required")
 			}
 			cfg := store.DefaultConfig()
-			cfg.MetaAddr = metaAddr
+			cfg.MetaAddrs = metaAddrs
 			cfg.ListenAddr = listenAddr
 			cfg.AdvertiseAddr = advertise
 			cfg.Targets = targets
@@ -88,7 +94,7 @@ target syncs it in a background round; strata status shows what waits.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&metaAddr, "meta", "", "metadata service address (host:port)")
+	f.StringVar(&metaAddr, "meta", "", metaFlagUsage)
 	f.StringVar(&listenAddr, "listen", "", "address to serve the data path on (host:port)")
 	f.StringVar(&advertise, "advertise", "", "address clients dial (default: the listen address)")
 	f.StringArrayVar(&targets, "target", nil, "target directory (repeat for several)")

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -186,11 +187,15 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		return nil
 	})
 	slog.Info("metadata service up", "addr", msvc.Addr())
+	// The metadata service's voters, as stores and the mount are given
+	// them (--meta A,B,C): one here.
+	metaAddrs := []string{msvc.Addr()}
+	metaList := strings.Join(metaAddrs, ",")
 
 	var servers []*store.Server
 	for i := 0; i < o.stores; i++ {
 		scfg := store.DefaultConfig()
-		scfg.MetaAddr = msvc.Addr()
+		scfg.MetaAddrs = metaAddrs
 		scfg.ListenAddr = "127.0.0.1:0"
 		scfg.ClusterKey = key
 		scfg.TLS = o.tls
@@ -223,12 +228,12 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		}
 		return nil
 	}
-	if err := waitTargets(ctx, msvc.Addr(), key, o.stores*o.targetsPerStore, refused); err != nil {
+	if err := waitTargets(ctx, metaAddrs, key, o.stores*o.targetsPerStore, refused); err != nil {
 		return err
 	}
 
 	ccfg := client.DefaultConfig()
-	ccfg.MetaAddr = msvc.Addr()
+	ccfg.MetaAddrs = metaAddrs
 	ccfg.ClusterKey = key
 	ccfg.TLS = o.tls
 	ccfg.SyncPolicy = o.syncPolicy
@@ -254,19 +259,19 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		return nil
 	})
 
-	info := admin.UpInfo{Meta: msvc.Addr(), KeyFile: keyFile, Mount: mountDir, Pid: os.Getpid()}
+	info := admin.UpInfo{Meta: metaList, KeyFile: keyFile, Mount: mountDir, Pid: os.Getpid()}
 	b, _ := json.MarshalIndent(info, "", "  ")
 	if err := os.WriteFile(filepath.Join(dataDir, "cluster.json"), append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write cluster.json: %w", err)
 	}
 	stops = append(stops, func() error { os.Remove(filepath.Join(dataDir, "cluster.json")); return nil })
-	removeRecord, err := mountinfo.WriteRecord(mountinfo.Record{Mount: mountDir, Meta: msvc.Addr(), KeyFile: keyFile, Data: dataDir})
+	removeRecord, err := mountinfo.WriteRecord(mountinfo.Record{Mount: mountDir, Meta: metaList, KeyFile: keyFile, Data: dataDir})
 	if err != nil {
 		return err
 	}
 	stops = append(stops, func() error { removeRecord(); return nil })
 	fmt.Fprintf(os.Stderr, "strata: mounted at %s (metadata %s, %d storage servers × %d targets, data in %s). Ctrl-C to stop.\n",
-		mountDir, msvc.Addr(), o.stores, o.targetsPerStore, dataDir)
+		mountDir, metaList, o.stores, o.targetsPerStore, dataDir)
 
 	unmounted := make(chan struct{})
 	go func() { m.Wait(); close(unmounted) }()
@@ -281,14 +286,17 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 
 // waitTargets waits, bounded, until the metadata service lists n live
 // targets; refused ends the wait early with a refusal that will not pass.
-func waitTargets(ctx context.Context, metaAddr string, key []byte, n int, refused func() error) error {
-	c := transport.NewClient(metaAddr, transport.ClientConfig{Key: key, TLS: adminTLS, Conns: 1})
+func waitTargets(ctx context.Context, metaAddrs []string, key []byte, n int, refused func() error) error {
+	c := transport.NewMulti(metaAddrs, transport.MultiConfig{ClientConfig: transport.ClientConfig{Key: key, TLS: adminTLS, Conns: 1}})
 	defer c.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	var last int
 	for time.Now().Before(deadline) {
 		var lt rpc.ListTargetsResp
-		if err := c.Call(ctx, rpc.MListTargets, &rpc.Empty{}, &lt); err == nil {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := c.Call(cctx, rpc.MListTargets, &rpc.Empty{}, &lt)
+		cancel()
+		if err == nil {
 			last = 0
 			for _, t := range lt.Targets {
 				if t.Alive {

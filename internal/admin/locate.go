@@ -6,13 +6,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/stratafs/strata/internal/mountinfo"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // ErrNoCluster: no way to find a cluster was given or found.
 var ErrNoCluster = errors.New("no metadata service address")
+
+// ErrBadMeta: the metadata address list found is not a valid one.
+var ErrBadMeta = errors.New("bad metadata address list")
 
 // ErrNoPath: a path given on the command line does not exist.
 var ErrNoPath = errors.New("does not exist")
@@ -22,7 +27,7 @@ const DefaultDataDir = "./strata-data"
 
 // UpInfo is what strata up records in DATA/cluster.json while it runs.
 type UpInfo struct {
-	Meta    string `json:"meta"`
+	Meta    string `json:"meta"` // the metadata voters' addresses, comma-separated (one: no comma)
 	KeyFile string `json:"key_file"`
 	Mount   string `json:"mount"`
 	Pid     int    `json:"pid"`
@@ -38,18 +43,35 @@ type Query struct {
 
 // Cluster is where a cluster was found.
 type Cluster struct {
-	Meta    string
-	KeyFile string // "" = empty key
-	From    string // how it was found, for messages
+	Meta      string   // the metadata voters' addresses as found: "A" or "A,B,C"
+	MetaAddrs []string // Meta parsed and checked
+	KeyFile   string   // "" = empty key
+	From      string   // how it was found, for messages
 }
 
-// Locate finds the metadata service address and the key file, in order:
-// flags and $STRATA_META / $STRATA_KEY_FILE; --data's cluster.json; the
-// Strata mount that q.Dir lies on (its runtime record, else its source);
+// Locate finds the metadata service's addresses (its voters, a list as
+// `--meta A,B,C` gives it) and the key file, in order: flags and
+// $STRATA_META / $STRATA_KEY_FILE; --data's cluster.json; the Strata mount
+// that q.Dir lies on (its runtime record, else its source);
 // ./strata-data/cluster.json; the one running strata up of this machine.
-// A key file not found with the address comes from a runtime record of
-// the same address.
+// A key file not found with the addresses comes from a runtime record
+// naming one of them. A list that does not parse is ErrBadMeta.
 func Locate(q Query) (Cluster, error) {
+	c, err := locate(q)
+	if err != nil {
+		return Cluster{}, err
+	}
+	if c.MetaAddrs, err = transport.ParseAddrList(c.Meta); err != nil {
+		from := c.From
+		if from == "flags" {
+			from = "--meta"
+		}
+		return Cluster{}, fmt.Errorf("%w (%s): %v", ErrBadMeta, from, err)
+	}
+	return withKey(c), nil
+}
+
+func locate(q Query) (Cluster, error) {
 	getenv := q.Getenv
 	if getenv == nil {
 		getenv = os.Getenv
@@ -63,28 +85,28 @@ func Locate(q Query) (Cluster, error) {
 		c.KeyFile = getenv("STRATA_KEY_FILE")
 	}
 	if c.Meta != "" {
-		return withKey(c), nil
+		return c, nil
 	}
 	if q.Data != "" {
 		info, err := readUpInfo(q.Data)
 		if err != nil {
 			return Cluster{}, err
 		}
-		return withKey(fill(c, info.Meta, info.KeyFile, "cluster.json in "+q.Data)), nil
+		return fill(c, info.Meta, info.KeyFile, "cluster.json in "+q.Data), nil
 	}
 	if q.Dir != "" {
 		if m, ok, _ := mountinfo.OnStrata(q.Dir); ok {
 			if r, ok := mountinfo.RecordFor(m.Point); ok {
-				return withKey(fill(c, r.Meta, r.KeyFile, "the mount at "+m.Point)), nil
+				return fill(c, r.Meta, r.KeyFile, "the mount at "+m.Point), nil
 			}
 			if a, ok := m.MetaAddr(); ok {
-				return withKey(fill(c, a, "", "the mount at "+m.Point)), nil
+				return fill(c, a, "", "the mount at "+m.Point), nil
 			}
 		}
 		dd := filepath.Join(q.Dir, DefaultDataDir)
 		if _, err := os.Stat(dd); err == nil {
 			if info, err := readUpInfo(dd); err == nil {
-				return withKey(fill(c, info.Meta, info.KeyFile, "cluster.json in "+dd)), nil
+				return fill(c, info.Meta, info.KeyFile, "cluster.json in "+dd), nil
 			}
 		}
 	}
@@ -96,7 +118,7 @@ func Locate(q Query) (Cluster, error) {
 	}
 	switch len(ups) {
 	case 1:
-		return withKey(fill(c, ups[0].Meta, ups[0].KeyFile, fmt.Sprintf("the strata up of pid %d", ups[0].Pid))), nil
+		return fill(c, ups[0].Meta, ups[0].KeyFile, fmt.Sprintf("the strata up of pid %d", ups[0].Pid)), nil
 	case 0:
 		return Cluster{}, fmt.Errorf("%w: no strata up is running here and %s is not on a Strata mount; pass --meta ADDR (and --key-file), set STRATA_META, or --data DIR of a strata up", ErrNoCluster, q.Dir)
 	}
@@ -116,14 +138,14 @@ func fill(c Cluster, meta, keyFile, from string) Cluster {
 	return c
 }
 
-// withKey looks up a key file for c's address in the runtime records when
-// none was given.
+// withKey looks up a key file for c's addresses in the runtime records
+// when none was given: a record naming one of them.
 func withKey(c Cluster) Cluster {
 	if c.KeyFile != "" {
 		return c
 	}
 	for _, r := range mountinfo.Records() {
-		if r.Meta == c.Meta && r.KeyFile != "" {
+		if r.KeyFile != "" && slices.ContainsFunc(r.MetaAddrs(), func(a string) bool { return slices.Contains(c.MetaAddrs, a) }) {
 			c.KeyFile = r.KeyFile
 			return c
 		}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -28,7 +29,7 @@ var ErrClosed = errors.New("client: closed")
 type Client struct {
 	cfg  Config
 	log  *slog.Logger
-	meta *transport.Client
+	meta *transport.Multi // the metadata voters; calls go to the leader
 	m    *metrics
 
 	clientID atomic.Uint64 // current session id; changes when the session is reopened
@@ -134,6 +135,8 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Host == "" {
 		cfg.Host, _ = os.Hostname()
 	}
+	cfg.MetaAddrs, _ = cfg.MetaList() // checked by Validate
+	cfg.MetaAddr = strings.Join(cfg.MetaAddrs, ",")
 	c := &Client{
 		cfg:    cfg,
 		log:    slog.Default().With("pkg", "client"),
@@ -141,12 +144,18 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		dirs:   newDirCache(cfg.DirAttrTTL),
 		m:      newMetrics(),
 	}
-	c.meta = transport.NewClient(cfg.MetaAddr, transport.ClientConfig{
-		Key:         cfg.ClusterKey,
-		TLS:         cfg.TLS,
-		Conns:       cfg.MetaConns,
-		DialTimeout: min(3*time.Second, cfg.IOTimeout),
-		CallTimeout: cfg.IOTimeout,
+	c.meta = transport.NewMulti(cfg.MetaAddrs, transport.MultiConfig{
+		ClientConfig: transport.ClientConfig{
+			Key:         cfg.ClusterKey,
+			TLS:         cfg.TLS,
+			Conns:       cfg.MetaConns,
+			DialTimeout: min(3*time.Second, cfg.IOTimeout),
+			CallTimeout: cfg.IOTimeout,
+		},
+		AttemptTimeout: metaAttemptTimeout,
+		// A new leader holds back new locks until every session reclaimed
+		// its own (or a lease passed): renew the session there at once.
+		OnLeaderChange: func(old, cur string) { c.kickHeartbeat() },
 	})
 	c.targets.init(c)
 	c.mu.inodes = map[uint64]*inode{}
@@ -248,11 +257,24 @@ func (c *Client) openSession(ctx context.Context) error {
 	return nil
 }
 
-// metaCall calls the metadata service, retrying calls that failed in
-// transport (transport.ErrUnavailable: the service is restarting or a leader is
-// being elected) with backoff until cfg.IOTimeout has passed. A mutating
-// request carries its ReqHeader unchanged through the retries, so the
-// service applies it at most once. ctx can only shorten the wait.
+// metaAttemptTimeout bounds one attempt of a metadata call at one voter
+// while there are others to try (transport.MultiConfig.AttemptTimeout): a
+// leader that hangs with its sockets open, or whose host dropped off the
+// network, costs this long before the call goes to another voter. Above
+// the longest a leader takes to answer: a lock wait (meta's lockWait, 1 s)
+// or a log sync under load.
+const metaAttemptTimeout = 3 * time.Second
+
+// metaCall calls the metadata service: c.meta sends the call to the
+// leader among the voters, following leader hints and retrying calls that
+// failed in transport (transport.ErrUnavailable: a voter is down or
+// restarting) or were answered ENOTCONN (not the leader; a leader is being
+// elected) until cfg.IOTimeout has passed; the loop here backs off and
+// tries again should c.meta give up earlier. A mutating request carries
+// its ReqHeader unchanged through the retries, so the service applies it
+// at most once (the duplicate-request table is replicated state, so a
+// retry that reaches a new leader is answered from it). ctx can only
+// shorten the wait.
 func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Message) error {
 	deadline := time.Now().Add(c.cfg.IOTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -512,9 +534,7 @@ func (c *Client) checkedUpTo(seq uint64, checked []rpc.Stamp) {
 // applied for sure and may be repeated with the same header: transport
 // trouble, or ENOTCONN — the node is not (yet) the leader, e.g. during an
 // election after a restart (meta.ErrNotLeader).
-func retryableMeta(err error) bool {
-	return errors.Is(err, transport.ErrUnavailable) || errors.Is(err, syscall.ENOTCONN)
-}
+func retryableMeta(err error) bool { return transport.Retryable(err) }
 
 // heartbeatLoop renews the session every lease/3 and reports open inodes.
 // It owns session renewal: on ESTALE (the service forgot the session, e.g.
@@ -524,10 +544,13 @@ func retryableMeta(err error) bool {
 func (c *Client) heartbeatLoop() {
 	defer c.wg.Done()
 	const kickDelay = 50 * time.Millisecond
-	// After a failed heartbeat (the service restarting, a new leader being
-	// elected) try again soon rather than a third of a lease later: a
-	// restarted service holds back new locks until every client has
-	// reclaimed its own, which happens in the first heartbeat it answers.
+	// A heartbeat itself follows the leader among the voters and waits
+	// for one to be elected (c.meta), up to IOTimeout; one that failed
+	// even so is tried again soon rather than a third of a lease later: a
+	// restarted service, or a new leader, holds back new locks until every
+	// client has reclaimed its own, which happens in the first heartbeat
+	// it answers. Calls answered by a new leader kick a heartbeat at once
+	// (New: OnLeaderChange).
 	const retryInterval = 500 * time.Millisecond
 	failed := false
 	for {
@@ -560,6 +583,14 @@ func (c *Client) heartbeatLoop() {
 			c.log.Info("session heartbeat answered again", "addr", c.cfg.MetaAddr)
 		}
 		failed = err != nil
+	}
+}
+
+// kickHeartbeat makes the heartbeat loop send one soon (kicks coalesce).
+func (c *Client) kickHeartbeat() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -627,17 +658,22 @@ func (c *Client) markUnsent() {
 }
 
 // reportOpen makes sure the metadata service knows every inode this client
-// holds open before an operation that could orphan one of them.
-func (c *Client) reportOpen(ctx context.Context) {
+// holds open before an operation that could orphan one of them. It returns
+// the context for that operation's call: the report and the call share one
+// IOTimeout, so that a service without a leader fails the operation after
+// IOTimeout, not twice that (a heartbeat waits for a leader too).
+func (c *Client) reportOpen(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
 	c.mu.Lock()
 	sent := len(c.mu.unsent) == 0
 	c.mu.Unlock()
 	if sent {
-		return // a file opened and closed since the last list needs no report
+		return ctx, cancel // a file opened and closed since the last list needs no report
 	}
 	if err := c.heartbeat(ctx); err != nil {
 		c.log.Debug("open-inode report failed", "err", err)
 	}
+	return ctx, cancel
 }
 
 // budget is a counting semaphore of bytes (write-behind memory).

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // Sync policies (Config.SyncPolicy).
@@ -39,7 +41,13 @@ func ValidSyncPolicy(p string) bool {
 // Config configures a Client. The zero value is not valid; start from
 // DefaultConfig.
 type Config struct {
-	// MetaAddr is the metadata service's address (host:port).
+	// MetaAddrs are the metadata service's voters (host:port each), as
+	// `--meta A,B,C` lists them: calls go to the leader among them
+	// (transport.Multi). One address is a list of one.
+	MetaAddrs []string
+	// MetaAddr is the older form of MetaAddrs: one address, or a
+	// comma-separated list. Used when MetaAddrs is empty; New sets it to
+	// the list joined with commas (the mount's source shows it).
 	MetaAddr string
 	// ClusterKey authenticates this client and every server to each
 	// other.
@@ -95,7 +103,7 @@ type Config struct {
 	MountPoint string
 }
 
-// DefaultConfig returns the defaults; MetaAddr and ClusterKey must still be set.
+// DefaultConfig returns the defaults; MetaAddrs (or MetaAddr) and ClusterKey must still be set.
 func DefaultConfig() Config {
 	return Config{
 		IOTimeout:             30 * time.Second,
@@ -113,8 +121,8 @@ func DefaultConfig() Config {
 // Validate reports every problem of the configuration at once.
 func (c *Config) Validate() error {
 	var errs []error
-	if c.MetaAddr == "" {
-		errs = append(errs, errors.New("meta address is empty"))
+	if _, err := c.MetaList(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(c.ClusterKey) == 0 {
 		errs = append(errs, errors.New("cluster key is empty"))
@@ -147,4 +155,17 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("directory attribute ttl %v must not be negative", c.DirAttrTTL))
 	}
 	return errors.Join(errs...)
+}
+
+// MetaList returns the metadata service's addresses, checked: MetaAddrs,
+// else MetaAddr parsed as a list.
+func (c *Config) MetaList() ([]string, error) {
+	l, err := transport.AddrsOf(c.MetaAddrs, c.MetaAddr)
+	if err != nil {
+		return nil, fmt.Errorf("meta addresses: %w", err)
+	}
+	if len(l) == 0 {
+		return nil, errors.New("meta address is empty")
+	}
+	return l, nil
 }

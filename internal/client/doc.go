@@ -61,9 +61,12 @@
 // # Errors
 //
 // Errors satisfy errors.Is(err, syscall.Exxx). Errnos answered by a server
-// pass through. Metadata calls that fail in transport (transport.ErrUnavailable)
-// or with ENOTCONN (node not leader, e.g. during an election) are retried
-// with the same ReqHeader — so they are applied at most once — with
+// pass through. Metadata calls go to the leader among the voters of
+// Config.MetaAddrs (transport.Multi); calls that fail in transport
+// (transport.ErrUnavailable) or with ENOTCONN (node not leader, e.g. during
+// an election; its answer may name the leader, which is followed) are
+// retried at the leader, or the next voter, with the same ReqHeader — so
+// they are applied at most once, also across a leader change — with
 // backoff until IOTimeout, then fail with EIO. Storage calls are all
 // idempotent and retried likewise (refreshing the target map); the final
 // error is a *TargetError naming target and server, logged once. ENOSPC

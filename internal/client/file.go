@@ -169,10 +169,7 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags
 		c.takeOwedLocked(in)
 		c.mu.inodes[ino] = in
 		c.mu.unsent[ino] = struct{}{}
-		select {
-		case c.kick <- struct{}{}:
-		default:
-		}
+		c.kickHeartbeat()
 	}
 	in.refs++
 	c.mu.Unlock()

@@ -228,7 +228,8 @@ func (c *Client) Unlink(ctx context.Context, parent uint64, name string) (rpc.At
 	if len(name) > MaxNameBytes {
 		return rpc.Attr{}, syscall.ENAMETOOLONG
 	}
-	c.reportOpen(ctx)
+	ctx, cancel := c.reportOpen(ctx)
+	defer cancel()
 	var resp rpc.ChangeResp
 	gen, at := c.dirs.begin()
 	if err := c.metaCall(ctx, rpc.MUnlink, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &resp); err != nil {
@@ -266,7 +267,8 @@ func (c *Client) Rename(ctx context.Context, oldParent uint64, oldName string, n
 	if flags&^(rpc.RenameNoReplace|rpc.RenameExchange) != 0 || flags == rpc.RenameNoReplace|rpc.RenameExchange {
 		return fmt.Errorf("rename flags %#x: %w", flags, syscall.EINVAL)
 	}
-	c.reportOpen(ctx)
+	ctx, cancel := c.reportOpen(ctx)
+	defer cancel()
 	req := &rpc.RenameReq{Hdr: c.hdr(), OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, Flags: flags}
 	var resp rpc.DirChangeResp
 	gen, at := c.dirs.begin()

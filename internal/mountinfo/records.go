@@ -17,9 +17,25 @@ import (
 type Record struct {
 	Pid     int    `json:"pid"`
 	Mount   string `json:"mount"`              // absolute mount point
-	Meta    string `json:"meta"`               // metadata service address
+	Meta    string `json:"meta"`               // metadata service: its voters' addresses, comma-separated (one: no comma)
 	KeyFile string `json:"key_file,omitempty"` // cluster key file ("" = none given)
 	Data    string `json:"data,omitempty"`     // strata up's data directory
+}
+
+// MetaAddrs returns the addresses r.Meta lists (a record of an older
+// version holds one).
+func (r Record) MetaAddrs() []string { return splitAddrs(r.Meta) }
+
+// splitAddrs splits a comma-separated address list, dropping empty
+// elements.
+func splitAddrs(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // runtimeEnv overrides the runtime directory (tests, unusual setups).

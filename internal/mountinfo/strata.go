@@ -12,18 +12,21 @@ import (
 // name of the mount options with "fuse.").
 const FSType = "fuse.strata"
 
-// SourcePrefix starts the source of a Strata mount: "strata@ADDR" names
-// the metadata service address the mount was started with (df shows it).
+// SourcePrefix starts the source of a Strata mount: "strata@ADDR" or
+// "strata@A,B,C" names the metadata service's addresses (its voters) the
+// mount was started with (df shows it).
 const SourcePrefix = "strata@"
 
 // fuseSuperMagic is statfs's f_type of every FUSE file system.
 const fuseSuperMagic = 0x65735546
 
 // Source is the mount source that a Strata mount of the cluster whose
-// metadata service is at metaAddr shows.
+// metadata service is at metaAddr (one address or a comma-separated list)
+// shows.
 func Source(metaAddr string) string { return SourcePrefix + metaAddr }
 
-// MetaAddr returns the metadata address a Strata mount's source names.
+// MetaAddr returns the metadata address (or comma-separated list of them)
+// a Strata mount's source names.
 func (m Mount) MetaAddr() (string, bool) {
 	if m.FSType != FSType || !strings.HasPrefix(m.Source, SourcePrefix) {
 		return "", false

@@ -11,13 +11,20 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // Config is the configuration of one storage server.
 type Config struct {
-	// MetaAddr is the metadata service address (host:port). Empty means
-	// standalone: no registration, target ids 1..n in Targets order (tests,
-	// benchmarks).
+	// MetaAddrs are the metadata service's voters (host:port each), as
+	// `--meta A,B,C` lists them: registration and heartbeats go to the
+	// leader among them (transport.Multi).
+	MetaAddrs []string
+	// MetaAddr is the older form of MetaAddrs: one address, or a
+	// comma-separated list; used when MetaAddrs is empty (Open sets it to
+	// the list joined with commas). Both empty means standalone: no
+	// registration, target ids 1..n in Targets order (tests, benchmarks).
 	MetaAddr string
 	// ListenAddr is the data-path address to listen on; port 0 picks one.
 	ListenAddr string
@@ -116,10 +123,8 @@ func (c Config) Validate() error {
 			bad("advertise address: %v", err)
 		}
 	}
-	if c.MetaAddr != "" {
-		if err := checkAddr(c.MetaAddr, false); err != nil {
-			bad("metadata service address: %v", err)
-		}
+	if _, err := transport.AddrsOf(c.MetaAddrs, c.MetaAddr); err != nil {
+		bad("metadata service addresses: %v", err)
 	}
 	if c.MetricsAddr != "" {
 		if err := checkAddr(c.MetricsAddr, true); err != nil {

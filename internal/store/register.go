@@ -24,16 +24,26 @@ import (
 //	any           Close                          stopped
 //
 // Backoff doubles from 100 ms to 5 s, with jitter. While unregistered the
-// server keeps serving the targets whose ids it already knows.
+// server keeps serving the targets whose ids it already knows. Calls go to
+// the leader among the metadata voters (transport.Multi): within a call's
+// time a leader change is followed, not a failure; a new leader that does
+// not know this server answers ESTALE, and it registers again there.
 const (
 	backoffMin  = 100 * time.Millisecond
 	backoffMax  = 5 * time.Second
 	callTimeout = 5 * time.Second
+	// attemptTimeout bounds a call's attempt at one voter while there are
+	// others to try (transport.MultiConfig.AttemptTimeout): a leader that
+	// hangs costs this long before the call goes to another voter.
+	attemptTimeout = 2 * time.Second
 )
 
 func (s *Server) registrationLoop() {
 	defer s.wg.Done()
-	cl := transport.NewClient(s.cfg.MetaAddr, transport.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, CallTimeout: callTimeout})
+	cl := transport.NewMulti(s.cfg.MetaAddrs, transport.MultiConfig{
+		ClientConfig:   transport.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, CallTimeout: callTimeout},
+		AttemptTimeout: attemptTimeout,
+	})
 	defer cl.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -69,7 +79,7 @@ func (s *Server) registrationLoop() {
 }
 
 // registerOnce sends MRegisterServer and installs the answered ids.
-func (s *Server) registerOnce(ctx context.Context, cl *transport.Client) error {
+func (s *Server) registerOnce(ctx context.Context, cl *transport.Multi) error {
 	req := &rpc.RegisterServerReq{Addr: s.addr}
 	req.Host, _ = os.Hostname()
 	for _, t := range s.targets {
@@ -126,7 +136,7 @@ func (s *Server) rememberID(t *target, id uint32) {
 
 // heartbeatUntilStale heartbeats every interval until the service answers
 // ESTALE (forgot us: register again) or the server closes.
-func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Client) {
+func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Multi) {
 	tick := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	failing := false

@@ -59,6 +59,8 @@ func Open(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("store config: %w", err)
 	}
+	cfg.MetaAddrs, _ = transport.AddrsOf(cfg.MetaAddrs, cfg.MetaAddr) // checked by Validate
+	cfg.MetaAddr = strings.Join(cfg.MetaAddrs, ",")
 	s := &Server{
 		cfg:        cfg,
 		log:        slog.Default().With("pkg", "store"),

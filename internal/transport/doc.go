@@ -39,7 +39,9 @@
 // handler chose (rpc.ErrnoOf). Transport trouble — dial failure, broken
 // connection, timeout, a server closed — is ErrUnavailable: the request
 // may or may not have run, so only idempotent or deduplicated
-// (rpc.ReqHeader) requests are retried. A failed handshake (the peer did
+// (rpc.ReqHeader) requests are retried (Multi retries every request it is
+// given: the metadata requests are such, but for a session open, whose
+// repeat at worst leaves an unused session to expire). A failed handshake (the peer did
 // not prove the key, or TLS refused a certificate) is ErrAuth. A request
 // over its method's limit fails with EINVAL before it is sent; a frame
 // that breaks the protocol (rpc.ErrMalformed) closes its connection.
