@@ -1,0 +1,270 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/testutil"
+)
+
+// echoServer accepts TCP connections on h:port until the test ends and
+// answers UDP datagrams on h:port+1 by counting them.
+type echoServer struct {
+	tcp  string
+	udp  string
+	got  chan string // payloads of the datagrams received
+	stop func()
+}
+
+func startEcho(t *testing.T, h *testutil.Host, port int) *echoServer {
+	t.Helper()
+	ln, err := h.Listen("tcp", fmt.Sprintf("%s:%d", h.Addr, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := h.ListenPacket("udp", fmt.Sprintf("%s:%d", h.Addr, port+1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &echoServer{tcp: ln.Addr().String(), udp: pc.LocalAddr().String(), got: make(chan string, 1000)}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 100)
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			select {
+			case e.got <- string(buf[:n]):
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); pc.Close() })
+	return e
+}
+
+// canConnect reports whether from reaches the TCP server within 1 s.
+func canConnect(from *testutil.Host, addr string) error {
+	c, err := from.Dial("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// datagramArrives sends one UDP datagram from a host and reports whether
+// the server got it within 1 s.
+func datagramArrives(t *testing.T, from *testutil.Host, e *echoServer) bool {
+	t.Helper()
+	c, err := from.Dial("udp", e.udp, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	payload := fmt.Sprintf("from %s at %d", from.Name, time.Now().UnixNano())
+	if _, err := c.Write([]byte(payload)); err != nil {
+		return false
+	}
+	deadline := time.After(time.Second)
+	for {
+		select {
+		case p := <-e.got:
+			if p == payload {
+				return true
+			}
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+func waitConnect(t *testing.T, from *testutil.Host, addr, when string) {
+	t.Helper()
+	if err := testutil.WaitFor(10*time.Second, func() error { return canConnect(from, addr) }); err != nil {
+		t.Fatalf("%s: %s cannot connect to %s: %v", when, from.Name, addr, err)
+	}
+}
+
+// TestNetLinkDown: with a host's link down it reaches no one and no one
+// reaches it; with the link back both work again.
+func TestNetLinkDown(t *testing.T) {
+	n := testutil.NewNet(t, "a", "b")
+	a, b := n.Host("a"), n.Host("b")
+	eb := startEcho(t, b, 9000)
+	ea := startEcho(t, a, 9000)
+	waitConnect(t, a, eb.tcp, "before the fault")
+	a.LinkDown()
+	if err := canConnect(a, eb.tcp); err == nil {
+		t.Error("a reached b with its link down")
+	}
+	if err := canConnect(b, ea.tcp); err == nil {
+		t.Error("b reached a while a's link is down")
+	}
+	a.LinkUp()
+	waitConnect(t, a, eb.tcp, "after LinkUp")
+	waitConnect(t, b, ea.tcp, "after LinkUp")
+}
+
+// TestNetOneWayPartition: after DropFrom(a, b) nothing a sends reaches b
+// (a TCP connect from a fails, a datagram from a is lost) while b's
+// datagrams still reach a; a third host is unaffected; Heal restores it.
+func TestNetOneWayPartition(t *testing.T) {
+	n := testutil.NewNet(t, "a", "b", "c")
+	a, b, c := n.Host("a"), n.Host("b"), n.Host("c")
+	ea, eb := startEcho(t, a, 9000), startEcho(t, b, 9000)
+	waitConnect(t, a, eb.tcp, "before the fault")
+	if !datagramArrives(t, a, eb) || !datagramArrives(t, b, ea) {
+		t.Fatal("datagrams lost before any fault")
+	}
+	n.DropFrom(a, b)
+	if err := canConnect(a, eb.tcp); err == nil {
+		t.Error("a connected to b through a one-way partition a→b")
+	}
+	if datagramArrives(t, a, eb) {
+		t.Error("a datagram from a reached b through a one-way partition a→b")
+	}
+	if !datagramArrives(t, b, ea) {
+		t.Error("a datagram from b to a was lost: the partition is not one-way")
+	}
+	if err := canConnect(c, eb.tcp); err != nil {
+		t.Errorf("c cannot reach b: %v", err)
+	}
+	if err := canConnect(a, startEcho(t, c, 9100).tcp); err != nil {
+		t.Errorf("a cannot reach c: %v", err)
+	}
+	n.Heal()
+	waitConnect(t, a, eb.tcp, "after Heal")
+	if !datagramArrives(t, a, eb) {
+		t.Error("a datagram from a to b lost after Heal")
+	}
+}
+
+// TestNetLoss: with Loss(50) on a host about half of its datagrams are
+// lost (bounds far outside chance); with Heal none are.
+func TestNetLoss(t *testing.T) {
+	n := testutil.NewNet(t, "a", "b")
+	a, b := n.Host("a"), n.Host("b")
+	eb := startEcho(t, b, 9000)
+	waitConnect(t, a, eb.tcp, "before the fault")
+	count := func() int {
+		c, err := a.Dial("udp", eb.udp, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		const sent = 200
+		for i := 0; i < sent; i++ {
+			c.Write([]byte("x"))
+			time.Sleep(time.Millisecond)
+		}
+		got := 0
+		for {
+			select {
+			case <-eb.got:
+				got++
+			case <-time.After(500 * time.Millisecond):
+				return got
+			}
+		}
+	}
+	a.Loss(50)
+	if got := count(); got < 50 || got > 150 {
+		t.Errorf("Loss(50): %d of 200 datagrams arrived, want about 100", got)
+	}
+	n.Heal()
+	if got := count(); got != 200 {
+		t.Errorf("after Heal: %d of 200 datagrams arrived", got)
+	}
+}
+
+// TestNetDelay: Delay raises the round trip of a TCP connect by at least
+// the delay. Skipped where the kernel has no netem.
+func TestNetDelay(t *testing.T) {
+	n := testutil.NewNet(t, "a", "b")
+	a, b := n.Host("a"), n.Host("b")
+	eb := startEcho(t, b, 9000)
+	waitConnect(t, a, eb.tcp, "before the fault")
+	if err := a.Delay(200 * time.Millisecond); errors.Is(err, testutil.ErrNoNetem) {
+		t.Skip(err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := canConnect(a, eb.tcp); err != nil {
+		t.Fatal(err)
+	}
+	if rtt := time.Since(start); rtt < 200*time.Millisecond {
+		t.Errorf("connect took %v with a 200 ms delay on a's link", rtt)
+	}
+	n.Heal()
+}
+
+// TestNetProcessFaults: a strata meta on one host, `strata status` from
+// another. SIGSTOP: the process hangs with its socket open, and status
+// fails within the admin client's bound instead of waiting; SIGCONT: it
+// answers again. kill -9: status fails at once (nothing listens).
+func TestNetProcessFaults(t *testing.T) {
+	bin := testutil.Binary(t)
+	n := testutil.NewNet(t, "meta", "cli")
+	mh, cli := n.Host("meta"), n.Host("cli")
+	dir := t.TempDir()
+	key := filepath.Join(dir, "key")
+	if err := os.WriteFile(key, []byte("net-faults-key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := mh.Addr + ":7400"
+	meta := mh.Start(t, dir, "meta", bin, "meta", "--listen", addr, "--data", filepath.Join(dir, "meta"), "--key-file", key)
+	t.Cleanup(func() {
+		meta.Stop(10 * time.Second)
+		if t.Failed() {
+			t.Logf("meta log:\n%s", meta.Tail(30))
+		}
+	})
+	status := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		out, err := cli.Command(ctx, bin, "status", "--meta", addr, "--key-file", key).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	if err := testutil.WaitFor(30*time.Second, status); err != nil {
+		t.Fatalf("meta does not answer: %v", err)
+	}
+	meta.Pause(t)
+	start := time.Now()
+	err := status()
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("status answered by a stopped process")
+	}
+	// Admin commands dial within 3 s and give a call 10 s.
+	if took > 15*time.Second {
+		t.Errorf("status against a stopped process took %v", took)
+	}
+	t.Logf("status against the stopped meta failed after %v: %v", took.Round(time.Millisecond), err)
+	meta.Resume(t)
+	if err := testutil.WaitFor(15*time.Second, status); err != nil {
+		t.Fatalf("after SIGCONT: %v", err)
+	}
+	meta.Kill()
+	if err := status(); err == nil {
+		t.Fatal("status answered after kill -9")
+	}
+}
