@@ -1,0 +1,80 @@
+package test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/faultfs"
+	"github.com/stratafs/strata/internal/testutil"
+)
+
+// writeFsync writes data to a new file and fsyncs it, returning the first
+// error (the file is closed either way), bounded: a failing disk must give
+// an error, not a hang.
+func writeFsync(t *testing.T, path string, data []byte) error {
+	t.Helper()
+	ch := make(chan error, 1)
+	go func() {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+		if err != nil {
+			ch <- err
+			return
+		}
+		_, err = f.Write(data)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		ch <- err
+	}()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(60 * time.Second):
+		t.Fatalf("write and fsync of %s hung on a failing disk", path)
+		return nil
+	}
+}
+
+// TestStoreOnFailingDisk: a storage server whose target is on a disk that
+// fails (a fault file system): in each failing mode a write and fsync
+// through a mount gets the disk's error — EIO for a failing write or
+// fsync, ENOSPC for a full disk, EROFS for a read-only one — promptly, and
+// once the disk is well again writes work.
+func TestStoreOnFailingDisk(t *testing.T) {
+	disk := testutil.MountFaultFS(t, t.TempDir(), "disk")
+	target := filepath.Join(disk.Dir, "t0")
+	if err := os.Mkdir(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 1,
+		TargetDirs: [][]string{{target}}, MountArgs: []string{"--io-timeout", "3s"}})
+	mnt := c.Mount(0)
+	data := make([]byte, 256<<10)
+	if err := writeFsync(t, filepath.Join(mnt, "ok1"), data); err != nil {
+		t.Fatalf("healthy disk: %v", err)
+	}
+	for _, tc := range []struct {
+		mode faultfs.Mode
+		want syscall.Errno
+	}{{faultfs.EIOFsync, syscall.EIO}, {faultfs.EIOWrite, syscall.EIO}, {faultfs.Full, syscall.ENOSPC}, {faultfs.ReadOnly, syscall.EROFS}} {
+		m := tc.mode
+		disk.SetMode(t, m)
+		start := time.Now()
+		err := writeFsync(t, filepath.Join(mnt, "during-"+string(m)), data)
+		if !errors.Is(err, tc.want) {
+			t.Errorf("write and fsync with the store's disk in mode %s: want %v, got %v", m, tc.want, err)
+		}
+		t.Logf("%s: %v after %v", m, err, time.Since(start).Round(time.Millisecond))
+		disk.SetMode(t, faultfs.OK)
+		if err := writeFsync(t, filepath.Join(mnt, "after-"+string(m)), data); err != nil {
+			t.Errorf("after %s cleared: %v", m, err)
+		}
+	}
+}
