@@ -78,3 +78,67 @@ func TestStoreOnFailingDisk(t *testing.T) {
 		}
 	}
 }
+
+// TestMetaOnFailingDisk: a metadata service whose data directory is on a
+// disk whose fsync fails. Mutations are answered once in the raft log's
+// page cache (DeferSync) and made durable by the log's syncer, so the
+// failure shows where durability is asked for: an fsync on a mount gets
+// EIO at once; the service then stops serving (it loses leadership, and
+// the engine under the raft log stops the process: fail-stop), so later
+// operations get EIO after the mount's bound instead of hanging.
+func TestMetaOnFailingDisk(t *testing.T) {
+	disk := testutil.MountFaultFS(t, t.TempDir(), "disk")
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 1,
+		MetaArgs: []string{"--data", filepath.Join(disk.Dir, "meta")}})
+	mnt := c.Mount(0)
+	if err := os.Mkdir(filepath.Join(mnt, "before"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(mnt, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("data")); err != nil {
+		t.Fatal(err)
+	}
+	// bounded runs op in the background and returns a channel with its
+	// error, reporting the time it took.
+	bounded := func(what string, op func() error) chan error {
+		start := time.Now()
+		ch := make(chan error, 1)
+		go func() {
+			err := op()
+			t.Logf("%s: %v after %v", what, err, time.Since(start).Round(time.Millisecond))
+			ch <- err
+		}()
+		return ch
+	}
+	wait := func(what string, ch chan error, d time.Duration) error {
+		t.Helper()
+		select {
+		case err := <-ch:
+			return err
+		case <-time.After(d):
+			t.Fatalf("%s hung (> %v) with the metadata disk failing fsync", what, d)
+			return nil
+		}
+	}
+	disk.SetMode(t, faultfs.EIOFsync)
+	if err := wait("fsync", bounded("fsync", f.Sync), 15*time.Second); !errors.Is(err, syscall.EIO) {
+		t.Errorf("fsync with the metadata disk failing fsync: want EIO, got %v", err)
+	}
+	// The mount gives up on an unreachable metadata service after 30 s.
+	closed := bounded("close", f.Close)
+	if err := wait("mkdir", bounded("mkdir", func() error { return os.Mkdir(filepath.Join(mnt, "after"), 0o755) }), 90*time.Second); err == nil {
+		t.Error("mkdir succeeded after the metadata service failed to sync its log")
+	}
+	wait("close", closed, 90*time.Second)
+	if err := testutil.WaitFor(10*time.Second, func() error {
+		if !c.Meta.Exited() {
+			return errors.New("still running")
+		}
+		return nil
+	}); err != nil {
+		t.Logf("the metadata service did not stop: %v", err)
+	}
+}
