@@ -193,25 +193,56 @@ func TestNetLoss(t *testing.T) {
 }
 
 // TestNetDelay: Delay raises the round trip of a TCP connect by at least
-// the delay. Skipped where the kernel has no netem.
+// the delay, and Heal takes it away: on a NewShapedNet (the link's
+// forwarder holds the frames) and on a NewNet with netem (skipped where
+// the kernel has no netem).
 func TestNetDelay(t *testing.T) {
-	n := testutil.NewNet(t, "a", "b")
+	for _, kind := range []struct {
+		name string
+		new  func(testing.TB, ...string) *testutil.Net
+	}{{"shaped", testutil.NewShapedNet}, {"netem", testutil.NewNet}} {
+		t.Run(kind.name, func(t *testing.T) {
+			n := kind.new(t, "a", "b")
+			a, b := n.Host("a"), n.Host("b")
+			eb := startEcho(t, b, 9000)
+			waitConnect(t, a, eb.tcp, "before the fault")
+			const d = 200 * time.Millisecond
+			if err := a.Delay(d); errors.Is(err, testutil.ErrNoNetem) {
+				t.Skip(err)
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			rtt := func() time.Duration {
+				start := time.Now()
+				if err := canConnect(a, eb.tcp); err != nil {
+					t.Fatal(err)
+				}
+				return time.Since(start)
+			}
+			if got := rtt(); got < d {
+				t.Errorf("connect took %v with a %v delay on a's link", got, d)
+			}
+			n.Heal()
+			if got := rtt(); got >= d {
+				t.Errorf("connect took %v after Heal", got)
+			}
+		})
+	}
+}
+
+// TestShapedNetLinkDown: a NewShapedNet's links carry TCP and go down and
+// up like veth pairs.
+func TestShapedNetLinkDown(t *testing.T) {
+	n := testutil.NewShapedNet(t, "a", "b")
 	a, b := n.Host("a"), n.Host("b")
 	eb := startEcho(t, b, 9000)
 	waitConnect(t, a, eb.tcp, "before the fault")
-	if err := a.Delay(200 * time.Millisecond); errors.Is(err, testutil.ErrNoNetem) {
-		t.Skip(err)
-	} else if err != nil {
-		t.Fatal(err)
+	b.LinkDown()
+	if err := canConnect(a, eb.tcp); err == nil {
+		t.Error("a reached b with b's link down")
 	}
-	start := time.Now()
-	if err := canConnect(a, eb.tcp); err != nil {
-		t.Fatal(err)
-	}
-	if rtt := time.Since(start); rtt < 200*time.Millisecond {
-		t.Errorf("connect took %v with a 200 ms delay on a's link", rtt)
-	}
-	n.Heal()
+	b.LinkUp()
+	waitConnect(t, a, eb.tcp, "after LinkUp")
 }
 
 // TestNetProcessFaults: a strata meta on one host, `strata status` from

@@ -13,8 +13,11 @@
 //     Faults: Proc.Pause/Resume (SIGSTOP/SIGCONT: a hung process whose
 //     sockets stay open), Host.LinkDown/LinkUp, Net.DropFrom (one-way
 //     partition) and Host.Loss (nftables rules in the namespace, nft must
-//     be installed: RequireNft), Host.Delay (tc netem; ErrNoNetem where the
-//     kernel lacks it), Net.Heal (undoes the packet faults).
+//     be installed: RequireNft), Host.Delay, Net.Heal (undoes the packet
+//     faults). Delay needs tc netem on a NewNet (ErrNoNetem where the kernel
+//     lacks it, as on this project's machines); NewShapedNet's links are
+//     TAP device pairs whose frames the test process forwards (taplink.go),
+//     and delay there works on any kernel.
 //   - faultfs.go: MountFaultFS mounts a disk that fails on demand (the
 //     hidden `strata faultfs`, package internal/faultfs) for a daemon's
 //     data directory; FaultFS.SetMode switches it between ok, eio-write,

@@ -35,7 +35,8 @@ type Host struct {
 	NS   string // the network namespace's name (ip netns)
 	Addr string // its IPv4 address on the Net
 	n    *Net
-	peer string // its veth's other end, on the bridge
+	peer string   // its link's other end, on the bridge
+	link *tapLink // NewShapedNet's link; nil for a veth pair
 }
 
 // NetSubnet is the /24 every Net's hosts are numbered in: host i of NewNet
@@ -52,6 +53,20 @@ var netSeq atomic.Int32
 // Everything is deleted at test cleanup. It skips the test where network
 // namespaces cannot be made (not root, no iproute2).
 func NewNet(t testing.TB, names ...string) *Net {
+	t.Helper()
+	return newNet(t, false, names)
+}
+
+// NewShapedNet is NewNet with links that this process forwards (a TAP
+// device at each end, see tapLink) instead of veth pairs, so that Delay
+// works on kernels without netem. The links carry everything a veth
+// does; they end with the test.
+func NewShapedNet(t testing.TB, names ...string) *Net {
+	t.Helper()
+	return newNet(t, true, names)
+}
+
+func newNet(t testing.TB, shaped bool, names []string) *Net {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces need root")
@@ -83,7 +98,16 @@ func NewNet(t testing.TB, names ...string) *Net {
 	n.ip("-n", n.bridge, "link", "add", "br0", "type", "bridge")
 	n.ip("-n", n.bridge, "link", "set", "br0", "up")
 	for _, h := range n.Hosts {
-		n.ip("-n", h.NS, "link", "add", "eth0", "type", "veth", "peer", "name", h.peer, "netns", n.bridge)
+		if shaped {
+			l, err := newTapLink(h.NS, n.bridge, h.peer)
+			if err != nil {
+				t.Fatalf("link of %s: %v", h.Name, err)
+			}
+			t.Cleanup(l.close)
+			h.link = l
+		} else {
+			n.ip("-n", h.NS, "link", "add", "eth0", "type", "veth", "peer", "name", h.peer, "netns", n.bridge)
+		}
 		n.ip("-n", h.NS, "addr", "add", h.Addr+"/24", "dev", "eth0")
 		n.ip("-n", h.NS, "link", "set", "eth0", "up")
 		n.ip("-n", h.NS, "link", "set", "lo", "up")
@@ -138,7 +162,10 @@ func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.C
 // sockets f creates (net.Listen, net.Dial) belong to the host and keep
 // doing so after Do returns, so a test process can be a client or a server
 // on any of its hosts.
-func (h *Host) Do(f func() error) error {
+func (h *Host) Do(f func() error) error { return inNetns(h.NS, f) }
+
+// inNetns runs f on an OS thread in the network namespace ns.
+func inNetns(ns string, f func() error) error {
 	runtime.LockOSThread()
 	orig, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
@@ -146,21 +173,21 @@ func (h *Host) Do(f func() error) error {
 		return fmt.Errorf("open own network namespace: %w", err)
 	}
 	defer orig.Close()
-	target, err := os.Open("/run/netns/" + h.NS)
+	target, err := os.Open("/run/netns/" + ns)
 	if err != nil {
 		runtime.UnlockOSThread()
-		return fmt.Errorf("open namespace %s: %w", h.NS, err)
+		return fmt.Errorf("open namespace %s: %w", ns, err)
 	}
 	defer target.Close()
 	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
-		return fmt.Errorf("enter namespace %s: %w", h.NS, err)
+		return fmt.Errorf("enter namespace %s: %w", ns, err)
 	}
 	ferr := f()
 	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
 		// The thread stays locked and so ends with this goroutine: it
 		// must not run other goroutines in the wrong namespace.
-		return fmt.Errorf("leave namespace %s: %w", h.NS, err)
+		return fmt.Errorf("leave namespace %s: %w", ns, err)
 	}
 	runtime.UnlockOSThread()
 	return ferr
@@ -252,14 +279,20 @@ func (h *Host) Loss(pct int) {
 	h.faultRule("in", cond...)
 }
 
-// ErrNoNetem is returned by Delay when the kernel has no netem qdisc
-// (CONFIG_NET_SCH_NETEM), as on this project's machines.
-var ErrNoNetem = errors.New("the kernel has no netem qdisc (CONFIG_NET_SCH_NETEM)")
+// ErrNoNetem is returned by Delay on a NewNet host when the kernel has no
+// netem qdisc (CONFIG_NET_SCH_NETEM), as on this project's machines: a
+// NewShapedNet's hosts delay without it.
+var ErrNoNetem = errors.New("the kernel has no netem qdisc (CONFIG_NET_SCH_NETEM): use NewShapedNet")
 
-// Delay makes every packet the host sends wait d more (tc netem on its
-// eth0): a round trip to any other host takes d longer. It returns
-// ErrNoNetem where the kernel lacks netem; tests skip then.
+// Delay makes every packet the host sends wait d more: a round trip to any
+// other host takes d longer. On a NewShapedNet the link's forwarder holds
+// the frames; on a NewNet it is tc netem on eth0, and Delay returns
+// ErrNoNetem where the kernel lacks netem.
 func (h *Host) Delay(d time.Duration) error {
+	if h.link != nil {
+		h.link.delay.Store(int64(d))
+		return nil
+	}
 	all := append(h.Prefix(), "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", fmt.Sprintf("%dus", d.Microseconds()))
 	out, err := exec.Command(all[0], all[1:]...).CombinedOutput()
 	if err != nil {
@@ -276,6 +309,9 @@ func (h *Host) Delay(d time.Duration) error {
 func (n *Net) Heal() {
 	n.t.Helper()
 	for _, h := range n.Hosts {
+		if h.link != nil {
+			h.link.delay.Store(0)
+		}
 		if _, err := exec.LookPath("nft"); err == nil {
 			// Absent table: nothing to heal on this host.
 			_ = h.nft("delete", "table", "inet", faultTable)
