@@ -22,8 +22,9 @@ type FaultFS struct {
 }
 
 // MountFaultFS mounts a fault file system (mode ok) at dir/name over
-// dir/name.src and unmounts it at test cleanup. It skips the test where
-// FUSE cannot work.
+// dir/name.src and unmounts it at test cleanup. Mount it before starting
+// the daemons that use it, so that at cleanup they stop first. It skips
+// the test where FUSE cannot work.
 func MountFaultFS(t testing.TB, dir, name string) *FaultFS {
 	t.Helper()
 	RequireFUSE(t)
