@@ -89,7 +89,7 @@ func TestStoreOnFailingDisk(t *testing.T) {
 func TestMetaOnFailingDisk(t *testing.T) {
 	disk := testutil.MountFaultFS(t, t.TempDir(), "disk")
 	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 1,
-		MetaArgs: []string{"--data", filepath.Join(disk.Dir, "meta")}})
+		MetaArgs: []string{"--data", filepath.Join(disk.Dir, "meta")}, MountArgs: []string{"--io-timeout", "5s"}})
 	mnt := c.Mount(0)
 	if err := os.Mkdir(filepath.Join(mnt, "before"), 0o755); err != nil {
 		t.Fatal(err)
@@ -127,7 +127,8 @@ func TestMetaOnFailingDisk(t *testing.T) {
 	if err := wait("fsync", bounded("fsync", f.Sync), 15*time.Second); !errors.Is(err, syscall.EIO) {
 		t.Errorf("fsync with the metadata disk failing fsync: want EIO, got %v", err)
 	}
-	// The mount gives up on an unreachable metadata service after 30 s.
+	// The mount gives up on an unreachable metadata service after
+	// --io-timeout.
 	closed := bounded("close", f.Close)
 	if err := wait("mkdir", bounded("mkdir", func() error { return os.Mkdir(filepath.Join(mnt, "after"), 0o755) }), 90*time.Second); err == nil {
 		t.Error("mkdir succeeded after the metadata service failed to sync its log")
