@@ -21,7 +21,7 @@ func init() {
 		Long: `Mounts a FUSE loopback of --source at MOUNTPOINT whose operations fail the way a
 failing disk's do, in a mode switched at run time through the unix socket --control (send
 a mode's name on a line; the answer is "ok MODE"): ok, eio-write, eio-fsync, eio, erofs,
-enospc (see internal/faultfs). Runs in the foreground until SIGINT or SIGTERM, then unmounts.`,
+enospc, hang-fsync, hang (see internal/faultfs). Runs in the foreground until SIGINT or SIGTERM, then unmounts.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {

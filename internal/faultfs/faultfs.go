@@ -17,6 +17,10 @@
 //     disk that vanished).
 //   - erofs: every change fails with EROFS, opening for writing too; reads
 //     and fsync work (a file system remounted read-only after an error).
+//   - hang-fsync: fsync and fdatasync block until the mode changes (a disk
+//     whose cache flushes stall); other operations work.
+//   - hang: every operation blocks until the mode changes (a disk that
+//     stopped answering).
 //   - enospc: everything that takes space (writes, new files and
 //     directories, xattrs) fails with ENOSPC, and statfs reports no free
 //     space; removing and renaming work.
@@ -27,13 +31,17 @@
 //     implement FUSE_SYNCFS), so it succeeds in every mode: only fsync and
 //     fdatasync see eio-fsync.
 //   - A mode applies to operations that start after the switch; one that is
-//     running finishes as it began.
+//     running finishes as it began, except that operations held by a hang
+//     mode go on (in the new mode) when it changes.
+//   - While a hang mode holds operations, unmounting waits for them: switch
+//     to ok first (testutil.MountFaultFS's cleanup does).
 package faultfs
 
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
+	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -53,10 +61,12 @@ const (
 	EIO      Mode = "eio"
 	ReadOnly Mode = "erofs"
 	Full     Mode = "enospc"
+	HangSync Mode = "hang-fsync"
+	Hang     Mode = "hang"
 )
 
 // Modes lists every mode.
-var Modes = []Mode{OK, EIOWrite, EIOFsync, EIO, ReadOnly, Full}
+var Modes = []Mode{OK, EIOWrite, EIOFsync, EIO, ReadOnly, Full, HangSync, Hang}
 
 // opKind classes the operations a mode fails.
 type opKind int
@@ -94,31 +104,60 @@ func (m Mode) errno(k opKind) syscall.Errno {
 	return 0
 }
 
-// FS is the switch of a mounted fault file system.
-type FS struct {
-	mode atomic.Pointer[Mode]
+// hangs reports whether mode m holds an operation of kind k.
+func (m Mode) hangs(k opKind) bool {
+	return m == Hang || m == HangSync && k == opSync
 }
 
-// SetMode switches the mode; later operations see it.
+// FS is the switch of a mounted fault file system.
+type FS struct {
+	mu      sync.Mutex
+	mode    Mode
+	changed chan struct{} // closed (and replaced) at every switch
+}
+
+// SetMode switches the mode; later operations see it, and operations held
+// by a hang mode go on.
 func (f *FS) SetMode(m Mode) error {
-	for _, ok := range Modes {
-		if m == ok {
-			f.mode.Store(&m)
-			return nil
-		}
+	if !slices.Contains(Modes, m) {
+		return fmt.Errorf("faultfs: unknown mode %q (want one of %v)", m, Modes)
 	}
-	return fmt.Errorf("faultfs: unknown mode %q (want one of %v)", m, Modes)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mode = m
+	if f.changed != nil {
+		close(f.changed)
+	}
+	f.changed = make(chan struct{})
+	return nil
 }
 
 // Mode is the current mode.
 func (f *FS) Mode() Mode {
-	if m := f.mode.Load(); m != nil {
-		return *m
-	}
-	return OK
+	m, _ := f.state()
+	return m
 }
 
-func (f *FS) fail(k opKind) syscall.Errno { return f.Mode().errno(k) }
+func (f *FS) state() (Mode, chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.mode == "" {
+		return OK, f.changed
+	}
+	return f.mode, f.changed
+}
+
+// fail is what the current mode answers to an operation of kind k, after
+// holding it while a hang mode lasts.
+func (f *FS) fail(k opKind) syscall.Errno {
+	for {
+		m, changed := f.state()
+		if !m.hangs(k) {
+			return m.errno(k)
+		}
+		<-changed
+	}
+}
 
 // Mount mounts a fault-injecting loopback of src at mnt, in mode OK
 // (allowOther: admit every user, as root only). The caller unmounts

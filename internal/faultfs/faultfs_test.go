@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stratafs/strata/internal/faultfs"
 	"github.com/stratafs/strata/internal/testutil"
@@ -163,4 +164,59 @@ func TestModes(t *testing.T) {
 	if _, err := faultfs.Send(sock, "bogus"); err == nil {
 		t.Error("an unknown mode was accepted")
 	}
+}
+
+// TestHangModes: in hang-fsync an fsync waits (writes do not) and goes on
+// once the mode changes; in hang every operation waits.
+func TestHangModes(t *testing.T) {
+	mnt, f, _ := mount(t)
+	p := filepath.Join(mnt, "f")
+	if err := writeSync(p, "x"); err != nil {
+		t.Fatal(err)
+	}
+	// held runs op and checks that it is still waiting after a while, then
+	// switches to ok and checks that it finishes without error.
+	held := func(m faultfs.Mode, what string, op func() error) {
+		t.Helper()
+		if err := f.SetMode(m); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- op() }()
+		select {
+		case err := <-done:
+			t.Fatalf("%s: %s returned (%v) instead of waiting", m, what, err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if err := f.SetMode(faultfs.OK); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: %s after the switch to ok: %v", m, what, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: %s still waits after the switch to ok", m, what)
+		}
+	}
+	fh, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	if err := f.SetMode(faultfs.HangSync); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fh.WriteString("y"); err != nil {
+		t.Fatalf("hang-fsync: write: %v", err)
+	}
+	held(faultfs.HangSync, "fsync", fh.Sync)
+	held(faultfs.Hang, "lookup", func() error {
+		_, err := os.Stat(filepath.Join(mnt, "never-looked-up"))
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	})
 }

@@ -21,7 +21,7 @@
 //   - faultfs.go: MountFaultFS mounts a disk that fails on demand (the
 //     hidden `strata faultfs`, package internal/faultfs) for a daemon's
 //     data directory; FaultFS.SetMode switches it between ok, eio-write,
-//     eio-fsync, eio, erofs and enospc while mounted.
+//     eio-fsync, eio, erofs, enospc, hang-fsync and hang while mounted.
 //
 // Everything a helper makes (processes, mounts, namespaces) is undone by
 // t.Cleanup; processes are ended by their PID only.

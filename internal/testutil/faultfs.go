@@ -12,7 +12,7 @@ import (
 
 // FaultFS is a disk that fails on demand under a test's directory: a
 // `strata faultfs` process serving a loopback of Source at Dir, switched
-// between faultfs modes (EIO on write or fsync, read-only, full) by
+// between faultfs modes (EIO on write or fsync, read-only, full, hung) by
 // SetMode while it stays mounted.
 type FaultFS struct {
 	Dir     string // the mount point: put a daemon's data directory here
@@ -36,6 +36,7 @@ func MountFaultFS(t testing.TB, dir, name string) *FaultFS {
 	}
 	f.Proc = StartProc(t, dir, name+"-faultfs", nil, Binary(t), "faultfs", "--source", f.Source, "--control", f.Control, f.Dir)
 	t.Cleanup(func() {
+		_, _ = faultfs.Send(f.Control, faultfs.OK) // let held operations go
 		_ = f.Proc.Stop(10 * time.Second)
 		ForceUnmount(f.Dir)
 	})
