@@ -143,3 +143,49 @@ func TestMetaOnFailingDisk(t *testing.T) {
 		t.Logf("the metadata service did not stop: %v", err)
 	}
 }
+
+// TestMetaOnHungDisk: a metadata service whose disk stops completing
+// fsyncs (hang-fsync): an fsync and a mkdir on a mount fail with EIO after
+// the mount's --io-timeout instead of hanging with the disk; once the disk
+// answers again the mount works.
+func TestMetaOnHungDisk(t *testing.T) {
+	disk := testutil.MountFaultFS(t, t.TempDir(), "disk")
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 1, TargetsPerStore: 1,
+		MetaArgs: []string{"--data", filepath.Join(disk.Dir, "meta")}, MountArgs: []string{"--io-timeout", "5s"}})
+	mnt := c.Mount(0)
+	f, err := os.Create(filepath.Join(mnt, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write([]byte("data")); err != nil {
+		t.Fatal(err)
+	}
+	disk.SetMode(t, faultfs.HangSync)
+	for _, op := range []struct {
+		name string
+		run  func() error
+	}{
+		{"fsync", f.Sync},
+		{"mkdir", func() error { return os.Mkdir(filepath.Join(mnt, "d"), 0o755) }},
+	} {
+		start := time.Now()
+		ch := make(chan error, 1)
+		go func() { ch <- op.run() }()
+		select {
+		case err := <-ch:
+			t.Logf("%s: %v after %v", op.name, err, time.Since(start).Round(time.Millisecond))
+			if !errors.Is(err, syscall.EIO) {
+				t.Errorf("%s with the metadata disk hung: want EIO, got %v", op.name, err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%s hung with the metadata disk (--io-timeout is 5 s)", op.name)
+		}
+	}
+	disk.SetMode(t, faultfs.OK)
+	if err := testutil.WaitFor(30*time.Second, func() error {
+		return os.MkdirAll(filepath.Join(mnt, "after"), 0o755)
+	}); err != nil {
+		t.Errorf("after the disk answers again: %v", err)
+	}
+}
