@@ -12,10 +12,10 @@ import (
 	"github.com/stratafs/strata/internal/testutil"
 )
 
-// writeFsync writes data to a new file and fsyncs it, returning the first
+// diskWriteFsync writes data to a new file and fsyncs it, returning the first
 // error (the file is closed either way), bounded: a failing disk must give
 // an error, not a hang.
-func writeFsync(t *testing.T, path string, data []byte) error {
+func diskWriteFsync(t *testing.T, path string, data []byte) error {
 	t.Helper()
 	ch := make(chan error, 1)
 	go func() {
@@ -57,7 +57,7 @@ func TestStoreOnFailingDisk(t *testing.T) {
 		TargetDirs: [][]string{{target}}, MountArgs: []string{"--io-timeout", "3s"}})
 	mnt := c.Mount(0)
 	data := make([]byte, 256<<10)
-	if err := writeFsync(t, filepath.Join(mnt, "ok1"), data); err != nil {
+	if err := diskWriteFsync(t, filepath.Join(mnt, "ok1"), data); err != nil {
 		t.Fatalf("healthy disk: %v", err)
 	}
 	for _, tc := range []struct {
@@ -67,13 +67,13 @@ func TestStoreOnFailingDisk(t *testing.T) {
 		m := tc.mode
 		disk.SetMode(t, m)
 		start := time.Now()
-		err := writeFsync(t, filepath.Join(mnt, "during-"+string(m)), data)
+		err := diskWriteFsync(t, filepath.Join(mnt, "during-"+string(m)), data)
 		if !errors.Is(err, tc.want) {
 			t.Errorf("write and fsync with the store's disk in mode %s: want %v, got %v", m, tc.want, err)
 		}
 		t.Logf("%s: %v after %v", m, err, time.Since(start).Round(time.Millisecond))
 		disk.SetMode(t, faultfs.OK)
-		if err := writeFsync(t, filepath.Join(mnt, "after-"+string(m)), data); err != nil {
+		if err := diskWriteFsync(t, filepath.Join(mnt, "after-"+string(m)), data); err != nil {
 			t.Errorf("after %s cleared: %v", m, err)
 		}
 	}

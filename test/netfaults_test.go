@@ -12,16 +12,16 @@ import (
 	"github.com/stratafs/strata/internal/testutil"
 )
 
-// echoServer accepts TCP connections on h:port until the test ends and
+// netEcho accepts TCP connections on h:port until the test ends and
 // answers UDP datagrams on h:port+1 by counting them.
-type echoServer struct {
+type netEcho struct {
 	tcp  string
 	udp  string
 	got  chan string // payloads of the datagrams received
 	stop func()
 }
 
-func startEcho(t *testing.T, h *testutil.Host, port int) *echoServer {
+func startNetEcho(t *testing.T, h *testutil.Host, port int) *netEcho {
 	t.Helper()
 	ln, err := h.Listen("tcp", fmt.Sprintf("%s:%d", h.Addr, port))
 	if err != nil {
@@ -31,7 +31,7 @@ func startEcho(t *testing.T, h *testutil.Host, port int) *echoServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &echoServer{tcp: ln.Addr().String(), udp: pc.LocalAddr().String(), got: make(chan string, 1000)}
+	e := &netEcho{tcp: ln.Addr().String(), udp: pc.LocalAddr().String(), got: make(chan string, 1000)}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -58,8 +58,8 @@ func startEcho(t *testing.T, h *testutil.Host, port int) *echoServer {
 	return e
 }
 
-// canConnect reports whether from reaches the TCP server within 1 s.
-func canConnect(from *testutil.Host, addr string) error {
+// netCanConnect reports whether from reaches the TCP server within 1 s.
+func netCanConnect(from *testutil.Host, addr string) error {
 	c, err := from.Dial("tcp", addr, time.Second)
 	if err != nil {
 		return err
@@ -67,9 +67,9 @@ func canConnect(from *testutil.Host, addr string) error {
 	return c.Close()
 }
 
-// datagramArrives sends one UDP datagram from a host and reports whether
+// netDatagramArrives sends one UDP datagram from a host and reports whether
 // the server got it within 1 s.
-func datagramArrives(t *testing.T, from *testutil.Host, e *echoServer) bool {
+func netDatagramArrives(t *testing.T, from *testutil.Host, e *netEcho) bool {
 	t.Helper()
 	c, err := from.Dial("udp", e.udp, time.Second)
 	if err != nil {
@@ -93,9 +93,9 @@ func datagramArrives(t *testing.T, from *testutil.Host, e *echoServer) bool {
 	}
 }
 
-func waitConnect(t *testing.T, from *testutil.Host, addr, when string) {
+func netWaitConnect(t *testing.T, from *testutil.Host, addr, when string) {
 	t.Helper()
-	if err := testutil.WaitFor(10*time.Second, func() error { return canConnect(from, addr) }); err != nil {
+	if err := testutil.WaitFor(10*time.Second, func() error { return netCanConnect(from, addr) }); err != nil {
 		t.Fatalf("%s: %s cannot connect to %s: %v", when, from.Name, addr, err)
 	}
 }
@@ -105,19 +105,19 @@ func waitConnect(t *testing.T, from *testutil.Host, addr, when string) {
 func TestNetLinkDown(t *testing.T) {
 	n := testutil.NewNet(t, "a", "b")
 	a, b := n.Host("a"), n.Host("b")
-	eb := startEcho(t, b, 9000)
-	ea := startEcho(t, a, 9000)
-	waitConnect(t, a, eb.tcp, "before the fault")
+	eb := startNetEcho(t, b, 9000)
+	ea := startNetEcho(t, a, 9000)
+	netWaitConnect(t, a, eb.tcp, "before the fault")
 	a.LinkDown()
-	if err := canConnect(a, eb.tcp); err == nil {
+	if err := netCanConnect(a, eb.tcp); err == nil {
 		t.Error("a reached b with its link down")
 	}
-	if err := canConnect(b, ea.tcp); err == nil {
+	if err := netCanConnect(b, ea.tcp); err == nil {
 		t.Error("b reached a while a's link is down")
 	}
 	a.LinkUp()
-	waitConnect(t, a, eb.tcp, "after LinkUp")
-	waitConnect(t, b, ea.tcp, "after LinkUp")
+	netWaitConnect(t, a, eb.tcp, "after LinkUp")
+	netWaitConnect(t, b, ea.tcp, "after LinkUp")
 }
 
 // TestNetOneWayPartition: after DropFrom(a, b) nothing a sends reaches b
@@ -126,30 +126,30 @@ func TestNetLinkDown(t *testing.T) {
 func TestNetOneWayPartition(t *testing.T) {
 	n := testutil.NewNet(t, "a", "b", "c")
 	a, b, c := n.Host("a"), n.Host("b"), n.Host("c")
-	ea, eb := startEcho(t, a, 9000), startEcho(t, b, 9000)
-	waitConnect(t, a, eb.tcp, "before the fault")
-	if !datagramArrives(t, a, eb) || !datagramArrives(t, b, ea) {
+	ea, eb := startNetEcho(t, a, 9000), startNetEcho(t, b, 9000)
+	netWaitConnect(t, a, eb.tcp, "before the fault")
+	if !netDatagramArrives(t, a, eb) || !netDatagramArrives(t, b, ea) {
 		t.Fatal("datagrams lost before any fault")
 	}
 	n.DropFrom(a, b)
-	if err := canConnect(a, eb.tcp); err == nil {
+	if err := netCanConnect(a, eb.tcp); err == nil {
 		t.Error("a connected to b through a one-way partition a→b")
 	}
-	if datagramArrives(t, a, eb) {
+	if netDatagramArrives(t, a, eb) {
 		t.Error("a datagram from a reached b through a one-way partition a→b")
 	}
-	if !datagramArrives(t, b, ea) {
+	if !netDatagramArrives(t, b, ea) {
 		t.Error("a datagram from b to a was lost: the partition is not one-way")
 	}
-	if err := canConnect(c, eb.tcp); err != nil {
+	if err := netCanConnect(c, eb.tcp); err != nil {
 		t.Errorf("c cannot reach b: %v", err)
 	}
-	if err := canConnect(a, startEcho(t, c, 9100).tcp); err != nil {
+	if err := netCanConnect(a, startNetEcho(t, c, 9100).tcp); err != nil {
 		t.Errorf("a cannot reach c: %v", err)
 	}
 	n.Heal()
-	waitConnect(t, a, eb.tcp, "after Heal")
-	if !datagramArrives(t, a, eb) {
+	netWaitConnect(t, a, eb.tcp, "after Heal")
+	if !netDatagramArrives(t, a, eb) {
 		t.Error("a datagram from a to b lost after Heal")
 	}
 }
@@ -159,8 +159,8 @@ func TestNetOneWayPartition(t *testing.T) {
 func TestNetLoss(t *testing.T) {
 	n := testutil.NewNet(t, "a", "b")
 	a, b := n.Host("a"), n.Host("b")
-	eb := startEcho(t, b, 9000)
-	waitConnect(t, a, eb.tcp, "before the fault")
+	eb := startNetEcho(t, b, 9000)
+	netWaitConnect(t, a, eb.tcp, "before the fault")
 	count := func() int {
 		c, err := a.Dial("udp", eb.udp, time.Second)
 		if err != nil {
@@ -204,8 +204,8 @@ func TestNetDelay(t *testing.T) {
 		t.Run(kind.name, func(t *testing.T) {
 			n := kind.new(t, "a", "b")
 			a, b := n.Host("a"), n.Host("b")
-			eb := startEcho(t, b, 9000)
-			waitConnect(t, a, eb.tcp, "before the fault")
+			eb := startNetEcho(t, b, 9000)
+			netWaitConnect(t, a, eb.tcp, "before the fault")
 			const d = 200 * time.Millisecond
 			if err := a.Delay(d); errors.Is(err, testutil.ErrNoNetem) {
 				t.Skip(err)
@@ -214,7 +214,7 @@ func TestNetDelay(t *testing.T) {
 			}
 			rtt := func() time.Duration {
 				start := time.Now()
-				if err := canConnect(a, eb.tcp); err != nil {
+				if err := netCanConnect(a, eb.tcp); err != nil {
 					t.Fatal(err)
 				}
 				return time.Since(start)
@@ -235,14 +235,14 @@ func TestNetDelay(t *testing.T) {
 func TestShapedNetLinkDown(t *testing.T) {
 	n := testutil.NewShapedNet(t, "a", "b")
 	a, b := n.Host("a"), n.Host("b")
-	eb := startEcho(t, b, 9000)
-	waitConnect(t, a, eb.tcp, "before the fault")
+	eb := startNetEcho(t, b, 9000)
+	netWaitConnect(t, a, eb.tcp, "before the fault")
 	b.LinkDown()
-	if err := canConnect(a, eb.tcp); err == nil {
+	if err := netCanConnect(a, eb.tcp); err == nil {
 		t.Error("a reached b with b's link down")
 	}
 	b.LinkUp()
-	waitConnect(t, a, eb.tcp, "after LinkUp")
+	netWaitConnect(t, a, eb.tcp, "after LinkUp")
 }
 
 // TestNetProcessFaults: a strata meta on one host, `strata status` from
