@@ -77,6 +77,13 @@ func newNet(t testing.TB, shaped bool, names []string) *Net {
 	if len(names) > 250 {
 		t.Fatalf("NewNet: %d hosts do not fit a /24", len(names))
 	}
+	if shaped {
+		f, err := os.OpenFile("/dev/net/tun", os.O_RDWR, 0)
+		if err != nil {
+			t.Skipf("shaped links need TAP devices: %v", err)
+		}
+		f.Close()
+	}
 	n := &Net{t: t, prefix: fmt.Sprintf("strt%d-%d", os.Getpid()%100000, netSeq.Add(1))}
 	n.bridge = n.prefix + "-br"
 	all := []string{n.bridge}
