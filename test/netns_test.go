@@ -43,17 +43,7 @@ func TestMultiHost(t *testing.T) {
 	}
 	mnt := filepath.Join(dir, "mnt")
 	os.MkdirAll(mnt, 0o755)
-	t.Cleanup(func() {
-		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].Stop(10 * time.Second)
-		}
-		testutil.ForceUnmount(mnt)
-		if t.Failed() {
-			for _, p := range procs {
-				t.Logf("---- %s ----\n%s", p.Name, p.Tail(30))
-			}
-		}
-	})
+	testutil.StopAtCleanup(t, &procs, mnt)
 	for _, s := range []string{"s1", "s2"} {
 		tdir := filepath.Join(dir, s)
 		os.MkdirAll(tdir, 0o755)

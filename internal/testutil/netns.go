@@ -346,3 +346,23 @@ func (p *Proc) Resume(t testing.TB) {
 		t.Fatalf("SIGCONT %s: %v", p.Name, err)
 	}
 }
+
+// StopAtCleanup stops the processes in *procs at test cleanup, the last
+// started first, then detaches the mounts left; when the test failed it
+// logs the end of each process's log.
+func StopAtCleanup(t testing.TB, procs *[]*Proc, mounts ...string) {
+	t.Cleanup(func() {
+		ps := *procs
+		for i := len(ps) - 1; i >= 0; i-- {
+			_ = ps[i].Stop(10 * time.Second)
+		}
+		for _, m := range mounts {
+			ForceUnmount(m)
+		}
+		if t.Failed() {
+			for _, p := range ps {
+				t.Logf("---- %s ----\n%s", p.Name, p.Tail(30))
+			}
+		}
+	})
+}
