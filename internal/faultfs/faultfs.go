@@ -176,7 +176,9 @@ func Mount(src, mnt string, allowOther bool) (*fuse.Server, *FS, error) {
 	}
 	root := &node{LoopbackNode: r.(*fs.LoopbackNode), f: f}
 	lr.RootNode = root
-	timeout := time.Second
+	// The kernel caches no names or attributes: every operation reaches
+	// this daemon, so a mode applies to the next stat as to the next write.
+	var timeout time.Duration
 	mo := fuse.MountOptions{FsName: src, Name: "strata-faultfs", MaxWrite: 1 << 20, AllowOther: allowOther}
 	if allowOther {
 		mo.Options = append(mo.Options, "default_permissions")
