@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing Strata needs on a Debian machine:
-# fuse3 (fusermount3, /etc/fuse.conf), fio (benchmarks), iproute2 (multi-host tests)
+# fuse3 (fusermount3, /etc/fuse.conf), fio (benchmarks), iproute2 (multi-host tests),
+# nftables (the network fault tests' one-way partitions and packet loss)
 # and a Go toolchain at least as new as go.mod asks for (from the Go module proxy,
 # which serves toolchains as modules, when the machine has none or an old one).
 # Idempotent: does nothing that is already done. Run as root.
@@ -12,6 +13,7 @@ need_pkgs=()
 command -v fusermount3 >/dev/null 2>&1 || need_pkgs+=(fuse3)
 command -v fio >/dev/null 2>&1 || need_pkgs+=(fio)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+command -v nft >/dev/null 2>&1 || need_pkgs+=(nftables)
 command -v curl >/dev/null 2>&1 || need_pkgs+=(curl ca-certificates)
 command -v unzip >/dev/null 2>&1 || need_pkgs+=(unzip)
 if [ ${#need_pkgs[@]} -gt 0 ]; then

@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/spf13/cobra"
 	"github.com/stratafs/strata/internal/passthrough"
 )
@@ -39,21 +40,26 @@ func init() {
 				return fmt.Errorf("mount %s: %w", args[1], err)
 			}
 			slog.Info("passthrough mounted", "src", args[0], "mnt", args[1], "pid", os.Getpid())
-			done := make(chan struct{})
-			go func() { srv.Wait(); close(done) }()
-			select {
-			case s := <-sigs:
-				slog.Info("unmounting", "signal", s.String())
-				if err := srv.Unmount(); err != nil {
-					return fmt.Errorf("unmount %s: %w", args[1], err)
-				}
-				<-done
-			case <-done:
-				// Unmounted from outside (fusermount -u).
-			}
-			return nil
+			return serveUntilSignal(srv, args[1], sigs)
 		},
 	}
 	cmd.Flags().BoolVar(&debug, "debug", false, "log every FUSE request")
 	rootCmd.AddCommand(cmd)
+}
+
+// serveUntilSignal serves the mount at mnt until a signal on sigs (then
+// unmounts it) or until it is unmounted from outside (fusermount -u).
+func serveUntilSignal(srv *fuse.Server, mnt string, sigs <-chan os.Signal) error {
+	done := make(chan struct{})
+	go func() { srv.Wait(); close(done) }()
+	select {
+	case s := <-sigs:
+		slog.Info("unmounting", "signal", s.String())
+		if err := srv.Unmount(); err != nil {
+			return fmt.Errorf("unmount %s: %w", mnt, err)
+		}
+		<-done
+	case <-done:
+	}
+	return nil
 }

@@ -25,6 +25,19 @@
 // has kept failing for 10 s, and the retries are logged once per 10 s and
 // slowed to one per 20 ms after the first hundred.
 //
+// A failed write or sync of the engine's write-ahead log is fatal: pebble
+// cannot continue its commit pipeline, so Apply panics in the caller (the
+// process stops, fail-stop, rather than hang or acknowledge a write that
+// is not durable).
+//
+// # Fault injection
+//
+// Options.FS is the file system under the engine (default the operating
+// system's). Tests pass pebble's vfs/errorfs wrapper to make chosen
+// operations fail (EIO on a write or sync, ENOSPC) and its crash-simulating
+// memory file system (vfs.NewCrashableMem; CrashClone keeps what was
+// synced and drops the rest) to simulate a power loss; see fs_test.go.
+//
 // # Locking
 //
 // A Store is safe for concurrent use. A Batch, an Iter and a Snapshot are
@@ -38,5 +51,6 @@
 //   - Deleted ranges leave tombstones; iterating over a just-emptied range is
 //     slower until compaction. Keep ranges narrow (prefixes).
 //
-// Architecture Invariant: only this package imports pebble.
+// Architecture Invariant: only this package imports pebble (tests elsewhere
+// may import pebble's vfs packages to build an Options.FS).
 package kv

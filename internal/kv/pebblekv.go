@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // Options tunes a pebble-backed Store. The zero value is usable.
@@ -34,7 +35,16 @@ type Options struct {
 	// to everything applied so far, so that the persisted state never runs
 	// ahead of the persisted log. It must not call back into the store.
 	BeforeFlush func()
+	// FS is the file system the engine keeps its files on; default the
+	// operating system's (vfs.Default). Tests pass a faulty one: pebble's
+	// vfs/errorfs wrapper (EIO on a write or sync, ENOSPC) or its
+	// crash-simulating memory file system (vfs.NewCrashableMem, whose
+	// CrashClone keeps only what was synced).
+	FS FS
 }
+
+// FS is the engine's file-system interface (pebble's vfs.FS).
+type FS = vfs.FS
 
 // pebblekv is the Store over a pebble database.
 type pebblekv struct {
@@ -69,6 +79,10 @@ func Open(dir string, opts Options) (Store, error) {
 		Logger:             pebbleLogger{lg},
 		DisableWAL:         opts.NoWAL,
 		EventListener:      &pebble.EventListener{BackgroundError: bg.note},
+		FS:                 opts.FS,
+	}
+	if po.FS == nil {
+		po.FS = vfs.Default
 	}
 	if f := opts.BeforeFlush; f != nil {
 		po.EventListener.FlushBegin = func(pebble.FlushInfo) { f() }

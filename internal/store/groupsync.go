@@ -37,6 +37,9 @@ import (
 // it waited) syncs its own files, whose fdatasync reports its own error
 // exactly — the callers of the failed round too. Kernels before 5.8
 // report no syncfs errors at all: there every chunk syncs its own files.
+// So does a target on a FUSE file system: syncfs there does not reach the
+// daemon (go-fuse and most servers do not implement FUSE_SYNCFS), so it
+// would neither make the daemon's data durable nor report its errors.
 
 // groupSyncDirtyBound: the most dirty and write-back bytes of the machine
 // (/proc/meminfo) with which a sync still uses a syncfs round. A variable
@@ -82,6 +85,8 @@ type groupSync struct {
 	rounds rounds[struct{}] // one syncAll per round
 	// errEpoch counts failed rounds (see the essay above).
 	errEpoch atomic.Uint64
+	// blind: syncfs does nothing here (a FUSE file system).
+	blind bool
 }
 
 // fsGroups maps a file system's id (statfs f_fsid) to its group. Targets
@@ -104,7 +109,9 @@ func (t *target) joinGroup() error {
 		if err != nil {
 			return err
 		}
-		g = &groupSync{fd: fd}
+		var st unix.Statfs_t
+		blind := unix.Fstatfs(fd, &st) == nil && st.Type == unix.FUSE_SUPER_MAGIC
+		g = &groupSync{fd: fd, blind: blind}
 		if id != 0 {
 			if fsGroups.m == nil {
 				fsGroups.m = map[uint64]*groupSync{}
@@ -139,7 +146,7 @@ func (t *target) leaveGroup() {
 // canGroupSync reports whether a chunk that became dirty in epoch may be
 // made durable by a round now.
 func (t *target) canGroupSync(epoch uint64) bool {
-	return syncfsReportsErrors && epoch == t.gs.errEpoch.Load() && dirtyPagesBelow(groupSyncDirtyBound.Load())
+	return syncfsReportsErrors && !t.gs.blind && epoch == t.gs.errEpoch.Load() && dirtyPagesBelow(groupSyncDirtyBound.Load())
 }
 
 // wait makes everything written on the file system before the call
