@@ -310,24 +310,8 @@ func TestSmallChunkConcurrentWritersReadersSyncs(t *testing.T) {
 			copy(want[(w*10+r%10)*piece:], pattern(r*writers+w, piece))
 		}
 	}
-	bg.Add(3)
-	for i := 0; i < 2; i++ {
-		go func() {
-			defer bg.Done()
-			for {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				if _, err := e.read(1, 9, 0, 64<<10); err != nil && !errors.Is(err, syscall.ENOENT) {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	go func() {
+	// loop runs f until done is closed or f fails.
+	loop := func(f func() error) {
 		defer bg.Done()
 		for {
 			select {
@@ -335,12 +319,22 @@ func TestSmallChunkConcurrentWritersReadersSyncs(t *testing.T) {
 				return
 			default:
 			}
-			if err := e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 9}}); err != nil {
+			if err := f(); err != nil {
 				errs <- err
 				return
 			}
 		}
-	}()
+	}
+	bg.Add(3)
+	for i := 0; i < 2; i++ {
+		go loop(func() error {
+			if _, err := e.read(1, 9, 0, 64<<10); err != nil && !errors.Is(err, syscall.ENOENT) {
+				return err
+			}
+			return nil
+		})
+	}
+	go loop(func() error { return e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: 9}}) })
 	wg.Wait()
 	close(done)
 	bg.Wait()
