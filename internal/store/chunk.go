@@ -203,10 +203,6 @@ func (c *chunk) open(create bool, s *Server) error {
 	}
 	c.dataFd = fd
 	if created {
-		c.t.createdIn(dir)
-		c.flag.dirty = true
-		c.t.noteDirty(c.ino)
-		c.dirtyEpoch.Store(c.t.gs.errEpoch.Load())
 		if c.t.sums == sumsInline {
 			// No attribute until the first write: a data file with
 			// neither attribute nor sidecar is recomputed after a crash
@@ -217,14 +213,21 @@ func (c *chunk) open(create bool, s *Server) error {
 				return c.ioErr("remove stale sidecar", 0, err)
 			}
 			c.inl.Store(&inlineSums{flags: flagDirty})
+		} else {
+			// A leftover sidecar (a remove cut by a crash) is stale: truncate.
+			sfd, err := openRetry(sumPath, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
+			if err != nil {
+				return c.ioErr("create sidecar", 0, err)
+			}
+			c.sumFd = sfd
+		}
+		c.t.createdIn(dir)
+		c.flag.dirty = true
+		c.t.noteDirty(c.ino)
+		c.dirtyEpoch.Store(c.t.gs.errEpoch.Load())
+		if c.sumFd < 0 {
 			return nil
 		}
-		// A leftover sidecar (a remove cut by a crash) is stale: truncate.
-		sfd, err := openRetry(sumPath, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
-		if err != nil {
-			return c.ioErr("create sidecar", 0, err)
-		}
-		c.sumFd = sfd
 		return c.writeHeader(flagDirty, false)
 	}
 	var st unix.Stat_t
