@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/stratafs/strata/internal/testutil"
 )
 
@@ -77,20 +79,44 @@ func TestAsyncDataDurableWithinSyncInterval(t *testing.T) {
 		t.Fatalf("after the background round: %v\n%s", err, p.Tail(20))
 	}
 	t.Logf("unsynced right after the writes: %d chunks, %d bytes; then none", c0, b0)
-	// Every sidecar on disk says clean.
+	// Every chunk's sums on disk say clean: the sidecar's header, or the
+	// inline sums of a small chunk (store/inlinesums.go).
+	checked := 0
 	err := filepath.WalkDir(data, func(path string, d os.DirEntry, err error) error {
-		if err != nil || !strings.HasSuffix(path, ".sum") {
+		if err != nil {
 			return err
+		}
+		if strings.HasSuffix(path, ".data") {
+			v := make([]byte, 64)
+			n, err := unix.Getxattr(path, "user.strata.sums", v)
+			if errors.Is(err, unix.ENODATA) {
+				return nil // a sidecar's chunk
+			}
+			if err != nil {
+				return err
+			}
+			checked++
+			if n < 8 || v[1]&1 != 0 { // flags at offset 1, bit 0 dirty
+				return errors.New(path + "'s inline sums are dirty (or short)")
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".sum") {
+			return nil
 		}
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return err
 		}
+		checked++
 		if len(b) < 64 || b[10]&1 != 0 { // flags at offset 10, bit 0 dirty (store/format.go)
 			return errors.New(path + " is dirty (or has no header)")
 		}
 		return nil
 	})
+	if err == nil && checked < n {
+		err = fmt.Errorf("found the sums of %d chunks, want at least %d", checked, n)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,8 +103,10 @@ func TestUpServesFormat1Targets(t *testing.T) {
 		}
 		return err
 	})
-	if err != nil || len(saved) != 2 {
-		t.Fatalf("the chunk files of s0: %v (%d found)", err, len(saved))
+	// The upgraded target (format 4) keeps a new small chunk's sums in an
+	// extended attribute of its data file: one file, no sidecar.
+	if err != nil || len(saved) != 1 || !strings.HasSuffix(saved[0][0], ".data") {
+		t.Fatalf("the chunk files of s0: %v (%d found, want its .data alone)", err, len(saved))
 	}
 	if err := os.Remove(victim); err != nil {
 		t.Fatal(err)
@@ -164,7 +166,7 @@ func TestUpServesFormat1Targets(t *testing.T) {
 		if err == nil {
 			err = json.Unmarshal(b, &v)
 		}
-		if err != nil || v.Format != 3 || v.ChunkLayout != 1 {
+		if err != nil || v.Format != 4 || v.ChunkLayout != 1 {
 			t.Fatalf("%s after serving: format %d, chunk layout %d, %v", id, v.Format, v.ChunkLayout, err)
 		}
 	}

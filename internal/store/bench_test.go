@@ -150,21 +150,24 @@ func benchChunk(b *testing.B, write bool) {
 
 // BenchmarkSmallChunkCreate creates chunks of 3,901 bytes (no sync) for
 // consecutive inode numbers from four goroutines on a fresh target of each
-// chunk layout: layout 1 makes one or two fan-out directories per chunk,
-// layout 2 one per 256. cpu-ns/op is the whole process's CPU time (user and
-// system: the mkdirs are the kernel's) per chunk, which the load of a
-// shared machine inflates less than the wall time.
+// chunk layout and chunk sums form: layout 1 makes one or two fan-out
+// directories per chunk, layout 2 one per 256; sums 1 a sidecar per chunk,
+// sums 2 none (the sums in the data file's attribute). cpu-ns/op is the
+// whole process's CPU time (user and system: the mkdirs are the kernel's)
+// per chunk, which the load of a shared machine inflates less than the
+// wall time.
 //
 //	go test -run XXX -bench SmallChunkCreate -benchtime 5000x -count 3 ./internal/store/
 func BenchmarkSmallChunkCreate(b *testing.B) {
-	for _, lay := range []chunkLayout{layoutLowBytes, layoutRuns} {
-		b.Run(fmt.Sprintf("layout=%d", lay), func(b *testing.B) {
+	for _, c := range []struct {
+		lay  chunkLayout
+		sums int
+	}{{layoutLowBytes, sumsSidecar}, {layoutRuns, sumsSidecar}, {layoutRuns, sumsInline}} {
+		b.Run(fmt.Sprintf("layout=%d/sums=%d", c.lay, c.sums), func(b *testing.B) {
 			dir := b.TempDir()
-			if lay != newTargetLayout {
-				id := identity{Format: targetFormat, UUID: newUUID(), Created: time.Now().UTC(), ChunkLayout: int(lay)}
-				if err := writeIdentity(dir, id); err != nil {
-					b.Fatal(err)
-				}
+			id := identity{Format: targetFormat, UUID: newUUID(), Created: time.Now().UTC(), ChunkLayout: int(c.lay), ChunkSums: c.sums}
+			if err := writeIdentity(dir, id); err != nil {
+				b.Fatal(err)
 			}
 			e := benchEnvIn(b, dir)
 			ctx := context.Background()

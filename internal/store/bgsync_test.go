@@ -18,7 +18,7 @@ import (
 
 func isDirty(t *testing.T, dir string, ino uint64) bool {
 	t.Helper()
-	return sidecarFlags(t, sumPath(dir, ino))&flagDirty != 0
+	return chunkFlags(t, dir, ino)&flagDirty != 0
 }
 
 // Chunks written and never synced by anyone — open ones and ones evicted

@@ -51,7 +51,8 @@ import (
 //     from seeing one without the other).
 //   - Sync makes data and sidecar durable (a syncfs round shared with the
 //     target's concurrent syncs, or else an fdatasync of each: see
-//     groupsync.go), then clears the flag — but
+//     groupsync.go; a small chunk whose sums are inline in its data file's
+//     attribute, inlinesums.go, is one fsync), then clears the flag — but
 //     only if no mutation started since it sampled the mutation generation
 //     (gen) under the flag's write lock; otherwise the chunk stays dirty.
 //     Clearing needs no fsync: a lost clear only costs a recomputation.
@@ -124,7 +125,11 @@ type chunk struct {
 	t      *target
 	ino    uint64
 	dataFd int // -1 until opened
-	sumFd  int
+	sumFd  int // the sidecar; -1 for an inline chunk
+	// inl holds the sums of an inline chunk (inlinesums.go), nil for a
+	// chunk with a sidecar. Set at open; becomes nil (never the reverse)
+	// only with every region locked, inside a mutation.
+	inl atomic.Pointer[inlineSums]
 
 	// Guarded by chunkCache.mu.
 	refs  int
@@ -170,7 +175,7 @@ type chunk struct {
 func (c *chunk) name() string { return fmt.Sprintf("%x", c.ino) }
 
 // open opens (or, with create, creates) the chunk's files and brings the
-// sidecar up to date if a crash left it dirty.
+// sums up to date if a crash left them dirty.
 func (c *chunk) open(create bool, s *Server) error {
 	dir, base := c.t.chunkPath(c.ino)
 	dataPath := filepath.Join(dir, base+".data")
@@ -198,30 +203,67 @@ func (c *chunk) open(create bool, s *Server) error {
 	}
 	c.dataFd = fd
 	if created {
-		// A leftover sidecar (a remove cut by a crash) is stale: truncate.
-		sfd, err := openRetry(sumPath, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
-		if err != nil {
-			return c.ioErr("create sidecar", 0, err)
+		if c.t.sums == sumsInline {
+			// No attribute until the first write: a data file with
+			// neither attribute nor sidecar is recomputed after a crash
+			// (empty, or holes only, it has nothing to check). A
+			// leftover sidecar (a remove cut by a crash) would take
+			// precedence: remove it.
+			if err := unix.Unlink(sumPath); err != nil && !errors.Is(err, unix.ENOENT) {
+				return c.ioErr("remove stale sidecar", 0, err)
+			}
+			c.inl.Store(&inlineSums{flags: flagDirty})
+		} else {
+			// A leftover sidecar (a remove cut by a crash) is stale: truncate.
+			sfd, err := openRetry(sumPath, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
+			if err != nil {
+				return c.ioErr("create sidecar", 0, err)
+			}
+			c.sumFd = sfd
 		}
-		c.sumFd = sfd
 		c.t.createdIn(dir)
 		c.flag.dirty = true
 		c.t.noteDirty(c.ino)
 		c.dirtyEpoch.Store(c.t.gs.errEpoch.Load())
-		if err := c.writeHeader(flagDirty, false); err != nil {
-			return err
+		if c.sumFd < 0 {
+			return nil
 		}
-		return nil
+		return c.writeHeader(flagDirty, false)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return c.ioErr("stat data file", 0, err)
 	}
 	c.size.Store(st.Size)
+	if c.t.sums == sumsInline {
+		flags, sums, found, err := readInline(fd)
+		var damaged errInlineDamaged
+		switch {
+		case errors.As(err, &damaged):
+			s.log.Error("chunk inline sums damaged", "target", c.t.path, "ino", c.name(), "err", err)
+			c.t.m.csumErrors.Inc()
+			return rpc.Errorf(syscall.EIO, "target %s chunk %x: inline sums damaged: %v", c.t.path, c.ino, err)
+		case err != nil:
+			return c.ioErr("read inline sums", 0, err)
+		case found:
+			c.inl.Store(&inlineSums{flags: flags, sums: sums})
+			return c.settle(s, headerOK, flags)
+		}
+	}
 	state := headerMissing
 	var hdr sumHeader
 	sfd, err := openRetry(sumPath, unix.O_RDWR, 0)
 	if errors.Is(err, unix.ENOENT) {
+		if c.t.sums == sumsInline {
+			// Neither form: a new chunk (or a conversion) cut by a crash,
+			// or evicted by this process before its first write.
+			c.inl.Store(&inlineSums{flags: flagDirty})
+			if c.t.isOurs(c.ino) {
+				c.flag.dirty = true // every write of this process set the attribute
+				return nil
+			}
+			return c.recover(s, headerMissing)
+		}
 		sfd, err = openRetry(sumPath, unix.O_RDWR|unix.O_CREAT, 0o644)
 	} else if err == nil {
 		var b [sumHeaderBytes]byte
@@ -243,8 +285,14 @@ func (c *chunk) open(create bool, s *Server) error {
 		return c.ioErr("open sidecar", 0, err)
 	}
 	c.sumFd = sfd
+	return c.settle(s, state, hdr.flags)
+}
+
+// settle decides, once the sums are found (state, and the flags they
+// carry), whether they can be trusted or must be recomputed.
+func (c *chunk) settle(s *Server, state headerState, flags uint16) error {
 	switch {
-	case state == headerOK && hdr.flags&flagDirty == 0:
+	case state == headerOK && flags&flagDirty == 0:
 		return nil
 	case state == headerOK && c.t.isOurs(c.ino):
 		// Marked dirty by this process and closed before a sync: sums and
@@ -263,6 +311,13 @@ func (c *chunk) recover(s *Server, state headerState) error {
 		return c.ioErr("sync data before recovery", 0, err)
 	}
 	size := c.size.Load()
+	if c.outgrows(size) {
+		// Extended past the inline limit by a mutation a crash cut
+		// before its sums moved: they move now, then are recomputed.
+		if err := c.convertToSidecar(); err != nil {
+			return err
+		}
+	}
 	const batch = 1 << 20
 	dp := getBuf(batch)
 	defer putBuf(dp)
@@ -279,7 +334,7 @@ func (c *chunk) recover(s *Server, state headerState) error {
 		clear(data[m:])
 		nb := blocks(n)
 		sums := (*sp)[:4*nb]
-		k, err := preadFull(c.sumFd, sums, sumOff(off>>blockShift))
+		k, err := c.readSums(sums, off>>blockShift)
 		if err != nil {
 			return c.ioErr("read sums during recovery", off, err)
 		}
@@ -293,30 +348,50 @@ func (c *chunk) recover(s *Server, state headerState) error {
 			}
 		}
 		total += nb
-		if err := pwriteFull(c.sumFd, sums, sumOff(off>>blockShift)); err != nil {
+		if _, err := c.writeSums(sums, off>>blockShift); err != nil {
 			return c.ioErr("write sums during recovery", off, err)
 		}
 	}
-	if err := unix.Ftruncate(c.sumFd, sumOff(blocks(size))); err != nil {
-		return c.ioErr("truncate sidecar during recovery", 0, err)
+	if err := c.truncateSums(blocks(size)); err != nil {
+		return c.ioErr("truncate sums during recovery", 0, err)
 	}
-	if err := fdatasync(c.sumFd); err != nil {
-		return c.ioErr("sync sums during recovery", 0, err)
+	if c.inl.Load() == nil {
+		if err := fdatasync(c.sumFd); err != nil {
+			return c.ioErr("sync sums during recovery", 0, err)
+		}
 	}
 	if err := c.writeHeader(0, true); err != nil {
 		return err
 	}
 	why := "dirty since last sync"
 	if state == headerMissing {
-		why = "sidecar missing or incomplete"
+		why = "sums missing or incomplete"
 	}
 	s.log.Warn("recomputed chunk checksums after unclean shutdown", "target", c.t.path, "ino", c.name(),
 		"reason", why, "blocks", total, "changed", changed)
 	return nil
 }
 
-// writeHeader writes the sidecar header with flags, and fdatasyncs it when sync.
+// writeHeader writes the sidecar header (or the inline sums) with flags,
+// and syncs it when sync.
 func (c *chunk) writeHeader(flags uint16, sync bool) error {
+	if inl := c.inl.Load(); inl != nil {
+		inl.mu.Lock()
+		err := writeInline(c.dataFd, flags, inl.sums)
+		if err == nil {
+			inl.flags = flags
+		}
+		inl.mu.Unlock()
+		if err != nil {
+			return c.ioErr("write inline sums", 0, err)
+		}
+		if sync {
+			if err := fsync(c.dataFd); err != nil {
+				return c.ioErr("sync inline sums", 0, err)
+			}
+		}
+		return nil
+	}
 	h := sumHeader{version: sumFormat, flags: flags, block: blockSize, ino: c.ino}.encode()
 	if err := pwriteFull(c.sumFd, h[:], 0); err != nil {
 		return c.ioErr("write sidecar header", 0, err)
@@ -431,6 +506,9 @@ func (c *chunk) write(ctx context.Context, s *Server, off int64, data []byte) er
 	}
 	defer c.endMutation()
 	end := off + int64(len(data))
+	if err := c.growForm(end); err != nil {
+		return err
+	}
 	mask := stripeMask(off, end)
 	c.lock(mask, true)
 	locked := true
@@ -453,7 +531,7 @@ func (c *chunk) write(ctx context.Context, s *Server, off int64, data []byte) er
 	sp := getBuf(int(8 * nb))
 	defer putBuf(sp)
 	newSums, oldSums := (*sp)[:4*nb], (*sp)[4*nb:8*nb]
-	k, err := preadFull(c.sumFd, oldSums, sumOff(b0))
+	k, err := c.readSums(oldSums, b0)
 	if err != nil {
 		return c.ioErr("read sums", off, err)
 	}
@@ -481,8 +559,10 @@ func (c *chunk) write(ctx context.Context, s *Server, off int64, data []byte) er
 
 	// Sums first: if they cannot be written, the data is untouched and the
 	// old sums go back.
-	if n, err := pwritePartial(c.sumFd, newSums, sumOff(b0)); err != nil {
-		_ = pwriteFull(c.sumFd, oldSums[:n], sumOff(b0)) // allocated already: cannot fail for space
+	if n, err := c.writeSums(newSums, b0); err != nil {
+		if n > 0 {
+			_, _ = c.writeSums(oldSums[:n], b0) // allocated already: cannot fail for space
+		}
 		return c.ioErr("write sums", off, err)
 	}
 	n, err := pwritePartial(c.dataFd, data, off)
@@ -565,7 +645,7 @@ func (c *chunk) repairFailedWrite(s *Server, off int64, data []byte, n int, oldS
 			putU32(newSums[4*i:], storedSum(blk[:]))
 		}
 	}
-	if err := pwriteFull(c.sumFd, newSums, sumOff(b0)); err != nil {
+	if _, err := c.writeSums(newSums, b0); err != nil {
 		s.log.Error("cannot repair sums after failed write", "target", c.t.path, "ino", c.name(), "off", off, "err", err)
 	}
 }
@@ -648,7 +728,7 @@ func (c *chunk) read(s *Server, off int64, n int, dest []byte) (*readResp, error
 	sp := getBuf(int(4 * nb))
 	defer putBuf(sp)
 	sums := *sp
-	k, err := preadFull(c.sumFd, sums, sumOff(a0>>blockShift))
+	k, err := c.readSums(sums, a0>>blockShift)
 	if err != nil {
 		putBuf(bp)
 		return nil, c.ioErr("read sums", off, err)
@@ -674,6 +754,11 @@ func (c *chunk) truncate(s *Server, size int64) error {
 	defer c.endMutation()
 	c.lock(allStripes, true)
 	defer c.unlock(allStripes, true)
+	if c.outgrows(size) {
+		if err := c.convertToSidecar(); err != nil {
+			return err
+		}
+	}
 	return c.setLength(s, size, c.size.Load())
 }
 
@@ -684,7 +769,7 @@ func (c *chunk) setLength(s *Server, size, old int64) error {
 		// The new last block loses its tail: verify, then re-sum.
 		bs := size &^ (blockSize - 1)
 		var sb [4]byte
-		k, err := preadFull(c.sumFd, sb[:], sumOff(bs>>blockShift))
+		k, err := c.readSums(sb[:], bs>>blockShift)
 		if err != nil {
 			return c.ioErr("read sums", bs, err)
 		}
@@ -696,11 +781,11 @@ func (c *chunk) setLength(s *Server, size, old int64) error {
 		clear(blk[size-bs:])
 		var nsb [4]byte
 		putU32(nsb[:], storedSum(blk[:]))
-		if err := pwriteFull(c.sumFd, nsb[:], sumOff(bs>>blockShift)); err != nil {
+		if _, err := c.writeSums(nsb[:], bs>>blockShift); err != nil {
 			return c.ioErr("write sums", bs, err)
 		}
 		if err := unix.Ftruncate(c.dataFd, size); err != nil {
-			_ = pwriteFull(c.sumFd, sb[:], sumOff(bs>>blockShift))
+			_, _ = c.writeSums(sb[:], bs>>blockShift)
 			return c.ioErr("truncate", size, err)
 		}
 	} else if err := unix.Ftruncate(c.dataFd, size); err != nil {
@@ -708,8 +793,8 @@ func (c *chunk) setLength(s *Server, size, old int64) error {
 	}
 	if size < old {
 		// Sums past the end must read as 0 (holes) for a later extension.
-		if err := unix.Ftruncate(c.sumFd, sumOff(blocks(size))); err != nil {
-			return c.ioErr("truncate sidecar", size, err)
+		if err := c.truncateSums(blocks(size)); err != nil {
+			return c.ioErr("truncate sums", size, err)
 		}
 	}
 	c.size.Store(size)
@@ -748,7 +833,7 @@ func (c *chunk) punch(s *Server, off, n int64) error {
 		}
 		bs := b << blockShift
 		var sb [4]byte
-		k, err := preadFull(c.sumFd, sb[:], sumOff(b))
+		k, err := c.readSums(sb[:], b)
 		if err != nil {
 			return c.ioErr("read sums", bs, err)
 		}
@@ -768,14 +853,14 @@ func (c *chunk) punch(s *Server, off, n int64) error {
 		return c.ioErr("punch", off, err)
 	}
 	if lastFull > firstFull {
-		if err := zeroSums(c.sumFd, firstFull, lastFull); err != nil {
+		if err := c.zeroSumRange(firstFull, lastFull); err != nil {
 			return c.ioErr("clear sums", off, err)
 		}
 	}
 	for _, e := range edges[:ne] {
 		var sb [4]byte
 		putU32(sb[:], e.sum)
-		if err := pwriteFull(c.sumFd, sb[:], sumOff(e.b)); err != nil {
+		if _, err := c.writeSums(sb[:], e.b); err != nil {
 			return c.ioErr("write sums", e.b<<blockShift, err)
 		}
 	}
@@ -833,11 +918,18 @@ func (c *chunk) sync() error {
 // syncOwnFiles fdatasyncs the chunk's data and sidecar and fsyncs the
 // directories on its path that changed.
 func (c *chunk) syncOwnFiles() error {
-	if err := fdatasync(c.dataFd); err != nil {
-		return c.ioErr("sync data", 0, err)
-	}
-	if err := fdatasync(c.sumFd); err != nil {
-		return c.ioErr("sync sums", 0, err)
+	if c.inl.Load() != nil {
+		// The sums are inode metadata, which fdatasync may leave out.
+		if err := fsync(c.dataFd); err != nil {
+			return c.ioErr("sync data and inline sums", 0, err)
+		}
+	} else {
+		if err := fdatasync(c.dataFd); err != nil {
+			return c.ioErr("sync data", 0, err)
+		}
+		if err := fdatasync(c.sumFd); err != nil {
+			return c.ioErr("sync sums", 0, err)
+		}
 	}
 	dir, _ := c.t.chunkPath(c.ino)
 	if err := c.t.syncDirsOf(dir); err != nil {
@@ -960,12 +1052,15 @@ func pwriteFull(fd int, b []byte, off int64) error {
 	return err
 }
 
-func fdatasync(fd int) error {
+func fdatasync(fd int) error { return syncFd(fd, unix.Fdatasync) }
+
+// syncFd calls sync (fdatasync or fsync) on fd, retrying EINTR.
+func syncFd(fd int, sync func(int) error) error {
 	if h := testHookFdatasync.Load(); h != nil {
 		(*h)(fd)
 	}
 	for {
-		err := unix.Fdatasync(fd)
+		err := sync(fd)
 		if err != unix.EINTR {
 			return err
 		}

@@ -293,13 +293,22 @@ func openDirtyLog(t *target, log *slog.Logger) (*dirtyLog, error) {
 	return l, nil
 }
 
-// markDirtyForRecovery sets the dirty flag in the sidecar header of t's
-// chunk ino and syncs it, if the header says clean; it reports whether it
-// did. A chunk without a sidecar or with a damaged header is left as it
-// is: opening it recovers it or refuses it anyway.
+// markDirtyForRecovery sets the dirty flag in the sidecar header (or the
+// inline sums) of t's chunk ino and syncs it, if they say clean; it
+// reports whether it did. A chunk without sums or with damaged ones is
+// left as it is: opening it recovers it or refuses it anyway. A chunk with
+// both inline sums and a sidecar was cut by a crash while its sums moved
+// to the sidecar (convertToSidecar): the attribute is dropped and the
+// sidecar marked.
 func markDirtyForRecovery(t *target, ino uint64) (bool, error) {
 	dir, base := t.chunkPath(ino)
-	fd, err := openRetry(filepath.Join(dir, base+".sum"), unix.O_RDWR, 0)
+	sumPath := filepath.Join(dir, base+".sum")
+	if t.sums == sumsInline {
+		if done, marked, err := markInlineDirty(filepath.Join(dir, base+".data"), sumPath); done || err != nil {
+			return marked, err
+		}
+	}
+	fd, err := openRetry(sumPath, unix.O_RDWR, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil
 	}
@@ -322,6 +331,37 @@ func markDirtyForRecovery(t *target, ino uint64) (bool, error) {
 		return false, err
 	}
 	return true, fdatasync(fd)
+}
+
+// markInlineDirty is markDirtyForRecovery's part for inline sums: done
+// says whether the chunk was dealt with (else its sidecar, if any, is).
+func markInlineDirty(dataPath, sumPath string) (done, marked bool, err error) {
+	fd, err := openRetry(dataPath, unix.O_RDONLY, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return false, false, nil
+	}
+	if err != nil {
+		return false, false, err
+	}
+	defer unix.Close(fd)
+	flags, sums, found, err := readInline(fd)
+	var damaged errInlineDamaged
+	if !found || err != nil && !errors.As(err, &damaged) {
+		return false, false, err
+	}
+	if _, serr := os.Lstat(sumPath); serr == nil {
+		if err := removeInline(fd); err != nil {
+			return false, false, err
+		}
+		return false, false, fsync(fd)
+	}
+	if damaged.error != nil || flags&flagDirty != 0 {
+		return true, false, nil
+	}
+	if err := writeInline(fd, flags|flagDirty, sums); err != nil {
+		return true, false, err
+	}
+	return true, true, fsync(fd)
 }
 
 // record makes the log name chunk ino durably: one write and fdatasync

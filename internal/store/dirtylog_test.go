@@ -43,7 +43,7 @@ func TestFirstMutationOfCleanChunkSyncsNoSidecar(t *testing.T) {
 	if slices.Contains(synced, sumFd) || slices.Contains(synced, dataFd) {
 		t.Fatalf("the first mutation of a clean chunk fdatasynced its files (sidecar fd %d, data fd %d): %v", sumFd, dataFd, synced)
 	}
-	if f := sidecarFlags(t, sumPath(e.dirs[0], 1)); f&flagDirty == 0 {
+	if f := chunkFlags(t, e.dirs[0], 1); f&flagDirty == 0 {
 		t.Fatal("the sidecar does not say dirty after the mutation")
 	}
 }
@@ -166,7 +166,7 @@ func TestCrashAfterLogRecordRecomputes(t *testing.T) {
 	e.mustWrite(1, 1, 4096, []byte("unsynced"), false)
 	e.mustWrite(1, 2, 0, data, true)
 	e.crash()
-	setSidecarClean(t, e.dirs[0], 1)
+	setSumsClean(t, e.dirs[0], 1)
 	behind := []byte("data on disk without its sums")
 	writeBehind(t, e.dirs[0], 1, 20000, behind)
 	writeBehind(t, e.dirs[0], 2, 20000, behind)
@@ -326,7 +326,7 @@ func TestDirtyLogCheckpointKeepsDirtyChunks(t *testing.T) {
 		t.Fatalf("log lost the record of dirty chunk 8: %v", inos)
 	}
 	e.crash()
-	setSidecarClean(t, e.dirs[0], 8)
+	setSumsClean(t, e.dirs[0], 8)
 	writeBehind(t, e.dirs[0], 8, 5000, []byte("unsynced"))
 	writeBehind(t, e.dirs[0], 1, 5000, []byte("behind"))
 	e.start()

@@ -12,9 +12,12 @@
 //     metadata address: tests, benchmarks) number targets 1..n.
 //   - Chunk: the bytes of one inode on one target (layout decides which),
 //     a sparse data file plus a sidecar with one CRC32C per 4 KiB block
-//     (format.go; docs/design/0002-storage.md). An absent chunk reads as
-//     length 0.
-//   - Dirty flag: the sidecar header bit that says "data and sums may
+//     (format.go; docs/design/0002-storage.md) — or, for a chunk of up to
+//     48 KiB on a target of chunk_sums 2, the data file alone with the
+//     sidecar's content in an extended attribute that the file system
+//     keeps in the inode (inlinesums.go; docs/design/0011). An absent
+//     chunk reads as length 0.
+//   - Dirty flag: the sidecar header (or inline sums) bit that says "data and sums may
 //     disagree on disk"; set before the first mutation after a sync,
 //     cleared after a sync. What makes it durable is the chunk's record in
 //     the target's intent log (dirty.log, dirtylog.go), which concurrent

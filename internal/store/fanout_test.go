@@ -81,8 +81,8 @@ func readIdentityFile(t *testing.T, dir string) identity {
 // inodes 2^24 apart share a leaf and are both listed.
 func TestChunkLayoutRuns(t *testing.T) {
 	e := newEnv(t, 1, nil)
-	if id := readIdentityFile(t, e.dirs[0]); id.Format != 3 || id.ChunkLayout != 2 {
-		t.Fatalf("new target has format version %d, chunk layout %d; want 3 and 2", id.Format, id.ChunkLayout)
+	if id := readIdentityFile(t, e.dirs[0]); id.Format != 4 || id.ChunkLayout != 2 || id.ChunkSums != sumsInline {
+		t.Fatalf("new target has format version %d, chunk layout %d, chunk sums %d; want 4, 2 and 2", id.Format, id.ChunkLayout, id.ChunkSums)
 	}
 	want := map[uint64]uint64{}
 	for ino := uint64(0x3400); ino <= 0x34ff; ino++ {
@@ -102,10 +102,8 @@ func TestChunkLayoutRuns(t *testing.T) {
 		rel string
 	}{{0x3400, "00/34/0000000000003400"}, {0x34ff, "00/34/00000000000034ff"}, {0x3500, "00/35/0000000000003500"},
 		{0x453412, "45/34/0000000000453412"}, {0x1003401, "00/34/0000000001003401"}} {
-		for _, ext := range []string{".data", ".sum"} {
-			if _, err := os.Stat(filepath.Join(e.dirs[0], chunksDir, c.rel+ext)); err != nil {
-				t.Errorf("chunk %x: %v", c.ino, err)
-			}
+		if _, err := os.Stat(filepath.Join(e.dirs[0], chunksDir, c.rel+".data")); err != nil {
+			t.Errorf("chunk %x: %v", c.ino, err)
 		}
 	}
 	if got, _ := listAll(t, e, 1, 1); !maps.Equal(got, want) {
@@ -187,8 +185,8 @@ func testOldTarget(t *testing.T, format int) {
 		t.Fatal(err)
 	}
 	e := newEnv(t, 0, func(c *Config) { c.Targets = []string{dir} })
-	if got := readIdentityFile(t, dir); got.Format != 3 || got.ChunkLayout != 1 || got.UUID != id.UUID || got.InoCeiling != 2*rpc.InoCeilingStep {
-		t.Fatalf("old target's identity after open: %+v, want format 3, chunk layout 1, uuid %s, ceiling %d", got, id.UUID, 2*rpc.InoCeilingStep)
+	if got := readIdentityFile(t, dir); got.Format != 4 || got.ChunkLayout != 1 || got.ChunkSums != sumsInline || got.UUID != id.UUID || got.InoCeiling != 2*rpc.InoCeilingStep {
+		t.Fatalf("old target's identity after open: %+v, want format 4, chunk layout 1, chunk sums 2, uuid %s, ceiling %d", got, id.UUID, 2*rpc.InoCeilingStep)
 	}
 	size := func(ino uint64) int { return 5000 + int(ino&0xff) }
 	for _, ino := range []uint64{0x1234, 0x1235, 0x10034} {
@@ -207,6 +205,17 @@ func testOldTarget(t *testing.T, format int) {
 	if _, err := os.Stat(filepath.Join(dir, chunksDir, "36/12/0000000000001236.data")); err != nil {
 		t.Fatalf("new chunk on an old target: %v", err)
 	}
+	// The upgraded target's new small chunk keeps its sums inline; its
+	// old chunks keep their sidecars, also when written.
+	if _, _, found := inlineOf(t, dir, 0x1236); !found {
+		t.Fatal("new chunk on an upgraded target has no inline sums")
+	}
+	if _, err := os.Stat(filepath.Join(dir, chunksDir, "36/12/0000000000001236.sum")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("new small chunk on an upgraded target has a sidecar: %v", err)
+	}
+	if _, _, found := inlineOf(t, dir, 0x1234); found {
+		t.Fatal("old chunk got inline sums")
+	}
 	want := map[uint64]uint64{0x1234: 5052, 0x1236: 100, 0x10034: 5052}
 	if got, _ := listAll(t, e, 1, 1); !maps.Equal(got, want) {
 		t.Fatalf("listed %v, want %v", got, want)
@@ -221,7 +230,7 @@ func testOldTarget(t *testing.T, format int) {
 	}
 
 	e.restart()
-	if got := readIdentityFile(t, dir); got.Format != 3 || got.ChunkLayout != 1 {
+	if got := readIdentityFile(t, dir); got.Format != 4 || got.ChunkLayout != 1 {
 		t.Fatalf("old target's identity after a restart: %+v", got)
 	}
 	wantData := pattern(0x1234, size(0x1234))
@@ -244,7 +253,9 @@ func TestChunkLayoutUnknownRefused(t *testing.T) {
 	for _, c := range []struct{ ident, want string }{
 		{`{"format": 3, "chunk_layout": 3, "uuid": "6c3e0f5a-0000-4000-8000-000000000000"}`, "chunk layout 3, this build knows only layouts 1 and 2"},
 		{`{"format": 3, "uuid": "6c3e0f5a-0000-4000-8000-000000000000"}`, "format version 3 names no chunk layout"},
-		{`{"format": 4, "chunk_layout": 2, "uuid": "6c3e0f5a-0000-4000-8000-000000000000"}`, "format version 4, this build serves only versions 1 to 3"},
+		{`{"format": 4, "chunk_layout": 2, "uuid": "6c3e0f5a-0000-4000-8000-000000000000"}`, "format version 4 names no chunk sums form"},
+		{`{"format": 4, "chunk_layout": 2, "chunk_sums": 3, "uuid": "6c3e0f5a-0000-4000-8000-000000000000"}`, "chunk sums form 3, this build knows only forms 1 and 2"},
+		{`{"format": 5, "chunk_layout": 2, "chunk_sums": 2, "uuid": "6c3e0f5a-0000-4000-8000-000000000000"}`, "format version 5, this build serves only versions 1 to 4"},
 	} {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, identityName), []byte(c.ident), 0o644); err != nil {

@@ -19,6 +19,10 @@ import (
 //	chunks/XX/YY/<ino as 16 hex digits>.data   the bytes, sparse
 //	chunks/XX/YY/<ino as 16 hex digits>.sum    the sidecar below
 //
+// or, on a target with inline sums (chunk_sums 2) and for a chunk of up to
+// inlineMaxBlocks blocks, the .data file alone, the sidecar header's flags
+// and the sums in its extended attribute user.strata.sums (inlinesums.go).
+//
 // Sidecar (all integers little-endian):
 //
 //	offset size field

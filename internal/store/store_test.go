@@ -24,7 +24,16 @@ var seedFlag = flag.Uint64("seed", 0, "seed for randomized tests (0: time-based)
 
 // TestModelRandomOps runs random writes, reads, truncates, punches, syncs
 // and restarts against an in-memory model of each chunk.
-func TestModelRandomOps(t *testing.T) {
+func TestModelRandomOps(t *testing.T) { modelRandomOps(t, 3<<20, 300<<10) }
+
+// TestModelRandomOpsSmall: the same on chunks around the inline sums limit
+// (inlinesums.go), so that inline chunks are written, truncated, punched,
+// recovered and moved to sidecars.
+func TestModelRandomOpsSmall(t *testing.T) {
+	modelRandomOps(t, 2*inlineMaxBlocks*blockSize, inlineMaxBlocks*blockSize/2)
+}
+
+func modelRandomOps(t *testing.T, maxOff, bigLen int) {
 	seed := *seedFlag
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
@@ -33,7 +42,6 @@ func TestModelRandomOps(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	e := newEnv(t, 2, nil)
 	models := map[[2]uint64][]byte{} // (target, ino) -> content
-	const maxOff = 3 << 20
 	offLen := func() (uint64, int) {
 		var n int
 		switch rng.IntN(4) {
@@ -44,7 +52,7 @@ func TestModelRandomOps(t *testing.T) {
 		case 2:
 			n = 1 + rng.IntN(3*blockSize)
 		default:
-			n = 1 + rng.IntN(300<<10)
+			n = 1 + rng.IntN(bigLen)
 		}
 		off := uint64(rng.IntN(maxOff))
 		if rng.IntN(3) == 0 {
@@ -120,7 +128,7 @@ func TestModelRandomOps(t *testing.T) {
 	// Full read-back of everything, before and after a restart.
 	for round := 0; round < 2; round++ {
 		for key, m := range models {
-			got := e.mustRead(uint32(key[0]), key[1], 0, maxOff*2)
+			got := e.mustRead(uint32(key[0]), key[1], 0, uint32(maxOff*2))
 			if !bytes.Equal(got, m) {
 				t.Fatalf("round %d: chunk %v: %d bytes, want %d, first diff at %d", round, key, len(got), len(m), firstDiff(got, m))
 			}
@@ -417,15 +425,13 @@ func TestCrashConsistency(t *testing.T) {
 		t.Fatalf("clean chunk changed behind the server: want EIO, got %v", err)
 	}
 	// After recovery the flag is clear on disk.
-	if flags := sidecarFlags(t, sumPath(e.dirs[0], 1)); flags&flagDirty != 0 {
+	if flags := chunkFlags(t, e.dirs[0], 1); flags&flagDirty != 0 {
 		t.Fatalf("sidecar still dirty after recovery: %x", flags)
 	}
 	// A chunk whose sidecar vanished (crash right after creation) recovers too.
 	e.mustWrite(1, 3, 0, data, false)
 	e.crash()
-	if err := os.Remove(sumPath(e.dirs[0], 3)); err != nil {
-		t.Fatal(err)
-	}
+	removeSums(t, e.dirs[0], 3)
 	e.start()
 	if got := e.mustRead(1, 3, 0, 64<<10); !bytes.Equal(got, data) {
 		t.Fatal("chunk without sidecar wrong after recovery")
@@ -463,7 +469,7 @@ func TestEvictedDirtyChunksStayConsistent(t *testing.T) {
 	}
 	e.restart() // clean close syncs and clears every chunk, open or not
 	for ino := uint64(1); ino <= 40; ino++ {
-		if f := sidecarFlags(t, sumPath(e.dirs[0], ino)); f&flagDirty != 0 {
+		if f := chunkFlags(t, e.dirs[0], ino); f&flagDirty != 0 {
 			t.Fatalf("ino %d still dirty after clean close", ino)
 		}
 	}
@@ -584,7 +590,7 @@ func TestSyncAfterCrashRecovers(t *testing.T) {
 	if !strings.Contains(logs.String(), "recomputed chunk checksums") {
 		t.Fatal("sync of a crashed dirty chunk did not recover it")
 	}
-	if f := sidecarFlags(t, sumPath(e.dirs[0], 5)); f&flagDirty != 0 {
+	if f := chunkFlags(t, e.dirs[0], 5); f&flagDirty != 0 {
 		t.Fatal("still dirty after sync")
 	}
 	if got := e.mustRead(1, 5, 0, 20000); !bytes.Equal(got, pattern(3, 10000)) {
@@ -1035,7 +1041,7 @@ func TestConcurrentSyncsShareOneRound(t *testing.T) {
 		t.Fatalf("%d directory fsyncs besides the rounds", d)
 	}
 	for i := uint64(1); i <= n; i++ {
-		if f := sidecarFlags(t, sumPath(e.dirs[0], i)); f&flagDirty != 0 {
+		if f := chunkFlags(t, e.dirs[0], i); f&flagDirty != 0 {
 			t.Fatalf("chunk %d still dirty after its sync", i)
 		}
 	}

@@ -23,7 +23,7 @@ import (
 	"github.com/stratafs/strata/internal/rpc"
 )
 
-// Target directory layout, format version 3:
+// Target directory layout, format version 4:
 //
 //	strata-target       identity file (JSON, below), written once at format
 //	                    time and rewritten (atomically) when the metadata
@@ -32,7 +32,10 @@ import (
 //	chunks/XX/YY/       fan-out directories in two lower-case hex digits,
 //	                    created on demand; which one holds an inode's chunk
 //	                    is the target's chunk layout (chunkLayout)
-//	chunks/XX/YY/<ino>.data, .sum   one chunk (format.go)
+//	chunks/XX/YY/<ino>.data, .sum   one chunk (format.go); on a target
+//	                    whose chunk_sums is 2, a chunk of up to 12 blocks
+//	                    is its .data alone, its sums in an extended
+//	                    attribute (inlinesums.go)
 //	dirty.log           intent log: the chunks that may differ from their
 //	                    sums on disk (dirtylog.go)
 //
@@ -41,13 +44,18 @@ import (
 // recorded there rather than by a sync of its sidecar's dirty flag.
 // 3 — the identity names the chunk layout (chunk_layout): 2 for new
 // targets (XX = (ino>>16)&0xff, YY = (ino>>8)&0xff), 1 (format 1's) for
-// the targets upgraded from versions 1 and 2. An older target is upgraded
-// when opened (version 1 has no log; its dirty flags are all in its
+// the targets upgraded from versions 1 and 2. 4 — the identity names the
+// chunk sums form (chunk_sums): 2 (inline sums for small chunks) when the
+// file system keeps user extended attributes, else 1 (a sidecar for every
+// chunk, as before); targets upgraded from versions 1 to 3 get the same
+// choice for the chunks they create from then on (every chunk they had
+// keeps its sidecar: a chunk's form is found per chunk). An older target
+// is upgraded when opened (version 1 has no log; its dirty flags are all in its
 // sidecars) and keeps its layout: chunks never move. A release that knows
 // only older versions refuses a newer target instead of missing the chunks
 // its log names or looking for them in the wrong directories.
 const (
-	targetFormat = 3
+	targetFormat = 4
 	identityName = "strata-target"
 	chunksDir    = "chunks"
 )
@@ -118,6 +126,10 @@ type identity struct {
 	// ChunkLayout (format 3 on) is the chunkLayout of the chunk tree;
 	// absent in formats 1 and 2, whose layout is 1.
 	ChunkLayout int `json:"chunk_layout,omitempty"`
+	// ChunkSums (format 4 on) is where small chunks keep their sums:
+	// sumsSidecar or sumsInline (inlinesums.go); absent in formats 1 to
+	// 3, whose chunks all have sidecars.
+	ChunkSums int `json:"chunk_sums,omitempty"`
 }
 
 // ErrFormat marks a target directory this build cannot serve: another
@@ -130,6 +142,7 @@ type target struct {
 	path    string // as configured; used in messages and metrics
 	uuid    string
 	layout  chunkLayout // from the identity file's format version
+	sums    int         // sumsSidecar or sumsInline, from the identity file
 	lockFd  int         // the target directory, flock'ed while served
 	reserve uint64      // free bytes a write must leave
 
@@ -220,14 +233,29 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 		return nil, fmt.Errorf("target %s: lock: %w", dir, err)
 	}
 	lay, _ := layoutOf(id) // readOrFormat refuses the unknown
-	t := &target{path: dir, uuid: id.UUID, lockFd: fd, layout: lay}
+	sums, _ := sumsOf(id)  // likewise
+	t := &target{path: dir, uuid: id.UUID, lockFd: fd, layout: lay, sums: sums}
 	t.ours.m = map[uint64]struct{}{}
 	t.unsyncedDirs.m = map[string]uint64{}
 	t.unsynced.m = map[uint64]unsyncedChunk{}
 	t.id.Store(id.ID)
+	inline, err := inlineSupported(dir)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if t.sums == sumsInline && !inline {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: target %s keeps small chunks' checksums in extended attributes (%s), which its file system no longer stores",
+			ErrFormat, dir, inlineXattr)
+	}
 	if id.Format < targetFormat {
-		// The chunks stay where they are: the layout becomes explicit.
-		if err := t.updateIdentity(func(i *identity) { i.Format, i.ChunkLayout = targetFormat, int(lay) }); err != nil {
+		// The chunks stay where they are: the layout becomes explicit;
+		// chunks made from now on may keep their sums inline.
+		if id.Format < 4 && inline {
+			t.sums = sumsInline
+		}
+		if err := t.updateIdentity(func(i *identity) { i.Format, i.ChunkLayout, i.ChunkSums = targetFormat, int(lay), t.sums }); err != nil {
 			unix.Close(fd)
 			return nil, fmt.Errorf("target %s: upgrade to format version %d: %w", dir, targetFormat, err)
 		}
@@ -348,6 +376,9 @@ func readOrFormat(dir string) (identity, error) {
 	if _, err := layoutOf(id); err != nil {
 		return id, fmt.Errorf("%w: target %s: %v", ErrFormat, dir, err)
 	}
+	if _, err := sumsOf(id); err != nil {
+		return id, fmt.Errorf("%w: target %s: %v", ErrFormat, dir, err)
+	}
 	if id.UUID == "" {
 		return id, fmt.Errorf("%w: target %s: identity file has no uuid", ErrFormat, dir)
 	}
@@ -369,8 +400,14 @@ func format(dir string) (identity, error) {
 				ErrFormat, dir, identityName, e.Name())
 		}
 	}
+	sums := sumsSidecar
+	if ok, err := inlineSupported(dir); err != nil {
+		return identity{}, err
+	} else if ok && inlineSumsForNewTargets.Load() {
+		sums = sumsInline
+	}
 	id := identity{Format: targetFormat, UUID: newUUID(), Created: time.Now().UTC().Truncate(time.Second), InoCeiling: 1,
-		ChunkLayout: int(newTargetLayout)}
+		ChunkLayout: int(newTargetLayout), ChunkSums: sums}
 	if err := writeIdentity(dir, id); err != nil {
 		return identity{}, err
 	}
