@@ -88,6 +88,13 @@ func Open(cfg Config) (s *Service, err error) {
 		return nil, err
 	}
 	raftAddr := cfg.RaftAddr
+	multi := len(cfg.Peers) > 0
+	if multi {
+		if err := checkVoterID(cfg, saved); err != nil {
+			return nil, err
+		}
+		cfg.NodeID = cfg.ListenAddr
+	}
 	if saved != nil {
 		if cfg.NodeID != "" && cfg.NodeID != saved.NodeID {
 			return nil, fmt.Errorf("data dir %s belongs to node %q, not %q", cfg.DataDir, saved.NodeID, cfg.NodeID)
@@ -136,14 +143,26 @@ func Open(cfg Config) (s *Service, err error) {
 	}
 	s.fsm.onBatch = func(n int) { s.m.batch.Observe(float64(n)) }
 	if s.ln, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return s, fmt.Errorf("metadata rpc listen on %s: %w (another voter, or another process, already uses this address)", cfg.ListenAddr, err)
+		}
 		return s, fmt.Errorf("metadata rpc listen on %s: %w", cfg.ListenAddr, err)
 	}
+	s.srv = transport.NewServer(cfg.ClusterKey)
+	s.srv.TLS = cfg.TLS
 	rc := consensus.Config{
 		Dir: filepath.Join(cfg.DataDir, "raft"), NodeID: cfg.NodeID, BindAddr: raftAddr,
 		FSM: s.fsm, Bootstrap: true, Logger: s.log,
 		DeferSync: true, SyncDelay: cfg.SyncDelay,
 	}
-	if s.node, err = consensus.Open(rc); err != nil && raftAddr != cfg.RaftAddr {
+	if multi {
+		if err := s.preflight(); err != nil {
+			return s, err
+		}
+		s.quorumConfig(&rc)
+		raftAddr = cfg.ListenAddr
+	}
+	if s.node, err = consensus.Open(rc); err != nil && raftAddr != cfg.RaftAddr && !multi {
 		s.log.Warn("previous raft address unavailable; binding a new one", "addr", raftAddr, "err", err)
 		rc.BindAddr = cfg.RaftAddr
 		s.node, err = consensus.Open(rc)
@@ -152,12 +171,10 @@ func Open(cfg Config) (s *Service, err error) {
 		return s, err
 	}
 	s.raftNode.Store(s.node)
-	if err := saveState(cfg.DataDir, cfg, s.node.Addr()); err != nil {
+	if err := saveState(cfg.DataDir, cfg, s.node.Addr(), s.fsm.clusterID()); err != nil {
 		return s, err
 	}
 
-	s.srv = transport.NewServer(cfg.ClusterKey)
-	s.srv.TLS = cfg.TLS
 	s.srv.Observe = func(m rpc.Method, d time.Duration, err error) {
 		s.requests.Add(1)
 		s.m.observe(m, d, err)
@@ -180,6 +197,12 @@ func Open(cfg Config) (s *Service, err error) {
 		}
 	}
 
+	if multi {
+		// A voter of a group serves once it follows a leader (it
+		// redirects) or leads; it must not wait for leadership.
+		s.log.Info("metadata voter started", "rpc", s.Addr(), "peers", cfg.Peers, "data", cfg.DataDir)
+		return s, nil
+	}
 	deadline := time.Now().Add(openWait)
 	for !s.ready.Load() {
 		if time.Now().After(deadline) {
@@ -212,8 +235,9 @@ func (s *Service) Close() error {
 		var errs []error
 		if s.srv != nil {
 			s.srv.Close()
-		} else if s.ln != nil {
-			s.ln.Close()
+		}
+		if s.ln != nil {
+			s.ln.Close() // the server may not have served it yet
 		}
 		if s.web != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -359,6 +383,17 @@ func (f *fsm) nextIno() uint64 {
 // notLeader is the answer of a node that cannot serve: see ErrNotLeader.
 func (s *Service) notLeader() error {
 	addr, id := s.node.Leader()
+	if len(s.cfg.Peers) > 0 {
+		// A voter's raft address is its rpc address: the hint a client
+		// follows (rpc.LeaderHint).
+		if addr == s.cfg.ListenAddr {
+			addr = "" // this node, no longer (or not yet) able to serve
+		}
+		if addr == "" {
+			return rpc.NotLeader("", "metadata voter %s is not the leader (no leader known)", s.cfg.ListenAddr)
+		}
+		return rpc.NotLeader(addr, "metadata voter %s is not the leader", s.cfg.ListenAddr)
+	}
 	if addr == "" {
 		return rpc.Errorf(ErrNotLeader, "metadata node %s is not the leader (no leader elected yet)", s.cfg.NodeID)
 	}
