@@ -566,7 +566,7 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		if i := strings.Index(line, "]"); i >= 0 && i+1 < len(line) {
 			line = strings.TrimSpace(line[i+1:])
 		}
-		if lvl == slog.LevelWarn && firstElection(line) {
+		if lvl == slog.LevelWarn && firstElection(line) || lvl == slog.LevelError && closedStream(line) {
 			lvl = slog.LevelInfo
 		}
 		w.log.Log(context.Background(), lvl, line)
@@ -582,6 +582,14 @@ var _ io.Writer = (*logWriter)(nil)
 func firstElection(line string) bool {
 	return strings.Contains(line, "heartbeat timeout reached, starting election") &&
 		strings.Contains(line, "last-leader-addr= ") && strings.HasSuffix(line, "last-leader-id=")
+}
+
+// closedStream reports raft's transport complaining that a connection
+// closed under it (a voter stopping, or restarting): routine.
+func closedStream(line string) bool {
+	return strings.Contains(line, "failed to decode incoming command") &&
+		(strings.Contains(line, "transport shutdown") || strings.Contains(line, "connection reset by peer") ||
+			strings.Contains(line, "EOF") || strings.Contains(line, "use of closed network connection"))
 }
 
 // migrateLog moves log entries kept by an older build in the pebble store

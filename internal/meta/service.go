@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -94,6 +95,8 @@ func Open(cfg Config) (s *Service, err error) {
 			return nil, err
 		}
 		cfg.NodeID = cfg.ListenAddr
+	} else if saved != nil && len(saved.Peers) > 0 {
+		return nil, fmt.Errorf("data dir %s belongs to the voter %s of the metadata group %v: start it with --peers %s", cfg.DataDir, saved.NodeID, saved.Peers, strings.Join(saved.Peers, ","))
 	}
 	if saved != nil {
 		if cfg.NodeID != "" && cfg.NodeID != saved.NodeID {
