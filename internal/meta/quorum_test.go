@@ -255,3 +255,47 @@ func sorted(s []string) []string {
 	}
 	return out
 }
+
+// TestQuorumFailingDiskStepsDown: a leader whose raft log can no longer be
+// synced (EIO) hands leadership to another voter, where changes go on.
+func TestQuorumFailingDiskStepsDown(t *testing.T) {
+	g := newGroup(t, 3)
+	g.start(0, 1, 2)
+	l := g.leader()
+	c := newClient(t, g.peers[l])
+	c.mustCreate(rootIno, "before", dirMode)
+	g.svcs[l].Node().SetLogFault(func(op, _ string) error {
+		if op == "sync" {
+			return syscall.EIO
+		}
+		return nil
+	})
+	// A session open waits for durability: it fails on the failing log.
+	var resp rpc.SessionOpenResp
+	if err := c.call(rpc.MSessionOpen, &rpc.SessionOpenReq{Host: "t", MountPoint: "/t", Pid: 2}, &resp); err == nil {
+		t.Fatal("a durable change succeeded on a log that cannot sync")
+	}
+	start := time.Now()
+	var nl int
+	waitFor(t, "another voter leads", func() bool {
+		for i, s := range g.svcs {
+			if i != l && s.Serving() {
+				nl = i
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("leadership left the failing voter after %v", time.Since(start))
+	c2 := newClient(t, g.peers[nl])
+	c2.mustCreate(rootIno, "after", dirMode)
+	// The failing voter goes as a crash would: closing its store would
+	// flush state its log cannot cover (BeforeFlush refuses, by panic).
+	bad := g.svcs[l]
+	g.svcs[l] = nil
+	bad.ready.Store(false)
+	close(bad.stop)
+	bad.srv.Close()
+	bad.wg.Wait()
+	bad.node.Close()
+}
