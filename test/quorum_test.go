@@ -191,3 +191,41 @@ func TestMetaQuorumProcesses(t *testing.T) {
 		}
 	}
 }
+
+// TestUpMetaVoters: `strata up --meta-voters 3` serves with three voters
+// (DATA/meta, DATA/meta-2, DATA/meta-3), stops cleanly, serves the same
+// files again, and refuses to reopen them as a single voter or with an
+// unsupported count.
+func TestUpMetaVoters(t *testing.T) {
+	testutil.RequireFUSE(t)
+	bin := testutil.Binary(t)
+	dir := t.TempDir()
+	data, mnt := filepath.Join(dir, "data"), filepath.Join(dir, "mnt")
+	p := startUp(t, bin, dir, data, mnt, "--meta-voters", "3")
+	t.Cleanup(func() { p.Kill(); testutil.ForceUnmount(mnt) })
+	if err := os.WriteFile(filepath.Join(mnt, "f"), []byte("three voters"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"meta", "meta-2", "meta-3"} {
+		if _, err := os.Stat(filepath.Join(data, d, "meta.json")); err != nil {
+			t.Fatalf("voter dir %s: %v", d, err)
+		}
+	}
+	if err := p.Stop(30 * time.Second); err != nil {
+		t.Fatalf("stop: %v\n%s", err, p.Tail(20))
+	}
+	out, err := runBounded(30*time.Second, bin, "up", "--data", data, "--mount", mnt)
+	if err == nil || !strings.Contains(string(out), "--peers") {
+		t.Fatalf("a 3-voter data dir opened as one voter: %v\n%s", err, out)
+	}
+	testutil.ForceUnmount(mnt)
+	p = startUp(t, bin, dir, data, mnt, "--meta-voters", "3")
+	b, err := os.ReadFile(filepath.Join(mnt, "f"))
+	if err != nil || string(b) != "three voters" {
+		t.Fatalf("after restart: %q %v", b, err)
+	}
+	out, err = runBounded(20*time.Second, bin, "up", "--data", t.TempDir(), "--mount", t.TempDir(), "--meta-voters", "2")
+	if err == nil || !strings.Contains(string(out), "meta-voters") {
+		t.Fatalf("--meta-voters 2: %v\n%s", err, out)
+	}
+}
