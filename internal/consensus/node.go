@@ -247,7 +247,11 @@ func Open(cfg Config) (n *Node, err error) {
 			lg.Info("bootstrapped raft group", "voters", len(conf.Servers), "addr", n.trans.LocalAddr())
 		}
 	}
-	if n.raft, err = raft.NewRaft(rc, cfg.FSM, n.wal, n.logs, n.snaps, n.trans); err != nil {
+	var trans raft.Transport = n.trans
+	if cfg.DeferSync {
+		trans = unpipelined{n.trans}
+	}
+	if n.raft, err = raft.NewRaft(rc, cfg.FSM, n.wal, n.logs, n.snaps, trans); err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	n.raftp.Store(n.raft)

@@ -223,3 +223,7 @@ func (s *Service) ClusterID() string { return s.fsm.clusterID() }
 
 // Node is the service's raft node (membership commands, status).
 func (s *Service) Node() *consensus.Node { return s.node }
+
+// Serving reports whether this node serves requests now: it leads and has
+// caught up.
+func (s *Service) Serving() bool { return s.ready.Load() }

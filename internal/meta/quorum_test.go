@@ -2,9 +2,11 @@ package meta
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -298,4 +300,63 @@ func TestQuorumFailingDiskStepsDown(t *testing.T) {
 	bad.srv.Close()
 	bad.wg.Wait()
 	bad.node.Close()
+}
+
+// benchLeader returns the address of a serving leader of n voters (1: a
+// single node without peers).
+func benchLeader(b *testing.B, n int) string {
+	quietLogs(b)
+	if n == 1 {
+		return openService(b, testConfig(b, "")).Addr()
+	}
+	g := newGroup(b, n)
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	g.start(idx...)
+	return g.peers[g.leader()]
+}
+
+// BenchmarkQuorum compares lookups and creates from 8 callers on one voter
+// and on the leader of three (the read lease keeps lookups local; creates
+// wait for a follower's synced acknowledgement).
+func BenchmarkQuorum(b *testing.B) {
+	for _, n := range []int{1, 3} {
+		b.Run(fmt.Sprintf("lookup/voters=%d", n), func(b *testing.B) {
+			c := newClient(b, benchLeader(b, n))
+			for i := range 100 {
+				c.mustCreate(1, fmt.Sprintf("d%d", i), dirMode)
+			}
+			b.ResetTimer()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				i := 0
+				for pb.Next() {
+					i++
+					var r rpc.AttrResp
+					if err := c.call(rpc.MLookup, &rpc.LookupReq{Parent: 1, Name: fmt.Sprintf("d%d", i%100)}, &r); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "lookups/s")
+		})
+		b.Run(fmt.Sprintf("mkdir/voters=%d", n), func(b *testing.B) {
+			c := newClient(b, benchLeader(b, n))
+			var next atomic.Int64
+			b.ResetTimer()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := c.create(1, fmt.Sprintf("m%d", next.Add(1)), dirMode); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mkdirs/s")
+		})
+	}
 }

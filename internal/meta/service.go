@@ -159,10 +159,13 @@ func Open(cfg Config) (s *Service, err error) {
 		DeferSync: true, SyncDelay: cfg.SyncDelay,
 	}
 	if multi {
+		// Serve before raft starts: the other voters' checks at start
+		// (preflight) need an answer, and requests get "not the leader".
+		s.quorumConfig(&rc)
+		s.serve()
 		if err := s.preflight(); err != nil {
 			return s, err
 		}
-		s.quorumConfig(&rc)
 		raftAddr = cfg.ListenAddr
 	}
 	if s.node, err = consensus.Open(rc); err != nil && raftAddr != cfg.RaftAddr && !multi {
@@ -178,18 +181,10 @@ func Open(cfg Config) (s *Service, err error) {
 		return s, err
 	}
 
-	s.srv.Observe = func(m rpc.Method, d time.Duration, err error) {
-		s.requests.Add(1)
-		s.m.observe(m, d, err)
+	if !multi {
+		s.serve()
 	}
-	s.register()
-	s.wg.Add(2)
-	go func() {
-		defer s.wg.Done()
-		if err := s.srv.Serve(s.ln); err != nil {
-			s.log.Error("rpc server stopped", "err", err)
-		}
-	}()
+	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		s.watchLeadership()
@@ -215,6 +210,22 @@ func Open(cfg Config) (s *Service, err error) {
 	}
 	s.log.Info("metadata service ready", "rpc", s.Addr(), "raft", s.node.Addr(), "data", cfg.DataDir)
 	return s, nil
+}
+
+// serve registers the handlers and serves rpc on s.ln.
+func (s *Service) serve() {
+	s.srv.Observe = func(m rpc.Method, d time.Duration, err error) {
+		s.requests.Add(1)
+		s.m.observe(m, d, err)
+	}
+	s.register()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(s.ln); err != nil {
+			s.log.Error("rpc server stopped", "err", err)
+		}
+	}()
 }
 
 // Addr is the rpc listen address actually bound.
@@ -385,7 +396,11 @@ func (f *fsm) nextIno() uint64 {
 
 // notLeader is the answer of a node that cannot serve: see ErrNotLeader.
 func (s *Service) notLeader() error {
-	addr, id := s.node.Leader()
+	n := s.raftNode.Load() // nil while a voter starts (it serves before raft runs)
+	if n == nil {
+		return rpc.NotLeader("", "metadata node %s is starting", s.cfg.ListenAddr)
+	}
+	addr, id := n.Leader()
 	if len(s.cfg.Peers) > 0 {
 		// A voter's raft address is its rpc address: the hint a client
 		// follows (rpc.LeaderHint).
