@@ -1,12 +1,15 @@
 package transport
 
 import (
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stratafs/strata/internal/testutil"
 )
 
 // TestStream: a stream shares the rpc port; the hello and reply travel,
@@ -68,5 +71,49 @@ func TestStream(t *testing.T) {
 	_, _, err = DialStream(addr, StreamRaft, nil, ClientConfig{Key: []byte("wrong")}, time.Second)
 	if !errors.Is(err, ErrAuth) {
 		t.Fatalf("wrong key: %v", err)
+	}
+}
+
+// TestStreamTLS: a stream over mutual TLS carries bytes; a dialer whose
+// certificate the server does not trust fails with ErrAuth.
+func TestStreamTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, other := testutil.NewTestCA(t, dir, "cluster"), testutil.NewTestCA(t, dir, "other")
+	load := func(ca *testutil.TestCA, name string) *tls.Config {
+		cert, key := ca.Issue(t, name)
+		cfg, err := LoadTLS(cert, key, ca.CAFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	srv := NewServer([]byte("k"))
+	srv.TLS = load(ca, "server")
+	sl := srv.ListenStream(StreamRaft, addr, ClientConfig{Key: []byte("k"), TLS: load(ca, "dialer")}, nil)
+	go srv.Serve(ln)
+	defer srv.Close()
+	go func() {
+		if c, err := sl.Accept(); err == nil {
+			c.Write([]byte("over tls"))
+			c.Close()
+		}
+	}()
+	c, err := sl.DialStream(addr, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(c)
+	c.Close()
+	if err != nil || string(b) != "over tls" {
+		t.Fatalf("read %q %v", b, err)
+	}
+	_, _, err = DialStream(addr, StreamRaft, nil, ClientConfig{Key: []byte("k"), TLS: load(other, "stranger")}, 3*time.Second)
+	if !errors.Is(err, ErrAuth) {
+		t.Fatalf("untrusted certificate: %v", err)
 	}
 }
