@@ -229,3 +229,58 @@ func TestUpMetaVoters(t *testing.T) {
 		t.Fatalf("--meta-voters 2: %v\n%s", err, out)
 	}
 }
+
+// TestMetaVoterRefusals: `strata meta --peers` refuses to start, naming
+// the problem, with a wrong key, with peers that differ from the stored
+// configuration, with a duplicate peer, and on an address in use; the
+// voter then starts with its right configuration.
+func TestMetaVoterRefusals(t *testing.T) {
+	g := startMetaGroup(t, 3)
+	g.leader(-1)
+	g.procs[2].Stop(10 * time.Second)
+	g.procs[2] = nil
+	data3 := filepath.Join(g.dir, "data3")
+	wrongKey := filepath.Join(g.dir, "wrong")
+	if err := os.WriteFile(wrongKey, []byte("not the key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	other := append([]string{}, g.peers[:2]...)
+	other = append(other, testutil.FreePort(t))
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"wrong key", []string{"--listen", g.peers[2], "--data", data3, "--peers", strings.Join(g.peers, ","), "--key-file", wrongKey}, "wrong cluster key"},
+		{"other peers", []string{"--listen", other[2], "--data", data3, "--peers", strings.Join(other, ","), "--key-file", filepath.Join(g.dir, "key")}, "belongs to the voter"},
+		{"duplicate", []string{"--listen", g.peers[2], "--data", data3, "--peers", strings.Join(append(g.peers, g.peers[0]), ","), "--key-file", filepath.Join(g.dir, "key")}, "twice"},
+		{"address in use", []string{"--listen", g.peers[0], "--data", t.TempDir(), "--peers", strings.Join(g.peers, ","), "--key-file", filepath.Join(g.dir, "key")}, "already uses this address"},
+	}
+	for _, c := range cases {
+		out, err := runBounded(20*time.Second, g.bin, append([]string{"meta", "--disk-reserve", "0"}, c.args...)...)
+		t.Logf("%s: %s", c.name, lastLine(out))
+		if err == nil || !strings.Contains(out, c.want) {
+			t.Errorf("%s: want a refusal naming %q, got %v\n%s", c.name, c.want, err, out)
+		}
+	}
+	// Peers that differ from the stored configuration: both lists named.
+	moved := append([]string{}, g.peers...)
+	moved[0] = testutil.FreePort(t)
+	out, err := runBounded(20*time.Second, g.bin, "meta", "--disk-reserve", "0", "--listen", g.peers[2], "--data", data3,
+		"--peers", strings.Join(moved, ","), "--key-file", filepath.Join(g.dir, "key"))
+	if err == nil || !strings.Contains(out, "lists the voters") || !strings.Contains(out, moved[0]) {
+		t.Errorf("changed peers: %v\n%s", err, out)
+	}
+	g.start(2)
+	l := g.leader(-1)
+	c := g.client(g.peers[l])
+	var sess rpc.SessionOpenResp
+	if err := call(c, rpc.MSessionOpen, &rpc.SessionOpenReq{Host: "t", MountPoint: "/t", Pid: 1}, &sess); err != nil {
+		t.Fatalf("group after the refusals: %v", err)
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
