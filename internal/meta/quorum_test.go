@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -358,5 +359,36 @@ func BenchmarkQuorum(b *testing.B) {
 			})
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mkdirs/s")
 		})
+	}
+}
+
+// TestQuorumWipedVoterRejoins: a voter whose data directory was wiped
+// starts again with the same --peers and catches up as a new member.
+func TestQuorumWipedVoterRejoins(t *testing.T) {
+	g := newGroup(t, 3)
+	g.start(0, 1, 2)
+	l := g.leader()
+	c := newClient(t, g.peers[l])
+	for i := range 20 {
+		c.mustCreate(rootIno, fmt.Sprintf("d%d", i), dirMode)
+	}
+	f := (l + 1) % 3
+	g.stop(f)
+	if err := os.RemoveAll(g.dirs[f]); err != nil {
+		t.Fatal(err)
+	}
+	c.mustCreate(rootIno, "while-away", dirMode)
+	g.start(f)
+	want := g.svcs[l].fsm.AppliedIndex()
+	waitFor(t, "wiped voter catches up", func() bool { return g.svcs[f].fsm.AppliedIndex() >= want })
+	if a, b := g.svcs[f].ClusterID(), g.svcs[l].ClusterID(); a != b || a == "" {
+		t.Fatalf("cluster id of the rejoined voter %q, leader %q", a, b)
+	}
+	// It can lead: the others go, it and one more keep the namespace.
+	g.stop(l)
+	nl := g.leader()
+	ents, err := newClient(t, g.peers[nl]).readdirAll(rootIno, 100, false)
+	if err != nil || len(ents) != 21 {
+		t.Fatalf("namespace after the rejoin and a failover: %d entries, %v", len(ents), err)
 	}
 }
