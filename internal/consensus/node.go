@@ -212,6 +212,9 @@ func Open(cfg Config) (n *Node, err error) {
 	if err := n.catchUpFromSnapshot(); err != nil {
 		return nil, err
 	}
+	if err := n.dropLogBehindSnapshot(); err != nil {
+		return nil, err
+	}
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)

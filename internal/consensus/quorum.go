@@ -258,3 +258,27 @@ type unpipelined struct{ *raft.NetworkTransport }
 func (unpipelined) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
 	return nil, raft.ErrPipelineReplicationNotSupported
 }
+
+// IsMonotonic tells raft (raft.MonotonicLogStore) that the log takes no
+// gaps: after installing a snapshot sent by the leader, raft empties the
+// log instead of appending after a gap (a follower far behind).
+func (w *wal) IsMonotonic() bool { return true }
+
+// dropLogBehindSnapshot empties the log when the newest snapshot is past
+// its last entry: a crash came between installing a snapshot sent by the
+// leader and raft emptying the log (IsMonotonic), and the next append
+// would follow the snapshot, not the log. Every entry is covered by the
+// snapshot.
+func (n *Node) dropLogBehindSnapshot() error {
+	list, err := n.snaps.List()
+	if err != nil {
+		return fmt.Errorf("list raft snapshots: %w", err)
+	}
+	first, _ := n.wal.FirstIndex()
+	last, _ := n.wal.LastIndex()
+	if len(list) == 0 || first == 0 || last >= list[0].Index {
+		return nil
+	}
+	n.log.Warn("raft log ends before the newest snapshot: dropping it", "log_first", first, "log_last", last, "snapshot_index", list[0].Index)
+	return n.wal.DeleteRange(first, last)
+}

@@ -2,7 +2,9 @@ package consensus
 
 import (
 	"errors"
+	"log/slog"
 	"net"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -199,4 +201,45 @@ func TestReadLease(t *testing.T) {
 	if c := l.LastLeaderChange(); c.Cause != "leadership transferred" {
 		t.Errorf("old leader's last change: %+v", c)
 	}
+}
+
+// TestLogBehindSnapshotDropped: a log that ends before the newest snapshot
+// (a crash between installing a leader's snapshot and raft emptying the
+// log) is emptied at open, so that appends after the snapshot work.
+func TestLogBehindSnapshotDropped(t *testing.T) {
+	raftDir, fsmDir := t.TempDir(), t.TempDir()
+	fsm := openCounter(t, fsmDir)
+	n := startNode(t, raftDir, fsm)
+	for i := range 50 {
+		if _, err := n.Apply(u64(uint64(i)), 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	// Cut the log's tail below the snapshot, as if the snapshot had come
+	// from a leader to a node whose log was short.
+	w, err := openWAL(filepath.Join(raftDir, "wal"), DefaultSegmentBytes, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, _ := w.LastIndex()
+	if err := w.DeleteRange(10, last); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	n = startNode(t, raftDir, fsm)
+	done := make(chan error, 1)
+	go func() { _, err := n.Apply(u64(1), 5*time.Second); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("apply after the snapshot: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("apply after the snapshot: no answer within 10s") // the node is left: its Close would wait for that apply
+	}
+	n.Close()
 }

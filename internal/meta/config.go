@@ -79,6 +79,11 @@ type Config struct {
 	// than fill the disk until the store stalls. 0: DefaultDiskReserve;
 	// negative: no reserve.
 	DiskReserve int64
+
+	// trailingLogs, when set (tests), is the raft log kept after a
+	// snapshot (and the snapshot threshold), so that a voter that was away
+	// must catch up from a snapshot.
+	trailingLogs uint64
 }
 
 // DefaultConfig returns the defaults; DataDir must still be set.

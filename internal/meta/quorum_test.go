@@ -42,6 +42,8 @@ type group struct {
 	dirs  []string
 	key   []byte
 	svcs  []*Service // nil: stopped
+	// configure, when set, gives voter i's config instead of config.
+	configure func(i int) Config
 }
 
 func newGroup(t testing.TB, n int) *group {
@@ -71,7 +73,11 @@ func (g *group) start(is ...int) {
 	errs := make(chan error, len(is))
 	for _, i := range is {
 		go func() {
-			s, err := Open(g.config(i))
+			cfg := g.config(i)
+			if g.configure != nil {
+				cfg = g.configure(i)
+			}
+			s, err := Open(cfg)
 			g.svcs[i] = s
 			errs <- err
 		}()
@@ -390,5 +396,38 @@ func TestQuorumWipedVoterRejoins(t *testing.T) {
 	ents, err := newClient(t, g.peers[nl]).readdirAll(rootIno, 100, false)
 	if err != nil || len(ents) != 21 {
 		t.Fatalf("namespace after the rejoin and a failover: %d entries, %v", len(ents), err)
+	}
+}
+
+// TestQuorumRejoinFromSnapshot: a voter that was away while the others
+// truncated their logs behind a snapshot rejoins from the snapshot,
+// streamed over the raft stream, and has the namespace.
+func TestQuorumRejoinFromSnapshot(t *testing.T) {
+	g := newGroup(t, 3)
+	cfg := g.config
+	g.configure = func(i int) Config { c := cfg(i); c.trailingLogs = 8; return c }
+	g.start(0, 1, 2)
+	l := g.leader()
+	f := (l + 1) % 3
+	g.stop(f)
+	c := newClient(t, g.peers[l])
+	for i := range 200 {
+		c.mustCreate(rootIno, fmt.Sprintf("d%d", i), dirMode)
+	}
+	if err := g.svcs[l].node.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	g.start(f)
+	want := g.svcs[l].fsm.AppliedIndex()
+	waitFor(t, "voter restored from a snapshot", func() bool { return g.svcs[f].fsm.AppliedIndex() >= want })
+	// Entries after the snapshot reach it too (its log takes them).
+	c.mustCreate(rootIno, "after", dirMode)
+	want = g.svcs[l].fsm.AppliedIndex()
+	waitFor(t, "voter appends after the snapshot", func() bool { return g.svcs[f].fsm.AppliedIndex() >= want })
+	g.stop(l)
+	nl := g.leader()
+	ents, err := newClient(t, g.peers[nl]).readdirAll(rootIno, 1000, false)
+	if err != nil || len(ents) != 201 {
+		t.Fatalf("namespace after rejoin from a snapshot and a failover: %d entries, %v", len(ents), err)
 	}
 }

@@ -157,6 +157,7 @@ func Open(cfg Config) (s *Service, err error) {
 		Dir: filepath.Join(cfg.DataDir, "raft"), NodeID: cfg.NodeID, BindAddr: raftAddr,
 		FSM: s.fsm, Bootstrap: true, Logger: s.log,
 		DeferSync: true, SyncDelay: cfg.SyncDelay,
+		TrailingLogs: cfg.trailingLogs, SnapshotThreshold: cfg.trailingLogs,
 	}
 	if multi {
 		// Serve before raft starts: the other voters' checks at start
