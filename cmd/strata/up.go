@@ -203,6 +203,11 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		return fmt.Errorf("start metadata service: %w", err)
 	}
 	msvc = voters[0]
+	if len(voters) > 1 {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { defer close(done); keepVoter1Leading(voters, stop) }()
+		stops = append(stops, func() error { close(stop); <-done; return nil })
+	}
 	slog.Info("metadata service up", "addr", msvc.Addr())
 
 	var servers []*store.Server

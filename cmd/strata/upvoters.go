@@ -138,17 +138,40 @@ func startMetaVoters(mcfg meta.Config, dataDir string, n int) (svcs []*meta.Serv
 		if time.Now().After(deadline) {
 			return svcs, fmt.Errorf("metadata voter %s did not take the lead within 30 s", peers[0])
 		}
-		for _, s := range svcs[1:] {
-			if s.Serving() {
-				if err := s.Node().TransferLeadership(peers[0]); err != nil {
-					slog.Warn("leadership transfer to voter 1", "err", err)
-				}
-			}
-		}
+		leadBack(svcs)
 		time.Sleep(50 * time.Millisecond)
 	}
 	slog.Info("metadata voters up", "voters", peers, "leader", peers[0])
 	return svcs, nil
+}
+
+// leadBack asks the voter that leads, if it is not voter 1, to hand
+// leadership to voter 1.
+func leadBack(svcs []*meta.Service) {
+	for _, s := range svcs[1:] {
+		if s.Serving() {
+			if err := s.Node().TransferLeadership(svcs[0].Addr()); err != nil {
+				slog.Warn("leadership transfer to metadata voter 1", "err", err)
+			}
+		}
+	}
+}
+
+// keepVoter1Leading hands leadership back to voter 1 whenever another
+// voter took it (an election while voter 1 was slow), until stop closes.
+func keepVoter1Leading(svcs []*meta.Service, stop <-chan struct{}) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			if !svcs[0].Serving() {
+				leadBack(svcs)
+			}
+		}
+	}
 }
 
 func compact(svcs []*meta.Service) []*meta.Service {
