@@ -23,8 +23,9 @@ import (
 )
 
 // ErrNotLeader is the errno-carrying error answered by a node that is not
-// the leader: ENOTCONN, with the leader's raft address and id in the text.
-// Clients retry on the leader.
+// the leader: ENOTCONN, with the leader's raft address and id in the text —
+// for a voter of a group (Config.Peers), the leader's rpc address as
+// rpc.NotLeader's hint. Clients retry on the leader.
 var ErrNotLeader = syscall.ENOTCONN
 
 const (
@@ -75,7 +76,10 @@ type Service struct {
 
 // Open starts the metadata service on cfg.DataDir: it opens or creates the
 // store, starts raft (bootstrapping a single voter on first start), waits
-// until this node leads and has replayed its log, and serves rpc.
+// until this node leads and has replayed its log, and serves rpc. A voter
+// of a group (Config.Peers) serves from the start (redirecting to the
+// leader), checks that the other voters accept it (quorum.go), bootstraps
+// the group on a fresh log and does not wait for leadership.
 func Open(cfg Config) (s *Service, err error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
