@@ -34,8 +34,11 @@ import (
 // Rounds run in the background while this node leads (every lease/3), so
 // reads normally find the lease held. A read that finds it expired waits
 // for the next round (one round serves every reader waiting for it) and
-// then checks again; a failed round (another leader exists, no quorum)
-// answers ErrNotLeader. A leadership transfer drops the lease and no round
+// then checks again; a round that started after the read arrived is
+// enough by itself (raft's ReadIndex argument: it verified the leadership
+// after the read began), so that reads still pass where a round takes
+// longer than the lease (a slow link); a failed round (another leader
+// exists, no quorum) answers ErrNotLeader. A leadership transfer drops the lease and no round
 // renews it until the transfer ends: the target may be elected at once.
 //
 // What the argument assumes: a follower that restarts forgets its leader
@@ -62,8 +65,10 @@ type leaseState struct {
 }
 
 type leaseRound struct {
-	done chan struct{}
-	err  error
+	done  chan struct{}
+	err   error
+	start time.Duration // since epoch; set before done closes
+	ok    bool          // verified the leadership in one term, no transfer overlapping
 }
 
 // leaseFraction of HeartbeatTimeout is the lease.
@@ -106,6 +111,7 @@ func (n *Node) VerifyRead(timeout time.Duration) error {
 		return nil
 	}
 	deadline := time.Now().Add(timeout)
+	arrived := n.lease.now()
 	for {
 		if n.raft.State() != raft.Leader {
 			return fmt.Errorf("%w: %s", ErrNotLeader, n.raft.State())
@@ -128,7 +134,9 @@ func (n *Node) VerifyRead(timeout time.Duration) error {
 		if r.err != nil {
 			return r.err
 		}
-		if n.lease.held(n.raft.CurrentTerm()) {
+		// A round that started after the read arrived verified the
+		// leadership at a moment after it (ReadIndex), whatever the lease.
+		if (r.ok && r.start >= arrived) || n.lease.held(n.raft.CurrentTerm()) {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -154,7 +162,9 @@ func (n *Node) leaseRound() *leaseRound {
 		start := l.now()
 		term := n.raft.CurrentTerm()
 		err := n.raft.VerifyLeader().Error()
+		r.start = start
 		if err == nil && !transferring && n.raft.CurrentTerm() == term && l.gen.Load() == gen {
+			r.ok = true
 			l.mu.Lock()
 			if s := l.state.Load(); s.term != term || s.gen != gen || s.until < start+l.dur {
 				l.state.Store(&leaseState{term: term, gen: gen, until: start + l.dur})

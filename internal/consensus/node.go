@@ -99,6 +99,9 @@ type Config struct {
 	DeferSync bool
 	SyncDelay time.Duration
 	Logger    *slog.Logger
+
+	// leaseDur, when set (tests), replaces the read lease's length.
+	leaseDur time.Duration
 }
 
 // Node is one member of a raft group.
@@ -157,6 +160,9 @@ func Open(cfg Config) (n *Node, err error) {
 	}
 	lg := cfg.Logger.With("pkg", "raft")
 	n = &Node{cfg: cfg, log: lg, notify: make(chan bool, 16), lease: newReadLease(cfg.HeartbeatTimeout), stop: make(chan struct{})}
+	if cfg.leaseDur > 0 {
+		n.lease.dur = cfg.leaseDur
+	}
 	node := n // `return nil, err` clears n before this runs
 	defer func() {
 		if err != nil {

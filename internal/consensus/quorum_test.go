@@ -243,3 +243,23 @@ func TestLogBehindSnapshotDropped(t *testing.T) {
 	}
 	n.Close()
 }
+
+// TestReadWithoutLease: where a verification round takes longer than the
+// lease (here a lease of a nanosecond), a read still passes on the leader
+// once a round that started after it succeeded.
+func TestReadWithoutLease(t *testing.T) {
+	tr := startTrio(t, func(c *Config) { c.leaseDur = time.Nanosecond })
+	l := tr.leader(nil)
+	for range 5 {
+		if err := l.VerifyRead(5 * time.Second); err != nil {
+			t.Fatalf("leader: %v", err)
+		}
+	}
+	for _, n := range tr.nodes {
+		if n != l {
+			if err := n.VerifyRead(time.Second); !errors.Is(err, ErrNotLeader) {
+				t.Fatalf("follower %s: %v", n.Addr(), err)
+			}
+		}
+	}
+}
