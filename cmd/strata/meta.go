@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -18,11 +19,11 @@ func init() {
 		listen, data, raftAddr, keyFile, metricsAddr, nodeID string
 		serverTimeout, sessionLease, orphanGrace, syncDelay  time.Duration
 		strictSync                                           bool
-		diskReserve                                          string
+		diskReserve, peers                                   string
 		tf                                                   tlsFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "meta --listen ADDR --data DIR",
+		Use:   "meta --listen ADDR --data DIR [--peers A,B,C]",
 		Short: "Run the metadata service (namespace, locks, cluster registry) in the foreground",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -40,7 +41,7 @@ func init() {
 				DataDir: data, ListenAddr: listen, RaftAddr: raftAddr, NodeID: nodeID,
 				ServerTimeout: serverTimeout, SessionLease: sessionLease, OrphanGrace: orphanGrace,
 				MetricsAddr: metricsAddr, StrictSync: strictSync, SyncDelay: syncDelay,
-				DiskReserve: int64(reserve),
+				DiskReserve: int64(reserve), Peers: splitPeers(peers),
 			}
 			if reserve == 0 {
 				cfg.DiskReserve = -1 // --disk-reserve 0: none
@@ -73,7 +74,11 @@ func init() {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "strata meta: serving on %s (raft %s), data in %s\n", svc.Addr(), svc.RaftAddr(), data)
+			if len(cfg.Peers) > 0 {
+				fmt.Fprintf(os.Stderr, "strata meta: voter serving on %s (raft on the same port), peers %s, data in %s\n", svc.Addr(), peers, data)
+			} else {
+				fmt.Fprintf(os.Stderr, "strata meta: serving on %s (raft %s), data in %s\n", svc.Addr(), svc.RaftAddr(), data)
+			}
 			sig := <-sigs
 			fmt.Fprintf(os.Stderr, "strata meta: %v: shutting down\n", sig)
 			return svc.Close()
@@ -83,7 +88,8 @@ func init() {
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", d.ListenAddr, "rpc listen address (host:port)")
 	f.StringVar(&data, "data", "", "data directory (required)")
-	f.StringVar(&raftAddr, "raft-addr", "", "raft address (default: 127.0.0.1:0 on loopback, else listen port+1)")
+	f.StringVar(&raftAddr, "raft-addr", "", "raft address of a single node without --peers (default: 127.0.0.1:0 on loopback, else listen port+1)")
+	f.StringVar(&peers, "peers", "", "comma-separated --listen addresses of every voter of the metadata group, this one's included (raft then shares the --listen port); the first start of a fresh group bootstraps it")
 	f.StringVar(&keyFile, "key-file", "", "file holding the cluster key (default: empty key)")
 	metricsFlag(f, &metricsAddr)
 	tf.register(f)
@@ -95,4 +101,15 @@ func init() {
 	f.StringVar(&diskReserve, "disk-reserve", "256M", "free space kept on the data directory's disk: below it, creates, links, renames and xattrs fail with ENOSPC (0: none)")
 	f.DurationVar(&orphanGrace, "orphan-grace", 0, "delay before deleting unlinked files' data after start (default: session lease)")
 	rootCmd.AddCommand(cmd)
+}
+
+// splitPeers splits a comma-separated address list, dropping blanks.
+func splitPeers(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }

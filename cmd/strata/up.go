@@ -32,7 +32,7 @@ func init() {
 	var (
 		dataDir, mountDir, metaListen, syncPolicy string
 		strictMetaSync                            bool
-		stores, targetsPerStore                   int
+		stores, targetsPerStore, metaVoters       int
 		writeThrough, kernelReadAhead             int64
 		pprofAddr, metaDiskReserve                string
 		syncInterval                              time.Duration
@@ -50,6 +50,9 @@ on the same --data it serves the same files.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if stores < 1 || stores > 16 {
 				return usagef("--stores %d: want 1..16", stores)
+			}
+			if metaVoters != 1 && metaVoters != 3 && metaVoters != 5 {
+				return usagef("--meta-voters %d: want 1, 3 or 5", metaVoters)
 			}
 			if targetsPerStore < 1 || targetsPerStore > 16 {
 				return usagef("--targets-per-store %d: want 1..16", targetsPerStore)
@@ -79,7 +82,7 @@ on the same --data it serves the same files.`,
 			}
 			err = runUp(cmd.Context(), upOptions{
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
-				stores: stores, targetsPerStore: targetsPerStore, strictMetaSync: strictMetaSync,
+				stores: stores, targetsPerStore: targetsPerStore, metaVoters: metaVoters, strictMetaSync: strictMetaSync,
 				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
 				tls: tc, syncInterval: syncInterval, pprof: pprofAddr != "", debugFuse: debugFuse,
 			})
@@ -93,6 +96,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().StringVar(&mountDir, "mount", "./mnt", "mount point (created if missing)")
 	cmd.Flags().StringVar(&metaListen, "meta-listen", "127.0.0.1:0", "metadata service address (port 0: any free port; strata status finds it without flags)")
 	cmd.Flags().IntVar(&stores, "stores", 2, "number of storage servers")
+	cmd.Flags().IntVar(&metaVoters, "meta-voters", 1, "metadata voters (1, 3 or 5), on consecutive loopback ports from --meta-listen's, in --data/meta, --data/meta-2, ...")
 	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
 	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", syncPolicyUsage)
 	cmd.Flags().BoolVar(&strictMetaSync, "strict-meta-sync", false, "answer every namespace change only once it is on stable storage (default: at the next fsync/close barrier, or within 5 ms)")
@@ -111,6 +115,7 @@ on the same --data it serves the same files.`,
 type upOptions struct {
 	dataDir, mountDir, metaListen, syncPolicy string
 	stores, targetsPerStore                   int
+	metaVoters                                int // 1: a single node, as before
 	strictMetaSync                            bool
 	writeThrough, kernelReadAhead             int64
 	metaDiskReserve                           int64       // 0: none
@@ -176,16 +181,34 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	if o.metaDiskReserve == 0 {
 		mcfg.DiskReserve = -1 // none
 	}
-	msvc, err := meta.Open(mcfg)
+	var msvc *meta.Service // the one the stores and the mount are given
+	var voters []*meta.Service
+	if o.metaVoters > 1 {
+		voters, err = startMetaVoters(mcfg, dataDir, o.metaVoters)
+	} else {
+		var s *meta.Service
+		if s, err = meta.Open(mcfg); err == nil {
+			voters = []*meta.Service{s}
+		}
+	}
+	for i := len(voters) - 1; i >= 0; i-- { // voter 1, the leader, stops first
+		v := voters[i]
+		stops = append(stops, func() error {
+			if err := v.Close(); err != nil {
+				return fmt.Errorf("metadata service: %w", err)
+			}
+			return nil
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("start metadata service: %w", err)
 	}
-	stops = append(stops, func() error {
-		if err := msvc.Close(); err != nil {
-			return fmt.Errorf("metadata service: %w", err)
-		}
-		return nil
-	})
+	msvc = voters[0]
+	if len(voters) > 1 {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { defer close(done); keepVoter1Leading(voters, stop) }()
+		stops = append(stops, func() error { close(stop); <-done; return nil })
+	}
 	slog.Info("metadata service up", "addr", msvc.Addr())
 	// The metadata service's voters, as stores and the mount are given
 	// them (--meta A,B,C): one here.

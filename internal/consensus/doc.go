@@ -39,12 +39,30 @@
 //
 // Raft's own: the main loop (leader/follower/candidate), the FSM applier,
 // the snapshot taker, one replication goroutine per peer, and the transport's
-// listener and connection handlers. This package adds none.
+// listener and connection handlers. This package adds, per node, the WAL's
+// preallocator and syncers, the read-lease renewal and the log-health watch
+// (both idle unless leading) and a leader observer; Close ends them.
+//
+// # Several voters
+//
+// With Config.Streams raft runs over another service's port (the metadata
+// voters' rpc port); the voters' ids and addresses are then their rpc
+// addresses. Every voter of a fresh group bootstraps with the same Peers
+// (raft's BootstrapCluster allows that: "an identical configuration listing
+// all Voter servers"); CheckPeers refuses a restart with other Peers than
+// the stored configuration's. A follower syncs each appended batch before
+// acknowledging it (the leader alone defers, with DeferSync). Reads are
+// linearizable through VerifyRead (lease.go). A leader whose log fails
+// hands leadership to another voter (quorum.go).
 //
 // # Pitfalls
 //
 //   - A port-0 BindAddr gets a new port at every start; the configuration
 //     stored in the log keeps the old one. A single voter does not care (it
 //     votes by id); a multi-voter group needs stable addresses.
+//   - A voter that joins an existing group must start with an empty log and
+//     no Bootstrap (the leader adds it): bootstrapping it with a larger
+//     configuration would give it an index-1 entry that differs from the
+//     group's.
 //   - Leadership notifications (LeaderChanges) must be drained.
 package consensus

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -56,6 +57,14 @@ type Config struct {
 	// Advertise is the address peers dial; default: the bound address
 	// (which must then not be unspecified, e.g. 0.0.0.0).
 	Advertise string
+	// Streams, when set, carries raft over another service's port
+	// instead of a TCP transport of its own (BindAddr and Advertise are
+	// then unused): its Addr is this node's raft address.
+	Streams Streams
+	// CheckPeers refuses to start (ErrPeersMismatch) when the node has
+	// stored raft state whose latest configuration's voters are not
+	// Peers' addresses.
+	CheckPeers bool
 	// FSM is the state machine.
 	FSM StateMachine
 	// Bootstrap creates the initial configuration when the log is empty:
@@ -64,7 +73,8 @@ type Config struct {
 	// (Node.AddVoter).
 	Bootstrap bool
 	Peers     []Peer
-	// HeartbeatTimeout and ElectionTimeout; defaults 500 ms each.
+	// HeartbeatTimeout and ElectionTimeout; defaults 500 ms each. The
+	// leader's read lease (lease.go) is half the HeartbeatTimeout.
 	HeartbeatTimeout time.Duration
 	ElectionTimeout  time.Duration
 	// MaxAppendEntries bounds one group commit (entries per fsync and per
@@ -74,7 +84,7 @@ type Config struct {
 	// one; default 16384. TrailingLogs kept after a snapshot; default 10240.
 	SnapshotThreshold uint64
 	TrailingLogs      uint64
-	// DeferSync lets a raft batch count as stored once it is written to
+	// DeferSync lets a leader's raft batch count as stored once it is written to
 	// the log (page cache), without waiting for stable storage; a
 	// background syncer makes it durable within SyncDelay (default 5 ms),
 	// at once when somebody calls WaitDurable. Commands are then committed
@@ -82,23 +92,35 @@ type Config struct {
 	// nothing, a crash of the machine may lose the last few milliseconds.
 	// The caller decides which answers wait (WaitDurable with the index
 	// ApplyIndex returned), and must keep its persisted state from running
-	// ahead of the log (SyncLog before persisting). With several voters a
-	// majority is then counted before the entries are durable on it.
+	// ahead of the log (SyncLog before persisting). A node that is not the
+	// leader still syncs each batch before acknowledging it (wal.go,
+	// syncAppends): a majority's acknowledgement means the entries are on
+	// the stable storage of every follower in it.
 	DeferSync bool
 	SyncDelay time.Duration
 	Logger    *slog.Logger
+
+	// leaseDur, when set (tests), replaces the read lease's length.
+	leaseDur time.Duration
 }
 
 // Node is one member of a raft group.
 type Node struct {
 	cfg    Config
 	raft   *raft.Raft
-	logs   *logStore // stable store (term, vote); legacy log entries are migrated out
-	wal    *wal      // the raft log
+	raftp  atomic.Pointer[raft.Raft] // raft, for the log store's calls during NewRaft
+	logs   *logStore                 // stable store (term, vote); legacy log entries are migrated out
+	wal    *wal                      // the raft log
 	trans  *raft.NetworkTransport
 	snaps  *raft.FileSnapshotStore
 	notify chan bool
 	log    *slog.Logger
+	lease  *readLease
+	change leaderChanges
+	// stop ends the node's own goroutines (lease renewal, health watch,
+	// leader observer); bg waits for them.
+	stop chan struct{}
+	bg   sync.WaitGroup
 
 	// applyMu is held shared while a proposal (or barrier) is handed to
 	// raft, and exclusively by Close to refuse new ones (closing): after
@@ -137,10 +159,14 @@ func Open(cfg Config) (n *Node, err error) {
 		return nil, errors.New("consensus: Config needs Dir, NodeID and FSM")
 	}
 	lg := cfg.Logger.With("pkg", "raft")
-	n = &Node{cfg: cfg, log: lg, notify: make(chan bool, 16)}
+	n = &Node{cfg: cfg, log: lg, notify: make(chan bool, 16), lease: newReadLease(cfg.HeartbeatTimeout), stop: make(chan struct{})}
+	if cfg.leaseDur > 0 {
+		n.lease.dur = cfg.leaseDur
+	}
+	node := n // `return nil, err` clears n before this runs
 	defer func() {
 		if err != nil {
-			n.Close()
+			node.Close()
 		}
 	}()
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
@@ -151,6 +177,12 @@ func Open(cfg Config) (n *Node, err error) {
 	}
 	if n.wal, err = openWAL(filepath.Join(cfg.Dir, "wal"), DefaultSegmentBytes, lg); err != nil {
 		return nil, err
+	}
+	// Only the leader may count a batch stored before it is durable
+	// (DeferSync); a follower acknowledges what is on stable storage.
+	n.wal.syncAppends = func() bool {
+		r := n.raftp.Load()
+		return r == nil || r.State() != raft.Leader
 	}
 	if err := migrateLog(n.logs, n.wal); err != nil {
 		return nil, err
@@ -165,16 +197,28 @@ func Open(cfg Config) (n *Node, err error) {
 	if n.snaps, err = raft.NewFileSnapshotStore(cfg.Dir, 2, out); err != nil {
 		return nil, fmt.Errorf("raft snapshot store: %w", err)
 	}
-	var adv net.Addr
-	if cfg.Advertise != "" {
-		if adv, err = net.ResolveTCPAddr("tcp", cfg.Advertise); err != nil {
-			return nil, fmt.Errorf("raft advertise address %q: %w", cfg.Advertise, err)
+	if cfg.Streams != nil {
+		n.trans = raft.NewNetworkTransport(streamLayer{cfg.Streams}, 3, 10*time.Second, out)
+	} else {
+		var adv net.Addr
+		if cfg.Advertise != "" {
+			if adv, err = net.ResolveTCPAddr("tcp", cfg.Advertise); err != nil {
+				return nil, fmt.Errorf("raft advertise address %q: %w", cfg.Advertise, err)
+			}
+		}
+		if n.trans, err = raft.NewTCPTransport(cfg.BindAddr, adv, 3, 10*time.Second, out); err != nil {
+			return nil, fmt.Errorf("raft transport on %s: %w", cfg.BindAddr, err)
 		}
 	}
-	if n.trans, err = raft.NewTCPTransport(cfg.BindAddr, adv, 3, 10*time.Second, out); err != nil {
-		return nil, fmt.Errorf("raft transport on %s: %w", cfg.BindAddr, err)
+	if cfg.CheckPeers {
+		if err := n.checkPeers(); err != nil {
+			return nil, err
+		}
 	}
 	if err := n.catchUpFromSnapshot(); err != nil {
+		return nil, err
+	}
+	if err := n.dropLogBehindSnapshot(); err != nil {
 		return nil, err
 	}
 
@@ -212,9 +256,23 @@ func Open(cfg Config) (n *Node, err error) {
 			lg.Info("bootstrapped raft group", "voters", len(conf.Servers), "addr", n.trans.LocalAddr())
 		}
 	}
-	if n.raft, err = raft.NewRaft(rc, cfg.FSM, n.wal, n.logs, n.snaps, n.trans); err != nil {
+	var trans raft.Transport = n.trans
+	if cfg.DeferSync {
+		trans = unpipelined{n.trans}
+	}
+	if n.raft, err = raft.NewRaft(rc, cfg.FSM, n.wal, n.logs, n.snaps, trans); err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
+	n.raftp.Store(n.raft)
+	obs := make(chan raft.Observation, 16)
+	n.raft.RegisterObserver(raft.NewObserver(obs, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	}))
+	n.bg.Add(3)
+	go func() { defer n.bg.Done(); n.whileLeader(max(n.lease.dur/3, time.Millisecond), n.renewLease) }()
+	go func() { defer n.bg.Done(); n.whileLeader(healthInterval, n.stepDownWhenUnhealthy) }()
+	go func() { defer n.bg.Done(); n.observeLeaders(obs, n.stop) }()
 	return n, nil
 }
 
@@ -441,6 +499,8 @@ func (n *Node) Close() error {
 		n.applyMu.Lock()
 		n.closing = true
 		n.applyMu.Unlock()
+		close(n.stop)
+		n.bg.Wait()
 		if n.raft != nil {
 			n.drainProposals()
 			if err := n.raft.Shutdown().Error(); err != nil {
@@ -519,7 +579,7 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		if i := strings.Index(line, "]"); i >= 0 && i+1 < len(line) {
 			line = strings.TrimSpace(line[i+1:])
 		}
-		if lvl == slog.LevelWarn && firstElection(line) {
+		if lvl == slog.LevelWarn && firstElection(line) || lvl == slog.LevelError && closedStream(line) {
 			lvl = slog.LevelInfo
 		}
 		w.log.Log(context.Background(), lvl, line)
@@ -535,6 +595,14 @@ var _ io.Writer = (*logWriter)(nil)
 func firstElection(line string) bool {
 	return strings.Contains(line, "heartbeat timeout reached, starting election") &&
 		strings.Contains(line, "last-leader-addr= ") && strings.HasSuffix(line, "last-leader-id=")
+}
+
+// closedStream reports raft's transport complaining that a connection
+// closed under it (a voter stopping, or restarting): routine.
+func closedStream(line string) bool {
+	return strings.Contains(line, "failed to decode incoming command") &&
+		(strings.Contains(line, "transport shutdown") || strings.Contains(line, "connection reset by peer") ||
+			strings.Contains(line, "EOF") || strings.Contains(line, "use of closed network connection"))
 }
 
 // migrateLog moves log entries kept by an older build in the pebble store

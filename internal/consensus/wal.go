@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -107,6 +108,11 @@ type wal struct {
 		at  time.Time
 	}
 	kick chan struct{} // wakes a syncer
+	// syncAppends, when set, reports whether StoreLogs must make its
+	// entries durable before returning even with deferSync (a node that
+	// is not the leader: its acknowledgement counts towards a commit).
+	syncAppends func() bool
+	fault       atomic.Pointer[LogFault] // walfault.go
 	// syncSegment, when set (tests), replaces the deferred syncer's
 	// fdatasync of a segment (fdatasyncSegment), to delay, observe or
 	// fail it.
@@ -334,7 +340,7 @@ func (w *wal) syncOnce(wait bool) {
 		if s.closed {
 			continue // removed: its entries are no longer part of the log
 		}
-		syncSeg := fdatasyncSegment
+		syncSeg := w.fdatasync
 		if w.syncSegment != nil {
 			syncSeg = w.syncSegment
 		}
@@ -409,6 +415,9 @@ func (w *wal) noteWritten(last uint64, segs []*segment, hot bool) {
 		time.AfterFunc(w.syncDelay, w.kickSync)
 	}
 }
+
+// appendSyncTimeout bounds a follower's wait for its batch to be durable.
+const appendSyncTimeout = 30 * time.Second
 
 // healthWindow is how long a failed append keeps the log unhealthy.
 var healthWindow = 30 * time.Second
@@ -837,6 +846,9 @@ func (w *wal) StoreLog(l *raft.Log) error { return w.StoreLogs([]*raft.Log{l}) }
 // failure is remembered for health.
 func (w *wal) StoreLogs(logs []*raft.Log) error {
 	err := w.storeLogs(logs)
+	if err == nil && len(logs) > 0 && w.deferSync && w.syncAppends != nil && w.syncAppends() {
+		err = w.WaitDurable(logs[len(logs)-1].Index, appendSyncTimeout)
+	}
 	if err != nil {
 		w.failed.Lock()
 		w.failed.err, w.failed.at = err, time.Now()
@@ -911,6 +923,9 @@ func (w *wal) storeLogs(logs []*raft.Log) error {
 		}
 	}
 	for _, x := range writes {
+		if err := w.injected("write", x.seg.path); err != nil {
+			return fmt.Errorf("raft wal write %s: %w", x.seg.path, err)
+		}
 		if _, err := x.seg.f.WriteAt(x.buf, x.at); err != nil {
 			return fmt.Errorf("raft wal write %s: %w", x.seg.path, err)
 		}
@@ -924,7 +939,7 @@ func (w *wal) storeLogs(logs []*raft.Log) error {
 			}
 			continue
 		}
-		if err := unix.Fdatasync(int(x.seg.f.Fd())); err != nil {
+		if err := w.fdatasync(x.seg); err != nil {
 			return fmt.Errorf("raft wal sync %s: %w", x.seg.path, err)
 		}
 	}

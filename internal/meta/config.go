@@ -29,7 +29,16 @@ type Config struct {
 	RaftAddr string
 	// NodeID is the raft server id; default: the id saved in DataDir, or a
 	// new random one on first start. It cannot change for a data dir.
+	// With Peers it is ListenAddr.
 	NodeID string
+	// Peers, when set, makes this node one voter of a group: every voter's
+	// ListenAddr as written (host:port), this one's included. The voters'
+	// raft traffic then shares ListenAddr (RaftAddr is unused) and a voter's
+	// raft id and address are its ListenAddr. The first start of a fresh
+	// group bootstraps it with Peers; a restarted voter refuses to start
+	// when Peers differ from the configuration it stored (quorum.go).
+	// Without Peers the node is a single voter with a raft port of its own.
+	Peers []string
 	// ClusterKey authenticates rpc peers, both directions (see package
 	// rpc for what it does not protect).
 	ClusterKey []byte
@@ -70,6 +79,11 @@ type Config struct {
 	// than fill the disk until the store stalls. 0: DefaultDiskReserve;
 	// negative: no reserve.
 	DiskReserve int64
+
+	// trailingLogs, when set (tests), is the raft log kept after a
+	// snapshot (and the snapshot threshold), so that a voter that was away
+	// must catch up from a snapshot.
+	trailingLogs uint64
 }
 
 // DefaultConfig returns the defaults; DataDir must still be set.
@@ -142,6 +156,7 @@ func (c Config) Validate() error {
 		}
 	}
 	check("listen address", c.ListenAddr, false)
+	errs = append(errs, c.validatePeers()...)
 	check("raft address", c.RaftAddr, true)
 	check("metrics address", c.MetricsAddr, true)
 	for _, d := range []struct {
@@ -175,6 +190,11 @@ type savedState struct {
 	NodeID        string `json:"node_id"`
 	ListenAddr    string `json:"listen_addr"`
 	RaftAddr      string `json:"raft_addr"` // as bound
+	// Peers: the voters this node was last started with (informational:
+	// the raft configuration in raft/ is what counts).
+	Peers []string `json:"peers,omitempty"`
+	// ClusterID names the group this data dir belongs to, once known.
+	ClusterID     string `json:"cluster_id,omitempty"`
 	ServerTimeout string `json:"server_timeout"`
 	SessionLease  string `json:"session_lease"`
 	OrphanGrace   string `json:"orphan_grace"`
@@ -204,9 +224,10 @@ func loadState(dir string) (*savedState, error) {
 	return &s, nil
 }
 
-func saveState(dir string, c Config, raftAddr string) error {
+func saveState(dir string, c Config, raftAddr, clusterID string) error {
 	s := savedState{
 		FormatVersion: FormatVersion, NodeID: c.NodeID, ListenAddr: c.ListenAddr, RaftAddr: raftAddr,
+		Peers: c.Peers, ClusterID: clusterID,
 		ServerTimeout: c.ServerTimeout.String(), SessionLease: c.SessionLease.String(),
 		OrphanGrace: c.OrphanGrace.String(), MetricsAddr: c.MetricsAddr,
 		Saved: time.Now().UTC().Format(time.RFC3339),

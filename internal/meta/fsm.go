@@ -50,6 +50,7 @@ type fsm struct {
 	// Published after each batch for readers outside the FSM goroutine.
 	applied atomic.Uint64
 	inodes  atomic.Uint64
+	cid     atomic.Pointer[string] // the cluster id ("" or nil: none yet)
 
 	// onBatch, if set, observes the number of entries in each applied batch.
 	onBatch func(n int)
@@ -79,6 +80,14 @@ func (f *fsm) loadCounters() error {
 	}
 	f.applied.Store(f.ctr.AppliedIndex)
 	f.inodes.Store(f.ctr.Inodes)
+	var id string
+	switch v, err := f.db.Get(schema.ClusterIDKey()); {
+	case err == nil:
+		id = string(v)
+	case !errors.Is(err, kv.ErrNotFound):
+		return fmt.Errorf("load cluster id: %w", err)
+	}
+	f.cid.Store(&id)
 	return f.loadSessions()
 }
 

@@ -32,6 +32,10 @@ func handle[Req any, PReq interface {
 		if !s.ready.Load() {
 			return nil, s.notLeader()
 		}
+		// A deposed leader must not answer from its state (quorum.go).
+		if err := s.node.VerifyRead(readVerifyTimeout); err != nil {
+			return nil, s.notLeader()
+		}
 		return fn(ctx, req)
 	})
 }

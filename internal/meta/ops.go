@@ -354,6 +354,13 @@ func (x *opCtx) init() (*answer, error) {
 	}
 	x.put(rootIno, schema.Inode{Mode: modeDir | 0o755, Nlink: 2, Atime: x.now, Mtime: x.now, Ctime: x.now, Parent: rootIno})
 	ctr.NextIno, ctr.NextClient, ctr.NextServer, ctr.NextTarget, ctr.Inodes = rootIno+1, 1, 1, 1, 1
+	// The cluster id: a function of this first entry, the same on every
+	// replica, and different for every namespace ever created.
+	id := clusterIDOf(x.now, x.index, x.term)
+	if err := x.b.Set(schema.ClusterIDKey(), []byte(id)); err != nil {
+		return nil, err
+	}
+	x.f.cid.Store(&id)
 	return nil, nil
 }
 

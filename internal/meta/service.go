@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,8 +24,9 @@ import (
 )
 
 // ErrNotLeader is the errno-carrying error answered by a node that is not
-// the leader: ENOTCONN, with the leader's raft address and id in the text.
-// Clients retry on the leader.
+// the leader: ENOTCONN, with the leader's raft address and id in the text —
+// for a voter of a group (Config.Peers), the leader's rpc address as
+// rpc.NotLeader's hint. Clients retry on the leader.
 var ErrNotLeader = syscall.ENOTCONN
 
 const (
@@ -75,7 +77,10 @@ type Service struct {
 
 // Open starts the metadata service on cfg.DataDir: it opens or creates the
 // store, starts raft (bootstrapping a single voter on first start), waits
-// until this node leads and has replayed its log, and serves rpc.
+// until this node leads and has replayed its log, and serves rpc. A voter
+// of a group (Config.Peers) serves from the start (redirecting to the
+// leader), checks that the other voters accept it (quorum.go), bootstraps
+// the group on a fresh log and does not wait for leadership.
 func Open(cfg Config) (s *Service, err error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -89,6 +94,15 @@ func Open(cfg Config) (s *Service, err error) {
 		return nil, err
 	}
 	raftAddr := cfg.RaftAddr
+	multi := len(cfg.Peers) > 0
+	if multi {
+		if err := checkVoterID(cfg, saved); err != nil {
+			return nil, err
+		}
+		cfg.NodeID = cfg.ListenAddr
+	} else if saved != nil && len(saved.Peers) > 0 {
+		return nil, fmt.Errorf("data dir %s belongs to the voter %s of the metadata group %v: start it with --peers %s", cfg.DataDir, saved.NodeID, saved.Peers, strings.Join(saved.Peers, ","))
+	}
 	if saved != nil {
 		if cfg.NodeID != "" && cfg.NodeID != saved.NodeID {
 			return nil, fmt.Errorf("data dir %s belongs to node %q, not %q", cfg.DataDir, saved.NodeID, cfg.NodeID)
@@ -137,14 +151,30 @@ func Open(cfg Config) (s *Service, err error) {
 	}
 	s.fsm.onBatch = func(n int) { s.m.batch.Observe(float64(n)) }
 	if s.ln, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return s, fmt.Errorf("metadata rpc listen on %s: %w (another voter, or another process, already uses this address)", cfg.ListenAddr, err)
+		}
 		return s, fmt.Errorf("metadata rpc listen on %s: %w", cfg.ListenAddr, err)
 	}
+	s.srv = transport.NewServer(cfg.ClusterKey)
+	s.srv.TLS = cfg.TLS
 	rc := consensus.Config{
 		Dir: filepath.Join(cfg.DataDir, "raft"), NodeID: cfg.NodeID, BindAddr: raftAddr,
 		FSM: s.fsm, Bootstrap: true, Logger: s.log,
 		DeferSync: true, SyncDelay: cfg.SyncDelay,
+		TrailingLogs: cfg.trailingLogs, SnapshotThreshold: cfg.trailingLogs,
 	}
-	if s.node, err = consensus.Open(rc); err != nil && raftAddr != cfg.RaftAddr {
+	if multi {
+		// Serve before raft starts: the other voters' checks at start
+		// (preflight) need an answer, and requests get "not the leader".
+		s.quorumConfig(&rc)
+		s.serve()
+		if err := s.preflight(); err != nil {
+			return s, err
+		}
+		raftAddr = cfg.ListenAddr
+	}
+	if s.node, err = consensus.Open(rc); err != nil && raftAddr != cfg.RaftAddr && !multi {
 		s.log.Warn("previous raft address unavailable; binding a new one", "addr", raftAddr, "err", err)
 		rc.BindAddr = cfg.RaftAddr
 		s.node, err = consensus.Open(rc)
@@ -153,24 +183,14 @@ func Open(cfg Config) (s *Service, err error) {
 		return s, err
 	}
 	s.raftNode.Store(s.node)
-	if err := saveState(cfg.DataDir, cfg, s.node.Addr()); err != nil {
+	if err := saveState(cfg.DataDir, cfg, s.node.Addr(), s.fsm.clusterID()); err != nil {
 		return s, err
 	}
 
-	s.srv = transport.NewServer(cfg.ClusterKey)
-	s.srv.TLS = cfg.TLS
-	s.srv.Observe = func(m rpc.Method, d time.Duration, err error) {
-		s.requests.Add(1)
-		s.m.observe(m, d, err)
+	if !multi {
+		s.serve()
 	}
-	s.register()
-	s.wg.Add(2)
-	go func() {
-		defer s.wg.Done()
-		if err := s.srv.Serve(s.ln); err != nil {
-			s.log.Error("rpc server stopped", "err", err)
-		}
-	}()
+	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		s.watchLeadership()
@@ -181,6 +201,12 @@ func Open(cfg Config) (s *Service, err error) {
 		}
 	}
 
+	if multi {
+		// A voter of a group serves once it follows a leader (it
+		// redirects) or leads; it must not wait for leadership.
+		s.log.Info("metadata voter started", "rpc", s.Addr(), "peers", cfg.Peers, "data", cfg.DataDir)
+		return s, nil
+	}
 	deadline := time.Now().Add(openWait)
 	for !s.ready.Load() {
 		if time.Now().After(deadline) {
@@ -190,6 +216,22 @@ func Open(cfg Config) (s *Service, err error) {
 	}
 	s.log.Info("metadata service ready", "rpc", s.Addr(), "raft", s.node.Addr(), "data", cfg.DataDir)
 	return s, nil
+}
+
+// serve registers the handlers and serves rpc on s.ln.
+func (s *Service) serve() {
+	s.srv.Observe = func(m rpc.Method, d time.Duration, err error) {
+		s.requests.Add(1)
+		s.m.observe(m, d, err)
+	}
+	s.register()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(s.ln); err != nil {
+			s.log.Error("rpc server stopped", "err", err)
+		}
+	}()
 }
 
 // Addr is the rpc listen address actually bound.
@@ -213,8 +255,9 @@ func (s *Service) Close() error {
 		var errs []error
 		if s.srv != nil {
 			s.srv.Close()
-		} else if s.ln != nil {
-			s.ln.Close()
+		}
+		if s.ln != nil {
+			s.ln.Close() // the server may not have served it yet
 		}
 		if s.web != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -359,7 +402,22 @@ func (f *fsm) nextIno() uint64 {
 
 // notLeader is the answer of a node that cannot serve: see ErrNotLeader.
 func (s *Service) notLeader() error {
-	addr, id := s.node.Leader()
+	n := s.raftNode.Load() // nil while a voter starts (it serves before raft runs)
+	if n == nil {
+		return rpc.NotLeader("", "metadata node %s is starting", s.cfg.ListenAddr)
+	}
+	addr, id := n.Leader()
+	if len(s.cfg.Peers) > 0 {
+		// A voter's raft address is its rpc address: the hint a client
+		// follows (rpc.LeaderHint).
+		if addr == s.cfg.ListenAddr {
+			addr = "" // this node, no longer (or not yet) able to serve
+		}
+		if addr == "" {
+			return rpc.NotLeader("", "metadata voter %s is not the leader (no leader known)", s.cfg.ListenAddr)
+		}
+		return rpc.NotLeader(addr, "metadata voter %s is not the leader", s.cfg.ListenAddr)
+	}
 	if addr == "" {
 		return rpc.Errorf(ErrNotLeader, "metadata node %s is not the leader (no leader elected yet)", s.cfg.NodeID)
 	}

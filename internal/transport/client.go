@@ -116,36 +116,9 @@ func (c *Client) conn(ctx context.Context, deadline time.Time) (*clientConn, err
 	if cc != nil && !cc.broken() {
 		return cc, nil // another caller dialled while we waited
 	}
-	dctx, cancel := context.WithDeadline(ctx, minTime(deadline, time.Now().Add(c.cfg.DialTimeout)))
-	defer cancel()
-	nc, err := (&net.Dialer{}).DialContext(dctx, "tcp", c.addr)
+	nc, err := dialAuthCtx(ctx, c.addr, c.cfg, minTime(deadline, time.Now().Add(c.cfg.DialTimeout)))
 	if err != nil {
-		return nil, fmt.Errorf("%w: dial %s: %v", ErrUnavailable, c.addr, err)
-	}
-	setNoDelay(nc)
-	hsDeadline := minTime(deadline, time.Now().Add(c.cfg.DialTimeout))
-	if c.cfg.TLS != nil {
-		tc, err := clientTLS(nc, c.cfg.TLS, c.addr, hsDeadline)
-		if err != nil {
-			nc.Close()
-			if errors.Is(err, ErrAuth) {
-				return nil, fmt.Errorf("connect %s: %w", c.addr, err)
-			}
-			return nil, fmt.Errorf("%w: handshake with %s: %v", ErrUnavailable, c.addr, err)
-		}
-		nc = tc
-	}
-	if err := clientHandshake(nc, c.cfg.Key, hsDeadline); err != nil {
-		nc.Close()
-		if c.cfg.TLS != nil {
-			// TLS 1.3: a server refusing our certificate says so
-			// after our side of the TLS handshake completed.
-			err = tlsError(err)
-		}
-		if errors.Is(err, ErrAuth) {
-			return nil, fmt.Errorf("connect %s: %w", c.addr, err)
-		}
-		return nil, fmt.Errorf("%w: handshake with %s: %v", ErrUnavailable, c.addr, err)
+		return nil, err
 	}
 	ncc := newClientConn(nc, c.cfg.FrameTimeout, c.cfg.PingInterval)
 	c.mu.Lock()
@@ -156,6 +129,46 @@ func (c *Client) conn(ctx context.Context, deadline time.Time) (*clientConn, err
 		old.fail(errors.New("replaced"))
 	}
 	return ncc, nil
+}
+
+// dialAuth connects to addr and authenticates both sides (TLS first when
+// cfg has it, then the cluster key), all by deadline.
+func dialAuth(addr string, cfg ClientConfig, deadline time.Time) (net.Conn, error) {
+	return dialAuthCtx(context.Background(), addr, cfg, deadline)
+}
+
+func dialAuthCtx(ctx context.Context, addr string, cfg ClientConfig, deadline time.Time) (net.Conn, error) {
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	nc, err := (&net.Dialer{}).DialContext(dctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dial %s: %v", ErrUnavailable, addr, err)
+	}
+	setNoDelay(nc)
+	if cfg.TLS != nil {
+		tc, err := clientTLS(nc, cfg.TLS, addr, deadline)
+		if err != nil {
+			nc.Close()
+			if errors.Is(err, ErrAuth) {
+				return nil, fmt.Errorf("connect %s: %w", addr, err)
+			}
+			return nil, fmt.Errorf("%w: handshake with %s: %v", ErrUnavailable, addr, err)
+		}
+		nc = tc
+	}
+	if err := clientHandshake(nc, cfg.Key, deadline); err != nil {
+		nc.Close()
+		if cfg.TLS != nil {
+			// TLS 1.3: a server refusing our certificate says so
+			// after our side of the TLS handshake completed.
+			err = tlsError(err)
+		}
+		if errors.Is(err, ErrAuth) {
+			return nil, fmt.Errorf("connect %s: %w", addr, err)
+		}
+		return nil, fmt.Errorf("%w: handshake with %s: %v", ErrUnavailable, addr, err)
+	}
+	return nc, nil
 }
 
 func minTime(a, b time.Time) time.Time {

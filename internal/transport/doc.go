@@ -76,7 +76,13 @@
 // sent (or copied out in-process), never by the handler. Register every
 // handler before Serve: the handler table is read without a lock.
 //
+// Streams (stream.go): a connection whose first frame after the handshake
+// is a stream frame leaves the frame protocol and is handed, authenticated,
+// to the StreamListener of its purpose (the metadata voters' raft traffic
+// shares their rpc port this way); its hello and reply let the server
+// refuse it with a reason the dialer receives.
+//
 // Architecture Invariant: no other package opens sockets for Strata's
-// internal traffic (except, until the HA work, the raft transport of
-// internal/consensus).
+// internal traffic (except the raft TCP transport of a single metadata
+// node started without --peers, in internal/consensus).
 package transport

@@ -82,6 +82,8 @@ type Server struct {
 	MaxBodyBytes int
 	handlers     map[rpc.Method]HandlerFunc
 	inline       map[rpc.Method]bool
+	streams      map[uint16]*StreamListener // stream.go
+	quit         chan struct{}              // closed by Close
 
 	mu struct {
 		sync.Mutex
@@ -95,7 +97,7 @@ type Server struct {
 // NewServer returns a server authenticating peers with key.
 func NewServer(key []byte) *Server {
 	s := &Server{Key: key, MaxInflight: 256, IdleTimeout: 90 * time.Second, FrameTimeout: 30 * time.Second,
-		MaxBodyBytes: 64 << 20, handlers: map[rpc.Method]HandlerFunc{}}
+		MaxBodyBytes: 64 << 20, handlers: map[rpc.Method]HandlerFunc{}, quit: make(chan struct{})}
 	s.mu.conns = map[net.Conn]struct{}{}
 	return s
 }
@@ -167,6 +169,9 @@ func (s *Server) Serve(ln net.Listener) error {
 // connection goroutines (handlers still running finish on their own).
 func (s *Server) Close() error {
 	s.mu.Lock()
+	if !s.mu.closed {
+		close(s.quit)
+	}
 	s.mu.closed = true
 	if s.mu.ln != nil {
 		unregisterLocal(s.mu.ln.Addr().String(), s)
@@ -197,16 +202,25 @@ func (s *Server) handshake(c net.Conn) (net.Conn, error) {
 	return c, nil
 }
 
-func (s *Server) serveConn(c net.Conn) {
-	defer c.Close()
-	setNoDelay(c)
-	peer := c.RemoteAddr().String()
-	c, err := s.handshake(c)
+func (s *Server) serveConn(raw net.Conn) {
+	handed := false // to a stream listener, which closes it
+	defer func() {
+		if !handed {
+			raw.Close()
+		}
+	}()
+	setNoDelay(raw)
+	peer := raw.RemoteAddr().String()
+	c, err := s.handshake(raw)
 	if err != nil {
 		log.Warn("rejected connection", "peer", peer, "err", err)
 		return
 	}
-	defer c.Close()
+	defer func() {
+		if !handed {
+			c.Close()
+		}
+	}()
 	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), peerKey{}, peer))
 	defer cancel()
 	fr := newFrameReader(c, s.FrameTimeout)
@@ -215,10 +229,18 @@ func (s *Server) serveConn(c net.Conn) {
 	bodies := newByteSem(s.MaxBodyBytes)
 	var inflight sync.WaitGroup
 	defer inflight.Wait()
-	for {
+	for first := true; ; first = false {
 		f, n, err := fr.header(s.IdleTimeout)
 		if err == nil && f.kind == kindPing {
 			continue
+		}
+		if err == nil && f.kind == kindStream {
+			if !first || n > maxStreamHello+16 {
+				err = fmt.Errorf("%w: stream frame of %d bytes, or not first", rpc.ErrMalformed, n)
+			} else if err = fr.body(f, n); err == nil {
+				handed = s.serveStream(c, fr, f, peer)
+				return
+			}
 		}
 		if err == nil && f.kind != kindRequest {
 			err = fmt.Errorf("%w: response frame from a client", rpc.ErrMalformed)

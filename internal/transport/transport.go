@@ -22,7 +22,8 @@ import (
 //
 //	offset size field
 //	0      4    n: number of bytes that follow this field
-//	4      1    kind: 1 request, 2 response, 3 ping (client to server, no body)
+//	4      1    kind: 1 request, 2 response, 3 ping (client to server, no body),
+//	            4 stream (client to server, first frame only: stream.go)
 //	5      1    reserved, 0
 //	6      2    method (responses and pings: 0)
 //	8      8    request id, chosen by the caller, echoed in the response
@@ -46,12 +47,15 @@ import (
 // TLS (auth.go) the handshake runs inside the TLS session.
 //
 // Version history: 1 — initial (only the client proved the key; no pings).
-// 2 — mutual proof, ping frames, per-method frame limits.
+// 2 — mutual proof, ping frames, per-method frame limits; appended within
+// 2: the stream frame (kind 4), which a server of an older build refuses
+// by closing the connection.
 const (
 	frameHeaderBytes = 16
 	kindRequest      = 1
 	kindResponse     = 2
 	kindPing         = 3
+	kindStream       = 4 // stream.go
 	// MaxFrameBytes bounds any frame; each method has its own, lower,
 	// limit (rpc.RequestLimit, rpc.ResponseLimit). Larger lengths are a
 	// protocol error.
@@ -144,7 +148,7 @@ func (fr *frameReader) header(idle time.Duration) (*frame, int, error) {
 		return nil, 0, fmt.Errorf("%w: frame length %d", rpc.ErrMalformed, n)
 	}
 	f := &frame{kind: h[4], method: rpc.Method(binary.LittleEndian.Uint16(h[6:])), id: binary.LittleEndian.Uint64(h[8:])}
-	if f.kind < kindRequest || f.kind > kindPing {
+	if f.kind < kindRequest || f.kind > kindStream {
 		return nil, 0, fmt.Errorf("%w: frame kind %d", rpc.ErrMalformed, f.kind)
 	}
 	bodyLen := int(n) - (frameHeaderBytes - 4)

@@ -9,6 +9,9 @@
 //	prefix  key                                    value          what
 //	'c'     'c'                                    Counters       inode/client/server/target counters,
 //	                                                              inode count, last applied raft index
+//	'C'     'C'                                    raw bytes      cluster id: set with the root by the
+//	                                                              first command (absent in namespaces
+//	                                                              created before it existed)
 //	'd'     'd' parent(8) name                     Dentry         directory entry (name → inode)
 //	'i'     'i' ino(8)                             Inode          inode record
 //	'i'     'i' ino(8) 'x' name                    raw bytes      extended attribute of ino

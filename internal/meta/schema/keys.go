@@ -16,6 +16,7 @@ var ErrNewer = errors.New("schema: record of a newer format")
 // Key prefixes (see doc.go).
 const (
 	prefixCounters = 'c'
+	prefixCluster  = 'C'
 	prefixDentry   = 'd'
 	prefixInode    = 'i'
 	prefixOrphan   = 'o'
@@ -29,6 +30,9 @@ const (
 
 	xattrMark = 'x'
 )
+
+// ClusterIDKey is the key of the namespace's cluster id (raw bytes).
+func ClusterIDKey() []byte { return []byte{prefixCluster} }
 
 // CountersKey is the key of the one Counters record.
 func CountersKey() []byte { return []byte{prefixCounters} }
