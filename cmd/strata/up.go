@@ -181,7 +181,6 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	if o.metaDiskReserve == 0 {
 		mcfg.DiskReserve = -1 // none
 	}
-	var msvc *meta.Service // the one the stores and the mount are given
 	var voters []*meta.Service
 	if o.metaVoters > 1 {
 		voters, err = startMetaVoters(mcfg, dataDir, o.metaVoters)
@@ -191,7 +190,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 			voters = []*meta.Service{s}
 		}
 	}
-	for i := len(voters) - 1; i >= 0; i-- { // voter 1, the leader, stops first
+	for i := len(voters) - 1; i >= 0; i-- { // voter 1 stops first
 		v := voters[i]
 		stops = append(stops, func() error {
 			if err := v.Close(); err != nil {
@@ -203,16 +202,14 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("start metadata service: %w", err)
 	}
-	msvc = voters[0]
-	if len(voters) > 1 {
-		stop, done := make(chan struct{}), make(chan struct{})
-		go func() { defer close(done); keepVoter1Leading(voters, stop) }()
-		stops = append(stops, func() error { close(stop); <-done; return nil })
-	}
-	slog.Info("metadata service up", "addr", msvc.Addr())
+
 	// The metadata service's voters, as stores and the mount are given
-	// them (--meta A,B,C): one here.
-	metaAddrs := []string{msvc.Addr()}
+	// them (--meta A,B,C): they follow whichever leads.
+	metaAddrs := make([]string, len(voters))
+	for i, v := range voters {
+		metaAddrs[i] = v.Addr()
+	}
+	slog.Info("metadata service up", "voters", metaAddrs)
 	metaList := strings.Join(metaAddrs, ",")
 
 	var servers []*store.Server

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -88,10 +89,8 @@ func voterAddrs(dataDir, listen string, n int) ([]string, error) {
 	return nil, errors.New("no run of consecutive free ports for the metadata voters")
 }
 
-// startMetaVoters opens the n voters of mcfg's group and returns them,
-// voter 1 (the one the stores and the mount are given) leading: until
-// they follow the leader over an address list, it takes leadership over.
-// On error the voters opened are closed.
+// startMetaVoters opens the n voters of mcfg's group and returns them
+// once one of them leads. On error the voters opened are closed.
 func startMetaVoters(mcfg meta.Config, dataDir string, n int) (svcs []*meta.Service, err error) {
 	peers, err := voterAddrs(dataDir, mcfg.ListenAddr, n)
 	if err != nil {
@@ -132,46 +131,17 @@ func startMetaVoters(mcfg meta.Config, dataDir string, n int) (svcs []*meta.Serv
 		svcs = compact(svcs)
 		return svcs, err
 	}
-	// Voter 1 leads: the stores and the mount know only its address.
+	// Wait for the group to elect a leader (any voter: the stores and
+	// the mount follow it over the voters' list).
 	deadline := time.Now().Add(30 * time.Second)
-	for !svcs[0].Serving() {
+	for !slices.ContainsFunc(svcs, (*meta.Service).Serving) {
 		if time.Now().After(deadline) {
-			return svcs, fmt.Errorf("metadata voter %s did not take the lead within 30 s", peers[0])
+			return svcs, fmt.Errorf("metadata voters %v elected no leader within 30 s", peers)
 		}
-		leadBack(svcs)
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
-	slog.Info("metadata voters up", "voters", peers, "leader", peers[0])
+	slog.Info("metadata voters up", "voters", peers)
 	return svcs, nil
-}
-
-// leadBack asks the voter that leads, if it is not voter 1, to hand
-// leadership to voter 1.
-func leadBack(svcs []*meta.Service) {
-	for _, s := range svcs[1:] {
-		if s.Serving() {
-			if err := s.Node().TransferLeadership(svcs[0].Addr()); err != nil {
-				slog.Warn("leadership transfer to metadata voter 1", "err", err)
-			}
-		}
-	}
-}
-
-// keepVoter1Leading hands leadership back to voter 1 whenever another
-// voter took it (an election while voter 1 was slow), until stop closes.
-func keepVoter1Leading(svcs []*meta.Service, stop <-chan struct{}) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			if !svcs[0].Serving() {
-				leadBack(svcs)
-			}
-		}
-	}
 }
 
 func compact(svcs []*meta.Service) []*meta.Service {

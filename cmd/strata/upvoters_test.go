@@ -1,16 +1,16 @@
 package main
 
 import (
+	"slices"
 	"testing"
-	"time"
 
 	"github.com/stratafs/strata/internal/meta"
 )
 
-// TestMetaVotersKeepVoter1Leading: strata up's voters come up with voter 1
-// leading, reuse their addresses at the next start, and voter 1 takes the
-// lead back after another voter took it.
-func TestMetaVotersKeepVoter1Leading(t *testing.T) {
+// TestMetaVotersStartAndRestart: strata up's voters come up with a leader
+// among them, reuse their addresses at the next start, and 3 voters' data
+// is not opened as 5.
+func TestMetaVotersStartAndRestart(t *testing.T) {
 	dir := t.TempDir()
 	cfg := meta.DefaultConfig()
 	cfg.ListenAddr = "127.0.0.1:0"
@@ -25,21 +25,8 @@ func TestMetaVotersKeepVoter1Leading(t *testing.T) {
 		}
 	}
 	defer func() { closeAll() }()
-	if !svcs[0].Serving() {
-		t.Fatal("voter 1 does not lead")
-	}
-	stop := make(chan struct{})
-	go keepVoter1Leading(svcs, stop)
-	defer close(stop)
-	if err := svcs[0].Node().TransferLeadership(svcs[1].Addr()); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(15 * time.Second)
-	for !svcs[0].Serving() {
-		if time.Now().After(deadline) {
-			t.Fatal("voter 1 did not take the lead back within 15s")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !slices.ContainsFunc(svcs, (*meta.Service).Serving) {
+		t.Fatal("no voter leads")
 	}
 	addrs := []string{svcs[0].Addr(), svcs[1].Addr(), svcs[2].Addr()}
 	closeAll()
