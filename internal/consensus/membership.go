@@ -3,7 +3,6 @@ package consensus
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -231,13 +230,7 @@ func (w *LeaderWatch) Transfer(id, addr string, timeout time.Duration) (string, 
 	w.mu.Lock()
 	w.transferAt = time.Now()
 	w.mu.Unlock()
-	var f raft.Future
-	if id == "" {
-		f = n.raft.LeadershipTransfer()
-	} else {
-		f = n.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(addr))
-	}
-	if err := leaderErr(f.Error(), "leadership transfer"); err != nil {
+	if err := n.handOver(id, addr); err != nil {
 		return "", "", err
 	}
 	deadline := time.Now().Add(timeout)
@@ -253,9 +246,18 @@ func (w *LeaderWatch) Transfer(id, addr string, timeout time.Duration) (string, 
 	}
 }
 
-// StateName is raft's state of n in lower case: leader, follower,
-// candidate or shutdown.
-func (n *Node) StateName() string { return strings.ToLower(n.raft.State().String()) }
+// handOver asks raft to transfer leadership to the voter id at addr (id
+// "": the most caught-up voter) and waits for raft's answer. Every
+// transfer this node starts goes through here.
+func (n *Node) handOver(id, addr string) error {
+	var f raft.Future
+	if id == "" {
+		f = n.raft.LeadershipTransfer()
+	} else {
+		f = n.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(addr))
+	}
+	return leaderErr(f.Error(), "leadership transfer")
+}
 
 // AddMember adds the voter id at addr and returns once the configuration
 // holding it is committed (leader only: ErrNotLeader, wrapped, elsewhere).
