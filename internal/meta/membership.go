@@ -247,10 +247,14 @@ func countVoters(vs []rpc.VoterInfo) int {
 	return n
 }
 
-// askInfo calls MMetaInfo of the metadata service at addr.
-func (m *membership) askInfo(ctx context.Context, addr string) (*rpc.MetaInfoResp, error) {
-	c := transport.NewClient(addr, transport.ClientConfig{Key: m.s.cfg.ClusterKey, TLS: m.s.cfg.TLS, Conns: 1, DialTimeout: infoTimeout, CallTimeout: infoTimeout})
-	defer c.Close()
+// infoClient is a client for another metadata service's MMetaInfo (not
+// cached: the address may be anything an admin typed).
+func (m *membership) infoClient(addr string) *transport.Client {
+	return transport.NewClient(addr, transport.ClientConfig{Key: m.s.cfg.ClusterKey, TLS: m.s.cfg.TLS, Conns: 1, DialTimeout: infoTimeout, CallTimeout: infoTimeout})
+}
+
+// askInfo calls MMetaInfo through c, bounded by infoTimeout.
+func askInfo(ctx context.Context, c *transport.Client) (*rpc.MetaInfoResp, error) {
 	ctx, cancel := context.WithTimeout(ctx, infoTimeout)
 	defer cancel()
 	var r rpc.MetaInfoResp
@@ -274,7 +278,9 @@ func (m *membership) addVoter(ctx context.Context, r *rpc.MembershipReq) (*rpc.M
 	if v, ok := find(vs, r.Addr); ok && v.Voter {
 		return &rpc.MembershipResp{Done: fmt.Sprintf("%s is already a voter; nothing changed", r.Addr), Leader: m.s.Addr(), Voters: vs}, nil
 	}
-	info, err := m.askInfo(ctx, r.Addr)
+	c := m.infoClient(r.Addr)
+	info, err := askInfo(ctx, c)
+	c.Close()
 	if err != nil {
 		return nil, rpc.Errorf(syscall.EHOSTUNREACH, "add voter %s: cannot reach a metadata service there: %v; the configuration is unchanged (%s)", r.Addr, err, names(vs))
 	}
@@ -415,8 +421,10 @@ func (m *membership) transferLeader(ctx context.Context, r *rpc.MembershipReq) (
 func (m *membership) waitServing(ctx context.Context, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, readyWait)
 	defer cancel()
+	c := m.infoClient(addr)
+	defer c.Close()
 	for {
-		info, err := m.askInfo(ctx, addr)
+		info, err := askInfo(ctx, c)
 		if err == nil && info.Serving {
 			return nil
 		}
