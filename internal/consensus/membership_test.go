@@ -76,8 +76,10 @@ func startGroup(t *testing.T, n int) []*member {
 	var ms []*member
 	for _, p := range peers {
 		dir := t.TempDir()
+		// Timeouts of a second: on a loaded machine a shorter heartbeat may
+		// lapse during a transfer and turn it into a loss.
 		node, err := Open(Config{Dir: filepath.Join(dir, "raft"), NodeID: p.ID, BindAddr: p.Addr, FSM: openCounter(t, filepath.Join(dir, "fsm")),
-			Bootstrap: true, Peers: peers, HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond})
+			Bootstrap: true, Peers: peers, HeartbeatTimeout: time.Second, ElectionTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
