@@ -207,11 +207,19 @@ func SetMembers(ms *MetaStatus, members []Member) bool {
 	if leader != nil {
 		ms.Leader = leader.Addr
 	}
+	unreachable := map[string]bool{}
+	for _, m := range members {
+		if m.Info == nil {
+			unreachable[m.Address] = true
+		}
+	}
 	var last *rpc.MetaInfoResp
 	for _, m := range members {
 		if m.Info != nil {
 			ms.Term = max(ms.Term, m.Info.Term)
-			if ms.Leader == "" && m.Info.Leader != "" {
+			// The leader a voter names, unless it did not answer (a dead
+			// leader that its followers have not missed yet).
+			if ms.Leader == "" && m.Info.Leader != "" && !unreachable[m.Info.Leader] {
 				ms.Leader = m.Info.Leader
 			}
 			if m.Info.LeaderChangeNs != 0 && (last == nil || m.Info.LeaderChangeNs > last.LeaderChangeNs) {

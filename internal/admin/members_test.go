@@ -126,3 +126,17 @@ func TestMembersNoAnswer(t *testing.T) {
 		t.Fatalf("SetMembers without answers changed %+v", st)
 	}
 }
+
+// TestMembersDeadLeader: a leader its followers still name but that does
+// not answer is not shown as the leader.
+func TestMembersDeadLeader(t *testing.T) {
+	conf := voters("a:1", "b:2")
+	g := &group{infos: map[string]*rpc.MetaInfoResp{
+		"b:2": {Addr: "b:2", ID: "b:2", State: "follower", Term: 3, Leader: "a:1", Voters: conf},
+	}}
+	var st MetaStatus
+	SetMembers(&st, Members(context.Background(), []string{"a:1", "b:2"}, g.ask, time.Second))
+	if st.Leader != "" || len(st.Voters) != 2 || st.Voters[0].State != StateUnreachable || st.Voters[1].State != "follower" {
+		t.Fatalf("status %+v", st)
+	}
+}
