@@ -107,9 +107,13 @@ func init() {
 			if err := c.Call(cmd.Context(), rpc.MStatFS, &rpc.Empty{}, &fs); err != nil {
 				return fmt.Errorf("capacity from %s: %w", c.Addr(), err)
 			}
+			members := metaMembers(cmd.Context(), &af)
 			if asJSON {
-				return printJSON(admin.StatusOf(&st, fs, showLocks))
+				doc := admin.StatusOf(&st, fs, showLocks)
+				admin.SetMembers(&doc.Meta, members)
+				return printJSON(doc)
 			}
+			printMetaSection(os.Stdout, members)
 			printStatus(os.Stdout, &st, admin.CapacityOf(fs), showLocks)
 			return nil
 		},

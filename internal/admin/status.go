@@ -42,6 +42,9 @@ type MetaStatus struct {
 	// (answered before durable: namespace changes, deferred size commits;
 	// the log syncs them within its sync delay, or at the next barrier).
 	UnsyncedEntries uint64 `json:"unsynced_entries"`
+	// LastLeaderChange: the most recent leader change any voter saw
+	// (null: none known; SetMembers).
+	LastLeaderChange *LeaderChange `json:"last_leader_change"`
 }
 
 // UnsyncedEntries is how many metadata log entries st says were applied
@@ -58,6 +61,15 @@ type Voter struct {
 	Address      string `json:"address"`
 	State        string `json:"state"` // leader, follower, candidate or unreachable
 	AppliedIndex uint64 `json:"applied_index"`
+	Term         uint64 `json:"term"`
+	// Lag: log entries the voter has applied fewer than the leader (null:
+	// no leader known, or the voter is unreachable).
+	Lag *uint64 `json:"lag"`
+	// LastContactSeconds: since the leader last reached the voter (0 on
+	// the leader; null: never, or unreachable).
+	LastContactSeconds *float64 `json:"last_contact_seconds"`
+	Health             []string `json:"health"`          // what fails on the voter; empty when healthy
+	Error              string   `json:"error,omitempty"` // why an unreachable voter did not answer
 }
 
 // ServerStatus is one storage server.
@@ -151,7 +163,7 @@ func StatusOf(st *rpc.ClusterStatusResp, fs rpc.StatFSResp, withLocks bool) Stat
 	out := Status{
 		Meta: MetaStatus{
 			Leader: st.Leader, Term: st.Term, CommitIndex: st.CommitIndex, DurableIndex: st.DurableIndex,
-			Voters:          []Voter{{Address: st.MetaAddr, State: strings.ToLower(st.RaftState), AppliedIndex: st.AppliedIndex}},
+			Voters:          []Voter{{Address: st.MetaAddr, State: strings.ToLower(st.RaftState), AppliedIndex: st.AppliedIndex, Term: st.Term, Health: []string{}}},
 			UnsyncedEntries: UnsyncedEntries(st),
 		},
 		Health: "ok", Problems: append([]string{}, st.Problems...),

@@ -25,6 +25,14 @@
 // what it already has. Only if the state machine is behind the newest
 // snapshot (its store was lost) does Open restore that snapshot first.
 //
+// Membership (membership.go): Configuration lists the servers, AddMember
+// and RemoveMember change them on the leader, and a LeaderWatch follows
+// raft's observations to tell each leader change with its cause (a
+// transfer — started here, seen in a vote request, or told to take over
+// while the leader was still heard —, the leader silent past the heartbeat
+// timeout, or this leader stepping down); its Transfer hands leadership
+// to a named or the most caught-up voter.
+//
 // # Errors
 //
 // Apply and Barrier answer ErrNotLeader (wrapped) when this node is not, or
@@ -41,7 +49,8 @@
 // the snapshot taker, one replication goroutine per peer, and the transport's
 // listener and connection handlers. This package adds, per node, the WAL's
 // preallocator and syncers, the read-lease renewal and the log-health watch
-// (both idle unless leading) and a leader observer; Close ends them.
+// (both idle unless leading) and a leader observer; Close ends them. LeaderWatch.Run (membership.go) runs on its
+// caller's goroutine.
 //
 // # Several voters
 //

@@ -82,6 +82,8 @@
 //   - leaderLoop (leader only): session expiry and the orphan reaper; owns
 //     the rpc clients to storage servers.
 //   - metrics HTTP server (if MetricsAddr is set).
+//   - the leader watch (membership.go): logs and counts each leader
+//     change with its cause, until Close.
 //   - raft's goroutines (package consensus).
 //
 // # Pitfalls

@@ -134,6 +134,7 @@ func (s *Service) placementCandidates(ctx context.Context) []layout.Candidate {
 const startupGrace = 5 * time.Second
 
 func (s *Service) register() {
+	s.registerMembership()
 	// Reads of the leader's store, and the durability barrier (it waits
 	// only as long as its caller's context lets it): in-process callers
 	// (strata up) run them on their own goroutine.

@@ -42,7 +42,8 @@ var methodNames = map[rpc.Method]string{
 	rpc.MCommitSize: "commit_size", rpc.MGetLk: "getlk", rpc.MSetLk: "setlk", rpc.MSetDirLayout: "set_dir_layout",
 	rpc.MRegisterServer: "register_server", rpc.MServerHeartbeat: "server_heartbeat",
 	rpc.MClusterStatus: "cluster_status", rpc.MListTargets: "list_targets", rpc.MSync: "sync", rpc.MTmpfile: "tmpfile",
-	rpc.MSetAtimes: "set_atimes",
+	rpc.MSetAtimes: "set_atimes", rpc.MMetaInfo: "meta_info", rpc.MAddVoter: "add_voter", rpc.MRemoveVoter: "remove_voter",
+	rpc.MTransferLeader: "transfer_leader",
 }
 
 func newMetrics() *metrics {

@@ -47,6 +47,8 @@ type Service struct {
 	// raftNode is node for the store's flush hook, which can run before
 	// node is set.
 	raftNode atomic.Pointer[consensus.Node]
+	// members: the membership methods' state (membership.go).
+	members *membership
 	srv      *transport.Server
 	ln       net.Listener
 	web      *http.Server
@@ -182,6 +184,7 @@ func Open(cfg Config) (s *Service, err error) {
 	if err != nil {
 		return s, err
 	}
+	s.startLeaderWatch()
 	s.raftNode.Store(s.node)
 	if err := saveState(cfg.DataDir, cfg, s.node.Addr(), s.fsm.clusterID()); err != nil {
 		return s, err

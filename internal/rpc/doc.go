@@ -1,5 +1,6 @@
 // Package rpc holds the wire messages of Strata's internal traffic: the
-// requests and answers of the metadata service (meta_msgs.go) and of the
+// requests and answers of the metadata service (meta_msgs.go, and
+// member_msgs.go for its raft group's membership) and of the
 // storage servers (store_msgs.go), their method numbers (Method), the
 // per-method size limits (limits.go), the errno errors that answers carry
 // (Error, Errorf, ErrnoOf) and the wire's version history (below,
@@ -78,6 +79,11 @@
 // parent's attributes appended): absent — older services, answers
 // replayed for a retry — they read as unknown, and older clients decode
 // the new answers as Stamp and AttrResp, leaving the tail unread.
+// MMetaInfo (Empty, MetaInfoResp), MAddVoter, MRemoveVoter and
+// MTransferLeader (MembershipReq, MembershipResp; member_msgs.go) were
+// added at the end for the metadata group's membership; an older service
+// answers them as unknown methods (ENOSYS), and status then shows the one
+// voter it reached.
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

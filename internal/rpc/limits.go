@@ -8,7 +8,9 @@ package rpc
 // own bounds (names of 255 bytes, symlink targets of 4 KiB, xattr values
 // of 64 KiB, MaxStripeCount targets, MaxDataBytes of data); the messages
 // whose length grows with the cluster or a directory (lists of inodes,
-// targets, clients, entries, xattr names) get maxListFrameBytes.
+// targets, clients, entries, xattr names) get maxListFrameBytes. The
+// membership messages (member_msgs.go) list at most MaxVoters servers of
+// a few addresses each, and stay within maxSmallFrameBytes.
 
 // MaxDataBytes bounds the data of one WriteReq or ReadResp (one store I/O).
 const MaxDataBytes = 64 << 20

@@ -49,6 +49,15 @@ const (
 	// files at once, each only forward: a client's batch of relatime
 	// updates, applied as one raft entry. ctime does not change.
 	MSetAtimes
+	// MMetaInfo (Empty, MetaInfoResp) describes the answering voter's
+	// raft state; any voter answers, leader or not.
+	MMetaInfo
+	// MAddVoter, MRemoveVoter, MTransferLeader (MembershipReq,
+	// MembershipResp) change the raft group's membership or leader; only
+	// the leader answers them (others: ENOTCONN naming the leader).
+	MAddVoter
+	MRemoveVoter
+	MTransferLeader
 )
 
 // InodesKnownReq asks which of Inos exist (as files, directories, or

@@ -13,7 +13,7 @@ import (
 )
 
 // messageSamples has samples of every type with a Decode method in
-// meta_msgs.go and store_msgs.go (TestMessageSamplesExhaustive), keyed by
+// meta_msgs.go, store_msgs.go and member_msgs.go (TestMessageSamplesExhaustive), keyed by
 // type name. Together the samples of a type set every field that is on the
 // wire (TestMessageSamplesSetEveryField), so a field that Encode or Decode
 // forgets fails the round trip. Slices are nil or non-empty, as decoders
@@ -24,6 +24,7 @@ func messageSamples() map[string][]Message {
 		Atime: -1, Mtime: 1763885000123456789, Ctime: 3, Layout: lay, Blocks: 8, BlocksKnown: true}
 	hdr := ReqHeader{ClientID: 7, Seq: 300}
 	chunk := ChunkID{Target: 3, Ino: 1 << 40}
+	voter := VoterInfo{ID: "10.0.0.1:7400", Addr: "10.0.0.1:7400", RaftAddr: "10.0.0.1:7400", Voter: true}
 	return map[string][]Message{
 		"InodesKnownReq":  {&InodesKnownReq{Inos: []uint64{1, 2, 1 << 33}}},
 		"InodesKnownResp": {&InodesKnownResp{NextIno: 1 << 20, Known: []bool{true, false, true}}},
@@ -102,6 +103,13 @@ func messageSamples() map[string][]Message {
 		"ChunkReq":       {&ChunkReq{Chunk: chunk}},
 		"ChunkStatResp":  {&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true}},
 		"ChunksReq":      {&ChunksReq{Chunks: []ChunkID{chunk, {Target: 1, Ino: 2}}}},
+		"VoterInfo":      {&voter},
+		"MetaInfoResp": {&MetaInfoResp{Addr: "10.0.0.1:7400", ID: "10.0.0.1:7400", RaftAddr: "10.0.0.1:7400", State: "follower", Term: 3,
+			AppliedIndex: 40, CommitIndex: 41, LastIndex: 42, Leader: "10.0.0.2:7400", LeaderID: "10.0.0.2:7400",
+			Voters: []VoterInfo{voter, {ID: "meta-1", RaftAddr: "127.0.0.1:4000"}}, LastContactMs: -1,
+			LeaderChangeNs: 1763885000123456789, LeaderChangeCause: "leader lost: no contact for 1.2s", Health: []string{"raft log: sync failed"}, Serving: true}},
+		"MembershipReq":  {&MembershipReq{Addr: "10.0.0.3:7400"}},
+		"MembershipResp": {&MembershipResp{Done: "added", Leader: "10.0.0.2:7400", Voters: []VoterInfo{voter}, TookNs: 1234567}},
 	}
 }
 
@@ -118,7 +126,7 @@ func decodedTypes(t *testing.T) []string {
 	t.Helper()
 	var out []string
 	fset := token.NewFileSet()
-	for _, name := range []string{"meta_msgs.go", "store_msgs.go"} {
+	for _, name := range []string{"meta_msgs.go", "store_msgs.go", "member_msgs.go"} {
 		f, err := parser.ParseFile(fset, name, nil, 0)
 		if err != nil {
 			t.Fatal(err)
