@@ -49,6 +49,7 @@ type Service struct {
 	raftNode atomic.Pointer[consensus.Node]
 	// members: the membership methods' state (membership.go).
 	members *membership
+
 	srv      *transport.Server
 	ln       net.Listener
 	web      *http.Server
