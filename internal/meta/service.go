@@ -44,12 +44,11 @@ type Service struct {
 	db   kv.Store
 	fsm  *fsm
 	node *consensus.Node
+	// members: the membership methods' state (membership.go).
+	members *membership
 	// raftNode is node for the store's flush hook, which can run before
 	// node is set.
 	raftNode atomic.Pointer[consensus.Node]
-	// members: the membership methods' state (membership.go).
-	members *membership
-
 	srv      *transport.Server
 	ln       net.Listener
 	web      *http.Server
