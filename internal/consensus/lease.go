@@ -3,6 +3,7 @@ package consensus
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,32 +15,34 @@ import (
 // without a network round trip per read, and never from stale state after
 // it was deposed.
 //
-// A lease is earned by a round of raft's VerifyLeader that succeeds: the
-// leader sent a heartbeat to every follower after the round started, and
-// a majority answered that they follow it in its term. Each of those
-// followers reset its last-contact time then, at or after the round's
-// start, and hashicorp/raft (v1.8.0, raft.go requestVote) refuses its vote
-// to any candidate but its known leader while it has one ("rejecting vote
-// request since we have a leader"), unless the candidate carries the
-// leadership-transfer flag; it forgets its leader only when its heartbeat
-// timer finds no contact for HeartbeatTimeout (runFollower). A new leader
-// needs the votes of a majority, which includes one of those followers: no
-// other leader can be elected, and so no change committed elsewhere,
-// before round start + HeartbeatTimeout. The lease runs until round start
-// + leaseFraction × HeartbeatTimeout, the rest being the margin for clock
-// rate differences and scheduling. Times are Go's monotonic clock, which
-// keeps running while the process is stopped (SIGSTOP): a leader that was
-// stopped finds its lease expired when it resumes.
+// Every AppendEntries the leader sends (heartbeats every tenth of the
+// heartbeat timeout, and replication) goes through leaseTransport, which
+// notes, per follower, the send time of the latest request the follower
+// accepted in the leader's term. The follower processed that request, and
+// reset its last-contact time, after it was sent. hashicorp/raft (v1.8.0,
+// raft.go requestVote) refuses a vote to any candidate but its known leader
+// while it has one ("rejecting vote request since we have a leader"),
+// unless the candidate carries the leadership-transfer flag, and forgets
+// its leader only when its heartbeat timer finds no contact for
+// HeartbeatTimeout (runFollower). So with q the latest time such that a
+// majority of the voters (the leader counting itself) accepted a request
+// sent at or after q, no other leader can be elected — a new one needs the
+// vote of one of them — and so nothing committed elsewhere, before
+// q + HeartbeatTimeout. The lease runs until q + leaseFraction ×
+// HeartbeatTimeout, the rest being the margin for clock rate differences
+// and scheduling. Send times, not the arrival of answers, bound q: an
+// answer may arrive late (raft's own VerifyLeader counts the answer to a
+// heartbeat sent before it was called). Times are Go's monotonic clock,
+// which keeps running while the process is stopped (SIGSTOP): a leader
+// that was stopped finds its lease expired when it resumes.
 //
-// Rounds run in the background while this node leads (every lease/3), so
-// reads normally find the lease held. A read that finds it expired waits
-// for the next round (one round serves every reader waiting for it) and
-// then checks again; a round that started after the read arrived is
-// enough by itself (raft's ReadIndex argument: it verified the leadership
-// after the read began), so that reads still pass where a round takes
-// longer than the lease (a slow link); a failed round (another leader
-// exists, no quorum) answers ErrNotLeader. A leadership transfer drops the lease and no round
-// renews it until the transfer ends: the target may be elected at once.
+// A read that finds the lease expired waits until q passes the moment it
+// arrived (a majority accepted a request sent after it: raft's ReadIndex
+// argument, whatever the lease's length, so reads pass on links slower
+// than the lease), poking the heartbeats with VerifyLeader; a failed
+// VerifyLeader (another leader exists) answers ErrNotLeader. A leadership
+// transfer drops the lease and nothing sent before its end counts: the
+// target may be elected at once.
 //
 // What the argument assumes: a follower that restarts forgets its leader
 // and may vote at once; the lease holds only if such a restart takes
@@ -47,106 +50,196 @@ import (
 type readLease struct {
 	dur   time.Duration
 	epoch time.Time // monotonic base of the times below
+	self  raft.ServerID
 
 	state atomic.Pointer[leaseState]
-	// transfers counts leadership transfers under way; gen changes at
-	// the start and end of each, so that a round that overlapped one
-	// earns nothing (the target may have been elected meanwhile).
+	// transfers counts leadership transfers under way.
 	transfers atomic.Int32
-	gen       atomic.Uint64
 
-	mu    sync.Mutex
-	round *leaseRound // the round in flight, nil when none
+	mu      sync.Mutex
+	term    uint64                          // of acked
+	acked   map[raft.ServerID]time.Duration // send time of the latest request each voter accepted in term
+	voters  []raft.ServerID                 // of the latest configuration
+	resetAt time.Duration                   // requests sent before do not count
+	changed chan struct{}                   // closed and replaced when state changes
+	round   *leaseRound                     // the VerifyLeader in flight, nil when none
 }
 
+// leaseState is what reads check: in term, a majority accepted requests
+// sent at or after q, so the lease holds until until. single: this node is
+// the only voter.
 type leaseState struct {
-	term, gen uint64
-	until     time.Duration // since epoch
+	term     uint64
+	q, until time.Duration // since epoch
+	single   bool
 }
 
 type leaseRound struct {
-	done  chan struct{}
-	err   error
-	start time.Duration // since epoch; set before done closes
-	ok    bool          // verified the leadership in one term, no transfer overlapping
+	done chan struct{}
+	err  error
 }
 
 // leaseFraction of HeartbeatTimeout is the lease.
 const leaseFraction = 0.5
 
-func newReadLease(heartbeat time.Duration) *readLease {
-	l := &readLease{dur: time.Duration(float64(heartbeat) * leaseFraction), epoch: time.Now()}
+func newReadLease(heartbeat time.Duration, self raft.ServerID) *readLease {
+	l := &readLease{dur: time.Duration(float64(heartbeat) * leaseFraction), epoch: time.Now(), self: self,
+		acked: map[raft.ServerID]time.Duration{}, changed: make(chan struct{})}
 	l.state.Store(&leaseState{})
 	return l
 }
 
 func (l *readLease) now() time.Duration { return time.Since(l.epoch) }
 
+// ack notes that id accepted, in term, a request sent at sent.
+func (l *readLease) ack(id raft.ServerID, term uint64, sent time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if term != l.term {
+		if term < l.term {
+			return
+		}
+		l.term = term
+		clear(l.acked)
+	}
+	if sent < l.resetAt || sent <= l.acked[id] {
+		return
+	}
+	l.acked[id] = sent
+	l.recomputeLocked()
+}
+
+// setVoters records the voters of the latest configuration.
+func (l *readLease) setVoters(conf []Server) {
+	var v []raft.ServerID
+	for _, s := range conf {
+		if s.Voter {
+			v = append(v, raft.ServerID(s.ID))
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if slices.Equal(v, l.voters) {
+		return
+	}
+	l.voters = v
+	l.recomputeLocked()
+}
+
+// recomputeLocked publishes the state from the acknowledgements.
+func (l *readLease) recomputeLocked() {
+	st := &leaseState{term: l.term}
+	if len(l.voters) == 1 && l.voters[0] == l.self {
+		st.single = true
+	} else if len(l.voters) > 0 {
+		times := make([]time.Duration, 0, len(l.voters))
+		for _, v := range l.voters {
+			if v == l.self {
+				times = append(times, 1<<62) // the leader accepts its own
+			} else {
+				times = append(times, l.acked[v]) // 0: none
+			}
+		}
+		slices.Sort(times)
+		slices.Reverse(times)
+		st.q = times[len(times)/2] // the majority-th latest
+		if st.q > 0 {
+			st.until = st.q + l.dur
+		}
+	}
+	l.state.Store(st)
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// reset forgets every acknowledgement: requests sent before now no longer
+// count.
+func (l *readLease) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.resetAt = l.now()
+	clear(l.acked)
+	l.recomputeLocked()
+}
+
 func (l *readLease) beginTransfer() {
 	l.transfers.Add(1)
-	l.gen.Add(1)
-	l.state.Store(&leaseState{})
+	l.reset()
 }
 
 func (l *readLease) endTransfer() {
-	l.gen.Add(1)
+	l.reset()
 	l.transfers.Add(-1)
 }
 
-// held reports whether the lease covers now in term.
+// held reports whether the lease covers now in term (a single voter's
+// always does: no other leader can exist).
 func (l *readLease) held(term uint64) bool {
 	s := l.state.Load()
-	return s.term == term && term != 0 && s.gen == l.gen.Load() && l.transfers.Load() == 0 && l.now() < s.until
+	return l.transfers.Load() == 0 && (s.single || s.term == term && term != 0 && l.now() < s.until)
 }
 
-// ErrLeaseTimeout: no verification round ended within the read's timeout.
+// snapshot is the state and the channel closed at its next change.
+func (l *readLease) snapshot() (*leaseState, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state.Load(), l.changed
+}
+
+// ErrLeaseTimeout: leadership was not confirmed within the read's timeout.
 var ErrLeaseTimeout = errors.New("consensus: leadership not verified in time")
 
 // VerifyRead returns nil when this node may answer a read from its state
-// now: it is the leader and holds the read lease, or has just renewed it.
-// It answers ErrNotLeader (wrapped) when the node is not, or may no longer
-// be, the leader.
+// now: it is the leader and holds the read lease, or a majority has
+// accepted a request it sent after the read arrived. It answers
+// ErrNotLeader (wrapped) when the node is not, or may no longer be, the
+// leader.
 func (n *Node) VerifyRead(timeout time.Duration) error {
 	if n.raft.State() == raft.Leader && n.lease.held(n.raft.CurrentTerm()) {
 		return nil
 	}
-	deadline := time.Now().Add(timeout)
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
 	arrived := n.lease.now()
 	for {
 		if n.raft.State() != raft.Leader {
 			return fmt.Errorf("%w: %s", ErrNotLeader, n.raft.State())
 		}
-		if n.lease.transfers.Load() > 0 {
-			// Wait for the transfer's outcome: this node either is
-			// no longer the leader, or keeps leading and renews.
-			if time.Now().After(deadline) {
-				return ErrLeaseTimeout
-			}
-			time.Sleep(5 * time.Millisecond)
-			continue
+		if conf, err := n.Configuration(); err == nil {
+			n.lease.setVoters(conf)
 		}
-		r := n.leaseRound()
-		select {
-		case <-r.done:
-		case <-time.After(time.Until(deadline)):
-			return ErrLeaseTimeout
-		}
-		if r.err != nil {
-			return r.err
-		}
-		// A round that started after the read arrived verified the
-		// leadership at a moment after it (ReadIndex), whatever the lease.
-		if (r.ok && r.start >= arrived) || n.lease.held(n.raft.CurrentTerm()) {
+		s, changed := n.lease.snapshot()
+		if n.lease.transfers.Load() == 0 && (s.single || s.term == n.raft.CurrentTerm() && s.term != 0 && s.q >= arrived) {
 			return nil
 		}
-		if time.Now().After(deadline) {
+		var round <-chan struct{}
+		r := n.leaseRound() // makes every follower answer a heartbeat now
+		if n.lease.transfers.Load() == 0 {
+			round = r.done
+		}
+		select {
+		case <-changed:
+		case <-round:
+			if r.err != nil {
+				return r.err
+			}
+			// Its answers are in; a later heartbeat may be needed
+			// (an answer may be to a request sent before the read).
+			select {
+			case <-changed:
+			case <-time.After(n.lease.dur / 4):
+			case <-deadline.C:
+				return ErrLeaseTimeout
+			}
+		case <-time.After(5 * time.Millisecond): // a transfer's end
+		case <-deadline.C:
 			return ErrLeaseTimeout
 		}
 	}
 }
 
-// leaseRound returns the verification round in flight, starting one when
-// none is.
+// leaseRound returns the VerifyLeader in flight, starting one when none
+// is: it makes every follower answer a heartbeat at once.
 func (n *Node) leaseRound() *leaseRound {
 	l := n.lease
 	l.mu.Lock()
@@ -157,22 +250,8 @@ func (n *Node) leaseRound() *leaseRound {
 	r := &leaseRound{done: make(chan struct{})}
 	l.round = r
 	go func() {
-		gen := l.gen.Load()
-		transferring := l.transfers.Load() > 0
-		start := l.now()
-		term := n.raft.CurrentTerm()
 		err := n.raft.VerifyLeader().Error()
-		r.start = start
-		if err == nil && !transferring && n.raft.CurrentTerm() == term && l.gen.Load() == gen {
-			r.ok = true
-			l.mu.Lock()
-			if s := l.state.Load(); s.term != term || s.gen != gen || s.until < start+l.dur {
-				l.state.Store(&leaseState{term: term, gen: gen, until: start + l.dur})
-			}
-			l.mu.Unlock()
-		}
 		if err != nil {
-			l.state.Store(&leaseState{})
 			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
 				err = fmt.Errorf("%w: %v", ErrNotLeader, err)
 			} else if errors.Is(err, raft.ErrRaftShutdown) {
@@ -188,10 +267,45 @@ func (n *Node) leaseRound() *leaseRound {
 	return r
 }
 
-// renewLease runs a verification round every third of the lease while
-// this node leads.
+// renewLease keeps the voters current and, when the lease runs short,
+// makes the followers answer at once rather than at their next heartbeat.
 func (n *Node) renewLease() {
-	if n.lease.transfers.Load() == 0 {
+	if conf, err := n.Configuration(); err == nil {
+		n.lease.setVoters(conf)
+	}
+	s := n.lease.state.Load()
+	if n.lease.transfers.Load() == 0 && !s.single && s.until-n.lease.now() < n.lease.dur/2 {
 		<-n.leaseRound().done
 	}
+}
+
+// leaseTransport is raft's network transport as the lease sees it: it
+// notes the send time of every AppendEntries a follower accepts. Without
+// pipeline it also replicates without raft's pipelining: a follower syncs
+// each AppendEntries before answering (its acknowledgement must mean "on
+// stable storage"); pipelined, the leader sends every new batch at once
+// and the follower syncs them one after the other, while unpipelined the
+// next request leaves when the answer to the last is in, with everything
+// gathered meanwhile, so one follower sync covers what arrived during the
+// previous one.
+type leaseTransport struct {
+	*raft.NetworkTransport
+	lease    *readLease
+	pipeline bool
+}
+
+func (t leaseTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	sent := t.lease.now()
+	err := t.NetworkTransport.AppendEntries(id, target, args, resp)
+	if err == nil && resp.Success && resp.Term == args.Term {
+		t.lease.ack(id, args.Term, sent)
+	}
+	return err
+}
+
+func (t leaseTransport) AppendEntriesPipeline(id raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {
+	if !t.pipeline {
+		return nil, raft.ErrPipelineReplicationNotSupported
+	}
+	return t.NetworkTransport.AppendEntriesPipeline(id, target)
 }

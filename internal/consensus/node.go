@@ -159,7 +159,7 @@ func Open(cfg Config) (n *Node, err error) {
 		return nil, errors.New("consensus: Config needs Dir, NodeID and FSM")
 	}
 	lg := cfg.Logger.With("pkg", "raft")
-	n = &Node{cfg: cfg, log: lg, notify: make(chan bool, 16), lease: newReadLease(cfg.HeartbeatTimeout), stop: make(chan struct{})}
+	n = &Node{cfg: cfg, log: lg, notify: make(chan bool, 16), lease: newReadLease(cfg.HeartbeatTimeout, raft.ServerID(cfg.NodeID)), stop: make(chan struct{})}
 	if cfg.leaseDur > 0 {
 		n.lease.dur = cfg.leaseDur
 	}
@@ -256,10 +256,7 @@ func Open(cfg Config) (n *Node, err error) {
 			lg.Info("bootstrapped raft group", "voters", len(conf.Servers), "addr", n.trans.LocalAddr())
 		}
 	}
-	var trans raft.Transport = n.trans
-	if cfg.DeferSync {
-		trans = unpipelined{n.trans}
-	}
+	trans := leaseTransport{NetworkTransport: n.trans, lease: n.lease, pipeline: !cfg.DeferSync}
 	if n.raft, err = raft.NewRaft(rc, cfg.FSM, n.wal, n.logs, n.snaps, trans); err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}

@@ -246,19 +246,6 @@ func votersOfServers(conf []Server) []string {
 	return out
 }
 
-// unpipelined is raft's network transport without pipelined replication.
-// A follower syncs each AppendEntries before answering (its
-// acknowledgement must mean "on stable storage"); with pipelining the
-// leader sends every new batch at once, and the follower syncs them one
-// after the other. Without it the leader sends the next request when the
-// answer to the last is in, with everything gathered meanwhile: one
-// follower sync covers what arrived during the previous one.
-type unpipelined struct{ *raft.NetworkTransport }
-
-func (unpipelined) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
-	return nil, raft.ErrPipelineReplicationNotSupported
-}
-
 // IsMonotonic tells raft (raft.MonotonicLogStore) that the log takes no
 // gaps: after installing a snapshot sent by the leader, raft empties the
 // log instead of appending after a gap (a follower far behind).
