@@ -1,0 +1,370 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stratafs/strata/internal/admin"
+	"github.com/stratafs/strata/internal/mountinfo"
+)
+
+// ClusterConfig says what to start.
+type ClusterConfig struct {
+	// Bin is the strata binary every process runs.
+	Bin string
+	// Dir holds the cluster's data, logs, key file and mount point.
+	Dir string
+	// Voters is the number of metadata voters (3 or 5); Stores the number
+	// of storage servers (one target each).
+	Voters, Stores int
+	// MountFlags are extra flags of `strata mount` (e.g. --sync-policy).
+	MountFlags []string
+	Log        *slog.Logger
+}
+
+// Cluster is a running set of strata processes on loopback.
+type Cluster struct {
+	cfg       ClusterConfig
+	keyFile   string
+	MetaAddrs []string
+	Mount     string
+
+	mu     sync.Mutex
+	voters []*proc // by index; nil while stopped
+	stores []*proc
+	mount  *proc
+}
+
+// proc is one child process.
+type proc struct {
+	name string
+	argv []string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	log  *os.File
+}
+
+func (c *Cluster) start(name string, argv ...string) (*proc, error) {
+	lf, err := os.OpenFile(filepath.Join(c.cfg.Dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("log of %s: %w", name, err)
+	}
+	fmt.Fprintf(lf, "=== %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), strings.Join(argv, " "))
+	cmd := exec.Command(c.cfg.Bin, argv...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, argv: argv, cmd: cmd, done: make(chan struct{}), log: lf}
+	go func() {
+		p.err = cmd.Wait()
+		lf.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// exited reports whether the process has ended.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// signal sends sig and, for SIGKILL, waits (bounded) for the process to go.
+func (p *proc) signal(sig syscall.Signal) error {
+	if p.exited() {
+		return fmt.Errorf("%s (pid %d) already exited: %v", p.name, p.cmd.Process.Pid, p.err)
+	}
+	if err := syscall.Kill(p.cmd.Process.Pid, sig); err != nil {
+		return fmt.Errorf("signal %v to %s: %w", sig, p.name, err)
+	}
+	if sig == syscall.SIGKILL {
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("%s (pid %d) did not die within 10s of SIGKILL", p.name, p.cmd.Process.Pid)
+		}
+	}
+	return nil
+}
+
+// stop ends the process with SIGTERM, then SIGKILL after grace.
+func (p *proc) stop(grace time.Duration) {
+	if p == nil || p.exited() {
+		return
+	}
+	syscall.Kill(p.cmd.Process.Pid, syscall.SIGCONT) // a stopped process cannot handle SIGTERM
+	syscall.Kill(p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		syscall.Kill(p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// freePorts returns n distinct free loopback ports' addresses.
+func freePorts(n int) ([]string, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	var out []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		lns = append(lns, l)
+		out = append(out, l.Addr().String())
+	}
+	return out, nil
+}
+
+// StartCluster starts the voters, waits for a leader, then the stores and
+// the mount. On error everything started is stopped.
+func StartCluster(ctx context.Context, cfg ClusterConfig) (c *Cluster, err error) {
+	if cfg.Voters < 1 || cfg.Stores < 1 {
+		return nil, fmt.Errorf("cluster needs at least one voter and one store (got %d, %d)", cfg.Voters, cfg.Stores)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	c = &Cluster{cfg: cfg, Mount: filepath.Join(cfg.Dir, "mnt")}
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "logs"), c.Mount} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	key := make([]byte, 16)
+	rand.Read(key)
+	c.keyFile = filepath.Join(cfg.Dir, "key")
+	if err := os.WriteFile(c.keyFile, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	if c.MetaAddrs, err = freePorts(cfg.Voters); err != nil {
+		return nil, err
+	}
+	c.voters = make([]*proc, cfg.Voters)
+	for i := range cfg.Voters {
+		if err := c.StartVoter(i); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := c.WaitLeader(ctx, 60*time.Second); err != nil {
+		return nil, err
+	}
+	storeAddrs, err := freePorts(cfg.Stores)
+	if err != nil {
+		return nil, err
+	}
+	for i, a := range storeAddrs {
+		t := filepath.Join(cfg.Dir, fmt.Sprintf("store-%d", i+1), "t0")
+		if err := os.MkdirAll(t, 0o755); err != nil {
+			return nil, err
+		}
+		p, err := c.start(fmt.Sprintf("store-%d", i+1), "store", "--meta", c.metaList(), "--listen", a,
+			"--target", t, "--key-file", c.keyFile)
+		if err != nil {
+			return nil, err
+		}
+		c.stores = append(c.stores, p)
+	}
+	argv := append([]string{"mount", "--meta", c.metaList(), "--key-file", c.keyFile}, cfg.MountFlags...)
+	if c.mount, err = c.start("mount", append(argv, c.Mount)...); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !onStrata(c.Mount) {
+		if c.mount.exited() || time.Now().After(deadline) {
+			return nil, fmt.Errorf("mount at %s did not come up (see %s)", c.Mount, filepath.Join(cfg.Dir, "logs", "mount.log"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Wait until files can be placed: every store registered.
+	for {
+		st, err := c.Status(ctx)
+		if err == nil && liveTargets(st) >= cfg.Stores {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("stores did not register within 60s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return c, nil
+}
+
+func (c *Cluster) metaList() string { return strings.Join(c.MetaAddrs, ",") }
+
+// VoterArgs is voter i's command line (after the binary).
+func (c *Cluster) VoterArgs(i int) []string {
+	return []string{"meta", "--listen", c.MetaAddrs[i], "--data", filepath.Join(c.cfg.Dir, fmt.Sprintf("meta-%d", i+1)),
+		"--peers", c.metaList(), "--key-file", c.keyFile}
+}
+
+// StartVoter (re)starts voter i with its data directory.
+func (c *Cluster) StartVoter(i int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.voters[i]; p != nil && !p.exited() {
+		return fmt.Errorf("voter %s is running", c.MetaAddrs[i])
+	}
+	p, err := c.start(fmt.Sprintf("meta-%d", i+1), c.VoterArgs(i)...)
+	if err != nil {
+		return err
+	}
+	c.voters[i] = p
+	return nil
+}
+
+// Signal sends sig to voter i (SIGKILL waits for it to die).
+func (c *Cluster) Signal(i int, sig syscall.Signal) error {
+	c.mu.Lock()
+	p := c.voters[i]
+	c.mu.Unlock()
+	if p == nil {
+		return fmt.Errorf("voter %s is not running", c.MetaAddrs[i])
+	}
+	return p.signal(sig)
+}
+
+// VoterIndex maps an address to its voter index, or -1.
+func (c *Cluster) VoterIndex(addr string) int {
+	for i, a := range c.MetaAddrs {
+		if a == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// liveTargets counts the targets st says are alive.
+func liveTargets(st *admin.Status) int {
+	n := 0
+	for _, t := range st.Targets {
+		if t.Alive {
+			n++
+		}
+	}
+	return n
+}
+
+// Status runs `strata status --json` against the voters' list.
+func (c *Cluster) Status(ctx context.Context) (*admin.Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.cfg.Bin, "status", "--json", "--meta", c.metaList(), "--key-file", c.keyFile)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("strata status: %w: %s", err, strings.TrimSpace(errb.String()))
+	}
+	var s admin.Status
+	if err := json.Unmarshal(out.Bytes(), &s); err != nil {
+		return nil, fmt.Errorf("strata status --json: %w", err)
+	}
+	return &s, nil
+}
+
+// WaitLeader waits until the status names a leader, bounded by d.
+func (c *Cluster) WaitLeader(ctx context.Context, d time.Duration) (string, error) {
+	deadline := time.Now().Add(d)
+	var last error
+	for {
+		st, err := c.Status(ctx)
+		if err == nil && st.Meta.Leader != "" {
+			return st.Meta.Leader, nil
+		}
+		if err != nil {
+			last = err
+		} else {
+			last = errors.New("no leader named")
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return "", fmt.Errorf("no metadata leader within %v: %v", d, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// WaitCaughtUp waits until voter addr reports itself a follower or leader
+// with an applied index within lag of the leader's, bounded by d.
+func (c *Cluster) WaitCaughtUp(ctx context.Context, addr string, lag uint64, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	var last string
+	for {
+		if st, err := c.Status(ctx); err == nil {
+			var leaderIdx, idx uint64
+			state := ""
+			for _, v := range st.Meta.Voters {
+				if v.Address == st.Meta.Leader {
+					leaderIdx = v.AppliedIndex
+				}
+				if v.Address == addr {
+					idx, state = v.AppliedIndex, v.State
+				}
+			}
+			if (state == "follower" || state == "leader") && idx+lag >= leaderIdx {
+				return nil
+			}
+			last = fmt.Sprintf("state %q applied %d, leader %d", state, idx, leaderIdx)
+		} else {
+			last = err.Error()
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("voter %s did not catch up within %v: %s", addr, d, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Stop ends the mount, the stores and the voters (SIGTERM, then SIGKILL),
+// and detaches the mount point if the mount left it behind.
+func (c *Cluster) Stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.mount.stop(30 * time.Second)
+	if c.Mount != "" && onStrata(c.Mount) {
+		syscall.Unmount(c.Mount, syscall.MNT_DETACH)
+	}
+	for _, p := range c.stores {
+		p.stop(30 * time.Second)
+	}
+	for _, p := range c.voters {
+		p.stop(30 * time.Second)
+	}
+}
+
+func onStrata(dir string) bool {
+	_, ok, err := mountinfo.OnStrata(dir)
+	return ok && err == nil
+}

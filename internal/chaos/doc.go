@@ -1,0 +1,34 @@
+// Package chaos drives a real multi-voter Strata cluster through faults
+// while a file-system load runs on its mount, and reports what the load
+// saw: every operation's duration (the longest is the stall a job felt),
+// every error an application would have seen, and whether the files that
+// exist afterwards are exactly those whose creates were acknowledged minus
+// those whose removes were.
+//
+// # Concepts
+//
+// A Cluster is processes of the strata binary on loopback: N metadata
+// voters (`strata meta --listen --data --peers --key-file`), storage
+// servers and one FUSE mount, all given the voters' list with `--meta
+// A,B,C`. It finds the leader through `strata status --json` (its "meta"
+// member), so it uses the cluster the way an administrator's scripts do.
+//
+// A Load runs on the mount: workers that create, stat and remove small
+// files in their own directories, and a writer that appends 1 MiB records
+// and fsyncs each. Every operation is timed.
+//
+// A Schedule is drawn from a seed (printed; the same seed replays it):
+// which fault each trial injects (kill -9 of the leader; in the mixed
+// schedule also of a follower, or SIGSTOP of the leader for a while) and
+// how long the load runs between trials. A trial injects its fault, waits
+// for the group to serve again, restarts what it killed, and waits for the
+// restarted voter to catch up before the next one.
+//
+// # Pitfalls
+//
+// The mount's client must not see any fault as an error: a create the
+// client retried on the new leader with the same (client, seq) answers as
+// the first attempt did. An error seen by the load is therefore a finding,
+// not noise, and its operation's outcome is unknown: the exactly-once check
+// accepts either outcome for it and reports it.
+package chaos
