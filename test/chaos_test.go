@@ -19,7 +19,8 @@ import (
 // fsyncing 1 MiB records, and faults drawn from a seed (kill -9 of the
 // leader and of a follower, SIGSTOP of the leader). The load must see no
 // error, and afterwards the files must be exactly the acknowledged creates
-// minus the acknowledged removes, every fsync'ed record as written.
+// minus the acknowledged removes, every fsync'ed record as written, and
+// the history recorders' segments linearizable and exactly-once.
 // STRATA_CHAOS_SEED replays a schedule.
 func TestChaosFailover(t *testing.T) {
 	testutil.RequireFUSE(t)
@@ -61,15 +62,21 @@ func TestChaosFailover(t *testing.T) {
 			Fault        string  `json:"fault"`
 			StallSeconds float64 `json:"stall_seconds"`
 		} `json:"trials"`
-		Ops        int `json:"ops"`
-		ErrorCount int `json:"error_count"`
-		Check      struct {
+		Ops             int      `json:"ops"`
+		ErrorCount      int      `json:"error_count"`
+		Linearizable    *bool    `json:"linearizable"`
+		HistorySegments int      `json:"history_segments"`
+		HistoryFailures []string `json:"history_failures"`
+		Check           struct {
 			Files   int `json:"files"`
 			Records int `json:"records"`
 		} `json:"check"`
 	}
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatalf("report: %v", err)
+	}
+	if rep.Linearizable == nil || !*rep.Linearizable || rep.HistorySegments == 0 {
+		t.Fatalf("report (seed %d): %d history segments, failures %v", seed, rep.HistorySegments, rep.HistoryFailures)
 	}
 	if len(rep.Trials) != 4 || rep.ErrorCount != 0 || rep.Ops == 0 || rep.Check.Records == 0 {
 		t.Fatalf("report (seed %d): %d trials, %d ops, %d errors, %d records checked; want 4 trials, ops, no errors, records", seed, len(rep.Trials), rep.Ops, rep.ErrorCount, rep.Check.Records)

@@ -21,7 +21,7 @@ func init() {
 		voters, stores, workers, trials               int
 		seed                                          uint64
 		duration, minGap, maxGap, hold                time.Duration
-		keep                                          bool
+		keep, histories                               bool
 	)
 	cmd := &cobra.Command{
 		Use:   "chaos --dir DIR [--trials N | --duration D]",
@@ -33,7 +33,8 @@ faults drawn from --seed: kill -9 of the leader, of a follower, or SIGSTOP of th
 Each trial waits for a new leader, restarts what it killed and waits for it to catch up.
 At the end the load stops and is checked: every error it saw, the longest operation of each
 trial (the stall a job felt), and whether the files that exist are exactly the acknowledged
-creates minus the acknowledged removes, and every fsync'ed record reads back as written.
+creates minus the acknowledged removes, every fsync'ed record reads back as written, and
+(--histories) the recorders' histories are linearizable (porcupine) and exactly-once.
 Exit status 1 when anything was lost, doubled, corrupted, or an operation failed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -92,11 +93,17 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 			if err != nil {
 				return err
 			}
+			var hist *chaos.Histories
+			if histories {
+				if hist, err = chaos.StartHistories(filepath.Join(c.Mount, "history"), int64(seed), 5*time.Second); err != nil {
+					return err
+				}
+			}
 			runCtx := ctx
 			if duration > 0 {
 				trials = 0
 			}
-			rep, err := chaos.Run(runCtx, c, l, chaos.Schedule{Seed: seed, Faults: fs, MinGap: minGap, MaxGap: maxGap, Hold: hold}, trials, os.Stderr)
+			rep, err := chaos.Run(runCtx, c, l, hist, chaos.Schedule{Seed: seed, Faults: fs, MinGap: minGap, MaxGap: maxGap, Hold: hold}, trials, os.Stderr)
 			if jsonPath != "" && rep != nil {
 				b, _ := json.MarshalIndent(rep, "", "  ")
 				if werr := os.WriteFile(jsonPath, append(b, '\n'), 0o644); werr != nil {
@@ -115,6 +122,9 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 			}
 			if n := len(rep.Check.Extra); n > 0 {
 				bad = append(bad, fmt.Sprintf("%d files that should not exist (first: %s)", n, rep.Check.Extra[0]))
+			}
+			if n := len(rep.HistoryFailures); n > 0 {
+				bad = append(bad, fmt.Sprintf("%d history segments failed the checks (first: %s)", n, rep.HistoryFailures[0]))
 			}
 			if n := len(rep.Check.Bad); n > 0 {
 				bad = append(bad, fmt.Sprintf("%d fsync'ed records bad (first: %s)", n, rep.Check.Bad[0]))
@@ -141,6 +151,7 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 	f.DurationVar(&maxGap, "max-gap", 6*time.Second, "longest load time between trials")
 	f.DurationVar(&hold, "hold", 3*time.Second, "how long stop-leader keeps the leader stopped")
 	f.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
+	f.BoolVar(&histories, "histories", true, "also run linearizability recorders on the mount (namespace operations, checked with porcupine in 5 s segments)")
 	f.BoolVar(&keep, "keep", false, "keep --dir (data and logs) at the end")
 	rootCmd.AddCommand(cmd)
 }

@@ -52,20 +52,26 @@ type Trial struct {
 
 // Report is the outcome of Run.
 type Report struct {
-	Seed         uint64   `json:"seed"`
-	Trials       []Trial  `json:"trials"`
-	MedianStall  float64  `json:"median_stall_seconds"`
-	MaxStall     float64  `json:"max_stall_seconds"`
-	Ops          int      `json:"ops"`
-	ErrorsSeen   []string `json:"errors"` // first few, "kind: error"
-	ErrorCount   int      `json:"error_count"`
-	Check        Check    `json:"check"`
-	Linearizable *bool    `json:"linearizable,omitempty"`
+	Seed        uint64   `json:"seed"`
+	Trials      []Trial  `json:"trials"`
+	MedianStall float64  `json:"median_stall_seconds"`
+	MaxStall    float64  `json:"max_stall_seconds"`
+	Ops         int      `json:"ops"`
+	ErrorsSeen  []string `json:"errors"` // first few, "kind: error"
+	ErrorCount  int      `json:"error_count"`
+	Check       Check    `json:"check"`
+	// Linearizable: every history segment checked linearizable and
+	// exactly-once (nil: no histories recorded).
+	Linearizable    *bool    `json:"linearizable,omitempty"`
+	HistorySegments int      `json:"history_segments"`
+	HistoryOps      int      `json:"history_ops"`
+	HistoryFailures []string `json:"history_failures"`
 }
 
 // Run injects trials faults (or, with trials 0, until ctx ends) into c
-// while l runs, then stops l and checks it. Progress goes to out.
-func Run(ctx context.Context, c *Cluster, l *Load, s Schedule, trials int, out io.Writer) (*Report, error) {
+// while l (and h, if not nil) run, then stops them and checks what they
+// recorded. Progress goes to out.
+func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, trials int, out io.Writer) (*Report, error) {
 	rng := rand.New(rand.NewPCG(s.Seed, s.Seed^0x5eed))
 	if len(s.Faults) == 0 {
 		s.Faults = []Fault{KillLeader}
@@ -102,6 +108,13 @@ func Run(ctx context.Context, c *Cluster, l *Load, s Schedule, trials int, out i
 	// Let the last trial's operations finish before stopping the load.
 	time.Sleep(time.Second)
 	l.Stop()
+	if h != nil {
+		rep.HistorySegments, rep.HistoryOps, rep.HistoryFailures = h.Stop()
+		lin := len(rep.HistoryFailures) == 0
+		rep.Linearizable = &lin
+		fmt.Fprintf(out, "chaos: %d history segments, %d operations checked: %s\n", rep.HistorySegments, rep.HistoryOps,
+			map[bool]string{true: "linearizable, exactly-once", false: fmt.Sprintf("%d FAILED", len(rep.HistoryFailures))}[lin])
+	}
 	ops := l.Ops()
 	rep.Ops = len(ops)
 	for _, op := range ops {
