@@ -65,7 +65,18 @@ func (s *Service) registerMembership() {
 // (by Open's goroutine, before anything serves).
 func (s *Service) membershipState() *membership {
 	if s.members == nil {
-		s.members = &membership{s: s}
+		// The counters exist before the leader watch (which may start
+		// before the metrics are registered) can count.
+		s.members = &membership{s: s,
+			changes: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "strata_meta_raft_leader_changes_total",
+				Help: "New metadata leaders this voter saw, by the cause of the change (elected: the first since start; transfer; leader_lost; stepped_down).",
+			}, []string{"cause"}),
+			lastChange: prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "strata_meta_raft_last_leader_change_timestamp_seconds",
+				Help: "When this voter last saw a leader elected or lost (Unix time; 0: none since start).",
+			}),
+		}
 	}
 	return s.members
 }
@@ -88,14 +99,6 @@ func (m *membership) registerMetrics(reg *prometheus.Registry) {
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
-	m.changes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "strata_meta_raft_leader_changes_total",
-		Help: "New metadata leaders this voter saw, by the cause of the change (elected: the first since start; transfer; leader_lost; stepped_down).",
-	}, []string{"cause"})
-	m.lastChange = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "strata_meta_raft_last_leader_change_timestamp_seconds",
-		Help: "When this voter last saw a leader elected or lost (Unix time; 0: none since start).",
-	})
 	reg.MustRegister(m.changes, m.lastChange,
 		gauge("strata_meta_raft_is_leader", "1 when this voter is the metadata leader, else 0.", func() float64 {
 			if s.node.IsLeader() {
