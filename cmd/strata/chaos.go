@@ -86,11 +86,6 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if duration > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, duration)
-				defer cancel()
-			}
 			fmt.Fprintf(os.Stderr, "chaos: starting %d voters, %d stores and a mount under %s\n", voters, stores, dir)
 			c, err := chaos.StartCluster(ctx, chaos.ClusterConfig{Bin: self, Dir: dir, Voters: voters, Stores: stores,
 				MountFlags: []string{"--sync-policy", syncPolicy}, Hosts: hosts, Shaped: shaped})
@@ -114,7 +109,10 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 				}
 			}
 			runCtx := ctx
-			if duration > 0 {
+			if duration > 0 { // counted from here: the start of the cluster is not the soak's
+				var cancel context.CancelFunc
+				runCtx, cancel = context.WithTimeout(ctx, duration)
+				defer cancel()
 				trials = 0
 			}
 			rep, err := chaos.Run(runCtx, c, l, hist, chaos.Schedule{Seed: seed, Faults: fs, MinGap: minGap, MaxGap: maxGap, Hold: hold, Delay: delay}, trials, os.Stderr)
