@@ -34,12 +34,16 @@ func TestChaosFailover(t *testing.T) {
 
 // TestChaosNetworkFaults runs `strata chaos --hosts netns`, bounded: each
 // voter on a network namespace of its own, the stores and the mount on
-// another, and three network faults drawn from partition-leader, one-way
-// and link-down. As for the process faults, the load must see no error,
+// another, and four faults drawn from partition-leader, one-way, link-down
+// and stop-leader. As for the process faults, the load must see no error,
 // the files and records must be exactly as acknowledged and the history
-// segments linearizable and exactly-once (a deposed leader that answered
-// from stale state would fail them). The run must delete its namespaces,
-// and remove at its start those a dead run left (one is planted).
+// segments linearizable and exactly-once; and every deposed leader that
+// still runs must refuse the lookups the probe sends it alone of a file
+// its successor committed (a stale "no such file" fails the run: checked
+// with a build whose leaders answer reads without the lease, caught in 2
+// of 3 stop-leader trials, where the histories stayed linearizable). The
+// run must delete its namespaces, and remove at its start those a dead
+// run left (one is planted).
 func TestChaosNetworkFaults(t *testing.T) {
 	if err := netns.Check(false); err != nil {
 		t.Skip(err)
@@ -56,16 +60,22 @@ func TestChaosNetworkFaults(t *testing.T) {
 	}
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", leftover).Run() })
 	before := chaosNamespaces(t)
-	rep, seed := runChaos(t, "--hosts", "netns", "--trials", "3", "--faults", "partition-leader,one-way,link-down")
-	if len(rep.Trials) != 3 || rep.ErrorCount != 0 || rep.Ops == 0 || rep.Check.Records == 0 {
-		t.Fatalf("report (seed %d): %d trials, %d ops, %d errors, %d records checked; want 3 trials, ops, no errors, records", seed, len(rep.Trials), rep.Ops, rep.ErrorCount, rep.Check.Records)
+	rep, seed := runChaos(t, "--hosts", "netns", "--trials", "4", "--faults", "partition-leader,one-way,link-down,stop-leader")
+	if len(rep.Trials) != 4 || rep.ErrorCount != 0 || rep.Ops == 0 || rep.Check.Records == 0 {
+		t.Fatalf("report (seed %d): %d trials, %d ops, %d errors, %d records checked; want 4 trials, ops, no errors, records", seed, len(rep.Trials), rep.Ops, rep.ErrorCount, rep.Check.Records)
 	}
 	for _, tr := range rep.Trials {
-		if tr.Fault != "partition-leader" && tr.Fault != "one-way" && tr.Fault != "link-down" {
+		switch tr.Fault {
+		case "partition-leader", "one-way", "stop-leader":
+			if tr.NewLeader == tr.Victim {
+				t.Errorf("%s of %s: the leader after it is the victim", tr.Fault, tr.Victim)
+			}
+			if tr.Probe == nil || tr.Probe.Asked == 0 || len(tr.Probe.Stale) > 0 {
+				t.Errorf("%s of %s: probe of the deposed leader %+v", tr.Fault, tr.Victim, tr.Probe)
+			}
+		case "link-down":
+		default:
 			t.Errorf("trial of fault %q", tr.Fault)
-		}
-		if tr.Fault != "link-down" && tr.NewLeader == tr.Victim {
-			t.Errorf("%s of %s: the leader after it is the victim", tr.Fault, tr.Victim)
 		}
 	}
 	after := chaosNamespaces(t)
@@ -99,7 +109,12 @@ type chaosReport struct {
 		Victim       string  `json:"victim"`
 		NewLeader    string  `json:"new_leader"`
 		StallSeconds float64 `json:"stall_seconds"`
+		Probe        *struct {
+			Asked int      `json:"asked"`
+			Stale []string `json:"stale"`
+		} `json:"probe"`
 	} `json:"trials"`
+	StaleReads      []string `json:"stale_reads"`
 	Ops             int      `json:"ops"`
 	ErrorCount      int      `json:"error_count"`
 	Linearizable    *bool    `json:"linearizable"`
@@ -159,6 +174,9 @@ func runChaos(t *testing.T, args ...string) (*chaosReport, uint64) {
 	}
 	if rep.Linearizable == nil || !*rep.Linearizable || rep.HistorySegments == 0 {
 		t.Fatalf("report (seed %d): %d history segments, failures %v", seed, rep.HistorySegments, rep.HistoryFailures)
+	}
+	if len(rep.StaleReads) > 0 {
+		t.Fatalf("report (seed %d): stale reads from deposed leaders: %v", seed, rep.StaleReads)
 	}
 	if len(rep.Check.Lost) > 0 || len(rep.Check.Extra) > 0 || rep.Check.Files == 0 {
 		t.Fatalf("report (seed %d): %d files expected, lost %v, extra %v", seed, rep.Check.Files, rep.Check.Lost, rep.Check.Extra)

@@ -41,8 +41,10 @@ up. The namespaces are deleted at the end, and a dead run's are removed at the n
 At the end the load stops and is checked: every error it saw, the longest operation of each
 trial (the stall a job felt), and whether the files that exist are exactly the acknowledged
 creates minus the acknowledged removes, every fsync'ed record reads back as written, and
-(--histories) the recorders' histories are linearizable (porcupine) and exactly-once.
-Exit status 1 when anything was lost, doubled, corrupted, or an operation failed.`,
+(--histories) the recorders' histories are linearizable (porcupine) and exactly-once; and a
+deposed leader that still runs (stop-leader, partition-leader, one-way), asked directly for a
+file its successor created, must refuse rather than answer from its stale state.
+Exit status 1 when anything was lost, doubled, corrupted, read stale, or an operation failed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dir == "" {
@@ -137,6 +139,12 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 			}
 			if n := len(rep.HistoryFailures); n > 0 {
 				bad = append(bad, fmt.Sprintf("%d history segments failed the checks (first: %s)", n, rep.HistoryFailures[0]))
+			}
+			if n := len(rep.StaleReads); n > 0 {
+				bad = append(bad, fmt.Sprintf("%d stale reads from a deposed leader (first: %s)", n, rep.StaleReads[0]))
+			}
+			if n := len(rep.ProbeErrors); n > 0 {
+				bad = append(bad, fmt.Sprintf("%d deposed-leader probes could not run (first: %s)", n, rep.ProbeErrors[0]))
 			}
 			if n := len(rep.Check.Bad); n > 0 {
 				bad = append(bad, fmt.Sprintf("%d fsync'ed records bad (first: %s)", n, rep.Check.Bad[0]))

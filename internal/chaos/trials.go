@@ -83,7 +83,10 @@ type Trial struct {
 	StallSeconds float64 `json:"stall_seconds"`
 	Ops          int     `json:"ops"`
 	Errors       int     `json:"errors"`
-	end          time.Duration
+	// Probe: what the deposed leader answered lookups sent to it alone
+	// (probe.go); nil for the faults that kill it or do not depose it.
+	Probe *Probe `json:"probe,omitempty"`
+	end   time.Duration
 }
 
 // Report is the outcome of Run.
@@ -104,6 +107,10 @@ type Report struct {
 	HistoryFailures []string `json:"history_failures"`
 	// ByFault: the stall figures of each kind of fault injected.
 	ByFault map[Fault]Stalls `json:"by_fault"`
+	// StaleReads: answers of a deposed leader from its stale state, and
+	// ProbeErrors: probes that could not run (their marker's create failed).
+	StaleReads  []string `json:"stale_reads"`
+	ProbeErrors []string `json:"probe_errors"`
 }
 
 // Stalls summarizes the trials of one kind of fault.
@@ -149,7 +156,12 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 			return nil, fmt.Errorf("fault %s needs hosts in network namespaces (--hosts %s)", f, Netns)
 		}
 	}
-	rep := &Report{Seed: s.Seed}
+	rep := &Report{Seed: s.Seed, StaleReads: []string{}, ProbeErrors: []string{}}
+	p, err := newProber(c)
+	if err != nil {
+		return nil, err
+	}
+	defer p.close()
 	fmt.Fprintf(out, "chaos: seed %d (replay with --seed %d)\n", s.Seed, s.Seed)
 	var runErr error
 	for n := 1; trials == 0 || n <= trials; n++ {
@@ -164,13 +176,21 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		fault := s.Faults[rng.IntN(len(s.Faults))]
 		// A trial runs to its end even when ctx ends meanwhile (its
 		// waits are bounded): a voter is never left killed or stopped.
-		t, err := c.inject(context.WithoutCancel(ctx), l, rng, n, fault, s)
+		t, err := c.inject(context.WithoutCancel(ctx), l, p, rng, n, fault, s)
 		if err != nil {
 			runErr = fmt.Errorf("trial %d (%s): %w", n, fault, err)
 			break
 		}
 		rep.Trials = append(rep.Trials, *t)
 		fmt.Fprintf(out, "chaos: trial %d: %s%s of %s at %.1fs; leader %s after %.2fs\n", n, fault, detail(t.Detail), t.Victim, t.AtSec, t.Leader, t.Elected)
+		if t.Probe != nil {
+			rep.StaleReads = append(rep.StaleReads, t.Probe.Stale...)
+			if t.Probe.Error != "" {
+				rep.ProbeErrors = append(rep.ProbeErrors, fmt.Sprintf("trial %d: %s", n, t.Probe.Error))
+			}
+			fmt.Fprintf(out, "chaos: trial %d: probe of the deposed leader: %d asked, %d refused, %d found, %d unanswered, %d stale\n",
+				n, t.Probe.Asked, t.Probe.Refused, t.Probe.Found, t.Probe.NoAnswer, len(t.Probe.Stale))
+		}
 	}
 	// Let the last trial's operations finish before stopping the load.
 	time.Sleep(time.Second)
@@ -251,7 +271,7 @@ func detail(d string) string {
 }
 
 // inject runs one trial: the fault, the wait for a leader, the repair.
-func (c *Cluster) inject(ctx context.Context, l *Load, rng *rand.Rand, n int, fault Fault, s Schedule) (*Trial, error) {
+func (c *Cluster) inject(ctx context.Context, l *Load, p *prober, rng *rand.Rand, n int, fault Fault, s Schedule) (*Trial, error) {
 	leader, err := c.WaitLeader(ctx, 30*time.Second)
 	if err != nil {
 		return nil, err
@@ -272,6 +292,10 @@ func (c *Cluster) inject(ctx context.Context, l *Load, rng *rand.Rand, n int, fa
 	i := c.VoterIndex(victim)
 	if i < 0 {
 		return nil, fmt.Errorf("status names leader %q, not one of %v", victim, c.MetaAddrs)
+	}
+	probing := fault.deposes() && fault != KillLeader
+	if probing {
+		p.lookup(victim, "chaos-probe-warm", 2*time.Second) // its connection, made before the fault
 	}
 	t := &Trial{N: n, Fault: fault, Victim: victim, At: l.Now()}
 	t.AtSec = t.At.Seconds()
@@ -324,7 +348,11 @@ func (c *Cluster) inject(ctx context.Context, l *Load, rng *rand.Rand, n int, fa
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if undo != nil {
+	if probing {
+		if t.Probe, err = p.probeDeposed(n, victim, start, s.Hold, l.Now, undo); err != nil {
+			return t, err
+		}
+	} else if undo != nil {
 		if rest := s.Hold - time.Since(start); rest > 0 {
 			time.Sleep(rest)
 		}
