@@ -42,7 +42,7 @@ At the end the load stops and is checked: every error it saw, the longest operat
 trial (the stall a job felt), and whether the files that exist are exactly the acknowledged
 creates minus the acknowledged removes, every fsync'ed record reads back as written, and
 (--histories) the recorders' histories are linearizable (porcupine) and exactly-once; and a
-deposed leader that still runs (stop-leader, partition-leader, one-way), asked directly for a
+deposed leader that still runs (stop-leader, partition-leader, one-way, delay), asked directly for a
 file its successor created, must refuse rather than answer from its stale state.
 Exit status 1 when anything was lost, doubled, corrupted, read stale, or an operation failed.`,
 		Args: cobra.NoArgs,

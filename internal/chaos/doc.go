@@ -36,12 +36,12 @@
 // load's own.
 //
 // The deposed-leader probe (probe.go): for a fault that deposes a leader
-// that still runs (stop-leader, partition-leader, one-way), once a new
-// leader is named a file is created through the mount, and the victim
-// alone is asked to look it up, during the fault and for 2 s after it is
-// undone; "no such file" is a stale read (Report.StaleReads). The load and
-// the histories cannot see this: the mount follows the leader, so it
-// hardly ever asks a deposed one.
+// that still runs (stop-leader, partition-leader, one-way; and delay, which
+// may depose it), once a leader is named a file is created through the
+// mount, and the victim alone is asked to look it up, during the fault and
+// for 2 s after it is undone; "no such file" is a stale read
+// (Report.StaleReads). The load and the histories cannot see this: the
+// mount follows the leader, so it hardly ever asks a deposed one.
 //
 // Cleanup: Stop deletes the namespaces (and with them the nftables rules
 // of the packet faults); a run that dies without it (kill -9) leaves them

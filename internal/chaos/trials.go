@@ -293,7 +293,10 @@ func (c *Cluster) inject(ctx context.Context, l *Load, p *prober, rng *rand.Rand
 	if i < 0 {
 		return nil, fmt.Errorf("status names leader %q, not one of %v", victim, c.MetaAddrs)
 	}
-	probing := fault.deposes() && fault != KillLeader
+	// The probe (probe.go) for the faults that depose a leader that keeps
+	// running, and for a delay, which may depose it (if not, the victim
+	// answers with the file: as correct as a refusal).
+	probing := fault.deposes() && fault != KillLeader || fault == Delay
 	if probing {
 		p.lookup(victim, "chaos-probe-warm", 2*time.Second) // its connection, made before the fault
 	}
