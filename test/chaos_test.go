@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,6 +86,27 @@ func TestChaosNetworkFaults(t *testing.T) {
 	for _, ns := range after {
 		if !slices.Contains(before, ns) {
 			t.Errorf("namespace %s left by the run", ns)
+		}
+	}
+}
+
+// TestChaosNetworkFaultsNeedHosts: a network fault without --hosts netns,
+// or an unknown --hosts, is a usage error (exit status 2) naming the
+// problem, before anything starts.
+func TestChaosNetworkFaultsNeedHosts(t *testing.T) {
+	bin := testutil.Binary(t)
+	for _, c := range []struct{ args, want string }{
+		{"--faults kill-leader,one-way", "one-way needs --hosts netns"},
+		{"--faults partition-leader --hosts loopback", "partition-leader needs --hosts netns"},
+		{"--hosts lan", `--hosts "lan"`},
+		{"--faults drop-all --hosts netns", `unknown fault "drop-all"`},
+	} {
+		dir := t.TempDir()
+		args := append([]string{"chaos", "--dir", dir, "--trials", "1"}, strings.Fields(c.args)...)
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), c.want) {
+			t.Errorf("strata %s: %v, %s; want exit status 2 and %q", strings.Join(args, " "), err, out, c.want)
 		}
 	}
 }
