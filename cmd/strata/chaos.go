@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -17,25 +18,33 @@ import (
 
 func init() {
 	var (
-		dir, faults, jsonPath, recordSize, syncPolicy string
-		voters, stores, workers, trials               int
-		seed                                          uint64
-		duration, minGap, maxGap, hold                time.Duration
-		keep, histories                               bool
+		dir, faults, jsonPath, recordSize, syncPolicy, hosts string
+		voters, stores, workers, trials                      int
+		seed                                                 uint64
+		duration, minGap, maxGap, hold, delay                time.Duration
+		keep, histories                                      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "chaos --dir DIR [--trials N | --duration D]",
 		Short: "Run a multi-voter cluster under load and inject faults; report stalls, errors and lost or doubled files",
-		Long: `Start a cluster of real processes on loopback (--voters metadata voters, --stores
+		Long: `Start a cluster of real processes on loopback or --hosts netns (--voters metadata voters, --stores
 storage servers, one FUSE mount), run a load on the mount (--workers creating, stat'ing and
 removing files, and a writer appending --record-size records with an fsync each), and inject
 faults drawn from --seed: kill -9 of the leader, of a follower, or SIGSTOP of the leader.
-Each trial waits for a new leader, restarts what it killed and waits for it to catch up.
+With --hosts netns each voter runs on a host of its own (a network namespace; the stores
+and the mount on one more), and the network faults can be drawn too: partition-leader
+(the leader's link down, both directions), one-way (what the leader sends to the other
+voters is dropped, or what they send to it), link-down of a follower, delay of what the
+leader sends (--delay). Each fault lasts --hold (kills: until a new leader is named); each
+trial waits for a leader, restarts or heals what it broke and waits for the victim to catch
+up. The namespaces are deleted at the end, and a dead run's are removed at the next start.
 At the end the load stops and is checked: every error it saw, the longest operation of each
 trial (the stall a job felt), and whether the files that exist are exactly the acknowledged
 creates minus the acknowledged removes, every fsync'ed record reads back as written, and
-(--histories) the recorders' histories are linearizable (porcupine) and exactly-once.
-Exit status 1 when anything was lost, doubled, corrupted, or an operation failed.`,
+(--histories) the recorders' histories are linearizable (porcupine) and exactly-once; and a
+deposed leader that still runs (stop-leader, partition-leader, one-way, delay), asked directly for a
+file its successor created, must refuse rather than answer from its stale state.
+Exit status 1 when anything was lost, doubled, corrupted, read stale, or an operation failed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dir == "" {
@@ -48,14 +57,21 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 			if err != nil {
 				return usagef("chaos: --record-size %q: %v", recordSize, err)
 			}
+			if hosts != chaos.Loopback && hosts != chaos.Netns {
+				return usagef("chaos: --hosts %q: want %s or %s", hosts, chaos.Loopback, chaos.Netns)
+			}
 			var fs []chaos.Fault
+			shaped := false
 			for _, f := range strings.Split(faults, ",") {
-				switch ft := chaos.Fault(strings.TrimSpace(f)); ft {
-				case chaos.KillLeader, chaos.KillFollower, chaos.StopLeader:
-					fs = append(fs, ft)
-				default:
-					return usagef("chaos: --faults: unknown fault %q (want kill-leader, kill-follower, stop-leader)", f)
+				ft := chaos.Fault(strings.TrimSpace(f))
+				if !slices.Contains(chaos.Faults, ft) {
+					return usagef("chaos: --faults: unknown fault %q (want %s)", f, faultNames())
 				}
+				if ft.OnNetwork() && hosts != chaos.Netns {
+					return usagef("chaos: --faults: %s needs --hosts %s", ft, chaos.Netns)
+				}
+				shaped = shaped || ft == chaos.Delay
+				fs = append(fs, ft)
 			}
 			if seed == 0 {
 				seed = uint64(time.Now().UnixNano())
@@ -72,14 +88,9 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if duration > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, duration)
-				defer cancel()
-			}
 			fmt.Fprintf(os.Stderr, "chaos: starting %d voters, %d stores and a mount under %s\n", voters, stores, dir)
 			c, err := chaos.StartCluster(ctx, chaos.ClusterConfig{Bin: self, Dir: dir, Voters: voters, Stores: stores,
-				MountFlags: []string{"--sync-policy", syncPolicy}})
+				MountFlags: []string{"--sync-policy", syncPolicy}, Hosts: hosts, Shaped: shaped})
 			if err != nil {
 				return err
 			}
@@ -100,10 +111,13 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 				}
 			}
 			runCtx := ctx
-			if duration > 0 {
+			if duration > 0 { // counted from here: the start of the cluster is not the soak's
+				var cancel context.CancelFunc
+				runCtx, cancel = context.WithTimeout(ctx, duration)
+				defer cancel()
 				trials = 0
 			}
-			rep, err := chaos.Run(runCtx, c, l, hist, chaos.Schedule{Seed: seed, Faults: fs, MinGap: minGap, MaxGap: maxGap, Hold: hold}, trials, os.Stderr)
+			rep, err := chaos.Run(runCtx, c, l, hist, chaos.Schedule{Seed: seed, Faults: fs, MinGap: minGap, MaxGap: maxGap, Hold: hold, Delay: delay}, trials, os.Stderr)
 			if jsonPath != "" && rep != nil {
 				b, _ := json.MarshalIndent(rep, "", "  ")
 				if werr := os.WriteFile(jsonPath, append(b, '\n'), 0o644); werr != nil {
@@ -126,6 +140,12 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 			if n := len(rep.HistoryFailures); n > 0 {
 				bad = append(bad, fmt.Sprintf("%d history segments failed the checks (first: %s)", n, rep.HistoryFailures[0]))
 			}
+			if n := len(rep.StaleReads); n > 0 {
+				bad = append(bad, fmt.Sprintf("%d stale reads from a deposed leader (first: %s)", n, rep.StaleReads[0]))
+			}
+			if n := len(rep.ProbeErrors); n > 0 {
+				bad = append(bad, fmt.Sprintf("%d deposed-leader probes could not run (first: %s)", n, rep.ProbeErrors[0]))
+			}
 			if n := len(rep.Check.Bad); n > 0 {
 				bad = append(bad, fmt.Sprintf("%d fsync'ed records bad (first: %s)", n, rep.Check.Bad[0]))
 			}
@@ -146,12 +166,23 @@ Exit status 1 when anything was lost, doubled, corrupted, or an operation failed
 	f.IntVar(&trials, "trials", 0, "number of faults to inject")
 	f.DurationVar(&duration, "duration", 0, "inject faults until this much time has passed (the soak; instead of --trials)")
 	f.Uint64Var(&seed, "seed", 0, "seed of the fault schedule (default: from the clock; printed, and replays the schedule)")
-	f.StringVar(&faults, "faults", string(chaos.KillLeader), "faults to draw from: kill-leader, kill-follower, stop-leader (comma-separated)")
+	f.StringVar(&faults, "faults", string(chaos.KillLeader), "faults to draw from: "+faultNames()+" (comma-separated; the last four need --hosts netns)")
+	f.StringVar(&hosts, "hosts", chaos.Loopback, "where the processes run: loopback, or netns (each voter in a network namespace of its own, the stores and the mount in another)")
+	f.DurationVar(&delay, "delay", 300*time.Millisecond, "what the delay fault adds to each packet the leader's host sends")
 	f.DurationVar(&minGap, "min-gap", 3*time.Second, "shortest load time between trials")
 	f.DurationVar(&maxGap, "max-gap", 6*time.Second, "longest load time between trials")
-	f.DurationVar(&hold, "hold", 3*time.Second, "how long stop-leader keeps the leader stopped")
+	f.DurationVar(&hold, "hold", 3*time.Second, "how long stop-leader keeps the leader stopped, and a partition, a link down or a delay lasts")
 	f.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
 	f.BoolVar(&histories, "histories", true, "also run linearizability recorders on the mount (namespace operations, checked with porcupine in 5 s segments)")
 	f.BoolVar(&keep, "keep", false, "keep --dir (data and logs) at the end")
 	rootCmd.AddCommand(cmd)
+}
+
+// faultNames lists the faults for the help and the errors.
+func faultNames() string {
+	var names []string
+	for _, f := range chaos.Faults {
+		names = append(names, string(f))
+	}
+	return strings.Join(names, ", ")
 }

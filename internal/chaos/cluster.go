@@ -20,6 +20,7 @@ import (
 
 	"github.com/stratafs/strata/internal/admin"
 	"github.com/stratafs/strata/internal/mountinfo"
+	"github.com/stratafs/strata/internal/netns"
 )
 
 // ClusterConfig says what to start.
@@ -33,15 +34,22 @@ type ClusterConfig struct {
 	Voters, Stores int
 	// MountFlags are extra flags of `strata mount` (e.g. --sync-policy).
 	MountFlags []string
-	Log        *slog.Logger
+	// Hosts says where the processes run: Loopback (default) or Netns.
+	Hosts string
+	// Shaped: the Netns hosts' links are forwarded by this process, so
+	// that the delay fault works on kernels without netem.
+	Shaped bool
+	Log    *slog.Logger
 }
 
-// Cluster is a running set of strata processes on loopback.
+// Cluster is a running set of strata processes on loopback or on hosts
+// that are network namespaces.
 type Cluster struct {
 	cfg       ClusterConfig
 	keyFile   string
 	MetaAddrs []string
 	Mount     string
+	hosts     *hosts // nil on loopback
 
 	mu     sync.Mutex
 	voters []*proc // by index; nil while stopped
@@ -59,13 +67,18 @@ type proc struct {
 	log  *os.File
 }
 
-func (c *Cluster) start(name string, argv ...string) (*proc, error) {
+// start runs the binary with argv on host h (nil: in this process's
+// network namespace).
+func (c *Cluster) start(name string, h *netns.Host, argv ...string) (*proc, error) {
 	lf, err := os.OpenFile(filepath.Join(c.cfg.Dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("log of %s: %w", name, err)
 	}
 	fmt.Fprintf(lf, "=== %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), strings.Join(argv, " "))
 	cmd := exec.Command(c.cfg.Bin, argv...)
+	if h != nil {
+		cmd = h.Command(context.Background(), c.cfg.Bin, argv...)
+	}
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -153,6 +166,12 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (c *Cluster, err error
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	if cfg.Hosts == "" {
+		cfg.Hosts = Loopback
+	}
+	if cfg.Hosts != Loopback && cfg.Hosts != Netns {
+		return nil, fmt.Errorf("hosts %q: want %s or %s", cfg.Hosts, Loopback, Netns)
+	}
 	c = &Cluster{cfg: cfg, Mount: filepath.Join(cfg.Dir, "mnt")}
 	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "logs"), c.Mount} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -170,8 +189,27 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (c *Cluster, err error
 	if err := os.WriteFile(c.keyFile, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
 		return nil, err
 	}
-	if c.MetaAddrs, err = freePorts(cfg.Voters); err != nil {
-		return nil, err
+	var storeAddrs []string
+	if cfg.Hosts == Netns {
+		if err := RemoveLeftovers(cfg.Log); err != nil {
+			return nil, err
+		}
+		if c.hosts, err = newHosts(cfg.Voters, cfg.Shaped); err != nil {
+			return nil, err
+		}
+		for _, h := range c.hosts.voters {
+			c.MetaAddrs = append(c.MetaAddrs, h.Addr+":7400")
+		}
+		for i := range cfg.Stores {
+			storeAddrs = append(storeAddrs, fmt.Sprintf("%s:%d", c.hosts.client.Addr, 7500+i))
+		}
+	} else {
+		if c.MetaAddrs, err = freePorts(cfg.Voters); err != nil {
+			return nil, err
+		}
+		if storeAddrs, err = freePorts(cfg.Stores); err != nil {
+			return nil, err
+		}
 	}
 	c.voters = make([]*proc, cfg.Voters)
 	for i := range cfg.Voters {
@@ -182,16 +220,12 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (c *Cluster, err error
 	if _, err := c.WaitLeader(ctx, 60*time.Second); err != nil {
 		return nil, err
 	}
-	storeAddrs, err := freePorts(cfg.Stores)
-	if err != nil {
-		return nil, err
-	}
 	for i, a := range storeAddrs {
 		t := filepath.Join(cfg.Dir, fmt.Sprintf("store-%d", i+1), "t0")
 		if err := os.MkdirAll(t, 0o755); err != nil {
 			return nil, err
 		}
-		p, err := c.start(fmt.Sprintf("store-%d", i+1), "store", "--meta", c.metaList(), "--listen", a,
+		p, err := c.start(fmt.Sprintf("store-%d", i+1), c.clientHost(), "store", "--meta", c.metaList(), "--listen", a,
 			"--target", t, "--key-file", c.keyFile)
 		if err != nil {
 			return nil, err
@@ -199,7 +233,7 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (c *Cluster, err error
 		c.stores = append(c.stores, p)
 	}
 	argv := append([]string{"mount", "--meta", c.metaList(), "--key-file", c.keyFile}, cfg.MountFlags...)
-	if c.mount, err = c.start("mount", append(argv, c.Mount)...); err != nil {
+	if c.mount, err = c.start("mount", c.clientHost(), append(argv, c.Mount)...); err != nil {
 		return nil, err
 	}
 	deadline := time.Now().Add(60 * time.Second)
@@ -225,6 +259,23 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (c *Cluster, err error
 
 func (c *Cluster) metaList() string { return strings.Join(c.MetaAddrs, ",") }
 
+// clientHost is where the stores, the mount and `strata status` run (nil:
+// this process's namespace).
+func (c *Cluster) clientHost() *netns.Host {
+	if c.hosts == nil {
+		return nil
+	}
+	return c.hosts.client
+}
+
+// voterHost is voter i's host (nil: this process's namespace).
+func (c *Cluster) voterHost(i int) *netns.Host {
+	if c.hosts == nil {
+		return nil
+	}
+	return c.hosts.voters[i]
+}
+
 // VoterArgs is voter i's command line (after the binary).
 func (c *Cluster) VoterArgs(i int) []string {
 	return []string{"meta", "--listen", c.MetaAddrs[i], "--data", filepath.Join(c.cfg.Dir, fmt.Sprintf("meta-%d", i+1)),
@@ -238,7 +289,7 @@ func (c *Cluster) StartVoter(i int) error {
 	if p := c.voters[i]; p != nil && !p.exited() {
 		return fmt.Errorf("voter %s is running", c.MetaAddrs[i])
 	}
-	p, err := c.start(fmt.Sprintf("meta-%d", i+1), c.VoterArgs(i)...)
+	p, err := c.start(fmt.Sprintf("meta-%d", i+1), c.voterHost(i), c.VoterArgs(i)...)
 	if err != nil {
 		return err
 	}
@@ -282,7 +333,11 @@ func liveTargets(st *admin.Status) int {
 func (c *Cluster) Status(ctx context.Context) (*admin.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, c.cfg.Bin, "status", "--json", "--meta", c.metaList(), "--key-file", c.keyFile)
+	args := []string{"status", "--json", "--meta", c.metaList(), "--key-file", c.keyFile}
+	cmd := exec.CommandContext(ctx, c.cfg.Bin, args...)
+	if h := c.clientHost(); h != nil {
+		cmd = h.Command(ctx, c.cfg.Bin, args...)
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
@@ -348,7 +403,8 @@ func (c *Cluster) WaitCaughtUp(ctx context.Context, addr string, lag uint64, d t
 }
 
 // Stop ends the mount, the stores and the voters (SIGTERM, then SIGKILL),
-// and detaches the mount point if the mount left it behind.
+// detaches the mount point if the mount left it behind, and deletes the
+// hosts' namespaces (with their packet-fault rules).
 func (c *Cluster) Stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -361,6 +417,12 @@ func (c *Cluster) Stop() {
 	}
 	for _, p := range c.voters {
 		p.stop(30 * time.Second)
+	}
+	if c.hosts != nil {
+		if err := c.hosts.net.Close(); err != nil {
+			c.cfg.Log.Warn("chaos: delete the hosts' namespaces", "err", err)
+		}
+		c.hosts = nil
 	}
 }
 

@@ -7,11 +7,14 @@
 //
 // # Concepts
 //
-// A Cluster is processes of the strata binary on loopback: N metadata
-// voters (`strata meta --listen --data --peers --key-file`), storage
-// servers and one FUSE mount, all given the voters' list with `--meta
-// A,B,C`. It finds the leader through `strata status --json` (its "meta"
-// member), so it uses the cluster the way an administrator's scripts do.
+// A Cluster is processes of the strata binary: N metadata voters (`strata
+// meta --listen --data --peers --key-file`), storage servers and one FUSE
+// mount, all given the voters' list with `--meta A,B,C`. It finds the
+// leader through `strata status --json` (its "meta" member), so it uses
+// the cluster the way an administrator's scripts do. The processes run on
+// loopback, or (Hosts: Netns, hosts.go) each voter on a host of its own —
+// a network namespace of package netns — and the stores, the mount and
+// every `strata status` on one more, so that a voter's links can be cut.
 //
 // A Load runs on the mount: workers that create, stat and remove small
 // files in their own directories, and a writer that appends 1 MiB records
@@ -19,10 +22,31 @@
 //
 // A Schedule is drawn from a seed (printed; the same seed replays it):
 // which fault each trial injects (kill -9 of the leader; in the mixed
-// schedule also of a follower, or SIGSTOP of the leader for a while) and
-// how long the load runs between trials. A trial injects its fault, waits
-// for the group to serve again, restarts what it killed, and waits for the
-// restarted voter to catch up before the next one.
+// schedule also of a follower, or SIGSTOP of the leader for a while; on
+// netns hosts also the network faults: the leader's link down, a one-way
+// drop between the leader and the other voters in a direction drawn, a
+// follower's link down, a delay on what the leader sends) and how long the
+// load runs between trials. A trial injects its fault, waits for the group
+// to name a leader (other than the victim, for the faults that must depose
+// it), undoes the fault after Schedule.Hold or restarts what it killed,
+// and waits for the victim to catch up before the next one. A trial's
+// new_leader_seconds is until a `strata status` that named the leader
+// returned: with a voter unreachable that includes the status's own dial
+// bound (3 s), so it overstates the election; the stall figures are the
+// load's own.
+//
+// The deposed-leader probe (probe.go): for a fault that deposes a leader
+// that still runs (stop-leader, partition-leader, one-way; and delay, which
+// may depose it), once a leader is named a file is created through the
+// mount, and the victim alone is asked to look it up, during the fault and
+// for 2 s after it is undone; "no such file" is a stale read
+// (Report.StaleReads). The load and the histories cannot see this: the
+// mount follows the leader, so it hardly ever asks a deposed one.
+//
+// Cleanup: Stop deletes the namespaces (and with them the nftables rules
+// of the packet faults); a run that dies without it (kill -9) leaves them
+// named strata-chaos-PID-…, and the next netns run removes them, the
+// processes in them and the mount one served (RemoveLeftovers).
 //
 // # Pitfalls
 //

@@ -6,8 +6,9 @@
 //     StartProc/Proc (one real process, its log in a file; Kill is kill -9,
 //     Stop is SIGTERM then kill), ProcCluster (a metadata service, storage
 //     servers and mounts, each a process), WaitFor (bounded polling).
-//   - netns.go: NewNet makes hosts as network namespaces joined by a bridge
-//     in a namespace of its own, addresses NetSubnet.1, .2, … (nothing is
+//   - netns.go: NewNet (package netns wrapped for tests) makes hosts as
+//     network namespaces joined by a bridge in a namespace of its own,
+//     addresses NetSubnet.1, .2, … (nothing is
 //     added to the machine's own namespace); Host.Start runs a daemon on a
 //     host, Host.Do/Dial/Listen give the test process sockets on it.
 //     Faults: Proc.Pause/Resume (SIGSTOP/SIGCONT: a hung process whose
@@ -16,8 +17,8 @@
 //     be installed: RequireNft), Host.Delay, Net.Heal (undoes the packet
 //     faults). Delay needs tc netem on a NewNet (ErrNoNetem where the kernel
 //     lacks it, as on this project's machines); NewShapedNet's links are
-//     TAP device pairs whose frames the test process forwards (taplink.go),
-//     and delay there works on any kernel.
+//     TAP device pairs whose frames the test process forwards, and delay
+//     there works on any kernel.
 //   - faultfs.go: MountFaultFS mounts a disk that fails on demand (the
 //     hidden `strata faultfs`, package internal/faultfs) for a daemon's
 //     data directory; FaultFS.SetMode switches it between ok, eio-write,
