@@ -31,6 +31,10 @@ func (s streamLayer) Dial(a raft.ServerAddress, timeout time.Duration) (net.Conn
 // the raft configuration it has stored.
 var ErrPeersMismatch = errors.New("consensus: peers differ from the stored raft configuration")
 
+// ErrRemoved: the stored raft configuration no longer holds this voter (it
+// comes with ErrPeersMismatch).
+var ErrRemoved = errors.New("this voter was removed from the group")
+
 // storedVoters returns the voter addresses of the newest configuration in
 // the log (or else in the newest snapshot): what the node will start with.
 func (n *Node) storedVoters() ([]string, error) {
@@ -77,6 +81,10 @@ func (n *Node) checkPeers() error {
 		want = append(want, p.Addr)
 	}
 	slices.Sort(want)
+	if self := string(n.trans.LocalAddr()); len(stored) > 0 && !slices.Contains(stored, self) && !slices.Equal(stored, want) {
+		return fmt.Errorf("%w: %w (%s): its raft configuration (in %s) lists the voters %s without it, and it was started with %s; it stays out: to make it a voter again, start it on an empty data directory and run strata meta add-voter %s on the group",
+			ErrPeersMismatch, ErrRemoved, self, n.cfg.Dir, strings.Join(stored, ","), strings.Join(want, ","), self)
+	}
 	if !slices.Equal(stored, want) {
 		return fmt.Errorf("%w: this voter's raft configuration (in %s) lists the voters %s, but it was started with %s: start it with the stored list, or change the membership online (strata meta add-voter/remove-voter)",
 			ErrPeersMismatch, n.cfg.Dir, strings.Join(stored, ","), strings.Join(want, ","))

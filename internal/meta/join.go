@@ -55,18 +55,18 @@ type probeAnswer struct {
 }
 
 // startJoin bootstraps or waits to be added (see above) when this voter
-// has no raft state. Open calls it once the raft node runs.
+// has no raft state; with state, it watches for having been removed
+// (watchRemoved). Open calls it once the raft node runs.
 func (s *Service) startJoin() {
 	if s.node.HasState() {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.watchRemoved()
+		}()
 		return
 	}
-	var others []string
-	for _, p := range s.cfg.Peers {
-		if p != s.cfg.ListenAddr {
-			others = append(others, p)
-		}
-	}
-	if len(others) == 0 {
+	if len(s.cfg.Peers) == 1 {
 		if err := s.node.BootstrapPeers(); err != nil && !errors.Is(err, consensus.ErrHasState) {
 			s.log.Error("bootstrap the metadata group", "err", err)
 		}
@@ -75,23 +75,15 @@ func (s *Service) startJoin() {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		s.joinLoop(others)
+		s.joinLoop()
 	}()
 }
 
 // joinLoop asks the other voters until this voter bootstraps a fresh
 // group or has state (a leader replicated to it), or until Close.
-func (s *Service) joinLoop(others []string) {
-	clients := make([]*transport.Client, len(others))
-	m := s.membershipState()
-	for i, a := range others {
-		clients[i] = m.infoClient(a)
-	}
-	defer func() {
-		for _, c := range clients {
-			c.Close()
-		}
-	}()
+func (s *Service) joinLoop() {
+	others, clients := s.otherVoters()
+	defer closeAll(clients)
 	seenGroup, toldWait := false, false
 	for {
 		if s.node.HasState() {
@@ -144,10 +136,7 @@ func (s *Service) joinLoop(others []string) {
 // answered for, and what the administrator does about it.
 func (s *Service) logWaitForGroup(g *probeAnswer) {
 	self := s.cfg.ListenAddr
-	member := slices.ContainsFunc(g.info.Voters, func(v rpc.VoterInfo) bool {
-		return v.Addr == self || v.ID == self || v.RaftAddr == self
-	})
-	if member {
+	if s.inVoters(g.info.Voters) {
 		s.log.Info("this voter is in the metadata group's configuration but has no raft state (a new or wiped data dir): waiting for the leader to bring it up to date",
 			"peer", g.addr, "leader", g.info.Leader, "voters", names(g.info.Voters))
 		return
@@ -179,4 +168,92 @@ func (s *Service) probeVoters(others []string, clients []*transport.Client) []pr
 	}
 	wg.Wait()
 	return out
+}
+
+// A removed voter. `strata meta remove-voter` takes a voter out of the
+// configuration; the voter may not have received that configuration (it
+// was away, or the leader stopped replicating to it first). Restarted, it
+// refuses when its --peers differ from its stored configuration, or it
+// starts and stays passive: the voters reject its vote requests (and
+// raft's pre-vote keeps its term from rising), because it is not in their
+// configuration. Either way the other voters' answers say why, and the
+// voter says it.
+
+// removedFrom asks the other voters whether one of them follows a leader
+// in a configuration without this voter, and returns that answer (nil:
+// none says so).
+func (s *Service) removedFrom(clients []*transport.Client, others []string) *probeAnswer {
+	for _, a := range s.probeVoters(others, clients) {
+		if a.state == peerHasGroup && a.info.Leader != "" && len(a.info.Voters) > 0 && !s.inVoters(a.info.Voters) {
+			return &a
+		}
+	}
+	return nil
+}
+
+// inVoters reports whether this voter is in vs.
+func (s *Service) inVoters(vs []rpc.VoterInfo) bool {
+	self := s.cfg.ListenAddr
+	return slices.ContainsFunc(vs, func(v rpc.VoterInfo) bool {
+		return v.Addr == self || v.ID == self || v.RaftAddr == self
+	})
+}
+
+// otherVoters is s.cfg.Peers without this voter, and an info client for
+// each (the caller closes them).
+func (s *Service) otherVoters() ([]string, []*transport.Client) {
+	var others []string
+	var clients []*transport.Client
+	m := s.membershipState()
+	for _, p := range s.cfg.Peers {
+		if p != s.cfg.ListenAddr {
+			others = append(others, p)
+			clients = append(clients, m.infoClient(p))
+		}
+	}
+	return others, clients
+}
+
+// whyRefused adds to a refusal to start because --peers differ from the
+// stored configuration what the other voters say: that this voter was
+// removed from the group, when it was.
+func (s *Service) whyRefused(err error) error {
+	if len(s.cfg.Peers) == 0 || !errors.Is(err, consensus.ErrPeersMismatch) || errors.Is(err, consensus.ErrRemoved) {
+		return err
+	}
+	others, clients := s.otherVoters()
+	defer closeAll(clients)
+	if a := s.removedFrom(clients, others); a != nil {
+		return fmt.Errorf("metadata voter %s was removed from the metadata group (%s, following the leader %s, lists the voters %s): to make it a voter again, start it on an empty data directory and run strata meta add-voter %s on the group; %w",
+			s.cfg.ListenAddr, a.addr, a.info.Leader, names(a.info.Voters), s.cfg.ListenAddr, err)
+	}
+	return err
+}
+
+// watchRemoved logs, once, that this voter was removed from the group,
+// while it knows no leader (a voter of the configuration soon does).
+func (s *Service) watchRemoved() {
+	others, clients := s.otherVoters()
+	defer closeAll(clients)
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(4 * joinProbeEvery):
+		}
+		if addr, _ := s.node.Leader(); addr != "" {
+			return
+		}
+		if a := s.removedFrom(clients, others); a != nil {
+			s.log.Error(fmt.Sprintf("this voter was removed from the metadata group: it stays passive (the voters ignore it); to make it a voter again, stop it, empty its data directory, start it and run `strata meta add-voter %s` on the group", s.cfg.ListenAddr),
+				"peer", a.addr, "leader", a.info.Leader, "voters", names(a.info.Voters))
+			return
+		}
+	}
+}
+
+func closeAll(clients []*transport.Client) {
+	for _, c := range clients {
+		c.Close()
+	}
 }

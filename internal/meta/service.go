@@ -184,7 +184,7 @@ func Open(cfg Config) (s *Service, err error) {
 		s.node, err = consensus.Open(rc)
 	}
 	if err != nil {
-		return s, err
+		return s, s.whyRefused(err)
 	}
 	s.startLeaderWatch()
 	s.raftNode.Store(s.node)
