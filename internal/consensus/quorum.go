@@ -38,25 +38,11 @@ var ErrRemoved = errors.New("this voter was removed from the group")
 // storedVoters returns the voter addresses of the newest configuration in
 // the log (or else in the newest snapshot): what the node will start with.
 func (n *Node) storedVoters() ([]string, error) {
-	first, _ := n.wal.FirstIndex()
-	last, _ := n.wal.LastIndex()
-	for i := last; i >= first && i > 0; i-- {
-		var l raft.Log
-		if err := n.wal.GetLog(i, &l); err != nil {
-			return nil, fmt.Errorf("read raft log entry %d: %w", i, err)
-		}
-		if l.Type == raft.LogConfiguration {
-			return votersOf(raft.DecodeConfiguration(l.Data)), nil
-		}
+	conf, ok, err := latestConfiguration(n.wal, n.snaps)
+	if err != nil || !ok {
+		return nil, err
 	}
-	list, err := n.snaps.List()
-	if err != nil {
-		return nil, fmt.Errorf("list raft snapshots: %w", err)
-	}
-	if len(list) > 0 {
-		return votersOf(list[0].Configuration), nil
-	}
-	return nil, nil
+	return votersOf(conf), nil
 }
 
 func votersOf(c raft.Configuration) []string {

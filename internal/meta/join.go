@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/stratafs/strata/internal/consensus"
@@ -256,4 +259,57 @@ func closeAll(clients []*transport.Client) {
 	for _, c := range clients {
 		c.Close()
 	}
+}
+
+// A single node's data dir becomes a group's first voter. A node started
+// without --peers has a random raft id and a raft port of its own; a
+// voter of a group is named by its --listen address and carries raft on
+// that port. Started with --peers, the single node's data dir is adopted:
+// its raft configuration (itself alone) is rebound to the listen address
+// (consensus.RebindSingleVoter), and the other voters, started with the
+// same --peers, wait to be added (`strata meta add-voter`). A data dir
+// whose configuration has other servers (grown without --peers) is
+// refused: its servers' raft ports cannot be mapped to voters' addresses.
+
+// adoptSingleNode rebinds the data dir of a single node (saved: started
+// without --peers) to this voter, and updates saved to match. It reports
+// whether it did (the first start of the adopted dir, whose configuration
+// does not list the other --peers yet).
+func adoptSingleNode(cfg Config, saved *savedState) (bool, error) {
+	if saved == nil || len(saved.Peers) > 0 || saved.NodeID == cfg.ListenAddr || cfg.NodeID != "" && cfg.NodeID != cfg.ListenAddr {
+		return false, nil
+	}
+	lg := slog.Default().With("svc", "meta", "node", cfg.ListenAddr)
+	old, err := consensus.RebindSingleVoter(filepath.Join(cfg.DataDir, "raft"), cfg.ListenAddr, cfg.ListenAddr, lg)
+	if errors.Is(err, consensus.ErrNotSingleVoter) {
+		return false, fmt.Errorf("data dir %s belongs to the metadata node %q, started without --peers, whose raft group has other servers (%w): their raft ports cannot be mapped to voters' --listen addresses; keep starting it without --peers (strata meta --listen %s --data %s)",
+			cfg.DataDir, saved.NodeID, err, saved.ListenAddr, cfg.DataDir)
+	}
+	if err != nil {
+		return false, fmt.Errorf("data dir %s of the single metadata node %q: make it the voter %s: %w", cfg.DataDir, saved.NodeID, cfg.ListenAddr, err)
+	}
+	lg.Info("the data dir of a metadata node started without --peers becomes the first voter of the group: add the other voters with strata meta add-voter ADDR once they run",
+		"old_id", old, "old_raft_addr", saved.RaftAddr, "voter", cfg.ListenAddr, "peers", cfg.Peers)
+	saved.NodeID, saved.Peers = cfg.ListenAddr, cfg.Peers
+	return true, nil
+}
+
+// reachable refuses to add the metadata service at addr (its MMetaInfo
+// answer info) when its raft traffic and this leader's cannot meet: a
+// voter of a group (started with --peers: its raft id is its raft address,
+// its rpc address) carries raft on its rpc port, a node started without
+// --peers on a raft port of its own. Added anyway, the configuration
+// would need a voter the leader cannot reach, and the group would stall
+// for good.
+func (m *membership) reachable(addr string, info *rpc.MetaInfoResp) error {
+	group, theirs := len(m.s.cfg.Peers) > 0, info.ID == info.RaftAddr
+	switch {
+	case theirs && !group:
+		return rpc.Errorf(syscall.EINVAL, "add voter %s: it is a voter of a group (started with --peers: raft on its rpc port), and this metadata node %s runs without --peers (raft on its own port %s), so they cannot reach each other; restart this node with --peers %s,%s (its data dir becomes the group's first voter), then add %s; the configuration is unchanged",
+			addr, m.s.Addr(), m.s.node.Addr(), m.s.cfg.ListenAddr, addr, addr)
+	case group && !theirs:
+		return rpc.Errorf(syscall.EINVAL, "add voter %s: it runs without --peers (raft on its own port %s), and the voters of this group carry raft on their rpc ports; start it with --peers (this group's voters and itself) on an empty data directory, then add it; the configuration is unchanged",
+			addr, info.RaftAddr)
+	}
+	return nil
 }

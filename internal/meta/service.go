@@ -98,7 +98,11 @@ func Open(cfg Config) (s *Service, err error) {
 	}
 	raftAddr := cfg.RaftAddr
 	multi := len(cfg.Peers) > 0
+	adopted := false
 	if multi {
+		if adopted, err = adoptSingleNode(cfg, saved); err != nil {
+			return nil, err
+		}
 		if err := checkVoterID(cfg, saved); err != nil {
 			return nil, err
 		}
@@ -171,7 +175,8 @@ func Open(cfg Config) (s *Service, err error) {
 		// Serve before raft starts: the other voters' checks at start
 		// (preflight) need an answer, and requests get "not the leader".
 		s.quorumConfig(&rc)
-		rc.Bootstrap = false // join.go: bootstrap a fresh group, or wait to be added
+		rc.Bootstrap = false     // join.go: bootstrap a fresh group, or wait to be added
+		rc.CheckPeers = !adopted // its configuration is itself alone until add-voter
 		s.serve()
 		if err := s.preflight(); err != nil {
 			return s, err
