@@ -3,12 +3,15 @@ package test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/testutil"
 )
 
@@ -174,4 +177,80 @@ func TestMetaGrowAndShrinkUnderLoad(t *testing.T) {
 // name lists.
 func sortedList(l []string) string {
 	return strings.Join(slices.Sorted(slices.Values(l)), ",")
+}
+
+// TestMetaSingleNodeGrowsIntoGroup: the data dir of a `strata meta`
+// started without --peers, restarted with --peers A,B,C, becomes voter A
+// with its namespace; B and C started with the same --peers wait to be
+// added; `strata meta add-voter` adds them; A restarts with --peers A,B,C
+// like any voter and the namespace is there.
+func TestMetaSingleNodeGrowsIntoGroup(t *testing.T) {
+	g := &metaGroup{t: t, bin: testutil.Binary(t), dir: t.TempDir(), key: []byte("grow-test-key")}
+	key := filepath.Join(g.dir, "key")
+	if err := os.WriteFile(key, g.key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		g.peers = append(g.peers, testutil.FreePort(t))
+	}
+	g.procs = make([]*testutil.Proc, 3)
+	t.Cleanup(func() {
+		for _, p := range g.procs {
+			if p != nil {
+				p.Stop(10 * time.Second)
+			}
+		}
+	})
+	a, list := g.peers[0], strings.Join(g.peers, ",")
+	g.procs[0] = testutil.StartProc(t, g.dir, "single", nil, g.bin, "meta", "--listen", a,
+		"--data", filepath.Join(g.dir, "data1"), "--key-file", key, "--disk-reserve", "0")
+	c := g.client(g.peers[g.leader(-1)])
+	var sess rpc.SessionOpenResp
+	if err := call(c, rpc.MSessionOpen, &rpc.SessionOpenReq{Host: "t", MountPoint: "/t", Pid: 1}, &sess); err != nil {
+		t.Fatal(err)
+	}
+	var made rpc.ChangeResp
+	if err := call(c, rpc.MCreate, &rpc.CreateReq{Hdr: rpc.ReqHeader{ClientID: sess.ClientID, Seq: 1}, Parent: 1, Name: "kept", Mode: syscall.S_IFDIR | 0o755}, &made); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.procs[0].Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	g.procs[0] = g.startVoter(0, "meta1", g.peers)
+	g.leader(-1)
+	for i := 1; i < 3; i++ {
+		g.procs[i] = g.startVoter(i, fmt.Sprintf("meta%d", i+1), g.peers)
+		if err := testutil.WaitFor(20*time.Second, func() error {
+			if !strings.Contains(g.procs[i].Tail(50), "waiting to be added: run `strata meta add-voter "+g.peers[i]+"` on the group") {
+				return fmt.Errorf("%s's log:\n%s", g.peers[i], g.procs[i].Tail(10))
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		out, code := run(t, g.bin, g.dir, "meta", "add-voter", g.peers[i], "--meta", list, "--key-file", key)
+		if code != 0 || !strings.Contains(out, "added "+g.peers[i]) {
+			t.Fatalf("add-voter %s: exit %d\n%s", g.peers[i], code, out)
+		}
+	}
+	g.procs[0].Stop(10 * time.Second)
+	g.procs[0] = g.startVoter(0, "meta1-again", g.peers)
+	var m membersJSON
+	if err := testutil.WaitFor(30*time.Second, func() error {
+		out, code := run(t, g.bin, g.dir, "meta", "members", "--json", "--meta", list, "--key-file", key)
+		if err := json.Unmarshal([]byte(out), &m); code != 0 || err != nil {
+			return fmt.Errorf("members: exit %d %v\n%s", code, err, out)
+		}
+		if len(m.Voters) != 3 || m.Leader == "" || strings.Contains(m.states(), "unreachable") || strings.Contains(m.states(), "candidate") {
+			return fmt.Errorf("members: leader %q, %s", m.Leader, m.states())
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("%v\n%s", err, g.procs[0].Tail(20))
+	}
+	var r rpc.AttrResp
+	if err := call(g.client(g.peers[g.leader(-1)]), rpc.MLookup, &rpc.LookupReq{Parent: 1, Name: "kept"}, &r); err != nil || r.Attr.Ino != made.Attr.Ino {
+		t.Fatalf("lookup of the single node's directory in the grown group: ino %d (made %d), %v", r.Attr.Ino, made.Attr.Ino, err)
+	}
 }
