@@ -95,37 +95,11 @@ func (s *Service) joinLoop() {
 			}
 			return
 		}
-		answers := s.probeVoters(others, clients)
-		fresh := 1 // this voter
-		var group *probeAnswer
-		for i, a := range answers {
-			switch a.state {
-			case peerFresh:
-				fresh++
-			case peerHasGroup:
-				if group == nil {
-					group = &answers[i]
-				}
+		if !seenGroup {
+			var done bool
+			if seenGroup, done = s.joinRound(others, clients, &toldWait); done {
+				return
 			}
-		}
-		switch {
-		case group != nil && !seenGroup:
-			seenGroup = true
-			s.logWaitForGroup(group)
-		case group == nil && !seenGroup && fresh > len(s.cfg.Peers)/2:
-			err := s.node.BootstrapPeers()
-			if err != nil && !errors.Is(err, consensus.ErrHasState) {
-				s.log.Error("bootstrap the metadata group", "err", err)
-				break
-			}
-			if err == nil {
-				s.log.Info("bootstrapped a new metadata group: no other voter had raft state", "voters", s.cfg.Peers, "fresh", fresh)
-			}
-			return
-		case group == nil && !seenGroup && !toldWait:
-			toldWait = true
-			s.log.Info("waiting for a majority of the voters to answer before bootstrapping a new metadata group",
-				"answered_fresh", fresh, "voters", len(s.cfg.Peers))
 		}
 		select {
 		case <-s.stop:
@@ -133,6 +107,41 @@ func (s *Service) joinLoop() {
 		case <-time.After(joinProbeEvery):
 		}
 	}
+}
+
+// joinRound asks the other voters once and acts on their answers: it
+// reports whether a group exists (this voter waits for its leader from
+// now on), and done when this voter bootstrapped (or has state).
+func (s *Service) joinRound(others []string, clients []*transport.Client, toldWait *bool) (group, done bool) {
+	answers := s.probeVoters(others, clients)
+	fresh := 1 // this voter
+	for i, a := range answers {
+		switch a.state {
+		case peerFresh:
+			fresh++
+		case peerHasGroup:
+			s.logWaitForGroup(&answers[i])
+			return true, false
+		}
+	}
+	if fresh > len(s.cfg.Peers)/2 {
+		err := s.node.BootstrapPeers()
+		switch {
+		case err == nil:
+			s.log.Info("bootstrapped a new metadata group: no other voter had raft state", "voters", s.cfg.Peers, "fresh", fresh)
+			return false, true
+		case errors.Is(err, consensus.ErrHasState):
+			return false, true
+		}
+		s.log.Error("bootstrap the metadata group", "err", err)
+		return false, false
+	}
+	if !*toldWait {
+		*toldWait = true
+		s.log.Info("waiting for a majority of the voters to answer before bootstrapping a new metadata group",
+			"answered_fresh", fresh, "voters", len(s.cfg.Peers))
+	}
+	return false, false
 }
 
 // logWaitForGroup says, once, that this voter waits for the group g
