@@ -57,6 +57,7 @@ func votersOf(c raft.Configuration) []string {
 }
 
 // checkPeers compares the configured peers with the stored configuration.
+// A voter alone in its stored configuration may be given more peers.
 func (n *Node) checkPeers() error {
 	stored, err := n.storedVoters()
 	if err != nil || stored == nil {
@@ -67,7 +68,14 @@ func (n *Node) checkPeers() error {
 		want = append(want, p.Addr)
 	}
 	slices.Sort(want)
-	if self := string(n.trans.LocalAddr()); len(stored) > 0 && !slices.Contains(stored, self) && !slices.Equal(stored, want) {
+	self := string(n.trans.LocalAddr())
+	if len(stored) == 1 && stored[0] == self && slices.Contains(want, self) {
+		// Alone in its configuration (a group's first voter, e.g. a
+		// single node's data dir adopted): the other voters listed wait
+		// to be added, there is no other stored list to contradict.
+		return nil
+	}
+	if len(stored) > 0 && !slices.Contains(stored, self) && !slices.Equal(stored, want) {
 		return fmt.Errorf("%w: %w (%s): its raft configuration (in %s) lists the voters %s without it, and it was started with %s; it stays out: to make it a voter again, start it on an empty data directory and run strata meta add-voter %s on the group",
 			ErrPeersMismatch, ErrRemoved, self, n.cfg.Dir, strings.Join(stored, ","), strings.Join(want, ","), self)
 	}

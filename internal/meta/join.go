@@ -281,26 +281,34 @@ func closeAll(clients []*transport.Client) {
 // refused: its servers' raft ports cannot be mapped to voters' addresses.
 
 // adoptSingleNode rebinds the data dir of a single node (saved: started
-// without --peers) to this voter, and updates saved to match. It reports
-// whether it did (the first start of the adopted dir, whose configuration
-// does not list the other --peers yet).
-func adoptSingleNode(cfg Config, saved *savedState) (bool, error) {
+// without --peers) to this voter, and updates saved to match. Its
+// configuration is then itself alone, which consensus accepts with any
+// --peers that include it (the others wait to be added).
+func adoptSingleNode(cfg Config, saved *savedState) error {
 	if saved == nil || len(saved.Peers) > 0 || saved.NodeID == cfg.ListenAddr || cfg.NodeID != "" && cfg.NodeID != cfg.ListenAddr {
-		return false, nil
+		return nil
 	}
 	lg := slog.Default().With("svc", "meta", "node", cfg.ListenAddr)
 	old, err := consensus.RebindSingleVoter(filepath.Join(cfg.DataDir, "raft"), cfg.ListenAddr, cfg.ListenAddr, lg)
 	if errors.Is(err, consensus.ErrNotSingleVoter) {
-		return false, fmt.Errorf("data dir %s belongs to the metadata node %q, started without --peers, whose raft group has other servers (%w): their raft ports cannot be mapped to voters' --listen addresses; keep starting it without --peers (strata meta --listen %s --data %s)",
+		return fmt.Errorf("data dir %s belongs to the metadata node %q, started without --peers, whose raft group has other servers (%w): their raft ports cannot be mapped to voters' --listen addresses; keep starting it without --peers (strata meta --listen %s --data %s)",
 			cfg.DataDir, saved.NodeID, err, saved.ListenAddr, cfg.DataDir)
 	}
 	if err != nil {
-		return false, fmt.Errorf("data dir %s of the single metadata node %q: make it the voter %s: %w", cfg.DataDir, saved.NodeID, cfg.ListenAddr, err)
+		return fmt.Errorf("data dir %s of the single metadata node %q: make it the voter %s: %w", cfg.DataDir, saved.NodeID, cfg.ListenAddr, err)
 	}
 	lg.Info("the data dir of a metadata node started without --peers becomes the first voter of the group: add the other voters with strata meta add-voter ADDR once they run",
 		"old_id", old, "old_raft_addr", saved.RaftAddr, "voter", cfg.ListenAddr, "peers", cfg.Peers)
+	// The data dir says at once that it is a voter's now: started again
+	// without --peers it is refused with what to do (its configuration
+	// no longer names its old id), not left without a leader.
+	voter := cfg
+	voter.NodeID = cfg.ListenAddr
+	if err := saveState(cfg.DataDir, voter, cfg.ListenAddr, saved.ClusterID); err != nil {
+		return err
+	}
 	saved.NodeID, saved.Peers = cfg.ListenAddr, cfg.Peers
-	return true, nil
+	return nil
 }
 
 // reachable refuses to add the metadata service at addr (its MMetaInfo

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -172,6 +173,27 @@ func TestSingleNodeBecomesFirstVoter(t *testing.T) {
 	}
 	cluster := s.ClusterID()
 	s.Close()
+
+	// Adopted, then refused by its (only) other voters' check at start:
+	// the data dir is a voter's from then on, and says so without
+	// --peers.
+	wrong := g.config(0)
+	wrong.ClusterKey = []byte("another key")
+	other, err := Open(Config{DataDir: g.dirs[2], ListenAddr: g.peers[2], Peers: []string{g.peers[0], g.peers[2]}, ClusterKey: g.key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong.Peers = []string{g.peers[0], g.peers[2]}
+	if _, err := Open(wrong); err == nil || !strings.Contains(err.Error(), "wrong cluster key") {
+		t.Fatalf("adopted with a wrong key: %v", err)
+	}
+	other.Close()
+	if err := os.RemoveAll(g.dirs[2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(single); err == nil || !strings.Contains(err.Error(), "start it with --peers") {
+		t.Fatalf("the adopted data dir started without --peers: %v", err)
+	}
 
 	g.start(0)
 	if l := g.leader(); l != 0 || g.svcs[0].node.ID() != g.peers[0] {

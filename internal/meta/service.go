@@ -98,9 +98,8 @@ func Open(cfg Config) (s *Service, err error) {
 	}
 	raftAddr := cfg.RaftAddr
 	multi := len(cfg.Peers) > 0
-	adopted := false
 	if multi {
-		if adopted, err = adoptSingleNode(cfg, saved); err != nil {
+		if err := adoptSingleNode(cfg, saved); err != nil {
 			return nil, err
 		}
 		if err := checkVoterID(cfg, saved); err != nil {
@@ -175,8 +174,7 @@ func Open(cfg Config) (s *Service, err error) {
 		// Serve before raft starts: the other voters' checks at start
 		// (preflight) need an answer, and requests get "not the leader".
 		s.quorumConfig(&rc)
-		rc.Bootstrap = false     // join.go: bootstrap a fresh group, or wait to be added
-		rc.CheckPeers = !adopted // its configuration is itself alone until add-voter
+		rc.Bootstrap = false // join.go: bootstrap a fresh group, or wait to be added
 		s.serve()
 		if err := s.preflight(); err != nil {
 			return s, err
