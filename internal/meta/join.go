@@ -242,8 +242,9 @@ func (s *Service) whyRefused(err error) error {
 	return err
 }
 
-// watchRemoved logs, once, that this voter was removed from the group,
-// while it knows no leader (a voter of the configuration soon does).
+// watchRemoved logs, once, that this voter was removed from the group:
+// while it knows no leader (a voter of the configuration soon does) it
+// asks the others every second.
 func (s *Service) watchRemoved() {
 	others, clients := s.otherVoters()
 	defer closeAll(clients)
@@ -254,7 +255,7 @@ func (s *Service) watchRemoved() {
 		case <-time.After(4 * joinProbeEvery):
 		}
 		if addr, _ := s.node.Leader(); addr != "" {
-			return
+			continue // a voter of the configuration, or the leader's last word to a removed one
 		}
 		if a := s.removedFrom(clients, others); a != nil {
 			s.log.Error(fmt.Sprintf("this voter was removed from the metadata group: it stays passive (the voters ignore it); to make it a voter again, stop it, empty its data directory, start it and run `strata meta add-voter %s` on the group", s.cfg.ListenAddr),
