@@ -58,7 +58,8 @@
 // voters' rpc port); the voters' ids and addresses are then their rpc
 // addresses. Every voter of a fresh group bootstraps with the same Peers
 // (raft's BootstrapCluster allows that: "an identical configuration listing
-// all Voter servers"); CheckPeers refuses a restart with other Peers than
+// all Voter servers"), at Open (Bootstrap) or later (BootstrapPeers, once
+// its caller knows the group is fresh); CheckPeers refuses a restart with other Peers than
 // the stored configuration's. A follower syncs each appended batch before
 // acknowledging it (the leader alone defers, with DeferSync). Reads are
 // linearizable through VerifyRead (lease.go). A leader whose log fails

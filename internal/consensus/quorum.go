@@ -31,28 +31,18 @@ func (s streamLayer) Dial(a raft.ServerAddress, timeout time.Duration) (net.Conn
 // the raft configuration it has stored.
 var ErrPeersMismatch = errors.New("consensus: peers differ from the stored raft configuration")
 
+// ErrRemoved: the stored raft configuration no longer holds this voter (it
+// comes with ErrPeersMismatch).
+var ErrRemoved = errors.New("this voter was removed from the group")
+
 // storedVoters returns the voter addresses of the newest configuration in
 // the log (or else in the newest snapshot): what the node will start with.
 func (n *Node) storedVoters() ([]string, error) {
-	first, _ := n.wal.FirstIndex()
-	last, _ := n.wal.LastIndex()
-	for i := last; i >= first && i > 0; i-- {
-		var l raft.Log
-		if err := n.wal.GetLog(i, &l); err != nil {
-			return nil, fmt.Errorf("read raft log entry %d: %w", i, err)
-		}
-		if l.Type == raft.LogConfiguration {
-			return votersOf(raft.DecodeConfiguration(l.Data)), nil
-		}
+	conf, ok, err := latestConfiguration(n.wal, n.snaps)
+	if err != nil || !ok {
+		return nil, err
 	}
-	list, err := n.snaps.List()
-	if err != nil {
-		return nil, fmt.Errorf("list raft snapshots: %w", err)
-	}
-	if len(list) > 0 {
-		return votersOf(list[0].Configuration), nil
-	}
-	return nil, nil
+	return votersOf(conf), nil
 }
 
 func votersOf(c raft.Configuration) []string {
@@ -67,6 +57,7 @@ func votersOf(c raft.Configuration) []string {
 }
 
 // checkPeers compares the configured peers with the stored configuration.
+// A voter alone in its stored configuration may be given more peers.
 func (n *Node) checkPeers() error {
 	stored, err := n.storedVoters()
 	if err != nil || stored == nil {
@@ -77,6 +68,17 @@ func (n *Node) checkPeers() error {
 		want = append(want, p.Addr)
 	}
 	slices.Sort(want)
+	self := string(n.trans.LocalAddr())
+	if len(stored) == 1 && stored[0] == self && slices.Contains(want, self) {
+		// Alone in its configuration (a group's first voter, e.g. a
+		// single node's data dir adopted): the other voters listed wait
+		// to be added, there is no other stored list to contradict.
+		return nil
+	}
+	if len(stored) > 0 && !slices.Contains(stored, self) && !slices.Equal(stored, want) {
+		return fmt.Errorf("%w: %w (%s): its raft configuration (in %s) lists the voters %s without it, and it was started with %s; it stays out: to make it a voter again, start it on an empty data directory and run strata meta add-voter %s on the group",
+			ErrPeersMismatch, ErrRemoved, self, n.cfg.Dir, strings.Join(stored, ","), strings.Join(want, ","), self)
+	}
 	if !slices.Equal(stored, want) {
 		return fmt.Errorf("%w: this voter's raft configuration (in %s) lists the voters %s, but it was started with %s: start it with the stored list, or change the membership online (strata meta add-voter/remove-voter)",
 			ErrPeersMismatch, n.cfg.Dir, strings.Join(stored, ","), strings.Join(want, ","))

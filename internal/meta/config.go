@@ -28,15 +28,18 @@ type Config struct {
 	// restart with a port-0 RaftAddr the previously bound port is tried first.
 	RaftAddr string
 	// NodeID is the raft server id; default: the id saved in DataDir, or a
-	// new random one on first start. It cannot change for a data dir.
-	// With Peers it is ListenAddr.
+	// new random one on first start. It cannot change for a data dir,
+	// but once: a single node's data dir started with Peers becomes the
+	// voter ListenAddr (join.go). With Peers it is ListenAddr.
 	NodeID string
 	// Peers, when set, makes this node one voter of a group: every voter's
 	// ListenAddr as written (host:port), this one's included. The voters'
 	// raft traffic then shares ListenAddr (RaftAddr is unused) and a voter's
 	// raft id and address are its ListenAddr. The first start of a fresh
-	// group bootstraps it with Peers; a restarted voter refuses to start
-	// when Peers differ from the configuration it stored (quorum.go).
+	// group bootstraps it with Peers; a voter whose other Peers already
+	// have a group waits to be added (join.go); a restarted voter refuses
+	// to start when Peers differ from the configuration it stored
+	// (quorum.go).
 	// Without Peers the node is a single voter with a raft port of its own.
 	Peers []string
 	// ClusterKey authenticates rpc peers, both directions (see package

@@ -65,18 +65,9 @@ func (s *Service) registerMembership() {
 // (by Open's goroutine, before anything serves).
 func (s *Service) membershipState() *membership {
 	if s.members == nil {
-		// The counters exist before the leader watch (which may start
-		// before the metrics are registered) can count.
-		s.members = &membership{s: s,
-			changes: prometheus.NewCounterVec(prometheus.CounterOpts{
-				Name: "strata_meta_raft_leader_changes_total",
-				Help: "New metadata leaders this voter saw, by the cause of the change (elected: the first since start; transfer; leader_lost; stepped_down).",
-			}, []string{"cause"}),
-			lastChange: prometheus.NewGauge(prometheus.GaugeOpts{
-				Name: "strata_meta_raft_last_leader_change_timestamp_seconds",
-				Help: "When this voter last saw a leader elected or lost (Unix time; 0: none since start).",
-			}),
-		}
+		// The metrics leaderChanged sets exist before the leader watch
+		// runs, which may come before they are registered (serve).
+		s.members = &membership{s: s, changes: newLeaderChanges(), lastChange: newLastLeaderChange()}
 	}
 	return s.members
 }
@@ -123,6 +114,20 @@ func (m *membership) registerMetrics(reg *prometheus.Registry) {
 			return float64(n)
 		}),
 	)
+}
+
+func newLeaderChanges() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "strata_meta_raft_leader_changes_total",
+		Help: "New metadata leaders this voter saw, by the cause of the change (elected: the first since start; transfer; leader_lost; stepped_down).",
+	}, []string{"cause"})
+}
+
+func newLastLeaderChange() prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "strata_meta_raft_last_leader_change_timestamp_seconds",
+		Help: "When this voter last saw a leader elected or lost (Unix time; 0: none since start).",
+	})
 }
 
 // leaderChanged logs a leader change (one line) and counts it.
@@ -312,6 +317,9 @@ func (m *membership) addVoter(ctx context.Context, r *rpc.MembershipReq) (*rpc.M
 	}
 	if info.ID == "" {
 		return nil, rpc.Errorf(syscall.EINVAL, "add voter %s: it answered without a raft id; the configuration is unchanged", r.Addr)
+	}
+	if err := m.reachable(r.Addr, info); err != nil {
+		return nil, err
 	}
 	if info.LastIndex > 0 && len(info.Voters) > 0 {
 		if _, ours := find(info.Voters, m.s.node.ID()); !ours {

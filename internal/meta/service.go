@@ -82,7 +82,8 @@ type Service struct {
 // until this node leads and has replayed its log, and serves rpc. A voter
 // of a group (Config.Peers) serves from the start (redirecting to the
 // leader), checks that the other voters accept it (quorum.go), bootstraps
-// the group on a fresh log and does not wait for leadership.
+// a fresh group or waits to be added to an existing one (join.go), and
+// does not wait for leadership.
 func Open(cfg Config) (s *Service, err error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -98,6 +99,9 @@ func Open(cfg Config) (s *Service, err error) {
 	raftAddr := cfg.RaftAddr
 	multi := len(cfg.Peers) > 0
 	if multi {
+		if err := adoptSingleNode(cfg, saved); err != nil {
+			return nil, err
+		}
 		if err := checkVoterID(cfg, saved); err != nil {
 			return nil, err
 		}
@@ -170,6 +174,7 @@ func Open(cfg Config) (s *Service, err error) {
 		// Serve before raft starts: the other voters' checks at start
 		// (preflight) need an answer, and requests get "not the leader".
 		s.quorumConfig(&rc)
+		rc.Bootstrap = false // join.go: bootstrap a fresh group, or wait to be added
 		s.serve()
 		if err := s.preflight(); err != nil {
 			return s, err
@@ -182,10 +187,13 @@ func Open(cfg Config) (s *Service, err error) {
 		s.node, err = consensus.Open(rc)
 	}
 	if err != nil {
-		return s, err
+		return s, s.whyRefused(err)
 	}
 	s.startLeaderWatch()
 	s.raftNode.Store(s.node)
+	if multi {
+		s.startJoin()
+	}
 	if err := saveState(cfg.DataDir, cfg, s.node.Addr(), s.fsm.clusterID()); err != nil {
 		return s, err
 	}
