@@ -533,7 +533,7 @@ func TestStatusClientsAndLocks(t *testing.T) {
 // TestStatusLockListBounded: the status lists at most MaxStatusLocks locks
 // but counts them all.
 func TestStatusLockListBounded(t *testing.T) {
-	tb := newLockTable(slog.Default())
+	tb := newLockTable(slog.Default(), nil)
 	n := rpc.MaxStatusLocks + 5
 	for i := range n {
 		r := &rpc.LockReq{ClientID: 9, Ino: uint64(i%7) + 100, Owner: uint64(i), Start: uint64(i) * 10, End: uint64(i)*10 + 9, Type: rpc.LockWrite}

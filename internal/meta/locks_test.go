@@ -24,7 +24,7 @@ func lockErrno(err error) syscall.Errno {
 // a client that has not reclaimed is told so at once (EBUSY), others wait.
 func TestLockGrace(t *testing.T) {
 	ctx := context.Background()
-	tb := newLockTable(slog.Default())
+	tb := newLockTable(slog.Default(), nil)
 	old := tb.epoch()
 	tb.startGrace([]uint64{1, 2}, time.Hour)
 	epoch := tb.epoch()
@@ -103,7 +103,7 @@ func TestLockGrace(t *testing.T) {
 // client never reports, and when the last pending session goes away.
 func TestLockGraceEnds(t *testing.T) {
 	ctx := context.Background()
-	tb := newLockTable(slog.Default())
+	tb := newLockTable(slog.Default(), nil)
 	tb.startGrace([]uint64{1}, 100*time.Millisecond)
 	req := &rpc.LockReq{ClientID: 2, Ino: 1, Owner: 1, End: 10, Type: rpc.LockRead}
 	if _, err := tb.set(ctx, req); err != nil {
@@ -131,7 +131,7 @@ func TestLockGraceEnds(t *testing.T) {
 // names) took through a newer open — and wakes waiters.
 func TestLockCloseHandle(t *testing.T) {
 	ctx := context.Background()
-	tb := newLockTable(slog.Default())
+	tb := newLockTable(slog.Default(), nil)
 	req := func(client, owner, handle uint64, typ uint32, flock bool) *rpc.LockReq {
 		return &rpc.LockReq{ClientID: client, Ino: 5, Owner: owner, Start: 0, End: ^uint64(0), Type: typ, Handle: handle, Flock: flock}
 	}
