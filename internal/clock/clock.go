@@ -12,15 +12,16 @@
 //
 // # Delivery
 //
-// A real ticker drops ticks its reader is too slow for; a Fake delivers
-// each due tick and timer value and waits until it is received (or the
-// ticker or timer is stopped, or 5 s of real time pass: then the
-// value is dropped, as a real ticker's would be). So when Advance returns,
-// every event that fell due has reached its reader, and a reader that
-// handles its events one at a time (a select loop) has finished with all
-// but the last of them. AfterFunc's function runs in Advance, on the
-// caller's goroutine, before Advance goes on: when Advance returns it has
-// run. A function must not call Advance.
+// A timer's value waits in its channel for its reader, as a real timer's
+// does. A ticker's tick is handed over: where a real ticker keeps one tick
+// and drops the ones its reader is too slow for, a Fake ticker delivers
+// each due tick and Advance waits until the reader has received it (or the
+// ticker is stopped, or 5 s of real time pass: then the tick is dropped).
+// So when Advance returns, a reader that handles its ticks one at a time
+// (a select loop) has received every tick due and finished with all but
+// the last. AfterFunc's function runs in Advance, on the caller's
+// goroutine, before Advance goes on: when Advance returns it has run. A
+// function must not call Advance.
 //
 // # Locking
 //

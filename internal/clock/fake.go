@@ -63,8 +63,12 @@ func (f *Fake) AfterFunc(d time.Duration, fn func()) Timer { return f.add(d, 0, 
 
 func (f *Fake) add(d, period time.Duration, fn func()) *fakeTimer {
 	t := &fakeTimer{f: f, period: period, fn: fn, stopped: make(chan struct{})}
-	if fn == nil {
-		t.c = make(chan time.Time)
+	switch {
+	case fn != nil:
+	case period > 0:
+		t.c = make(chan time.Time) // handed over: see fire
+	default:
+		t.c = make(chan time.Time, 1) // waits for its reader, as a real timer's
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -121,8 +125,12 @@ func (f *Fake) Advance(d time.Duration) {
 }
 
 func (t *fakeTimer) fire(at time.Time) {
-	if t.fn != nil {
+	switch {
+	case t.fn != nil:
 		t.fn()
+		return
+	case t.period == 0:
+		t.c <- at // buffered; a timer fires once
 		return
 	}
 	wait := time.NewTimer(deliverWait)

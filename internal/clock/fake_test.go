@@ -166,3 +166,21 @@ func TestOrReal(t *testing.T) {
 		t.Fatalf("Real.Now is %v off", d)
 	}
 }
+
+// A timer that fires while nobody reads keeps its value for its reader,
+// and Advance does not wait for one.
+func TestFakeTimerValueWaits(t *testing.T) {
+	f := NewFake(t0)
+	tm := f.NewTimer(time.Second)
+	start := time.Now()
+	f.Advance(2 * time.Second)
+	if d := time.Since(start); d > deliverWait/2 {
+		t.Fatalf("Advance waited %v for a timer's reader", d)
+	}
+	if v, ok := recv(tm.C()); !ok || !v.Equal(t0.Add(time.Second)) {
+		t.Fatalf("timer value after firing unread: %v %v, want t0+1s", v, ok)
+	}
+	if tm.Stop() {
+		t.Fatal("Stop of a fired timer reported it active")
+	}
+}
