@@ -20,15 +20,16 @@ func lockErrno(err error) syscall.Errno {
 	return 0
 }
 
-// returns waits up to 10 s of real time for a call under test that
-// should be done without the fake clock moving.
+// returns waits up to 60 s of real time for the answer of a call under
+// test that should come without the fake clock moving (or, answers, on a
+// failing disk): the test fails rather than hangs.
 func returns(t *testing.T, what string, done <-chan error) error {
 	t.Helper()
 	select {
 	case err := <-done:
 		return err
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s did not return", what)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s: no answer after 60 s", what)
 		return nil
 	}
 }
