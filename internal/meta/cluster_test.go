@@ -31,7 +31,12 @@ func getlk(t *testing.T, c *client, r *rpc.LockReq) rpc.LockResp {
 }
 
 func TestLocks(t *testing.T) {
-	s, a := newNamespace(t)
+	cfg := testConfig(t, "")
+	fc := fakeClock(t, &cfg) // lock waits follow it
+	s := openService(t, cfg)
+	waitLeaderLoop(t, fc)
+	a := newClient(t, s.Addr())
+	a.registerTargets("127.0.0.1:1", "u1")
 	b := newClient(t, s.Addr())
 	f := a.mustCreate(1, "f", fileMode)
 	setlk := func(c *client, r *rpc.LockReq) error { return c.call(rpc.MSetLk, r, nil) }
@@ -89,20 +94,29 @@ func TestLocks(t *testing.T) {
 		w.Wait = true
 		done <- setlk(a, &w)
 	}()
-	time.Sleep(100 * time.Millisecond)
+	// Waiting on the conflict, the waiter's bounded wait (a timer) joins
+	// the leader loop's tickers.
+	if !fc.WaitPending(3, 10*time.Second) {
+		t.Fatalf("the flock waiter never waited (%d timers pending)", fc.Pending())
+	}
 	fl.Type = rpc.LockUnlock
 	setlk(b, fl)
 	if err := <-done; err != nil {
 		t.Fatalf("waiting flock: %v", err)
 	}
-	// Wait gives up after about a second
-	start := time.Now()
+	// Wait gives up after lockWait (a second), not before
 	w := lk(b, f.Ino, 1, 0, 0, rpc.LockWrite)
 	w.Wait = true
-	wantErrno(t, setlk(b, w), syscall.EAGAIN, "bounded wait")
-	if d := time.Since(start); d < 900*time.Millisecond || d > 3*time.Second {
-		t.Fatalf("wait took %v", d)
+	go func() { done <- setlk(b, w) }()
+	if !fc.WaitPending(3, 10*time.Second) {
+		t.Fatalf("the lock waiter never waited (%d timers pending)", fc.Pending())
 	}
+	fc.Advance(lockWait - time.Millisecond)
+	if n := fc.Pending(); n != 3 {
+		t.Fatalf("%d timers pending just before the wait's end, want 3 (the wait ended early?)", n)
+	}
+	fc.Advance(time.Millisecond)
+	wantErrno(t, returns(t, "bounded lock wait", done), syscall.EAGAIN, "bounded wait")
 
 	// SessionClose releases every lock of the session
 	if err := a.call(rpc.MSessionClose, &rpc.SessionCloseReq{ClientID: a.id}, nil); err != nil {

@@ -242,7 +242,7 @@ func (t *lockTable) get(ctx context.Context, r *rpc.LockReq) (*rpc.LockResp, err
 }
 
 // set answers F_SETLK/F_SETLKW/flock: EAGAIN on conflict, after waiting up
-// to lockWait when r.Wait. It returns the epoch the lock was granted under.
+// to lockWait from the first conflict when r.Wait. It returns the epoch the lock was granted under.
 // A new lock during the grace period gets EBUSY (waitGrace); unlocks and
 // reclaims pass. With r.CloseHandle it drops what the client took through
 // r.Handle (closeHandle).
@@ -254,8 +254,12 @@ func (t *lockTable) set(ctx context.Context, r *rpc.LockReq) (uint64, error) {
 		return t.closeHandle(r.ClientID, r.Ino, r.Handle), nil
 	}
 	want := reqLock(r)
-	deadline := t.clock.NewTimer(lockWait)
-	defer deadline.Stop()
+	var deadline clock.Timer // from the first conflict waited on
+	defer func() {
+		if deadline != nil {
+			deadline.Stop()
+		}
+	}()
 	for {
 		if !r.Reclaim && want.Type != rpc.LockUnlock {
 			if err := t.waitGrace(ctx, r.ClientID); err != nil {
@@ -301,6 +305,9 @@ func (t *lockTable) set(ctx context.Context, r *rpc.LockReq) (uint64, error) {
 		}
 		if !r.Wait {
 			return 0, rpc.Errorf(syscall.EAGAIN, "inode %d range %d..%d is locked by client %d pid %d", r.Ino, c.Start, c.End, c.Client, c.Pid)
+		}
+		if deadline == nil {
+			deadline = t.clock.NewTimer(lockWait)
 		}
 		select {
 		case <-changed:

@@ -81,19 +81,19 @@ func TestLockGrace(t *testing.T) {
 	}
 	// Client 3 (not pending) waits; a report with a stale epoch ends nothing.
 	// The grace period's own timer (an hour) is pending; the waiter adds
-	// its request's and its grace wait's.
+	// its grace wait's.
 	go func() {
 		_, err := tb.set(ctx, w(3, 5, 5))
 		done <- err
 	}()
-	if !fc.WaitPending(3, 10*time.Second) {
+	if !fc.WaitPending(2, 10*time.Second) {
 		t.Fatalf("the waiter never waited on the clock (%d timers pending)", fc.Pending())
 	}
 	tb.reclaimed(1, epoch)
 	tb.reclaimed(2, old)
 	fc.Advance(lockWait - time.Millisecond)
-	if n := fc.Pending(); n != 3 {
-		t.Fatalf("%d timers pending just before the end of the wait, want 3 (the waiter's fired early?)", n)
+	if n := fc.Pending(); n != 2 {
+		t.Fatalf("%d timers pending just before the end of the wait, want 2 (the waiter's fired early?)", n)
 	}
 	select {
 	case err := <-done:
@@ -108,7 +108,7 @@ func TestLockGrace(t *testing.T) {
 		_, err := tb.set(ctx, w(3, 5, 5))
 		done <- err
 	}()
-	if !fc.WaitPending(3, 10*time.Second) {
+	if !fc.WaitPending(2, 10*time.Second) {
 		t.Fatalf("the waiter never waited on the clock (%d timers pending)", fc.Pending())
 	}
 	tb.reclaimed(2, epoch) // the last one: grace over, the waiter goes on
@@ -137,7 +137,7 @@ func TestLockGraceEnds(t *testing.T) {
 		_, err := tb.set(ctx, req)
 		done <- err
 	}()
-	if !fc.WaitPending(3, 10*time.Second) { // grace, request, grace wait
+	if !fc.WaitPending(2, 10*time.Second) { // grace, grace wait
 		t.Fatalf("the lock never waited for the grace period (%d timers pending)", fc.Pending())
 	}
 	fc.Advance(99 * time.Millisecond)
@@ -156,7 +156,7 @@ func TestLockGraceEnds(t *testing.T) {
 		_, err := tb.set(ctx, req)
 		done <- err
 	}()
-	if !fc.WaitPending(3, 10*time.Second) {
+	if !fc.WaitPending(2, 10*time.Second) {
 		t.Fatalf("the lock never waited for the grace period (%d timers pending)", fc.Pending())
 	}
 	tb.releaseClient(1) // session expired
@@ -177,7 +177,8 @@ func TestLockGraceEnds(t *testing.T) {
 // names) took through a newer open — and wakes waiters.
 func TestLockCloseHandle(t *testing.T) {
 	ctx := context.Background()
-	tb := newLockTable(slog.Default(), nil)
+	fc := clock.NewFake(time.Now()) // for WaitPending: no wait ends on time
+	tb := newLockTable(slog.Default(), fc)
 	req := func(client, owner, handle uint64, typ uint32, flock bool) *rpc.LockReq {
 		return &rpc.LockReq{ClientID: client, Ino: 5, Owner: owner, Start: 0, End: ^uint64(0), Type: typ, Handle: handle, Flock: flock}
 	}
@@ -210,7 +211,9 @@ func TestLockCloseHandle(t *testing.T) {
 			_, err := tb.set(ctx, wait)
 			done <- err
 		}()
-		time.Sleep(20 * time.Millisecond)
+		if !fc.WaitPending(1, 10*time.Second) { // the waiter waits on a conflict
+			t.Fatalf("flock %v: the waiter never waited", flock)
+		}
 		if _, err := tb.set(ctx, closeReq(1, 2)); err != nil {
 			t.Fatal(err)
 		}
