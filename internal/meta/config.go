@@ -75,7 +75,11 @@ type Config struct {
 	// storage servers after taking office — and the time it stamps on
 	// what it proposes (the Now of each command; Apply itself reads no
 	// clock). Default (nil): the system clock. Tests pass a clock.Fake
-	// and move it instead of sleeping.
+	// and move it instead of sleeping. On a clock that stands still,
+	// storage servers stay alive until it passes ServerTimeout (a test
+	// sends their heartbeats as it moves it), and a create on a new
+	// leader that knows no live target waits for one until the clock
+	// passes the startup grace or the request ends.
 	Clock clock.Clock
 	// MetricsAddr, if set, serves Prometheus metrics at http://ADDR/metrics.
 	MetricsAddr string
