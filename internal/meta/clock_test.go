@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/clock"
+	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // fakeClock puts a fake clock, reading the real time until moved, under
@@ -66,4 +68,80 @@ func TestOrphanGrace(t *testing.T) {
 	}
 	_, err := c.getattr(g.Ino)
 	wantErrno(t, err, syscall.ENOENT, "the reaped orphan")
+}
+
+// TestLockReclaimAfterRestart, on a fake clock: after a restart of the
+// metadata service the lock table starts empty under a new epoch, and new
+// locks wait while sessions from before may still reclaim theirs — a lock
+// that conflicts with an unreclaimed one is refused (EBUSY after the
+// bounded wait), a reclaimed lock keeps excluding others, and once its
+// holder goes silent for a lease it is released.
+func TestLockReclaimAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	cfg.SessionLease = 10 * time.Second // loop ticks every second; grace up to 10 s
+	fc := fakeClock(t, &cfg)
+	s1 := openService(t, cfg)
+	a := newClient(t, s1.Addr())
+	b := newClient(t, s1.Addr())
+	var g rpc.LockGrant
+	if err := a.call(rpc.MSetLk, lk(a, 1, 1, 0, 10, rpc.LockWrite), &g); err != nil {
+		t.Fatal(err)
+	}
+	oldEpoch := g.Epoch
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s2 := openService(t, cfg)
+	if !fc.WaitPending(3, 10*time.Second) { // the loop's two tickers, the grace period
+		t.Fatalf("no grace period and leader loop on the fake clock (%d timers pending)", fc.Pending())
+	}
+	a.c.Close()
+	b.c.Close()
+	a.c = transport.NewClient(s2.Addr(), transport.ClientConfig{Key: testKey, Conns: 4})
+	b.c = transport.NewClient(s2.Addr(), transport.ClientConfig{Key: testKey, Conns: 4})
+	beat := func(c *client, epoch uint64) uint64 {
+		t.Helper()
+		var r rpc.SessionHeartbeatResp
+		if err := c.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: c.id, LockEpoch: epoch}, &r); err != nil {
+			t.Fatalf("heartbeat of client %d: %v", c.id, err)
+		}
+		return r.LockEpoch
+	}
+	epoch := beat(b, oldEpoch)
+	if epoch == oldEpoch {
+		t.Fatal("the lock epoch did not change with the restart")
+	}
+	beat(b, epoch) // b held nothing: reclaimed
+	// a has not reclaimed: b's conflicting lock waits its bounded wait,
+	// then is told to ask again.
+	done := make(chan error, 1)
+	go func() { done <- b.call(rpc.MSetLk, lk(b, 1, 1, 5, 5, rpc.LockWrite), nil) }()
+	if !fc.WaitPending(4, 10*time.Second) {
+		t.Fatalf("b's lock did not wait for the grace period (%d timers pending)", fc.Pending())
+	}
+	fc.Advance(lockWait)
+	wantErrno(t, returns(t, "new lock during the grace period", done), syscall.EBUSY, "new lock while a has not reclaimed")
+	// a reclaims its lock and reports the epoch: the grace period is over,
+	// and the lock excludes b as before the restart.
+	rc := lk(a, 1, 1, 0, 10, rpc.LockWrite)
+	rc.Reclaim = true
+	if err := a.call(rpc.MSetLk, rc, &g); err != nil || g.Epoch != epoch {
+		t.Fatalf("reclaim: epoch %d, %v; want epoch %d", g.Epoch, err, epoch)
+	}
+	beat(a, epoch)
+	wantErrno(t, b.call(rpc.MSetLk, lk(b, 1, 1, 5, 5, rpc.LockWrite), nil), syscall.EAGAIN, "lock conflicting with a reclaimed one")
+	// a goes silent; b keeps beating. 9 s later a still holds it; after its
+	// 10 s lease it is gone.
+	for i := 0; i < 9; i++ {
+		beat(b, epoch)
+		fc.Advance(time.Second)
+	}
+	wantErrno(t, b.call(rpc.MSetLk, lk(b, 1, 1, 5, 5, rpc.LockWrite), nil), syscall.EAGAIN, "lock of a session 9 s into its lease")
+	beat(b, epoch)
+	fc.Advance(2 * time.Second)
+	waitFor(t, "a's reclaimed lock released with its session", func() bool {
+		return b.call(rpc.MSetLk, lk(b, 1, 1, 5, 5, rpc.LockWrite), nil) == nil
+	})
 }
