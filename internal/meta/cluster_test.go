@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratafs/strata/internal/clock"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/testutil"
 )
@@ -30,7 +31,12 @@ func getlk(t *testing.T, c *client, r *rpc.LockReq) rpc.LockResp {
 }
 
 func TestLocks(t *testing.T) {
-	s, a := newNamespace(t)
+	cfg := testConfig(t, "")
+	fc := fakeClock(t, &cfg) // lock waits follow it
+	s := openService(t, cfg)
+	waitLeaderLoop(t, fc)
+	a := newClient(t, s.Addr())
+	a.registerTargets("127.0.0.1:1", "u1")
 	b := newClient(t, s.Addr())
 	f := a.mustCreate(1, "f", fileMode)
 	setlk := func(c *client, r *rpc.LockReq) error { return c.call(rpc.MSetLk, r, nil) }
@@ -88,20 +94,29 @@ func TestLocks(t *testing.T) {
 		w.Wait = true
 		done <- setlk(a, &w)
 	}()
-	time.Sleep(100 * time.Millisecond)
+	// Waiting on the conflict, the waiter's bounded wait (a timer) joins
+	// the leader loop's tickers.
+	if !fc.WaitPending(3, 10*time.Second) {
+		t.Fatalf("the flock waiter never waited (%d timers pending)", fc.Pending())
+	}
 	fl.Type = rpc.LockUnlock
 	setlk(b, fl)
 	if err := <-done; err != nil {
 		t.Fatalf("waiting flock: %v", err)
 	}
-	// Wait gives up after about a second
-	start := time.Now()
+	// Wait gives up after lockWait (a second), not before
 	w := lk(b, f.Ino, 1, 0, 0, rpc.LockWrite)
 	w.Wait = true
-	wantErrno(t, setlk(b, w), syscall.EAGAIN, "bounded wait")
-	if d := time.Since(start); d < 900*time.Millisecond || d > 3*time.Second {
-		t.Fatalf("wait took %v", d)
+	go func() { done <- setlk(b, w) }()
+	if !fc.WaitPending(3, 10*time.Second) {
+		t.Fatalf("the lock waiter never waited (%d timers pending)", fc.Pending())
 	}
+	fc.Advance(lockWait - time.Millisecond)
+	if n := fc.Pending(); n != 3 {
+		t.Fatalf("%d timers pending just before the wait's end, want 3 (the wait ended early?)", n)
+	}
+	fc.Advance(time.Millisecond)
+	wantErrno(t, returns(t, "bounded lock wait", done), syscall.EAGAIN, "bounded wait")
 
 	// SessionClose releases every lock of the session
 	if err := a.call(rpc.MSessionClose, &rpc.SessionCloseReq{ClientID: a.id}, nil); err != nil {
@@ -117,37 +132,50 @@ func TestLocks(t *testing.T) {
 	wantErrno(t, a.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: a.id}, nil), syscall.ESTALE, "heartbeat of closed session")
 }
 
+// TestSessionExpiryReleasesLocks: a session that stops heartbeating keeps
+// its locks for its lease and loses them (and the session) after it, on a
+// fake clock: the lease runs out when the test moves time, not when it has
+// slept long enough.
 func TestSessionExpiryReleasesLocks(t *testing.T) {
 	cfg := testConfig(t, "")
-	cfg.SessionLease = 300 * time.Millisecond
+	cfg.SessionLease = 10 * time.Second // leader loop ticks every second
+	fc := fakeClock(t, &cfg)
 	s := openService(t, cfg)
+	waitLeaderLoop(t, fc)
 	a := newClient(t, s.Addr())
 	b := newClient(t, s.Addr())
 	if err := a.call(rpc.MSetLk, lk(a, 1, 1, 0, 10, rpc.LockWrite), nil); err != nil {
 		t.Fatal(err)
 	}
-	// b keeps heartbeating, a goes silent
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	// b keeps heartbeating, a goes silent. Up to 9 s in (each second's
+	// expiry pass done before the next tick is taken), a keeps its lock.
+	for i := 0; i < 9; i++ {
 		if err := b.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: b.id}, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.call(rpc.MSetLk, lk(b, 1, 1, 0, 10, rpc.LockWrite), nil); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("lock of an expired session was never released")
-		}
-		time.Sleep(50 * time.Millisecond)
+		fc.Advance(time.Second)
 	}
+	wantErrno(t, b.call(rpc.MSetLk, lk(b, 1, 1, 0, 10, rpc.LockWrite), nil), syscall.EAGAIN, "lock held by a session 9 s into its 10 s lease")
+	if err := b.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: b.id}, nil); err != nil {
+		t.Fatal(err)
+	}
+	fc.Advance(2 * time.Second) // 11 s: a's lease is over
+	waitFor(t, "the lock of the expired session released", func() bool {
+		return b.call(rpc.MSetLk, lk(b, 1, 1, 0, 10, rpc.LockWrite), nil) == nil
+	})
 	wantErrno(t, a.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: a.id}, nil), syscall.ESTALE, "heartbeat after expiry")
+	if err := b.call(rpc.MSessionHeartbeat, &rpc.SessionHeartbeatReq{ClientID: b.id}, nil); err != nil {
+		t.Fatalf("the heartbeating session expired too: %v", err)
+	}
 }
 
 func TestRegistry(t *testing.T) {
 	dir := t.TempDir()
 	cfg := testConfig(t, dir)
-	cfg.ServerTimeout = 400 * time.Millisecond
+	cfg.ServerTimeout = 10 * time.Second
+	fc := fakeClock(t, &cfg)
 	s := openService(t, cfg)
+	waitLeaderLoop(t, fc)
 	c := newClient(t, s.Addr())
 	r1 := c.registerTargets("10.0.0.1:7000", "uuid-a", "uuid-b")
 	r2 := c.registerTargets("10.0.0.2:7000", "uuid-c")
@@ -167,26 +195,36 @@ func TestRegistry(t *testing.T) {
 			t.Fatalf("target %+v", tg)
 		}
 	}
-	// server 2 keeps beating, server 1 goes silent
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if err := c.call(rpc.MServerHeartbeat, &rpc.ServerHeartbeatReq{ServerID: r2.ServerID, Targets: []rpc.TargetUsage{{ID: r2.TargetIDs[0], TotalBytes: 10, FreeBytes: 5}}}, nil); err != nil {
-			t.Fatal(err)
-		}
+	// server 2 keeps beating, server 1 goes silent: alive for its 10 s,
+	// dead after them.
+	alive := func() map[uint32]bool {
+		t.Helper()
 		if err := c.call(rpc.MListTargets, &rpc.Empty{}, &lt); err != nil {
 			t.Fatal(err)
 		}
-		alive := map[uint32]bool{}
+		m := map[uint32]bool{}
 		for _, tg := range lt.Targets {
-			alive[tg.ID] = tg.Alive
+			m[tg.ID] = tg.Alive
 		}
-		if !alive[r1.TargetIDs[0]] && !alive[r1.TargetIDs[1]] && alive[r2.TargetIDs[0]] {
-			break
+		return m
+	}
+	beat2 := func() {
+		t.Helper()
+		if err := c.call(rpc.MServerHeartbeat, &rpc.ServerHeartbeatReq{ServerID: r2.ServerID, Targets: []rpc.TargetUsage{{ID: r2.TargetIDs[0], TotalBytes: 10, FreeBytes: 5}}}, nil); err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("silent server still alive: %+v", lt.Targets)
-		}
-		time.Sleep(50 * time.Millisecond)
+	}
+	for i := 0; i < 9; i++ {
+		beat2()
+		fc.Advance(time.Second)
+	}
+	if m := alive(); !m[r1.TargetIDs[0]] || !m[r1.TargetIDs[1]] || !m[r2.TargetIDs[0]] {
+		t.Fatalf("9 s into a 10 s server timeout, targets alive: %v, want all", m)
+	}
+	beat2()
+	fc.Advance(2 * time.Second)
+	if m := alive(); m[r1.TargetIDs[0]] || m[r1.TargetIDs[1]] || !m[r2.TargetIDs[0]] {
+		t.Fatalf("11 s after server %d's last heartbeat, targets alive: %v, want only server %d's", r1.ServerID, m, r2.ServerID)
 	}
 	// new files only go to live targets
 	if f := c.mustCreate(1, "f", fileMode); len(f.Layout.Targets) != 1 || f.Layout.Targets[0] != r2.TargetIDs[0] {
@@ -205,39 +243,74 @@ func TestRegistry(t *testing.T) {
 }
 
 // reapingSetup starts a metadata service that reaps orphans after grace, a
-// fake store serving two targets, and a client that registered them.
-func reapingSetup(t *testing.T, grace time.Duration) (*fakeStore, *client, rpc.RegisterServerResp) {
+// fake store serving two targets, and a client that registered them. With
+// fc, the service runs on that fake clock and its leader loop is running.
+func reapingSetup(t *testing.T, grace time.Duration, fc *clock.Fake) (*fakeStore, *client, rpc.RegisterServerResp) {
 	t.Helper()
 	cfg := testConfig(t, "")
 	cfg.OrphanGrace = grace
+	if fc != nil {
+		cfg.Clock = fc
+	}
 	s := openService(t, cfg)
+	if fc != nil {
+		waitLeaderLoop(t, fc)
+	}
 	store := newFakeStore(t)
 	c := newClient(t, s.Addr())
 	return store, c, c.registerTargets(store.addr, "t1", "t2")
 }
 
+// reapTickOf is the reaper's tick for an orphan grace (leaderLoop).
+func reapTickOf(grace time.Duration) time.Duration {
+	return clampDur(grace/4, 50*time.Millisecond, time.Second)
+}
+
+// fakeReapingSetup is reapingSetup on a fake clock, which it returns with
+// the reaper's tick.
+func fakeReapingSetup(t *testing.T, grace time.Duration) (*clock.Fake, time.Duration, *fakeStore, *client, rpc.RegisterServerResp) {
+	t.Helper()
+	fc := clock.NewFake(time.Now())
+	store, c, reg := reapingSetup(t, grace, fc)
+	return fc, reapTickOf(grace), store, c, reg
+}
+
+// TestOrphanReaping, on a fake clock: an unlinked file's data goes once the
+// grace has passed and its client has reported its open files since the
+// unlink without it — not before, and not while the client holds it open.
+// Each check follows reaper passes that have run to their end.
 func TestOrphanReaping(t *testing.T) {
-	store, c, reg := reapingSetup(t, 200*time.Millisecond)
+	const grace = 2 * time.Second
+	fc, tick, store, c, reg := fakeReapingSetup(t, grace)
 	f := c.mustCreate(1, "f", fileMode)
 	g := c.mustCreate(1, "g", fileMode)
 
 	// the client holds f open; g is closed
-	beat := func() {
-		if err := c.heartbeat(f.Ino); err != nil {
+	beat := func(open ...uint64) {
+		if err := c.heartbeat(open...); err != nil {
 			t.Fatal(err)
 		}
 	}
-	beat()
+	beat(f.Ino)
 	c.unlink(1, "f")
 	c.unlink(1, "g")
 	// Nothing is reaped before every session has reported its open files
-	// since the unlink: the client might have opened g a moment ago.
-	time.Sleep(300 * time.Millisecond)
+	// since the unlink (the client might have opened g a moment ago), even
+	// long past the grace.
+	steps(fc, int(2*grace/tick), tick)
 	if n := len(store.removed()); n != 0 {
 		t.Fatalf("%d chunks removed before the session reported", n)
 	}
-	waitFor(t, "g's chunks removed", func() bool { beat(); return len(store.removed()) == 2 })
-	time.Sleep(300 * time.Millisecond)
+	beat(f.Ino) // listed after the previous answer, from before the unlinks
+	steps(fc, 2, tick)
+	if n := len(store.removed()); n != 0 {
+		t.Fatalf("%d chunks removed on a list from before the unlinks", n)
+	}
+	beat(f.Ino) // listed after the unlinks
+	steps(fc, 2, tick)
+	if n := len(store.removed()); n != 2 {
+		t.Fatalf("%d chunks removed after the session reported f open, want g's 2", n)
+	}
 	for _, ch := range store.removed() {
 		if ch.Ino != g.Ino {
 			t.Fatalf("removed chunks of open file: %+v", ch)
@@ -249,10 +322,11 @@ func TestOrphanReaping(t *testing.T) {
 		t.Fatalf("open orphan = %+v", a)
 	}
 	// the client closes f
-	if err := c.heartbeat(); err != nil {
-		t.Fatal(err)
+	beat()
+	steps(fc, 2, tick)
+	if n := len(store.removed()); n != 4 {
+		t.Fatalf("%d chunks removed after f was closed, want 4", n)
 	}
-	waitFor(t, "f's chunks removed", func() bool { return len(store.removed()) == 4 })
 	seen := map[uint32]bool{}
 	for _, ch := range store.removed()[2:] {
 		if ch.Ino != f.Ino {
@@ -263,14 +337,16 @@ func TestOrphanReaping(t *testing.T) {
 	if !seen[reg.TargetIDs[0]] || !seen[reg.TargetIDs[1]] {
 		t.Fatalf("removals on targets %v, want %v", seen, reg.TargetIDs)
 	}
-	waitFor(t, "f reaped", func() bool { _, err := c.getattr(f.Ino); return err != nil })
+	_, err = c.getattr(f.Ino)
+	wantErrno(t, err, syscall.ENOENT, "reaped inode f")
 }
 
 // A file made with O_TMPFILE is an orphan from its start: reaped once its
 // client's lists, made after the create, no longer name it — not on the
 // strength of a list made before it existed — unless linkat named it.
 func TestTmpfileReaping(t *testing.T) {
-	store, c, _ := reapingSetup(t, 100*time.Millisecond)
+	const grace = 400 * time.Millisecond
+	fc, tick, store, c, _ := fakeReapingSetup(t, grace)
 	if err := c.heartbeat(); err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +363,7 @@ func TestTmpfileReaping(t *testing.T) {
 	if err := c.heartbeat(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond)
+	steps(fc, int(2*grace/tick), tick) // past the grace, passes done
 	if n := len(store.removed()); n != 0 {
 		t.Fatalf("%d chunks of new tmpfiles removed on a list older than their creation", n)
 	}
@@ -295,26 +371,29 @@ func TestTmpfileReaping(t *testing.T) {
 		if err := c.heartbeat(tmp.Ino, kept.Ino); err != nil {
 			t.Fatal(err)
 		}
+		steps(fc, 1, tick)
 	}
-	time.Sleep(300 * time.Millisecond)
+	steps(fc, 2, tick)
 	if n := len(store.removed()); n != 0 {
 		t.Fatalf("%d chunks of open tmpfiles removed", n)
 	}
 	if _, err := c.link(kept.Ino, 1, "kept"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the closed tmpfile's chunks removed", func() bool {
-		if err := c.heartbeat(); err != nil {
-			t.Fatal(err)
-		}
-		return len(store.removed()) == 2
-	})
+	if err := c.heartbeat(); err != nil { // both closed
+		t.Fatal(err)
+	}
+	steps(fc, 2, tick)
+	if n := len(store.removed()); n != 2 {
+		t.Fatalf("%d chunks removed once the tmpfiles were closed, want the unnamed one's 2", n)
+	}
 	for _, ch := range store.removed() {
 		if ch.Ino != tmp.Ino {
 			t.Fatalf("removed a chunk of inode %d, want only the unnamed tmpfile %d", ch.Ino, tmp.Ino)
 		}
 	}
-	waitFor(t, "the tmpfile's inode gone", func() bool { _, err := c.getattr(tmp.Ino); return err != nil })
+	_, err = c.getattr(tmp.Ino)
+	wantErrno(t, err, syscall.ENOENT, "the reaped tmpfile")
 	if a, err := c.lookup(1, "kept"); err != nil || a.Nlink != 1 {
 		t.Fatalf("named tmpfile after reaping = %+v, %v", a, err)
 	}
@@ -326,8 +405,11 @@ func TestTmpfileReaping(t *testing.T) {
 // echoes), not when the heartbeat arrived.
 func TestOrphanNotReapedOnStaleOpenList(t *testing.T) {
 	cfg := testConfig(t, "")
-	cfg.OrphanGrace = 100 * time.Millisecond
+	cfg.OrphanGrace = 400 * time.Millisecond
+	tick := reapTickOf(cfg.OrphanGrace)
+	fc := fakeClock(t, &cfg)
 	s := openService(t, cfg)
+	waitLeaderLoop(t, fc)
 	store := newFakeStore(t)
 	a := newClient(t, s.Addr())
 	b := newClient(t, s.Addr())
@@ -337,12 +419,14 @@ func TestOrphanNotReapedOnStaleOpenList(t *testing.T) {
 		t.Fatal(err)
 	}
 	listedAfter := a.now.Load()
+	fc.Advance(tick)
 	// a opens f; b unlinks it; b reports (twice: its second list is
 	// known to postdate the unlink).
 	if _, err := b.unlink(1, "f"); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 2; i++ {
+		fc.Advance(tick)
 		if err := b.heartbeat(); err != nil {
 			t.Fatal(err)
 		}
@@ -352,7 +436,7 @@ func TestOrphanNotReapedOnStaleOpenList(t *testing.T) {
 	if err := a.call(rpc.MSessionHeartbeat, stale, &rpc.SessionHeartbeatResp{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	steps(fc, int(2*cfg.OrphanGrace/tick), tick) // past the grace, passes done
 	if n := len(store.removed()); n != 0 {
 		t.Fatalf("%d chunks of a file open on a removed on the strength of a list older than the unlink", n)
 	}
@@ -361,28 +445,42 @@ func TestOrphanNotReapedOnStaleOpenList(t *testing.T) {
 		if err := a.heartbeat(f.Ino); err != nil {
 			t.Fatal(err)
 		}
+		fc.Advance(tick)
 	}
-	time.Sleep(300 * time.Millisecond)
+	if err := b.heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	steps(fc, 2, tick)
 	if n := len(store.removed()); n != 0 {
 		t.Fatalf("%d chunks of an open file removed", n)
 	}
-	waitFor(t, "f's chunks removed after a closed it", func() bool {
-		if err := a.heartbeat(); err != nil {
-			t.Fatal(err)
-		}
-		return len(store.removed()) == 1
-	})
+	if err := a.heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	steps(fc, 2, tick)
+	if n := len(store.removed()); n != 1 {
+		t.Fatalf("%d chunks removed after a closed f, want 1", n)
+	}
 }
 
 func TestOrphanWaitsForStore(t *testing.T) {
 	cfg := testConfig(t, "")
 	cfg.OrphanGrace = 100 * time.Millisecond
+	tick := reapTickOf(cfg.OrphanGrace)
+	fc := fakeClock(t, &cfg)
 	s := openService(t, cfg)
+	waitLeaderLoop(t, fc)
 	c := newClient(t, s.Addr())
 	c.registerTargets("127.0.0.1:1", "t1") // nothing listens there
 	f := c.mustCreate(1, "f", fileMode)
 	c.unlink(1, "f")
-	time.Sleep(time.Second)
+	for i := 0; i < 3; i++ { // lists after the unlink: f may go once its store answers
+		fc.Advance(tick)
+		if err := c.heartbeat(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps(fc, 10, tick)
 	if a, err := c.getattr(f.Ino); err != nil || a.Nlink != 0 {
 		t.Fatalf("orphan reaped without its store: %+v %v", a, err)
 	}
@@ -406,7 +504,7 @@ var _ sync.Mutex
 // TestOrphanReapingMany: a burst of unlinks is reaped in batches (one Raft
 // command for many inodes) and every inode and chunk goes.
 func TestOrphanReapingMany(t *testing.T) {
-	store, c, _ := reapingSetup(t, 100*time.Millisecond)
+	store, c, _ := reapingSetup(t, 100*time.Millisecond, nil)
 	const n = 40 // more than one opCtx's inode cache
 	var inos []uint64
 	for i := 0; i < n; i++ {
@@ -533,7 +631,7 @@ func TestStatusClientsAndLocks(t *testing.T) {
 // TestStatusLockListBounded: the status lists at most MaxStatusLocks locks
 // but counts them all.
 func TestStatusLockListBounded(t *testing.T) {
-	tb := newLockTable(slog.Default())
+	tb := newLockTable(slog.Default(), nil)
 	n := rpc.MaxStatusLocks + 5
 	for i := range n {
 		r := &rpc.LockReq{ClientID: 9, Ino: uint64(i%7) + 100, Owner: uint64(i), Start: uint64(i) * 10, End: uint64(i)*10 + 9, Type: rpc.LockWrite}
@@ -556,7 +654,7 @@ func TestStatusLockListBounded(t *testing.T) {
 // chunks wait for the reaper, and the space they hold (reported
 // allocation, as st_blocks shows it), until the reaper has freed them.
 func TestStatusFreePending(t *testing.T) {
-	store, c, _ := reapingSetup(t, 300*time.Millisecond)
+	store, c, _ := reapingSetup(t, 300*time.Millisecond, nil)
 	status := func() rpc.ClusterStatusResp {
 		t.Helper()
 		var cs rpc.ClusterStatusResp

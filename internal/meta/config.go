@@ -12,6 +12,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/stratafs/strata/internal/clock"
+	"github.com/stratafs/strata/internal/kv"
 )
 
 // Config configures the metadata service. Zero fields take the defaults of
@@ -21,6 +24,11 @@ type Config struct {
 	// config and format version), fsm/ (the namespace store) and raft/ (the
 	// raft log and snapshots). Required.
 	DataDir string
+	// FS, when set, is the file system under the state machine's store
+	// (DataDir/fsm): tests pass pebble's vfs/errorfs or its crash-simulating
+	// memory file system (see package kv). The raft log and meta.json stay
+	// on the operating system's. Default: the operating system's.
+	FS kv.FS
 	// ListenAddr is the rpc address (host:port; port 0 picks a free one).
 	ListenAddr string
 	// RaftAddr is the raft transport address. Default: 127.0.0.1:0 when
@@ -64,6 +72,18 @@ type Config struct {
 	// pass, not during their burst; with under a tenth of the capacity
 	// free it never waits. Default 10 s; negative: never defer.
 	ReapDeferMax time.Duration
+	// Clock is the time the leader's timers follow — session expiry,
+	// storage server liveness (ServerTimeout), the lock grace period and
+	// lock waits, the orphan grace and the reaper's ticks, the wait for
+	// storage servers after taking office — and the time it stamps on
+	// what it proposes (the Now of each command; Apply itself reads no
+	// clock). Default (nil): the system clock. Tests pass a clock.Fake
+	// and move it instead of sleeping. On a clock that stands still,
+	// storage servers stay alive until it passes ServerTimeout (a test
+	// sends their heartbeats as it moves it), and a create on a new
+	// leader that knows no live target waits for one until the clock
+	// passes the startup grace or the request ends.
+	Clock clock.Clock
 	// MetricsAddr, if set, serves Prometheus metrics at http://ADDR/metrics.
 	MetricsAddr string
 	// StrictSync makes every mutation's answer wait until its raft entry is
@@ -121,6 +141,7 @@ func (c Config) withDefaults() Config {
 	if c.RaftAddr == "" {
 		c.RaftAddr = defaultRaftAddr(c.ListenAddr)
 	}
+	c.Clock = clock.OrReal(c.Clock)
 	return c
 }
 

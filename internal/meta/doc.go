@@ -90,6 +90,10 @@
 //
 //   - Apply must stay deterministic: no time.Now, no map iteration order,
 //     no I/O besides the batch. Add new inputs to the command instead.
+//   - The leader's times come from Config.Clock (s.now() for a command's
+//     Now, s.cfg.Clock for timers and leases), not package time: tests
+//     run the service on a clock.Fake. Durations that only pace work
+//     (the reaper's pass budget, polls, log spacing) stay on real time.
 //   - An apply function checks everything before it writes anything: the
 //     batch is shared by the whole raft group of commands.
 //   - Heartbeat state (server liveness, capacity, session leases, open

@@ -45,7 +45,7 @@ func handle[Req any, PReq interface {
 func (s *Service) place(ctx context.Context, c *command) error {
 	c.Cands = s.placementCandidates(ctx)
 	if len(c.Cands) == 0 {
-		return rpc.Errorf(syscall.ENOSPC, "cannot place a new file: %s", s.live.noCandidates(time.Now()))
+		return rpc.Errorf(syscall.ENOSPC, "cannot place a new file: %s", s.live.noCandidates(s.cfg.Clock.Now()))
 	}
 	c.RRStart = s.rr.Add(1)
 	return nil
@@ -105,7 +105,8 @@ func wireAttr(a *schema.Attr) rpc.Attr {
 		Blocks: a.Blocks, BlocksKnown: a.BlocksKnown}
 }
 
-func now() int64 { return time.Now().UnixNano() }
+// now is the time the leader stamps on what it proposes (Config.Clock).
+func (s *Service) now() int64 { return s.cfg.Clock.Now().UnixNano() }
 
 // placementCandidates returns the live targets with free space. Liveness
 // lives in the leader's memory, so a leader that has just started (a
@@ -113,7 +114,7 @@ func now() int64 { return time.Now().UnixNano() }
 // servers' next heartbeats; rather than fail creates with ENOSPC in that
 // window, it waits for them — at most startupGrace after taking office.
 func (s *Service) placementCandidates(ctx context.Context) []layout.Candidate {
-	cands := s.live.candidates(time.Now())
+	cands := s.live.candidates(s.cfg.Clock.Now())
 	if len(cands) > 0 {
 		return cands
 	}
@@ -122,9 +123,9 @@ func (s *Service) placementCandidates(ctx context.Context) []layout.Candidate {
 		grace = startupGrace
 	}
 	until := time.Unix(0, s.leaderSince.Load()).Add(grace)
-	for len(cands) == 0 && time.Now().Before(until) && ctx.Err() == nil {
+	for len(cands) == 0 && s.cfg.Clock.Now().Before(until) && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)
-		cands = s.live.candidates(time.Now())
+		cands = s.live.candidates(s.cfg.Clock.Now())
 	}
 	return cands
 }
@@ -142,7 +143,7 @@ func (s *Service) register() {
 		rpc.MListXattr, rpc.MStatFS, rpc.MListTargets, rpc.MSync, rpc.MInodesKnown)
 	handle(s, rpc.MSessionOpen, func(_ context.Context, r *rpc.SessionOpenReq) (rpc.Message, error) {
 		lease := uint32(min(s.cfg.SessionLease.Milliseconds(), math.MaxUint32))
-		res, err := s.propose(&command{Op: opSessionOpen, Now: now(), Host: r.Host, MountPoint: r.MountPoint, Pid: r.Pid, LeaseMs: lease})
+		res, err := s.propose(&command{Op: opSessionOpen, Now: s.now(), Host: r.Host, MountPoint: r.MountPoint, Pid: r.Pid, LeaseMs: lease})
 		if err != nil {
 			return nil, err
 		}
@@ -153,7 +154,7 @@ func (s *Service) register() {
 		if !ok {
 			return nil, rpc.Errorf(syscall.EIO, "session open answered %T", res.reply())
 		}
-		s.sess.add(resp.ClientID, time.Now())
+		s.sess.add(resp.ClientID, s.cfg.Clock.Now())
 		s.log.Info("session opened", "client", resp.ClientID, "host", r.Host, "mount", r.MountPoint, "pid", r.Pid)
 		return resp, nil
 	})
@@ -162,7 +163,7 @@ func (s *Service) register() {
 		if r.ListedAfter > 0 {
 			builtAfter = time.Unix(0, r.ListedAfter)
 		}
-		t := time.Now()
+		t := s.cfg.Clock.Now()
 		if !s.sess.heartbeat(r.ClientID, r.OpenInodes, builtAfter, t) {
 			return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d (expired or closed): open a new one", r.ClientID)
 		}
@@ -185,11 +186,11 @@ func (s *Service) register() {
 		return &rpc.AttrResp{Attr: a}, nil
 	})
 	handle(s, rpc.MSetAttr, func(_ context.Context, r *rpc.SetAttrReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opSetAttr, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Valid: r.Valid, Mode: r.Mode,
+		return s.mutate(&command{Op: opSetAttr, Now: s.now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Valid: r.Valid, Mode: r.Mode,
 			Uid: r.Uid, Gid: r.Gid, Size: r.Size, Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime})
 	})
 	handle(s, rpc.MCreate, func(ctx context.Context, r *rpc.CreateReq) (rpc.Message, error) {
-		c := &command{Op: opCreate, Now: now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Name: r.Name, Mode: r.Mode,
+		c := &command{Op: opCreate, Now: s.now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Name: r.Name, Mode: r.Mode,
 			Uid: r.Uid, Gid: r.Gid, Rdev: r.Rdev, Symlink: r.SymlinkTarget}
 		if r.Mode&modeType == modeReg || r.Mode&modeType == 0 {
 			if err := s.place(ctx, c); err != nil {
@@ -202,7 +203,7 @@ func (s *Service) register() {
 		if r.Name != "" {
 			return nil, rpc.Errorf(syscall.EINVAL, "a file made with O_TMPFILE has no name (got %q)", r.Name)
 		}
-		c := &command{Op: opTmpfile, Now: now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid}
+		c := &command{Op: opTmpfile, Now: s.now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid}
 		if err := s.place(ctx, c); err != nil {
 			return nil, err
 		}
@@ -213,17 +214,17 @@ func (s *Service) register() {
 	// reaper's ticker scans for those; a scan per unlink made remove-heavy
 	// workloads quadratic in the number of waiting orphans.
 	handle(s, rpc.MUnlink, func(_ context.Context, r *rpc.EntryReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opUnlink, Now: now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Name: r.Name})
+		return s.mutate(&command{Op: opUnlink, Now: s.now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Name: r.Name})
 	})
 	handle(s, rpc.MRmdir, func(_ context.Context, r *rpc.EntryReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opRmdir, Now: now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Name: r.Name})
+		return s.mutate(&command{Op: opRmdir, Now: s.now(), Hdr: hdrOf(r.Hdr), Parent: r.Parent, Name: r.Name})
 	})
 	handle(s, rpc.MRename, func(_ context.Context, r *rpc.RenameReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opRename, Now: now(), Hdr: hdrOf(r.Hdr), Parent: r.OldParent, Name: r.OldName,
+		return s.mutate(&command{Op: opRename, Now: s.now(), Hdr: hdrOf(r.Hdr), Parent: r.OldParent, Name: r.OldName,
 			NewParent: r.NewParent, NewName: r.NewName, Flags: r.Flags})
 	})
 	handle(s, rpc.MLink, func(_ context.Context, r *rpc.LinkReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opLink, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, NewParent: r.NewParent, NewName: r.NewName})
+		return s.mutate(&command{Op: opLink, Now: s.now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, NewParent: r.NewParent, NewName: r.NewName})
 	})
 	handle(s, rpc.MReadlink, func(_ context.Context, r *rpc.GetAttrReq) (rpc.Message, error) {
 		in, err := s.readInode(r.Ino)
@@ -257,17 +258,17 @@ func (s *Service) register() {
 		return &rpc.XattrResp{Value: v}, nil
 	})
 	handle(s, rpc.MSetXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opSetXattr, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Name: r.Name, Value: r.Value, Flags: r.Flags})
+		return s.mutate(&command{Op: opSetXattr, Now: s.now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Name: r.Name, Value: r.Value, Flags: r.Flags})
 	})
 	handle(s, rpc.MListXattr, s.listXattr)
 	handle(s, rpc.MSetAtimes, func(_ context.Context, r *rpc.SetAtimesReq) (rpc.Message, error) {
 		if len(r.Inos) > rpc.MaxSetAtimes || len(r.Atimes) != len(r.Inos) {
 			return nil, rpc.Errorf(syscall.EINVAL, "%d access times for %d files (at most %d)", len(r.Atimes), len(r.Inos), rpc.MaxSetAtimes)
 		}
-		return s.mutate(&command{Op: opSetAtimes, Now: now(), Hdr: hdrOf(r.Hdr), Inos: r.Inos, Atimes: r.Atimes})
+		return s.mutate(&command{Op: opSetAtimes, Now: s.now(), Hdr: hdrOf(r.Hdr), Inos: r.Inos, Atimes: r.Atimes})
 	})
 	handle(s, rpc.MRemoveXattr, func(_ context.Context, r *rpc.XattrReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opRemoveXattr, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Name: r.Name})
+		return s.mutate(&command{Op: opRemoveXattr, Now: s.now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Name: r.Name})
 	})
 	handle(s, rpc.MSync, func(ctx context.Context, r *rpc.SyncReq) (rpc.Message, error) {
 		if err := s.checkEntry(r.Index, r.Term); err != nil {
@@ -282,7 +283,7 @@ func (s *Service) register() {
 		return &rpc.SyncResp{Durable: s.node.DurableIndex(), Term: term}, nil
 	})
 	handle(s, rpc.MCommitSize, func(_ context.Context, r *rpc.CommitSizeReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opCommitSize, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid, Alloc: slotAllocsOf(r.Alloc), Deferred: r.Deferred})
+		return s.mutate(&command{Op: opCommitSize, Now: s.now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Size: r.Size, Mtime: r.Mtime, ClearSuid: r.ClearSuid, Alloc: slotAllocsOf(r.Alloc), Deferred: r.Deferred})
 	})
 	handle(s, rpc.MGetLk, func(ctx context.Context, r *rpc.LockReq) (rpc.Message, error) {
 		if !s.sess.known(r.ClientID) {
@@ -301,14 +302,14 @@ func (s *Service) register() {
 		return &rpc.LockGrant{Epoch: epoch}, nil
 	})
 	handle(s, rpc.MSetDirLayout, func(_ context.Context, r *rpc.SetDirLayoutReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opSetDirLayout, Now: now(), Hdr: hdrOf(r.Hdr), Ino: r.Dir, Size: uint64(r.StripeSize), Flags: r.StripeCount})
+		return s.mutate(&command{Op: opSetDirLayout, Now: s.now(), Hdr: hdrOf(r.Hdr), Ino: r.Dir, Size: uint64(r.StripeSize), Flags: r.StripeCount})
 	})
 	handle(s, rpc.MRegisterServer, func(_ context.Context, r *rpc.RegisterServerReq) (rpc.Message, error) {
 		if err := s.checkForeignTargets(r.Targets); err != nil {
 			return nil, err
 		}
 		next := s.fsm.nextIno()
-		res, err := s.propose(&command{Op: opRegister, Now: now(), Addr: r.Addr, Host: r.Host, Targets: targetRegsOf(r.Targets)})
+		res, err := s.propose(&command{Op: opRegister, Now: s.now(), Addr: r.Addr, Host: r.Host, Targets: targetRegsOf(r.Targets)})
 		if err != nil {
 			return nil, err
 		}
@@ -322,7 +323,7 @@ func (s *Service) register() {
 		for _, t := range r.Targets {
 			s.warnIfBehind(t.InoCeiling, next, "target "+t.Path)
 		}
-		s.live.registered(resp.ServerID, r.Host, resp.TargetIDs, r.Targets, time.Now())
+		s.live.registered(resp.ServerID, r.Host, resp.TargetIDs, r.Targets, s.cfg.Clock.Now())
 		s.log.Info("storage server registered", "server", resp.ServerID, "addr", r.Addr, "host", r.Host, "targets", resp.TargetIDs)
 		return resp, nil
 	})
@@ -345,7 +346,7 @@ func (s *Service) register() {
 			}
 			s.warnIfBehind(r.InoCeiling, next, "storage server "+srv.Addr)
 		}
-		now := time.Now()
+		now := s.cfg.Clock.Now()
 		s.live.heartbeat(r.ServerID, srv.Host, r.Targets, r.FSIDs, r.RawFree, now)
 		s.live.reportUnsynced(r.Targets, r.Unsynced, now)
 		return empty, nil
@@ -521,7 +522,7 @@ func (s *Service) listXattr(_ context.Context, r *rpc.GetAttrReq) (rpc.Message, 
 
 // registry lists the registered servers and targets with their health.
 func (s *Service) registry() ([]rpc.ServerInfo, []rpc.TargetInfo, error) {
-	now := time.Now()
+	now := s.cfg.Clock.Now()
 	var servers []rpc.ServerInfo
 	addrs := map[uint32]string{}
 	p := schema.ServerPrefix()
@@ -594,7 +595,7 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 
 // unsyncedOf lists the targets' unsynced figures in their order.
 func (s *Service) unsyncedOf(targets []rpc.TargetInfo) []rpc.TargetUnsynced {
-	now := time.Now()
+	now := s.cfg.Clock.Now()
 	out := make([]rpc.TargetUnsynced, len(targets))
 	for i, t := range targets {
 		out[i] = s.live.unsynced(t.ID, now)
@@ -604,7 +605,7 @@ func (s *Service) unsyncedOf(targets []rpc.TargetInfo) []rpc.TargetUnsynced {
 
 // raiseIno makes the state machine skip every inode number below ceiling.
 func (s *Service) raiseIno(ceiling uint64) error {
-	res, err := s.propose(&command{Op: opRaiseIno, Now: now(), Ino: ceiling})
+	res, err := s.propose(&command{Op: opRaiseIno, Now: s.now(), Ino: ceiling})
 	if err != nil {
 		return err
 	}
@@ -671,7 +672,7 @@ func (s *Service) clientInfo(locks map[uint64]int) ([]rpc.ClientInfo, error) {
 		return nil, rpc.Errorf(syscall.EIO, "list sessions: %v", err)
 	}
 	defer it.Close()
-	now := time.Now()
+	now := s.cfg.Clock.Now()
 	var out []rpc.ClientInfo
 	for ok := it.First(); ok; ok = it.Next() {
 		id, err := schema.DecodeSessionKey(it.Key())

@@ -425,20 +425,20 @@ func (l *liveness) capacityRaw() (total, rawFree, free uint64) {
 func (s *Service) leaderLoop(ctx context.Context) {
 	sessTick := clampDur(s.cfg.SessionLease/4, 25*time.Millisecond, time.Second)
 	reapTick := clampDur(s.cfg.OrphanGrace/4, 50*time.Millisecond, time.Second)
-	st := time.NewTicker(sessTick)
+	st := s.cfg.Clock.NewTicker(sessTick)
 	defer st.Stop()
-	rt := time.NewTicker(reapTick)
+	rt := s.cfg.Clock.NewTicker(reapTick)
 	defer rt.Stop()
-	start := time.Now()
+	start := s.cfg.Clock.Now()
 	pace := reapPacer{last: start, at: start, requests: s.requests.Load()}
 	for {
 		select {
 		case <-ctx.Done():
 			s.logFreePending()
 			return
-		case <-st.C:
+		case <-st.C():
 			s.expireSessions()
-		case now := <-rt.C:
+		case now := <-rt.C():
 			if pace.due(now, s.requests.Load(), s.cfg.ReapDeferMax, s.lowOnSpace()) {
 				s.reapOrphans(ctx)
 			}
@@ -501,7 +501,7 @@ func clampDur(d, lo, hi time.Duration) time.Duration {
 }
 
 func (s *Service) expireSessions() {
-	for _, id := range s.sess.expired(time.Now(), s.cfg.SessionLease) {
+	for _, id := range s.sess.expired(s.cfg.Clock.Now(), s.cfg.SessionLease) {
 		if err := s.closeSession(id); err != nil {
 			s.log.Warn("expire session", "client", id, "err", err)
 			return
@@ -512,7 +512,7 @@ func (s *Service) expireSessions() {
 
 // closeSession removes a session through raft, then frees its locks.
 func (s *Service) closeSession(id uint64) error {
-	r, err := s.propose(&command{Op: opSessionClose, Now: time.Now().UnixNano(), Ino: id})
+	r, err := s.propose(&command{Op: opSessionClose, Now: s.now(), Ino: id})
 	if err != nil {
 		return err
 	}
@@ -538,7 +538,7 @@ const (
 // open and then the orphan records. A store that cannot be reached leaves
 // its orphans for a later pass.
 func (s *Service) reapOrphans(ctx context.Context) {
-	if time.Since(time.Unix(0, s.leaderSince.Load())) < s.cfg.OrphanGrace {
+	if s.cfg.Clock.Now().Sub(time.Unix(0, s.leaderSince.Load())) < s.cfg.OrphanGrace {
 		return
 	}
 	start := time.Now()
@@ -602,7 +602,7 @@ func (s *Service) reapRound(ctx context.Context) int {
 	// reapCommand inodes: one log append per round, not one per file.
 	for len(reaped) > 0 {
 		n := min(len(reaped), reapCommand)
-		r, err := s.propose(&command{Op: opReapMany, Now: time.Now().UnixNano(), Inos: reaped[:n]})
+		r, err := s.propose(&command{Op: opReapMany, Now: s.now(), Inos: reaped[:n]})
 		if err == nil {
 			err = r.err()
 		}

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stratafs/strata/internal/clock"
 	"github.com/stratafs/strata/internal/lockrange"
 	"github.com/stratafs/strata/internal/rpc"
 )
@@ -46,8 +47,9 @@ type fileLocks struct {
 // still holds. A reclaim that conflicts (impossible unless two clients
 // believed they held conflicting locks) is refused: that lock is lost.
 type lockTable struct {
-	log *slog.Logger
-	mu  struct {
+	log   *slog.Logger
+	clock clock.Clock // the grace period's and lock waits' time
+	mu    struct {
 		sync.Mutex
 		files    map[uint64]*fileLocks          // by inode
 		byClient map[uint64]map[uint64]struct{} // client → inodes it holds locks on
@@ -59,8 +61,8 @@ type lockTable struct {
 	}
 }
 
-func newLockTable(log *slog.Logger) *lockTable {
-	t := &lockTable{log: log}
+func newLockTable(log *slog.Logger, clk clock.Clock) *lockTable {
+	t := &lockTable{log: log, clock: clock.OrReal(clk)}
 	t.mu.files = map[uint64]*fileLocks{}
 	t.mu.byClient = map[uint64]map[uint64]struct{}{}
 	t.mu.epoch = newLockEpoch()
@@ -97,7 +99,7 @@ func (t *lockTable) startGrace(clients []uint64, d time.Duration) {
 		return
 	}
 	t.log.Info("lock grace period: new locks wait until these sessions reclaim theirs", "sessions", len(clients), "at_most", d)
-	time.AfterFunc(d, func() {
+	t.clock.AfterFunc(d, func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		if _, in := t.inGraceLocked(); in && t.mu.graceOver == over { // this grace period, still on
@@ -164,12 +166,12 @@ func (t *lockTable) waitGrace(ctx context.Context, client uint64) error {
 	if pending {
 		return rpc.Errorf(syscall.EBUSY, "locks are being reclaimed after a metadata service restart: reclaim this session's locks (report the lock epoch), then ask again")
 	}
-	tm := time.NewTimer(lockWait)
+	tm := t.clock.NewTimer(lockWait)
 	defer tm.Stop()
 	select {
 	case <-over:
 		return nil
-	case <-tm.C:
+	case <-tm.C():
 		return rpc.Errorf(syscall.EBUSY, "locks are being reclaimed after a metadata service restart; ask again")
 	case <-ctx.Done():
 		return rpc.Errorf(syscall.EINTR, "lock wait interrupted: %v", ctx.Err())
@@ -240,7 +242,7 @@ func (t *lockTable) get(ctx context.Context, r *rpc.LockReq) (*rpc.LockResp, err
 }
 
 // set answers F_SETLK/F_SETLKW/flock: EAGAIN on conflict, after waiting up
-// to lockWait when r.Wait. It returns the epoch the lock was granted under.
+// to lockWait from the first conflict when r.Wait. It returns the epoch the lock was granted under.
 // A new lock during the grace period gets EBUSY (waitGrace); unlocks and
 // reclaims pass. With r.CloseHandle it drops what the client took through
 // r.Handle (closeHandle).
@@ -252,8 +254,12 @@ func (t *lockTable) set(ctx context.Context, r *rpc.LockReq) (uint64, error) {
 		return t.closeHandle(r.ClientID, r.Ino, r.Handle), nil
 	}
 	want := reqLock(r)
-	deadline := time.NewTimer(lockWait)
-	defer deadline.Stop()
+	var deadline clock.Timer // from the first conflict waited on
+	defer func() {
+		if deadline != nil {
+			deadline.Stop()
+		}
+	}()
 	for {
 		if !r.Reclaim && want.Type != rpc.LockUnlock {
 			if err := t.waitGrace(ctx, r.ClientID); err != nil {
@@ -300,9 +306,12 @@ func (t *lockTable) set(ctx context.Context, r *rpc.LockReq) (uint64, error) {
 		if !r.Wait {
 			return 0, rpc.Errorf(syscall.EAGAIN, "inode %d range %d..%d is locked by client %d pid %d", r.Ino, c.Start, c.End, c.Client, c.Pid)
 		}
+		if deadline == nil {
+			deadline = t.clock.NewTimer(lockWait)
+		}
 		select {
 		case <-changed:
-		case <-deadline.C:
+		case <-deadline.C():
 			return 0, rpc.Errorf(syscall.EAGAIN, "inode %d range %d..%d still locked by client %d pid %d after %v", r.Ino, c.Start, c.End, c.Client, c.Pid, lockWait)
 		case <-ctx.Done():
 			return 0, rpc.Errorf(syscall.EINTR, "lock wait interrupted: %v", ctx.Err())

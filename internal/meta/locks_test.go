@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratafs/strata/internal/clock"
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -19,12 +20,28 @@ func lockErrno(err error) syscall.Errno {
 	return 0
 }
 
+// returns waits up to 60 s of real time for the answer of a call under
+// test that should come without the fake clock moving (or, answers, on a
+// failing disk): the test fails rather than hangs.
+func returns(t *testing.T, what string, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s: no answer after 60 s", what)
+		return nil
+	}
+}
+
 // TestLockGrace: after startGrace only reclaims and unlocks pass until
 // every earlier session has reported the new epoch (or the time is up);
-// a client that has not reclaimed is told so at once (EBUSY), others wait.
+// a client that has not reclaimed is told so at once (EBUSY), others wait
+// (lockWait, on a fake clock).
 func TestLockGrace(t *testing.T) {
 	ctx := context.Background()
-	tb := newLockTable(slog.Default())
+	fc := clock.NewFake(time.Now())
+	tb := newLockTable(slog.Default(), fc)
 	old := tb.epoch()
 	tb.startGrace([]uint64{1, 2}, time.Hour)
 	epoch := tb.epoch()
@@ -35,13 +52,15 @@ func TestLockGrace(t *testing.T) {
 		return &rpc.LockReq{ClientID: client, Ino: 5, Owner: 1, Start: start, End: end, Type: rpc.LockWrite, Pid: uint32(client)}
 	}
 
-	// Client 1 has not reclaimed: a new lock is refused at once.
-	start := time.Now()
-	if _, err := tb.set(ctx, w(1, 100, 199)); lockErrno(err) != syscall.EBUSY {
+	// Client 1 has not reclaimed: a new lock is refused at once (the
+	// clock stands still: a wait would never end).
+	done := make(chan error, 1)
+	go func() {
+		_, err := tb.set(ctx, w(1, 100, 199))
+		done <- err
+	}()
+	if err := returns(t, "new lock of a pending client", done); lockErrno(err) != syscall.EBUSY {
 		t.Fatalf("new lock of a pending client in grace: %v, want EBUSY", err)
-	}
-	if el := time.Since(start); el > lockWait/2 {
-		t.Fatalf("EBUSY for a pending client took %v", el)
 	}
 	// Its reclaim passes, and a conflicting reclaim of client 2 is refused.
 	rc := w(1, 0, 9)
@@ -61,34 +80,40 @@ func TestLockGrace(t *testing.T) {
 		t.Fatalf("unlock in grace: %v", err)
 	}
 	// Client 3 (not pending) waits; a report with a stale epoch ends nothing.
-	done := make(chan error, 1)
+	// The grace period's own timer (an hour) is pending; the waiter adds
+	// its grace wait's.
 	go func() {
 		_, err := tb.set(ctx, w(3, 5, 5))
 		done <- err
 	}()
+	if !fc.WaitPending(2, 10*time.Second) {
+		t.Fatalf("the waiter never waited on the clock (%d timers pending)", fc.Pending())
+	}
 	tb.reclaimed(1, epoch)
 	tb.reclaimed(2, old)
+	fc.Advance(lockWait - time.Millisecond)
+	if n := fc.Pending(); n != 2 {
+		t.Fatalf("%d timers pending just before the end of the wait, want 2 (the waiter's fired early?)", n)
+	}
 	select {
 	case err := <-done:
-		if lockErrno(err) != syscall.EBUSY {
-			t.Fatalf("new lock while client 2 has not reported: %v, want EBUSY after waiting", err)
-		}
-	case <-time.After(5 * lockWait):
-		t.Fatal("new lock in grace did not return")
+		t.Fatalf("new lock in grace answered %v before its wait was over", err)
+	default:
+	}
+	fc.Advance(time.Millisecond)
+	if err := returns(t, "new lock in grace after lockWait", done); lockErrno(err) != syscall.EBUSY {
+		t.Fatalf("new lock while client 2 has not reported: %v, want EBUSY after waiting", err)
 	}
 	go func() {
 		_, err := tb.set(ctx, w(3, 5, 5))
 		done <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	if !fc.WaitPending(2, 10*time.Second) {
+		t.Fatalf("the waiter never waited on the clock (%d timers pending)", fc.Pending())
+	}
 	tb.reclaimed(2, epoch) // the last one: grace over, the waiter goes on
-	select {
-	case err := <-done:
-		if lockErrno(err) != syscall.EAGAIN {
-			t.Fatalf("lock conflicting with a reclaimed one after grace: %v, want EAGAIN", err)
-		}
-	case <-time.After(lockWait / 2):
-		t.Fatal("the end of grace did not wake the waiter")
+	if err := returns(t, "the waiter after the end of grace", done); lockErrno(err) != syscall.EAGAIN {
+		t.Fatalf("lock conflicting with a reclaimed one after grace: %v, want EAGAIN", err)
 	}
 	if _, err := tb.set(ctx, w(3, 10, 20)); err != nil {
 		t.Fatalf("free range after grace: %v", err)
@@ -103,18 +128,39 @@ func TestLockGrace(t *testing.T) {
 // client never reports, and when the last pending session goes away.
 func TestLockGraceEnds(t *testing.T) {
 	ctx := context.Background()
-	tb := newLockTable(slog.Default())
+	fc := clock.NewFake(time.Now())
+	tb := newLockTable(slog.Default(), fc)
 	tb.startGrace([]uint64{1}, 100*time.Millisecond)
 	req := &rpc.LockReq{ClientID: 2, Ino: 1, Owner: 1, End: 10, Type: rpc.LockRead}
-	if _, err := tb.set(ctx, req); err != nil {
+	done := make(chan error, 1)
+	go func() {
+		_, err := tb.set(ctx, req)
+		done <- err
+	}()
+	if !fc.WaitPending(2, 10*time.Second) { // grace, grace wait
+		t.Fatalf("the lock never waited for the grace period (%d timers pending)", fc.Pending())
+	}
+	fc.Advance(99 * time.Millisecond)
+	if !tb.status(0).grace {
+		t.Fatal("grace period over before its time")
+	}
+	fc.Advance(time.Millisecond)
+	if tb.status(0).grace {
+		t.Fatal("grace period still on when its time is up")
+	}
+	if err := returns(t, "lock waiting for the grace period", done); err != nil {
 		t.Fatalf("lock after the grace time: %v", err)
 	}
 	tb.startGrace([]uint64{1}, time.Hour)
 	go func() {
-		time.Sleep(50 * time.Millisecond)
-		tb.releaseClient(1) // session expired
+		_, err := tb.set(ctx, req)
+		done <- err
 	}()
-	if _, err := tb.set(ctx, req); err != nil {
+	if !fc.WaitPending(2, 10*time.Second) {
+		t.Fatalf("the lock never waited for the grace period (%d timers pending)", fc.Pending())
+	}
+	tb.releaseClient(1) // session expired
+	if err := returns(t, "lock waiting for the grace period", done); err != nil {
 		t.Fatalf("lock after the last pending session ended: %v", err)
 	}
 	// No sessions: no grace at all.
@@ -131,7 +177,8 @@ func TestLockGraceEnds(t *testing.T) {
 // names) took through a newer open — and wakes waiters.
 func TestLockCloseHandle(t *testing.T) {
 	ctx := context.Background()
-	tb := newLockTable(slog.Default())
+	fc := clock.NewFake(time.Now()) // for WaitPending: no wait ends on time
+	tb := newLockTable(slog.Default(), fc)
 	req := func(client, owner, handle uint64, typ uint32, flock bool) *rpc.LockReq {
 		return &rpc.LockReq{ClientID: client, Ino: 5, Owner: owner, Start: 0, End: ^uint64(0), Type: typ, Handle: handle, Flock: flock}
 	}
@@ -164,7 +211,9 @@ func TestLockCloseHandle(t *testing.T) {
 			_, err := tb.set(ctx, wait)
 			done <- err
 		}()
-		time.Sleep(20 * time.Millisecond)
+		if !fc.WaitPending(1, 10*time.Second) { // the waiter waits on a conflict
+			t.Fatalf("flock %v: the waiter never waited", flock)
+		}
 		if _, err := tb.set(ctx, closeReq(1, 2)); err != nil {
 			t.Fatal(err)
 		}

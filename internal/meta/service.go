@@ -124,7 +124,7 @@ func Open(cfg Config) (s *Service, err error) {
 	s = &Service{
 		cfg:   cfg,
 		log:   slog.Default().With("svc", "meta", "node", cfg.NodeID),
-		locks: newLockTable(slog.Default().With("svc", "meta", "node", cfg.NodeID)),
+		locks: newLockTable(slog.Default().With("svc", "meta", "node", cfg.NodeID), cfg.Clock),
 		sess:  newSessions(),
 		live:  newLiveness(cfg.ServerTimeout),
 		disk:  newDiskSpace(cfg.DataDir, cfg.DiskReserve),
@@ -142,7 +142,7 @@ func Open(cfg Config) (s *Service, err error) {
 	// its log (entries above the store's applied index are re-applied at
 	// start). Before a memtable is persisted, the raft log is made durable
 	// up to everything applied, so the store never runs ahead of the log.
-	kvOpts := kv.Options{Logger: s.log, NoWAL: true, BeforeFlush: func() {
+	kvOpts := kv.Options{Logger: s.log, NoWAL: true, FS: cfg.FS, BeforeFlush: func() {
 		if n := s.raftNode.Load(); n != nil {
 			if err := n.SyncLog(applyTimeout); err != nil {
 				panic(fmt.Sprintf("meta: raft log not durable before persisting state: %v", err))
@@ -377,7 +377,7 @@ func (s *Service) becomeLeader() error {
 		return err
 	}
 	if !s.fsm.initialized() {
-		r, err := s.propose(&command{Op: opInit, Now: time.Now().UnixNano()})
+		r, err := s.propose(&command{Op: opInit, Now: s.now()})
 		if err != nil {
 			return fmt.Errorf("create root: %w", err)
 		}
@@ -386,13 +386,13 @@ func (s *Service) becomeLeader() error {
 		}
 		s.log.Info("created new namespace")
 	}
-	if err := s.sess.load(s.db, time.Now()); err != nil {
+	if err := s.sess.load(s.db, s.cfg.Clock.Now()); err != nil {
 		return fmt.Errorf("load sessions: %w", err)
 	}
 	// Locks start empty under a new epoch; the sessions' clients reclaim
 	// theirs within a lease (they heartbeat every third of one).
 	s.locks.startGrace(s.sess.ids(), s.cfg.SessionLease)
-	s.leaderSince.Store(time.Now().UnixNano())
+	s.leaderSince.Store(s.now())
 	s.log.Info("metadata leader", "sessions", s.sess.count(), "applied", s.fsm.AppliedIndex())
 	return nil
 }
