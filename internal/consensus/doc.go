@@ -60,7 +60,8 @@
 // (raft's BootstrapCluster allows that: "an identical configuration listing
 // all Voter servers"); CheckPeers refuses a restart with other Peers than
 // the stored configuration's. A follower syncs each appended batch before
-// acknowledging it (the leader alone defers, with DeferSync). Reads are
+// acknowledging it, in raft's follower loop itself (the leader alone
+// defers, with DeferSync). Reads are
 // linearizable through VerifyRead (lease.go). A leader whose log fails
 // hands leadership to another voter (quorum.go).
 //
