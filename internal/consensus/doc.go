@@ -61,7 +61,8 @@
 // all Voter servers"), at Open (Bootstrap) or later (BootstrapPeers, once
 // its caller knows the group is fresh); CheckPeers refuses a restart with other Peers than
 // the stored configuration's. A follower syncs each appended batch before
-// acknowledging it (the leader alone defers, with DeferSync). Reads are
+// acknowledging it, in raft's follower loop itself (the leader alone
+// defers, with DeferSync). Reads are
 // linearizable through VerifyRead (lease.go). A leader whose log fails
 // hands leadership to another voter (quorum.go).
 //

@@ -381,8 +381,8 @@ func (w *wal) syncOnce(wait bool) {
 func fdatasyncSegment(s *segment) error { return unix.Fdatasync(int(s.f.Fd())) }
 
 // noteWritten records entries written up to last in segs (deferred mode)
-// and schedules their sync.
-func (w *wal) noteWritten(last uint64, segs []*segment, hot bool) {
+// and, when schedule, schedules their sync.
+func (w *wal) noteWritten(last uint64, segs []*segment, hot, schedule bool) {
 	w.ds.Lock()
 	w.ds.written = last
 	for _, s := range segs {
@@ -402,8 +402,8 @@ func (w *wal) noteWritten(last uint64, segs []*segment, hot bool) {
 	// rounds, close p50 172 µs against 202) and `strata bench --workloads
 	// meta` 6,710 against 6,537 (12 samples each). Otherwise (unlinks,
 	// renames nobody fsyncs) one delayed sync covers many.
-	now := w.ds.waiters > 0 || (hot && len(w.ds.runs) == 0)
-	arm := !now && !w.ds.armed
+	now := schedule && (w.ds.waiters > 0 || (hot && len(w.ds.runs) == 0))
+	arm := schedule && !now && !w.ds.armed
 	if arm {
 		w.ds.armed = true
 	}
@@ -844,9 +844,19 @@ func (w *wal) StoreLog(l *raft.Log) error { return w.StoreLogs([]*raft.Log{l}) }
 // StoreLogs appends the entries and makes them durable with one
 // fdatasync per touched segment: raft's batch is the group commit. A
 // failure is remembered for health.
+//
+// A follower (syncAppends) returns only once its batch is durable, and
+// syncs it in the calling goroutine (raft's follower loop, which waits for
+// the answer anyway): no hand-over to the background syncer and back, and
+// no separate start of the write-out (sync_file_range) before the
+// fdatasync that does it. With three voters on one 2-core machine these
+// hand-overs and syscalls were a measurable part of each round's CPU
+// (docs/design/0012, "Cost of the quorum: measured").
 func (w *wal) StoreLogs(logs []*raft.Log) error {
-	err := w.storeLogs(logs)
-	if err == nil && len(logs) > 0 && w.deferSync && w.syncAppends != nil && w.syncAppends() {
+	follower := len(logs) > 0 && w.deferSync && w.syncAppends != nil && w.syncAppends()
+	err := w.storeLogs(logs, follower)
+	if err == nil && follower {
+		w.syncOnce(true)
 		err = w.WaitDurable(logs[len(logs)-1].Index, appendSyncTimeout)
 	}
 	if err != nil {
@@ -857,7 +867,9 @@ func (w *wal) StoreLogs(logs []*raft.Log) error {
 	return err
 }
 
-func (w *wal) storeLogs(logs []*raft.Log) error {
+// storeLogs writes the entries; with deferred sync they are durable at the
+// next sync, which is scheduled here unless inline (the caller syncs).
+func (w *wal) storeLogs(logs []*raft.Log, inline bool) error {
 	if len(logs) == 0 {
 		return nil
 	}
@@ -916,7 +928,7 @@ func (w *wal) storeLogs(logs []*raft.Log) error {
 	if w.deferSync {
 		w.ds.Lock()
 		err := w.ds.err
-		hot = w.ds.waiters > 0 || time.Since(w.ds.lastWait) < min(2*w.syncDelay, eagerWindow)
+		hot = !inline && (w.ds.waiters > 0 || time.Since(w.ds.lastWait) < min(2*w.syncDelay, eagerWindow))
 		w.ds.Unlock()
 		if err != nil {
 			return err
@@ -949,7 +961,7 @@ func (w *wal) storeLogs(logs []*raft.Log) error {
 		for i, x := range writes {
 			segs[i] = x.seg
 		}
-		w.noteWritten(lastIdx, segs, hot)
+		w.noteWritten(lastIdx, segs, hot, !inline)
 	} else {
 		w.ds.Lock()
 		w.ds.written, w.ds.synced = lastIdx, lastIdx
