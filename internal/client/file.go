@@ -179,7 +179,7 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags
 		sync:   flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
 	}
 	f.ra.init(f)
-	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY && a.Size > 0 {
+	if flags&syscall.O_TRUNC != 0 && a.Size > 0 { // as Linux, whatever the access mode
 		na, err := c.SetAttr(ctx, ino, rpc.SetAttrReq{Valid: rpc.SetSize | rpc.SetMtimeNow, Size: 0})
 		if err != nil {
 			f.Release(ctx)
@@ -266,6 +266,8 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy bool) (Re
 		return ReadData{}, err
 	}
 	in := f.in
+	in.resize.RLock()
+	defer in.resize.RUnlock()
 	in.mu.Lock()
 	size := int64(in.mu.size)
 	if off >= size {
@@ -396,6 +398,8 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if err := f.lockErr(); err != nil {
 		return 0, err
 	}
+	in.resize.RLock()
+	defer in.resize.RUnlock()
 	n := int64(len(p))
 	f.c.m.opWrite.Inc()
 	rs := slotRanges(&in.layout, off, n)

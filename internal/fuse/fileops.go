@@ -44,15 +44,26 @@ func (fs *fileSystem) openFlags(f *client.File, flags uint32) uint32 {
 		return gofuse.FOPEN_KEEP_CACHE
 	}
 	fs.reported.Store(a.Ino, reportedAttr{size: a.Size, mtime: a.Mtime})
-	if ok && fs.server != nil {
+	// An O_TRUNC open (atomic_o_trunc) has the kernel set the size to 0
+	// and drop the pages itself when it gets the answer. A notification
+	// now would only count as an attribute change racing with the reads
+	// under way, which then may not lower the kernel's size at their
+	// short answers (fuse_read_update_size) and leave a zeroed page
+	// within the old size.
+	if ok && flags&syscall.O_TRUNC == 0 && fs.server != nil {
 		fs.server.InodeNotify(a.Ino, -1, 0) // attributes only; pages go with !KEEP_CACHE
 	}
 	return 0
 }
 
 func (fs *fileSystem) Open(cancel <-chan struct{}, in *gofuse.OpenIn, out *gofuse.OpenOut) gofuse.Status {
-	// The kernel truncates with a separate SETATTR (no atomic_o_trunc).
-	flags := int(in.Flags) &^ syscall.O_TRUNC
+	// With atomic_o_trunc (mount.go) the kernel asks for O_TRUNC here
+	// instead of with a SETATTR after the open: during a SETATTR of the
+	// size the kernel keeps its old size over the pages that short READ
+	// answers zeroed, so a read racing the truncate would return zeros.
+	// The client truncates within the open, its reads of the file waiting
+	// (client.SetAttr).
+	flags := int(in.Flags)
 	f, err := fs.c.Open(fs.ctx(), in.NodeId, flags)
 	if err != nil {
 		return fs.errno("open", in.NodeId, err)

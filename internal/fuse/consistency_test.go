@@ -1,0 +1,91 @@
+package fuse
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stratafs/strata/internal/client"
+	"github.com/stratafs/strata/internal/failpoint"
+)
+
+// clientOps is the client's count of operations of kind (its
+// strata_client_ops_total).
+func clientOps(t *testing.T, c *client.Client, kind string) float64 {
+	t.Helper()
+	mfs, err := c.Registry().Gather()
+	must(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "strata_client_ops_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// waitOps waits (bounded) until c counted more than n operations of kind.
+func waitOps(t *testing.T, c *client.Client, kind string, n float64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); clientOps(t, c, kind) <= n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s operation after 10 s", kind)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// A read during an open with O_TRUNC, on the same mount, sees the file
+// either as it was or empty: never at its old size with its data gone. A
+// failpoint holds the truncate after the chunks were cut and before the
+// new size is in metadata, and a reader that opened the file reads it
+// then; before the fix it read 16 zeros (the client's size still 16, the
+// chunks already empty; and the kernel, asked with a separate SETATTR,
+// kept its size of 16 over the zeroed page of a short read).
+func TestTruncateAtomicToReaders(t *testing.T) {
+	requireFUSE(t)
+	tc := startCluster(t, 1, 2)
+	a, ca := tc.mount(nil)
+	b, _ := tc.mount(nil)
+	old := []byte("0123456789abcdef")
+	// Written through the other mount: a's page cache holds nothing of
+	// it, so its reads reach the client.
+	must(t, os.WriteFile(filepath.Join(b, "f"), old, 0o644))
+	p := filepath.Join(a, "f")
+	if st, err := os.Stat(p); err != nil || st.Size() != int64(len(old)) {
+		t.Fatalf("stat before: %v %v", st, err)
+	}
+	t.Cleanup(failpoint.DisarmAll)
+	must(t, failpoint.Arm("client/after-truncate-chunks", "1*sleep(400ms)"))
+	before := clientOps(t, ca, "truncate")
+	done := make(chan error, 1)
+	go func() {
+		fd, err := unix.Open(p, unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC, 0)
+		if err == nil {
+			err = unix.Close(fd)
+		}
+		done <- err
+	}()
+	waitOps(t, ca, "truncate", before) // the chunks are cut; the size is not set yet
+	got, err := os.ReadFile(p)
+	must(t, err)
+	if !bytes.Equal(got, old) && len(got) != 0 {
+		t.Errorf("read during the truncate: %q, want %q or nothing", got, old)
+	}
+	must(t, <-done)
+	got, err = os.ReadFile(p)
+	must(t, err)
+	if len(got) != 0 {
+		t.Errorf("read after the truncate: %q, want nothing", got)
+	}
+}
