@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -51,6 +52,7 @@ func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error)
 	rd := c.startOpenRead(ino, flags) // a small file's data, in parallel (smallread.go)
 	var resp rpc.AttrResp
 	since := c.sizeSeq.Load()
+	failpoint.Hit("client/open-before-getattr")
 	err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp)
 	var f *File
 	if err == nil {

@@ -89,3 +89,60 @@ func TestTruncateAtomicToReaders(t *testing.T) {
 		t.Errorf("read after the truncate: %q, want nothing", got)
 	}
 }
+
+// A fresh open reads what a write closed before it began, also when the
+// write, of a value of the same length, was closed during an earlier
+// open of the same mount that read the file early (the client starts
+// reading a small file a lookup described at open, in parallel with the
+// open's attributes: smallread.go). A failpoint holds the earlier open's
+// attribute read until a write through another mount has closed. Before
+// the fix that open adopted its early read, as the size had not changed,
+// and gave the kernel the old bytes under the new mtime, so the next
+// open kept them (FOPEN_KEEP_CACHE) and read the value before the write.
+func TestOpenReadOlderThanOpenAttrs(t *testing.T) {
+	requireFUSE(t)
+	tc := startCluster(t, 1, 2)
+	a, _ := tc.mount(nil)
+	b, _ := tc.mount(nil)
+	old, next := []byte("old-value-000001"), []byte("new-value-000002")
+	must(t, os.WriteFile(filepath.Join(b, "f"), old, 0o644))
+	p := filepath.Join(a, "f")
+	if _, err := os.Stat(p); err != nil { // a lookup on a: its open may read early
+		t.Fatal(err)
+	}
+	t.Cleanup(failpoint.DisarmAll)
+	must(t, failpoint.Arm("client/open-before-getattr", "1*sleep(500ms)"))
+	type result struct {
+		data []byte
+		err  error
+	}
+	first := make(chan result, 1)
+	go func() {
+		data, err := os.ReadFile(p)
+		first <- result{data, err}
+	}()
+	// The write on b closes while a's open waits for its attributes.
+	for deadline := time.Now().Add(10 * time.Second); failpoint.Armed()["client/open-before-getattr"] == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the open on a did not reach the failpoint")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // the early read is done (a loopback store read)
+	fd, err := unix.Open(filepath.Join(b, "f"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	must(t, err)
+	if _, err := unix.Pwrite(fd, next, 0); err != nil {
+		t.Fatal(err)
+	}
+	must(t, unix.Close(fd))
+	r := <-first
+	must(t, r.err)
+	if !bytes.Equal(r.data, old) && !bytes.Equal(r.data, next) {
+		t.Fatalf("read during the write: %q", r.data)
+	}
+	got, err := os.ReadFile(p)
+	must(t, err)
+	if !bytes.Equal(got, next) {
+		t.Fatalf("read after the write closed: %q, want %q", got, next)
+	}
+}
