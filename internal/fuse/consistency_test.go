@@ -2,8 +2,11 @@ package fuse
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -145,4 +148,44 @@ func TestOpenReadOlderThanOpenAttrs(t *testing.T) {
 	if !bytes.Equal(got, next) {
 		t.Fatalf("read after the write closed: %q, want %q", got, next)
 	}
+}
+
+// An open of a name whose unlink is in flight on another thread (the
+// service removed the file, the kernel still holds the name) fails with
+// ENOENT, and a stat right after agrees. A failpoint holds the unlink's
+// answer after the service applied it. Before the fix the open answered
+// ENOENT from the client's open of the removed inode while the kernel kept
+// the name and its attributes, so the stat after it still found the file.
+func TestOpenDuringUnlinkAgreesWithStat(t *testing.T) {
+	requireFUSE(t)
+	tc := startCluster(t, 1, 2)
+	a, _ := tc.mount(nil)
+	_, cb := tc.mount(nil)
+	p := filepath.Join(a, "f")
+	must(t, os.WriteFile(p, []byte("data"), 0o644))
+	if _, err := os.Stat(p); err != nil { // the kernel holds the name and its attributes
+		t.Fatal(err)
+	}
+	t.Cleanup(failpoint.DisarmAll)
+	must(t, failpoint.Arm("meta/before-reply/unlink", "1*sleep(500ms)"))
+	unlinked := make(chan error, 1)
+	go func() { unlinked <- os.Remove(p) }()
+	for deadline := time.Now().Add(10 * time.Second); ; { // applied by the service, not yet answered
+		if _, err := cb.Lookup(context.Background(), client.RootIno, "f"); errors.Is(err, syscall.ENOENT) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the unlink was not applied")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		unix.Close(fd) // opened before the unlink: allowed
+	} else if !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("open during the unlink: %v, want success or ENOENT", err)
+	} else if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("open during the unlink answered ENOENT, then stat: %v, want ENOENT", err)
+	}
+	must(t, <-unlinked)
 }

@@ -34,7 +34,10 @@
 // another change of the file's attributes (a GETATTR answer, an unlink, a
 // WRITE's) came in since it was sent does not lower the kernel's size
 // (fuse_read_update_size), so until the open's answer sets it a reader may
-// copy the zeroed page.
+// copy the zeroed page. An OPEN of an inode that is gone (an unlink on
+// another thread or mount that the kernel has not seen answered) is
+// answered ESTALE, not ENOENT: open(2) then looks the name up again, so
+// that it fails with ENOENT only when a stat after it would too.
 //
 // Sizes: the kernel sets its size from a WRITE's reply and takes every
 // GETATTR (LOOKUP, READDIRPLUS) answer to a request sent after that reply

@@ -1,6 +1,7 @@
 package fuse
 
 import (
+	"errors"
 	"math"
 	"syscall"
 
@@ -65,6 +66,19 @@ func (fs *fileSystem) Open(cancel <-chan struct{}, in *gofuse.OpenIn, out *gofus
 	// (client.SetAttr).
 	flags := int(in.Flags)
 	f, err := fs.c.Open(fs.ctx(), in.NodeId, flags)
+	if errors.Is(err, syscall.ENOENT) {
+		// The inode is gone (removed, or unlinked and open nowhere)
+		// while the kernel still holds a name for it: an unlink on
+		// another thread, or another mount, not answered to the kernel
+		// yet. ENOENT would fail this open while a stat of the name
+		// right after still found the file in the kernel's caches.
+		// ESTALE has the kernel look the name up again (open(2) retries
+		// once with LOOKUP_REVAL on ESTALE: fs/namei.c do_filp_open), and
+		// the lookup answers ENOENT and drops the name, or finds the
+		// file now behind it.
+		fs.log.Debug("open of a removed inode: stale name", "ino", in.NodeId, "err", err)
+		return gofuse.Status(syscall.ESTALE)
+	}
 	if err != nil {
 		return fs.errno("open", in.NodeId, err)
 	}
