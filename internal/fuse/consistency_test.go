@@ -189,3 +189,22 @@ func TestOpenDuringUnlinkAgreesWithStat(t *testing.T) {
 	}
 	must(t, <-unlinked)
 }
+
+// The kernel retries a stale open once: the same caller's second stale
+// open within staleRetry answers ENOENT instead (not ESTALE to the
+// application), and a third is stale again.
+func TestStaleAgain(t *testing.T) {
+	fs := newFileSystem(nil, Options{})
+	if fs.staleAgain(7) {
+		t.Fatal("a first stale open counted as a retry")
+	}
+	if fs.staleAgain(8) {
+		t.Fatal("another caller's stale open counted as a retry")
+	}
+	if !fs.staleAgain(7) {
+		t.Fatal("the retry did not count as one")
+	}
+	if fs.staleAgain(7) {
+		t.Fatal("a stale open after the retry counted as a retry")
+	}
+}

@@ -76,6 +76,18 @@ func (fs *fileSystem) Open(cancel <-chan struct{}, in *gofuse.OpenIn, out *gofus
 		// once with LOOKUP_REVAL on ESTALE: fs/namei.c do_filp_open), and
 		// the lookup answers ENOENT and drops the name, or finds the
 		// file now behind it.
+		// The retry may find the name behind another inode removed in
+		// turn (names re-created and removed fast): that caller's second
+		// stale open within staleRetry answers ENOENT, which the kernel
+		// would otherwise pass on as ESTALE. The attributes the kernel
+		// holds for the inode go, so that a stat of a name it still
+		// holds asks again (and finds the inode gone).
+		if fs.staleAgain(in.Pid) {
+			if fs.server != nil {
+				fs.server.InodeNotify(in.NodeId, -1, 0)
+			}
+			return fs.errno("open", in.NodeId, err)
+		}
 		fs.log.Debug("open of a removed inode: stale name", "ino", in.NodeId, "err", err)
 		return gofuse.Status(syscall.ESTALE)
 	}
