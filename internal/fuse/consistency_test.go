@@ -191,20 +191,29 @@ func TestOpenDuringUnlinkAgreesWithStat(t *testing.T) {
 }
 
 // The kernel retries a stale open once: the same caller's second stale
-// open within staleRetry answers ENOENT instead (not ESTALE to the
-// application), and a third is stale again.
+// open within staleRetry (same inode) or staleRetryOther (another)
+// answers ENOENT instead (not ESTALE to the application); a third is
+// stale again, and so is one of another inode long after.
 func TestStaleAgain(t *testing.T) {
 	fs := newFileSystem(nil, Options{})
-	if fs.staleAgain(7) {
+	if fs.staleAgain(7, 100) {
 		t.Fatal("a first stale open counted as a retry")
 	}
-	if fs.staleAgain(8) {
+	if fs.staleAgain(8, 100) {
 		t.Fatal("another caller's stale open counted as a retry")
 	}
-	if !fs.staleAgain(7) {
+	if !fs.staleAgain(7, 100) {
 		t.Fatal("the retry did not count as one")
 	}
-	if fs.staleAgain(7) {
+	if fs.staleAgain(7, 100) {
 		t.Fatal("a stale open after the retry counted as a retry")
+	}
+	if !fs.staleAgain(7, 102) {
+		t.Fatal("a retry that found the name behind another removed inode did not count as one")
+	}
+	fs.staleAgain(7, 103)
+	time.Sleep(staleRetryOther)
+	if fs.staleAgain(7, 104) {
+		t.Fatal("a stale open of another inode well after the last counted as a retry")
 	}
 }

@@ -76,13 +76,13 @@ func (fs *fileSystem) Open(cancel <-chan struct{}, in *gofuse.OpenIn, out *gofus
 		// once with LOOKUP_REVAL on ESTALE: fs/namei.c do_filp_open), and
 		// the lookup answers ENOENT and drops the name, or finds the
 		// file now behind it.
-		// The retry may find the name behind another inode removed in
-		// turn (names re-created and removed fast): that caller's second
-		// stale open within staleRetry answers ENOENT, which the kernel
-		// would otherwise pass on as ESTALE. The attributes the kernel
-		// holds for the inode go, so that a stat of a name it still
-		// holds asks again (and finds the inode gone).
-		if fs.staleAgain(in.Pid) {
+		// The retry's lookup may have been answered before the removal
+		// and found the name still behind this inode, or behind another
+		// one removed in turn (names re-created and removed fast): that
+		// caller's second stale open answers ENOENT, which the kernel
+		// would otherwise pass on as ESTALE, and the kernel's attributes
+		// of the inode go (stale.go).
+		if fs.staleAgain(in.Pid, in.NodeId) {
 			if fs.server != nil {
 				fs.server.InodeNotify(in.NodeId, -1, 0)
 			}
