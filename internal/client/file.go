@@ -181,8 +181,14 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags
 		sync:   flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
 	}
 	f.ra.init(f)
-	if flags&syscall.O_TRUNC != 0 && a.Size > 0 { // as Linux, whatever the access mode
-		na, err := c.SetAttr(ctx, ino, rpc.SetAttrReq{Valid: rpc.SetSize | rpc.SetMtimeNow, Size: 0})
+	if flags&syscall.O_TRUNC != 0 { // as Linux, whatever the access mode
+		// The times change even when the file is empty (POSIX); the
+		// chunks are cut only when there is something to cut.
+		req := rpc.SetAttrReq{Valid: rpc.SetMtimeNow}
+		if a.Size > 0 {
+			req.Valid |= rpc.SetSize
+		}
+		na, err := c.SetAttr(ctx, ino, req)
 		if err != nil {
 			f.Release(ctx)
 			return nil, err

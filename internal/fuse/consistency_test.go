@@ -217,3 +217,23 @@ func TestStaleAgain(t *testing.T) {
 		t.Fatal("a stale open of another inode well after the last counted as a retry")
 	}
 }
+
+// An open with O_TRUNC (now asked with the OPEN) marks the file modified
+// also when it is empty, as the SETATTR the kernel sent before did.
+func TestTruncOpenOfEmptyFileSetsMtime(t *testing.T) {
+	requireFUSE(t)
+	tc := startCluster(t, 1, 1)
+	a, _ := tc.mount(nil)
+	p := filepath.Join(a, "empty")
+	must(t, os.WriteFile(p, nil, 0o644))
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	must(t, os.Chtimes(p, old, old))
+	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC, 0)
+	must(t, err)
+	must(t, unix.Close(fd))
+	st, err := os.Stat(p)
+	must(t, err)
+	if !st.ModTime().After(old.Add(30 * time.Minute)) {
+		t.Fatalf("mtime after an O_TRUNC open of an empty file: %v, was %v", st.ModTime(), old)
+	}
+}
