@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -51,6 +52,7 @@ func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error)
 	rd := c.startOpenRead(ino, flags) // a small file's data, in parallel (smallread.go)
 	var resp rpc.AttrResp
 	since := c.sizeSeq.Load()
+	failpoint.Hit("client/open-before-getattr")
 	err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp)
 	var f *File
 	if err == nil {
@@ -179,8 +181,14 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags
 		sync:   flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
 	}
 	f.ra.init(f)
-	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY && a.Size > 0 {
-		na, err := c.SetAttr(ctx, ino, rpc.SetAttrReq{Valid: rpc.SetSize | rpc.SetMtimeNow, Size: 0})
+	if flags&syscall.O_TRUNC != 0 { // as Linux, whatever the access mode
+		// The times change even when the file is empty (POSIX); the
+		// chunks are cut only when there is something to cut.
+		req := rpc.SetAttrReq{Valid: rpc.SetMtimeNow}
+		if a.Size > 0 {
+			req.Valid |= rpc.SetSize
+		}
+		na, err := c.SetAttr(ctx, ino, req)
 		if err != nil {
 			f.Release(ctx)
 			return nil, err
@@ -266,6 +274,8 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy bool) (Re
 		return ReadData{}, err
 	}
 	in := f.in
+	in.resize.RLock()
+	defer in.resize.RUnlock()
 	in.mu.Lock()
 	size := int64(in.mu.size)
 	if off >= size {
@@ -396,6 +406,8 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if err := f.lockErr(); err != nil {
 		return 0, err
 	}
+	in.resize.RLock()
+	defer in.resize.RUnlock()
 	n := int64(len(p))
 	f.c.m.opWrite.Inc()
 	rs := slotRanges(&in.layout, off, n)

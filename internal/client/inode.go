@@ -73,6 +73,15 @@ type inode struct {
 	// not return while another handle's commit of the same writes is
 	// still on its way (its caller counts on the size being there).
 	commitMu sync.Mutex
+	// resize orders this client's reads and writes of the file with its
+	// size changes (SetAttr of the size: a truncate cuts the chunks, then
+	// sets the size in metadata): reads and writes hold it shared, a size
+	// change exclusive from before it cuts until the new size is known
+	// here. A read so sees the file as it was or at its new size, never
+	// at its old size with the data already cut (zeros); a write lands
+	// before the truncate or after it, never between the cut and the
+	// size (data past the end of the file). Taken before commitMu.
+	resize sync.RWMutex
 
 	mu struct {
 		sync.Mutex

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/rpc"
 )
@@ -78,9 +79,10 @@ func (c *Client) openInode(ino uint64) *inode {
 // SetAttr changes the attributes named by req.Valid (rpc.Set* bits); req.Hdr
 // and req.Ino are filled in here. A size change truncates every chunk of
 // the file on its target (after draining this client's write-behind for the
-// file) and then sets the size in metadata; a size past the largest file
-// of the file's layout (layout.MaxFileSize) fails with EFBIG and changes
-// nothing.
+// file) and then sets the size in metadata, while this client's reads and
+// writes of the file wait (they see it as it was or at its new size); a
+// size past the largest file of the file's layout (layout.MaxFileSize)
+// fails with EFBIG and changes nothing.
 func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (rpc.Attr, error) {
 	req.Ino = ino
 	req.Mode &= 07777
@@ -90,6 +92,12 @@ func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (r
 		// commits of the file out until it is set (one landing after a
 		// truncate would undo it).
 		if in := c.openInode(ino); in != nil {
+			if req.Valid&rpc.SetSize != 0 {
+				// This client's reads and writes of the file wait
+				// until the new size is known here (inode.resize).
+				in.resize.Lock()
+				defer in.resize.Unlock()
+			}
 			in.commitMu.Lock()
 			defer in.commitMu.Unlock()
 			if err := in.drain(ctx); err != nil {
@@ -167,6 +175,7 @@ func (c *Client) truncate(ctx context.Context, ino uint64, size uint64) error {
 		}
 	}
 	c.m.op("truncate")
+	failpoint.Hit("client/after-truncate-chunks")
 	return nil
 }
 

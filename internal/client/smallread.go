@@ -19,11 +19,18 @@ import (
 // When a lookup answered them moments ago, Open starts reading the whole
 // file from the stores at once, in parallel with its GetAttr, and hands
 // the bytes to the handle's read-ahead window if the answer agrees (same
-// size and layout, no write of this client since). The first READ is then
-// answered from memory: open + read wait for max(metadata, storage) round
-// trips instead of their sum. The read starts after the open began, so it
-// is as fresh as a read after the open; a disagreeing answer drops it.
-// A file opened and not read costs one small storage read.
+// size, mtime and layout as the lookup said before the read started, no
+// write of this client since). The first READ is then answered from
+// memory: open + read wait for max(metadata, storage) round trips instead
+// of their sum. A disagreeing answer drops it. The read starts after the
+// open began, which is fresh enough for this open, but not for the
+// kernel's page cache: the bytes become its pages under the attributes of
+// the open's answer, and later opens keep those pages while the
+// attributes stay (FOPEN_KEEP_CACHE). So the answer must show that no
+// write was committed since the lookup: a write that closed while the
+// read was under way, with a value of the same length, would otherwise
+// leave the older bytes cached under its newer mtime. A file opened and
+// not read costs one small storage read.
 
 // smallReadBytes is the largest file read at open.
 const smallReadBytes = 64 << 10
@@ -41,6 +48,7 @@ type recentLookups struct {
 
 type recentLookup struct {
 	size   uint64
+	mtime  int64
 	layout layout.Layout
 	at     time.Time
 }
@@ -55,7 +63,7 @@ func (r *recentLookups) put(a *rpc.Attr) {
 	if r.m == nil || len(r.m) >= recentMax {
 		r.m = make(map[uint64]recentLookup)
 	}
-	r.m[a.Ino] = recentLookup{size: a.Size, layout: a.Layout, at: time.Now()}
+	r.m[a.Ino] = recentLookup{size: a.Size, mtime: a.Mtime, layout: a.Layout, at: time.Now()}
 }
 
 func (r *recentLookups) take(ino uint64, ttl time.Duration) (recentLookup, bool) {
@@ -73,6 +81,7 @@ func (r *recentLookups) take(ino uint64, ttl time.Duration) (recentLookup, bool)
 type openRead struct {
 	c      *Client
 	b      *raBlock
+	mtime  int64 // the lookup's: no write committed since if the open's agrees
 	layout layout.Layout
 }
 
@@ -91,7 +100,7 @@ func (c *Client) startOpenRead(ino uint64, flags int) *openRead {
 		return nil
 	}
 	n := int64(l.size)
-	r := &openRead{c: c, b: &raBlock{n: n, buf: make([]byte, n), done: make(chan struct{}), refs: 1}, layout: l.layout}
+	r := &openRead{c: c, b: &raBlock{n: n, buf: make([]byte, n), done: make(chan struct{}), refs: 1}, mtime: l.mtime, layout: l.layout}
 	tmp := &inode{c: c, ino: ino, layout: l.layout} // readRange reads ino and layout only
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.IOTimeout)
@@ -104,9 +113,9 @@ func (c *Client) startOpenRead(ino uint64, flags int) *openRead {
 }
 
 // adopt gives the read to f's read-ahead window when f's attributes agree
-// with what it read (size and layout, and no write, truncate or punch of
-// this client since the inode was set up); otherwise, or when the open
-// failed (f nil), the read is dropped.
+// with the lookup's (size, mtime and layout, and no write, truncate or
+// punch of this client since the inode was set up); otherwise, or when the
+// open failed (f nil), the read is dropped.
 func (r *openRead) adopt(f *File) {
 	if f == nil { // the open failed
 		go func() {
@@ -118,7 +127,7 @@ func (r *openRead) adopt(f *File) {
 	in := f.in
 	in.mu.Lock()
 	gen := in.mu.gen
-	ok := gen == 0 && in.mu.size == uint64(r.b.n) && !in.mu.dirty && len(in.mu.inflight) == 0 && !in.hasPendingLocked() &&
+	ok := gen == 0 && in.mu.size == uint64(r.b.n) && f.attr.Mtime == r.mtime && !in.mu.dirty && len(in.mu.inflight) == 0 && !in.hasPendingLocked() &&
 		in.layout.StripeSize == r.layout.StripeSize && in.layout.StripeCount == r.layout.StripeCount &&
 		slices.Equal(in.layout.Targets, r.layout.Targets)
 	in.mu.Unlock()

@@ -51,6 +51,12 @@
 //	                           the last command's (create, unlink, ...)
 //	meta/after-apply[/OP]      the same, after the batch was written to the
 //	                           store and before any answer is returned
+//	client/open-before-getattr  a client's Open, before it asks for the
+//	                           file's attributes (a small file's early
+//	                           read is under way)
+//	client/after-truncate-chunks  a client's truncate (SetAttr of the
+//	                           size), after the chunks were cut and before
+//	                           the size is set in metadata
 //	meta/before-reply[/OP]     the metadata service's propose, once the
 //	                           state machine's answer is known (and durable
 //	                           when the reply waits for that), before it is

@@ -25,7 +25,19 @@
 // page cache is kept (FOPEN_KEEP_CACHE) only if size and mtime equal what
 // the kernel last got from us, otherwise the kernel's cached attributes
 // are invalidated too (close-to-open across mounts). O_DIRECT opens get
-// FOPEN_DIRECT_IO.
+// FOPEN_DIRECT_IO. O_TRUNC comes with the OPEN (atomic_o_trunc), not as a
+// SETATTR after it: the kernel keeps its old size during a SETATTR of the
+// size, over pages that READs answered short zero-fill, so a read racing
+// a truncate would see zeros; the client truncates within the open while
+// its reads of the file wait, and they answer the old data or the new
+// size. A narrow race remains in the kernel: a READ answered short while
+// another change of the file's attributes (a GETATTR answer, an unlink, a
+// WRITE's) came in since it was sent does not lower the kernel's size
+// (fuse_read_update_size), so until the open's answer sets it a reader may
+// copy the zeroed page. An OPEN of an inode that is gone (an unlink on
+// another thread or mount that the kernel has not seen answered) is
+// answered ESTALE, not ENOENT: open(2) then looks the name up again, so
+// that it fails with ENOENT only when a stat after it would too.
 //
 // Sizes: the kernel sets its size from a WRITE's reply and takes every
 // GETATTR (LOOKUP, READDIRPLUS) answer to a request sent after that reply

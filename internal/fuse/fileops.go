@@ -1,6 +1,7 @@
 package fuse
 
 import (
+	"errors"
 	"math"
 	"syscall"
 
@@ -44,16 +45,52 @@ func (fs *fileSystem) openFlags(f *client.File, flags uint32) uint32 {
 		return gofuse.FOPEN_KEEP_CACHE
 	}
 	fs.reported.Store(a.Ino, reportedAttr{size: a.Size, mtime: a.Mtime})
-	if ok && fs.server != nil {
+	// An O_TRUNC open (atomic_o_trunc) has the kernel set the size to 0
+	// and drop the pages itself when it gets the answer. A notification
+	// now would only count as an attribute change racing with the reads
+	// under way, which then may not lower the kernel's size at their
+	// short answers (fuse_read_update_size) and leave a zeroed page
+	// within the old size.
+	if ok && flags&syscall.O_TRUNC == 0 && fs.server != nil {
 		fs.server.InodeNotify(a.Ino, -1, 0) // attributes only; pages go with !KEEP_CACHE
 	}
 	return 0
 }
 
 func (fs *fileSystem) Open(cancel <-chan struct{}, in *gofuse.OpenIn, out *gofuse.OpenOut) gofuse.Status {
-	// The kernel truncates with a separate SETATTR (no atomic_o_trunc).
-	flags := int(in.Flags) &^ syscall.O_TRUNC
+	// With atomic_o_trunc (mount.go) the kernel asks for O_TRUNC here
+	// instead of with a SETATTR after the open: during a SETATTR of the
+	// size the kernel keeps its old size over the pages that short READ
+	// answers zeroed, so a read racing the truncate would return zeros.
+	// The client truncates within the open, its reads of the file waiting
+	// (client.SetAttr).
+	flags := int(in.Flags)
 	f, err := fs.c.Open(fs.ctx(), in.NodeId, flags)
+	if errors.Is(err, syscall.ENOENT) {
+		// The inode is gone (removed, or unlinked and open nowhere)
+		// while the kernel still holds a name for it: an unlink on
+		// another thread, or another mount, not answered to the kernel
+		// yet. ENOENT would fail this open while a stat of the name
+		// right after still found the file in the kernel's caches.
+		// ESTALE has the kernel look the name up again (open(2) retries
+		// once with LOOKUP_REVAL on ESTALE: fs/namei.c do_filp_open), and
+		// the lookup answers ENOENT and drops the name, or finds the
+		// file now behind it.
+		// The retry's lookup may have been answered before the removal
+		// and found the name still behind this inode, or behind another
+		// one removed in turn (names re-created and removed fast): that
+		// caller's second stale open answers ENOENT, which the kernel
+		// would otherwise pass on as ESTALE, and the kernel's attributes
+		// of the inode go (stale.go).
+		if fs.staleAgain(in.Pid, in.NodeId) {
+			if fs.server != nil {
+				fs.server.InodeNotify(in.NodeId, -1, 0)
+			}
+			return fs.errno("open", in.NodeId, err)
+		}
+		fs.log.Debug("open of a removed inode: stale name", "ino", in.NodeId, "err", err)
+		return gofuse.Status(syscall.ESTALE)
+	}
 	if err != nil {
 		return fs.errno("open", in.NodeId, err)
 	}

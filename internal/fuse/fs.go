@@ -45,6 +45,8 @@ type fileSystem struct {
 	// (POSIX: a process's locks go on any close of the file).
 	lockMu     sync.Mutex
 	lockOwners map[uint64]map[uint64]struct{}
+
+	stale staleOpens // OPENs of removed inodes answered ESTALE (stale.go)
 }
 
 type reportedAttr struct {

@@ -85,7 +85,10 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*Mounted, error) 
 		MaxReadAhead:  1 << 20,
 		MaxBackground: opts.MaxBackground,
 		EnableLocks:   true,
-		DirectMount:   true,
+		// O_TRUNC comes with the OPEN rather than as a SETATTR after it
+		// (fileops.go Open: a truncate racing reads).
+		ExtraCapabilities: gofuse.CAP_ATOMIC_O_TRUNC,
+		DirectMount:       true,
 		// Our READ answers are memory, never a file descriptor, so
 		// go-fuse's splice attempt for each of them only costs system
 		// calls (a header written into a pipe, then drained) and, for

@@ -13,21 +13,7 @@ import (
 // readOps is the client's count of READ requests served.
 func readOps(t *testing.T, c *client.Client) float64 {
 	t.Helper()
-	mfs, err := c.Registry().Gather()
-	must(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != "strata_client_ops_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "kind" && l.GetValue() == "read" {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return clientOps(t, c, "read")
 }
 
 // TestKernelReadAhead: the mount raises the kernel's read-ahead window, so
