@@ -209,7 +209,9 @@ func (w *LeaderWatch) Transfer(id, addr string, timeout time.Duration) (string, 
 	w.mu.Lock()
 	w.transferAt = time.Now()
 	w.mu.Unlock()
-	if err := n.handOver(id, addr); err != nil {
+	// TransferLeadership drops the read lease for the transfer (the
+	// target may win at once): every transfer must go through it.
+	if err := leaderErr(n.TransferLeadership(addr), "leadership transfer"); err != nil {
 		return "", "", err
 	}
 	deadline := time.Now().Add(timeout)
@@ -223,15 +225,6 @@ func (w *LeaderWatch) Transfer(id, addr string, timeout time.Duration) (string, 
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// handOver asks raft to transfer leadership to the voter id at addr (id
-// "": the most caught-up voter) and waits for raft's answer. Every
-// transfer this node starts goes through here.
-func (n *Node) handOver(id, addr string) error {
-	// TransferLeadership drops the read lease for the transfer (the
-	// target may win at once): every transfer must go through it.
-	return leaderErr(n.TransferLeadership(addr), "leadership transfer")
 }
 
 // AddMember adds the voter id at addr and returns once the configuration

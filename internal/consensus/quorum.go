@@ -112,7 +112,12 @@ func (n *Node) Configuration() ([]Server, error) {
 // target may win its election at once (voters grant a transferring
 // candidate their vote even while they follow this leader).
 func (n *Node) TransferLeadership(addr string) error {
-	n.noteLeaderChange("leadership transferred")
+	return n.transfer(addr, "leadership transferred")
+}
+
+// transfer is TransferLeadership with the cause noted for the change.
+func (n *Node) transfer(addr, cause string) error {
+	n.noteLeaderChange(cause)
 	n.lease.beginTransfer()
 	defer n.lease.endTransfer()
 	var f raft.Future
@@ -212,12 +217,7 @@ func (n *Node) stepDownWhenUnhealthy() {
 		return
 	}
 	n.log.Error("raft log failing on the leader: handing leadership to another voter", "err", herrs)
-	n.noteLeaderChange(fmt.Sprintf("the previous leader's log failed: %v", herrs))
-	n.lease.beginTransfer()
-	err = n.raft.LeadershipTransfer().Error()
-	n.lease.endTransfer()
-	if err != nil {
-		n.noteLeaderChange("")
+	if err := n.transfer("", fmt.Sprintf("the previous leader's log failed: %v", herrs)); err != nil {
 		n.log.Error("leadership transfer away from a failing log", "err", err)
 	}
 }
