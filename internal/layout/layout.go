@@ -44,6 +44,15 @@ const (
 	MaxChunkBytes = 1<<44 - 4096
 )
 
+// GroupBit marks a target id in Layout.Targets that names a mirror group
+// (group number id &^ GroupBit) instead of a single target: the chunk of
+// that slot lives on both targets of the group (docs/design/0014). A
+// file's targets are all groups or none.
+const GroupBit uint32 = 1 << 31
+
+// IsGroup reports whether a Layout.Targets id names a mirror group.
+func IsGroup(id uint32) bool { return id&GroupBit != 0 }
+
 // ErrInvalid marks a layout that breaks the rules in Validate.
 var ErrInvalid = errors.New("invalid layout")
 
@@ -67,6 +76,15 @@ func (l Layout) Validate() error {
 	}
 	if int(l.StripeCount) != len(l.Targets) {
 		errs = append(errs, fmt.Errorf("%w: stripe count %d but %d targets", ErrInvalid, l.StripeCount, len(l.Targets)))
+	}
+	groups := 0
+	for _, t := range l.Targets {
+		if IsGroup(t) {
+			groups++
+		}
+	}
+	if groups != 0 && groups != len(l.Targets) {
+		errs = append(errs, fmt.Errorf("%w: %d of %d targets are mirror groups (all or none)", ErrInvalid, groups, len(l.Targets)))
 	}
 	seen := map[uint32]bool{}
 	for _, t := range l.Targets {

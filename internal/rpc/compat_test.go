@@ -14,7 +14,12 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&ClusterStatusResp{Servers: []ServerInfo{{ID: 1, Alive: true}}, Targets: []TargetInfo{{ID: 3}}},
 		&ClusterStatusResp{Targets: []TargetInfo{{ID: 3}}, FreePendingFiles: 1, Unsynced: []TargetUnsynced{{Chunks: 1, Bytes: 3901, OldestMs: 1200}}},
 		&LockReq{ClientID: 1, Ino: 2, End: ^uint64(0), Type: LockWrite, Wait: true},
-		&WriteReq{Chunk: ChunkID{1, 2}, Off: 3, Sync: true, Data: []byte("hi")},
+		&WriteReq{Chunk: ChunkID{Target: 1, Ino: 2}, Off: 3, Sync: true, Data: []byte("hi")},
+		&WriteReq{Chunk: ChunkID{Target: GroupBit | 5, Ino: 2, Epoch: 9}, Off: 3, Data: []byte("mirrored")},
+		&ServerHeartbeatResp{Groups: []GroupInfo{{ID: 5, Epoch: 9, Primary: 1, Secondary: 2, State: GroupDegraded, PrimaryAddr: "a:1"}}, LeaseMs: 2000, FailoverTimeoutMs: 3000},
+		&MirrorCreateReq{Hdr: ReqHeader{1, 2}, Auto: true, Pairs: []uint32{1, 2}},
+		&MirrorReportReq{ServerID: 1, Group: 5, Epoch: 9, Target: 1, Event: MirrorSecondaryLost, Detail: "x"},
+		&RegisterServerReq{Addr: "a:1", Domain: "rack1"},
 		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, FSIDs: []uint64{7}, RawFree: []uint64{4}},
 		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, Unsynced: []TargetUnsynced{{Chunks: 4, Bytes: 5, OldestMs: 6}}},
 		&SetAttrReq{Valid: SetMode | SetSize, Size: 1 << 40, Mtime: -5},
@@ -24,7 +29,7 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&ListChunksResp{Inos: []uint64{5, 1 << 40}, Bytes: []uint64{7, 0}, Next: 301, Done: true},
 		&InodesKnownReq{Inos: []uint64{1, 2, 1 << 33}},
 		&InodesKnownResp{NextIno: 1 << 20, Known: []bool{true, false, true}},
-		&SeekReq{Chunk: ChunkID{3, 1 << 40}, Off: 1 << 33, Data: true},
+		&SeekReq{Chunk: ChunkID{Target: 3, Ino: 1 << 40}, Off: 1 << 33, Data: true},
 		&AttrResp{Attr: Attr{Ino: 5, Size: 7, Blocks: 3, BlocksKnown: true}, Stamp: Stamp{Index: 9, Term: 2}},
 		&ChangeResp{Attr: Attr{Ino: 5, Blocks: 8, BlocksKnown: true}, Dir: Attr{Ino: 1}, Index: 4, Term: 1},
 		&LinkResp{AttrResp: AttrResp{Attr: Attr{Ino: 5, Nlink: 2}, Stamp: Stamp{Index: 9, Term: 2}}, Dir: Attr{Ino: 1, Mode: 0o40755, Mtime: 3}},
@@ -127,6 +132,10 @@ func optionalTails(m Message) []int {
 		add(func(e *Enc) { e.U64(x.FreePendingFiles); e.U64(x.FreePendingBytes) }, unsynced)
 	case *ServerHeartbeatReq:
 		add(func(e *Enc) { encodeUnsynced(e, x.Unsynced) })
+	case *ServerHeartbeatResp:
+		add(func(e *Enc) { x.Encode(e) }) // older services answered Empty
+	case *RegisterServerReq:
+		add(func(e *Enc) { e.String(x.Domain) })
 	case *SessionHeartbeatResp:
 		add(func(e *Enc) { e.I64(x.Now) })
 		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.Now) })

@@ -84,6 +84,14 @@
 // added at the end for the metadata group's membership; an older service
 // answers them as unknown methods (ENOSYS), and status then shows the one
 // voter it reached.
+// For mirror groups (mirror_msgs.go, docs/design/0014): MListGroups,
+// MMirrorCreate, MMirrorFailOver, MMirrorReport and MMirrorReplace were
+// added at the end (older services: ENOSYS); MServerHeartbeat answers
+// ServerHeartbeatResp instead of Empty (an empty body reads as no groups);
+// RegisterServerReq gained a trailing Domain (absent: none); ChunkID
+// carries Epoch after Target only when Target has GroupBit, so every
+// unmirrored request keeps its bytes (an older store never serves a
+// group, and refuses its ids as unknown targets).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

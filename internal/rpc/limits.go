@@ -37,7 +37,7 @@ func RequestLimit(m Method) int {
 	switch m {
 	case SWrite:
 		return maxDataFrameBytes
-	case MInodesKnown, MSessionHeartbeat, MRegisterServer, MServerHeartbeat, SRemoveMany:
+	case MInodesKnown, MSessionHeartbeat, MRegisterServer, MServerHeartbeat, SRemoveMany, MMirrorCreate:
 		return maxListFrameBytes
 	}
 	return maxSmallFrameBytes
@@ -48,7 +48,8 @@ func ResponseLimit(m Method) int {
 	switch m {
 	case SRead:
 		return maxDataFrameBytes
-	case MReadDir, MListXattr, MInodesKnown, MClusterStatus, MListTargets, MRegisterServer, SListChunks:
+	case MReadDir, MListXattr, MInodesKnown, MClusterStatus, MListTargets, MRegisterServer, SListChunks,
+		MListGroups, MMirrorCreate, MServerHeartbeat:
 		return maxListFrameBytes
 	}
 	return maxSmallFrameBytes

@@ -58,6 +58,27 @@ const (
 	MAddVoter
 	MRemoveVoter
 	MTransferLeader
+	// Mirror groups (mirror_msgs.go; docs/design/0014). MListGroups
+	// (Empty, ListGroupsResp): every mirror group with its epoch, for
+	// clients' and stores' routing; any voter that is the leader answers.
+	MListGroups
+	// MMirrorCreate (MirrorCreateReq, ListGroupsResp: the groups made)
+	// pairs targets into mirror groups (strata mirror create).
+	MMirrorCreate
+	// MMirrorFailOver (MirrorGroupReq, GroupInfo) makes the secondary of
+	// an in-sync group its primary, bumping the epoch (strata mirror
+	// fail-over: a planned switch).
+	MMirrorFailOver
+	// MMirrorReport (MirrorReportReq, GroupInfo) is a store telling the
+	// service what it saw of a group it serves: a secondary it cannot
+	// reach (the group degrades and its epoch is bumped before the
+	// primary acknowledges anything the secondary lacks), resync
+	// progress, resync done (the group is in sync again).
+	MMirrorReport
+	// MMirrorReplace (MirrorReplaceReq, GroupInfo) replaces the group's
+	// out-of-sync copy with another (empty) target, which is filled by a
+	// full resync (strata mirror replace GROUP --target ID).
+	MMirrorReplace
 )
 
 // InodesKnownReq asks which of Inos exist (as files, directories, or
@@ -928,6 +949,10 @@ type RegisterServerReq struct {
 	Addr    string // data-path address clients dial
 	Host    string
 	Targets []TargetReg
+	// Domain is the server's failure domain (strata store --domain: a
+	// rack, a power feed); mirror create --domain pairs across them.
+	// Appended: absent from older servers (none).
+	Domain string
 }
 
 func (m *RegisterServerReq) Encode(e *Enc) {
@@ -945,6 +970,7 @@ func (m *RegisterServerReq) Encode(e *Enc) {
 		e.U32(t.PrevID)
 		e.U64(t.InoCeiling)
 	}
+	e.String(m.Domain)
 }
 
 func (m *RegisterServerReq) Decode(d *Dec) {
@@ -961,6 +987,10 @@ func (m *RegisterServerReq) Decode(d *Dec) {
 		t.RawFree = d.U64()
 		t.PrevID = d.U32()
 		t.InoCeiling = d.U64()
+	}
+	m.Domain = ""
+	if d.Len() > 0 {
+		m.Domain = d.String()
 	}
 }
 

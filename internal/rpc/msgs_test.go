@@ -24,6 +24,9 @@ func messageSamples() map[string][]Message {
 		Atime: -1, Mtime: 1763885000123456789, Ctime: 3, Layout: lay, Blocks: 8, BlocksKnown: true}
 	hdr := ReqHeader{ClientID: 7, Seq: 300}
 	chunk := ChunkID{Target: 3, Ino: 1 << 40}
+	group := GroupInfo{ID: 3, Epoch: 7, Primary: 4, Secondary: 9, State: GroupResyncing, SinceMs: 1763885000123,
+		ResyncDone: 1 << 30, ResyncTotal: 1 << 33, PrimaryAddr: "10.0.0.2:7401", SecondaryAddr: "10.0.0.3:7401",
+		PrimaryAlive: true, SecondaryAlive: true}
 	voter := VoterInfo{ID: "10.0.0.1:7400", Addr: "10.0.0.1:7400", RaftAddr: "10.0.0.1:7400", Voter: true}
 	return map[string][]Message{
 		"InodesKnownReq":  {&InodesKnownReq{Inos: []uint64{1, 2, 1 << 33}}},
@@ -74,7 +77,7 @@ func messageSamples() map[string][]Message {
 		"LockGrant":          {&LockGrant{Epoch: 4}},
 		"LockResp":           {&LockResp{Start: 1, End: 2, Type: LockWrite, Pid: 3}},
 		"SetDirLayoutReq":    {&SetDirLayoutReq{Hdr: hdr, Dir: 2, StripeSize: 1 << 20, StripeCount: 4}},
-		"RegisterServerReq":  {&RegisterServerReq{Addr: "a:1", Host: "h", Targets: []TargetReg{{UUID: "u", Path: "/p", TotalBytes: 5, FreeBytes: 4, FSID: 3, RawFree: 2, PrevID: 1, InoCeiling: 1 << 16}}}},
+		"RegisterServerReq":  {&RegisterServerReq{Addr: "a:1", Host: "h", Targets: []TargetReg{{UUID: "u", Path: "/p", TotalBytes: 5, FreeBytes: 4, FSID: 3, RawFree: 2, PrevID: 1, InoCeiling: 1 << 16}}, Domain: "rack1"}},
 		"RegisterServerResp": {&RegisterServerResp{ServerID: 1, TargetIDs: []uint32{1, 2}}},
 		"ServerHeartbeatReq": {&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, FSIDs: []uint64{7}, RawFree: []uint64{4}, InoCeiling: 1 << 16, Unsynced: []TargetUnsynced{{Chunks: 2, Bytes: 7802, OldestMs: 3500}}}},
 		"TargetInfo":         {&TargetInfo{ID: 1, ServerID: 2, Addr: "a:1", Path: "/p", TotalBytes: 5, FreeBytes: 4, Alive: true}},
@@ -93,17 +96,25 @@ func messageSamples() map[string][]Message {
 		"SeekResp":       {&SeekResp{Off: 1<<33 + 5, Found: true}},
 		"ListChunksReq":  {&ListChunksReq{Target: 3, From: 300, Max: 8192}},
 		"ListChunksResp": {&ListChunksResp{Inos: []uint64{5, 1 << 40}, Bytes: []uint64{7, 0}, Next: 301, Done: true}},
-		"ChunkID":        {&chunk},
-		"WriteReq":       {&WriteReq{Chunk: chunk, Off: 3, Sync: true, Data: []byte("hi")}},
-		"WriteResp":      {&WriteResp{Alloc: 8192, HasAlloc: true}},
-		"ReadReq":        {&ReadReq{Chunk: chunk, Off: 3, Len: 4096}},
-		"ReadResp":       {&ReadResp{Data: []byte("read")}},
-		"TruncateReq":    {&TruncateReq{Chunk: chunk, Size: 5}},
-		"PunchReq":       {&PunchReq{Chunk: chunk, Off: 5, Len: 6}},
-		"ChunkReq":       {&ChunkReq{Chunk: chunk}},
-		"ChunkStatResp":  {&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true}},
-		"ChunksReq":      {&ChunksReq{Chunks: []ChunkID{chunk, {Target: 1, Ino: 2}}}},
-		"VoterInfo":      {&voter},
+		"ChunkID":        {&chunk, &ChunkID{Target: GroupBit | 4, Ino: 9, Epoch: 1 << 33}},
+		"GroupInfo":      {&group},
+		"ListGroupsResp": {&ListGroupsResp{Groups: []GroupInfo{group, {ID: 2, Epoch: 1, Primary: 5, Secondary: 6}}}},
+		"MirrorCreateReq": {&MirrorCreateReq{Hdr: hdr, Auto: true, ByDomain: true},
+			&MirrorCreateReq{Hdr: hdr, Pairs: []uint32{1, 4, 2, 3}}},
+		"MirrorGroupReq":      {&MirrorGroupReq{Hdr: hdr, Group: 3}},
+		"MirrorReplaceReq":    {&MirrorReplaceReq{Hdr: hdr, Group: 3, Target: 9}},
+		"MirrorReportReq":     {&MirrorReportReq{ServerID: 2, Group: 3, Epoch: 7, Target: 4, Event: MirrorResyncProgress, Done: 1 << 30, Total: 1 << 33, Detail: "chunk 4/99"}},
+		"ServerHeartbeatResp": {&ServerHeartbeatResp{Groups: []GroupInfo{group}, LeaseMs: 2000, FailoverTimeoutMs: 3000}},
+		"WriteReq":            {&WriteReq{Chunk: chunk, Off: 3, Sync: true, Data: []byte("hi")}},
+		"WriteResp":           {&WriteResp{Alloc: 8192, HasAlloc: true}},
+		"ReadReq":             {&ReadReq{Chunk: chunk, Off: 3, Len: 4096}},
+		"ReadResp":            {&ReadResp{Data: []byte("read")}},
+		"TruncateReq":         {&TruncateReq{Chunk: chunk, Size: 5}},
+		"PunchReq":            {&PunchReq{Chunk: chunk, Off: 5, Len: 6}},
+		"ChunkReq":            {&ChunkReq{Chunk: chunk}},
+		"ChunkStatResp":       {&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true}},
+		"ChunksReq":           {&ChunksReq{Chunks: []ChunkID{chunk, {Target: 1, Ino: 2}}}},
+		"VoterInfo":           {&voter},
 		"MetaInfoResp": {&MetaInfoResp{Addr: "10.0.0.1:7400", ID: "10.0.0.1:7400", RaftAddr: "10.0.0.1:7400", State: "follower", Term: 3,
 			AppliedIndex: 40, CommitIndex: 41, LastIndex: 42, Leader: "10.0.0.2:7400", LeaderID: "10.0.0.2:7400",
 			Voters: []VoterInfo{voter, {ID: "meta-1", RaftAddr: "127.0.0.1:4000"}}, LastContactMs: -1,
@@ -126,7 +137,7 @@ func decodedTypes(t *testing.T) []string {
 	t.Helper()
 	var out []string
 	fset := token.NewFileSet()
-	for _, name := range []string{"meta_msgs.go", "store_msgs.go", "member_msgs.go"} {
+	for _, name := range []string{"meta_msgs.go", "store_msgs.go", "member_msgs.go", "mirror_msgs.go"} {
 		f, err := parser.ParseFile(fset, name, nil, 0)
 		if err != nil {
 			t.Fatal(err)

@@ -84,13 +84,32 @@ func (m *ListChunksResp) Decode(d *Dec) {
 }
 
 // ChunkID names one chunk file: the part of inode Ino stored on Target.
+// A Target with GroupBit names a mirror group (mirror_msgs.go); the
+// request then carries the group epoch the sender acts in, Epoch, which is
+// on the wire right after Target only in that case (unmirrored chunks keep
+// the older encoding byte for byte).
 type ChunkID struct {
 	Target uint32
 	Ino    uint64
+	Epoch  uint64 // mirror group epoch; only with GroupBit in Target
 }
 
-func (c *ChunkID) Encode(e *Enc) { e.U32(c.Target); e.U64(c.Ino) }
-func (c *ChunkID) Decode(d *Dec) { c.Target = d.U32(); c.Ino = d.U64() }
+func (c *ChunkID) Encode(e *Enc) {
+	e.U32(c.Target)
+	if IsGroup(c.Target) {
+		e.U64(c.Epoch)
+	}
+	e.U64(c.Ino)
+}
+
+func (c *ChunkID) Decode(d *Dec) {
+	c.Target = d.U32()
+	c.Epoch = 0
+	if IsGroup(c.Target) {
+		c.Epoch = d.U64()
+	}
+	c.Ino = d.U64()
+}
 
 // WriteReq writes Data at chunk offset Off. With Sync the chunk is on stable
 // storage before the answer (WriteResp; Empty from older stores). ENOSPC when the target is full (nothing

@@ -1,0 +1,273 @@
+package rpc
+
+import (
+	"fmt"
+
+	"github.com/stratafs/strata/internal/layout"
+)
+
+// Mirror groups (docs/design/0014-mirror-groups.md).
+//
+// A mirror group is two targets on different servers holding the same
+// chunks. A mirrored file's layout names groups instead of targets: a
+// target id with GroupBit set is group (id &^ GroupBit). Requests to a
+// group's chunk carry the group's epoch in their ChunkID (ChunkID.Epoch,
+// on the wire only when Target has GroupBit); the store serving the group
+// knows from the metadata service which of its targets is the group's
+// copy and whether it is the primary in that epoch. Every mutation goes
+// to the primary, which forwards it to the secondary; reads go to either
+// copy while the group is in sync.
+//
+// # Errors a store answers for a group's chunk
+//
+//   - ESTALE: the request's epoch is older than the store's (the group
+//     switched), or the store is not the primary for a mutation, or the
+//     copy may not serve the read (out of sync). The caller re-reads the
+//     group map (MListGroups) and sends the request again.
+//   - EAGAIN: the store cannot serve the group right now (it has not yet
+//     learnt the request's newer epoch, its primary lease expired because
+//     it lost the metadata service, a degrade report is in flight). The
+//     caller waits a little, re-reads the group map and tries again,
+//     within the bounded wait it applies to an unreachable target.
+
+// GroupBit marks a layout target id that names a mirror group
+// (layout.GroupBit).
+const GroupBit = layout.GroupBit
+
+// IsGroup reports whether a layout target id names a mirror group.
+func IsGroup(id uint32) bool { return layout.IsGroup(id) }
+
+// Group states (GroupInfo.State).
+const (
+	// GroupInSync: both copies hold every acknowledged write; either may
+	// serve reads; the secondary may be promoted.
+	GroupInSync uint8 = 0
+	// GroupDegraded: only the primary is current; the secondary is away
+	// (or was never filled). The primary records what changes for the
+	// resync. If the primary is lost too, the group is unavailable.
+	GroupDegraded uint8 = 1
+	// GroupResyncing: the secondary is back and being caught up; new
+	// writes are forwarded to it, and the changed chunks copied. It serves
+	// no reads and cannot be promoted until the group is in sync.
+	GroupResyncing uint8 = 2
+)
+
+// GroupStateName is the name status --json uses for a group state.
+func GroupStateName(s uint8) string {
+	switch s {
+	case GroupInSync:
+		return "in_sync"
+	case GroupDegraded:
+		return "degraded"
+	case GroupResyncing:
+		return "resyncing"
+	}
+	return fmt.Sprintf("unknown(%d)", s)
+}
+
+// GroupInfo is one mirror group as the metadata service's replicated
+// state holds it, with the current addresses of its targets' servers.
+type GroupInfo struct {
+	ID        uint32 // group number, without GroupBit
+	Epoch     uint64 // bumped by every switch of primary and every state change
+	Primary   uint32 // target id of the primary copy
+	Secondary uint32 // target id of the secondary copy
+	State     uint8  // GroupInSync, GroupDegraded, GroupResyncing
+	// SinceMs is when the group entered State (Unix milliseconds).
+	SinceMs int64
+	// ResyncDone and ResyncTotal are the resync's progress in bytes
+	// (resyncing; as last reported by the primary).
+	ResyncDone, ResyncTotal uint64
+	// PrimaryAddr, SecondaryAddr: the data addresses of the targets'
+	// servers (as given to strata store --listen); PrimaryAlive,
+	// SecondaryAlive: whether those servers heartbeat.
+	PrimaryAddr, SecondaryAddr   string
+	PrimaryAlive, SecondaryAlive bool
+}
+
+func (g *GroupInfo) Encode(e *Enc) {
+	e.U32(g.ID)
+	e.U64(g.Epoch)
+	e.U32(g.Primary)
+	e.U32(g.Secondary)
+	e.U8(g.State)
+	e.I64(g.SinceMs)
+	e.U64(g.ResyncDone)
+	e.U64(g.ResyncTotal)
+	e.String(g.PrimaryAddr)
+	e.String(g.SecondaryAddr)
+	e.Bool(g.PrimaryAlive)
+	e.Bool(g.SecondaryAlive)
+}
+
+func (g *GroupInfo) Decode(d *Dec) {
+	g.ID = d.U32()
+	g.Epoch = d.U64()
+	g.Primary = d.U32()
+	g.Secondary = d.U32()
+	g.State = d.U8()
+	g.SinceMs = d.I64()
+	g.ResyncDone = d.U64()
+	g.ResyncTotal = d.U64()
+	g.PrimaryAddr = d.String()
+	g.SecondaryAddr = d.String()
+	g.PrimaryAlive = d.Bool()
+	g.SecondaryAlive = d.Bool()
+}
+
+// ListGroupsResp answers MListGroups (request Empty) and MMirrorCreate:
+// mirror groups in id order.
+type ListGroupsResp struct{ Groups []GroupInfo }
+
+func (m *ListGroupsResp) Encode(e *Enc) {
+	e.U64(uint64(len(m.Groups)))
+	for i := range m.Groups {
+		m.Groups[i].Encode(e)
+	}
+}
+
+func (m *ListGroupsResp) Decode(d *Dec) {
+	m.Groups = make([]GroupInfo, d.Count())
+	for i := range m.Groups {
+		m.Groups[i].Decode(d)
+	}
+}
+
+// MirrorCreateReq pairs targets into mirror groups. With Auto, every
+// target in no group is paired with one on another server (and, with
+// ByDomain, in another failure domain: RegisterServerReq.Domain); an odd
+// one out stays unpaired. Otherwise Pairs lists (primary, secondary)
+// target ids, two per group. EINVAL names the first bad pair (a target in
+// a group already, unknown, or both on one server / domain).
+type MirrorCreateReq struct {
+	Hdr      ReqHeader
+	Auto     bool
+	ByDomain bool
+	Pairs    []uint32
+}
+
+func (m *MirrorCreateReq) Encode(e *Enc) {
+	m.Hdr.Encode(e)
+	e.Bool(m.Auto)
+	e.Bool(m.ByDomain)
+	e.U32s(m.Pairs)
+}
+
+func (m *MirrorCreateReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	m.Auto = d.Bool()
+	m.ByDomain = d.Bool()
+	m.Pairs = d.U32s()
+}
+
+// MirrorGroupReq names a group (MMirrorFailOver).
+type MirrorGroupReq struct {
+	Hdr   ReqHeader
+	Group uint32
+}
+
+func (m *MirrorGroupReq) Encode(e *Enc) { m.Hdr.Encode(e); e.U32(m.Group) }
+func (m *MirrorGroupReq) Decode(d *Dec) { m.Hdr.Decode(d); m.Group = d.U32() }
+
+// MirrorReplaceReq gives group Group the empty target Target in place of
+// its out-of-sync (or dead) copy.
+type MirrorReplaceReq struct {
+	Hdr    ReqHeader
+	Group  uint32
+	Target uint32
+}
+
+func (m *MirrorReplaceReq) Encode(e *Enc) { m.Hdr.Encode(e); e.U32(m.Group); e.U32(m.Target) }
+func (m *MirrorReplaceReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	m.Group = d.U32()
+	m.Target = d.U32()
+}
+
+// Mirror report events (MirrorReportReq.Event).
+const (
+	// MirrorSecondaryLost: the primary could not forward to the
+	// secondary. The service degrades the group (new epoch) and answers
+	// the new GroupInfo; the primary acknowledges the write only then.
+	MirrorSecondaryLost uint8 = 1
+	// MirrorResyncProgress: Done of Total bytes copied.
+	MirrorResyncProgress uint8 = 2
+	// MirrorResyncDone: the secondary holds everything the primary does
+	// (new writes were forwarded meanwhile); the group is in sync again.
+	MirrorResyncDone uint8 = 3
+	// MirrorCopyBad: Target's copy of a chunk failed its checksums and was
+	// repaired from the other (counted and logged by the service; Detail
+	// names the chunk).
+	MirrorCopyBad uint8 = 4
+)
+
+// MirrorReportReq is a store's report about group Group, made in epoch
+// Epoch by the server of target Target. A report with an epoch older than
+// the group's is refused with ESTALE (answering the current GroupInfo is
+// not enough: the caller must act on the new epoch).
+type MirrorReportReq struct {
+	ServerID    uint32
+	Group       uint32
+	Epoch       uint64
+	Target      uint32
+	Event       uint8
+	Done, Total uint64
+	Detail      string
+}
+
+func (m *MirrorReportReq) Encode(e *Enc) {
+	e.U32(m.ServerID)
+	e.U32(m.Group)
+	e.U64(m.Epoch)
+	e.U32(m.Target)
+	e.U8(m.Event)
+	e.U64(m.Done)
+	e.U64(m.Total)
+	e.String(m.Detail)
+}
+
+func (m *MirrorReportReq) Decode(d *Dec) {
+	m.ServerID = d.U32()
+	m.Group = d.U32()
+	m.Epoch = d.U64()
+	m.Target = d.U32()
+	m.Event = d.U8()
+	m.Done = d.U64()
+	m.Total = d.U64()
+	m.Detail = d.String()
+}
+
+// ServerHeartbeatResp answers MServerHeartbeat (older services answered
+// Empty, which decodes as no groups and no lease). Groups are the mirror
+// groups with a copy on the server's targets. LeaseMs: the server may act
+// as primary of a group (acknowledge writes) until LeaseMs after it SENT
+// the heartbeat this answers; the service fails a primary over only after
+// FailoverTimeoutMs without heartbeats, which is longer, so a primary cut
+// off from the service stops before its secondary is promoted.
+type ServerHeartbeatResp struct {
+	Groups            []GroupInfo
+	LeaseMs           uint32
+	FailoverTimeoutMs uint32
+}
+
+func (m *ServerHeartbeatResp) Encode(e *Enc) {
+	e.U64(uint64(len(m.Groups)))
+	for i := range m.Groups {
+		m.Groups[i].Encode(e)
+	}
+	e.U32(m.LeaseMs)
+	e.U32(m.FailoverTimeoutMs)
+}
+
+func (m *ServerHeartbeatResp) Decode(d *Dec) {
+	*m = ServerHeartbeatResp{}
+	if d.Len() == 0 {
+		return
+	}
+	m.Groups = make([]GroupInfo, d.Count())
+	for i := range m.Groups {
+		m.Groups[i].Decode(d)
+	}
+	m.LeaseMs = d.U32()
+	m.FailoverTimeoutMs = d.U32()
+}
