@@ -30,11 +30,24 @@ type ClusterConfig struct {
 	// Dir holds the cluster's data, logs, key file and mount point.
 	Dir string
 	// Voters is the number of metadata voters (3 or 5); Stores the number
-	// of storage servers (one target each).
+	// of storage servers.
 	Voters, Stores int
-	// MountFlags are extra flags of `strata mount` (e.g. --sync-policy).
-	MountFlags []string
-	// Hosts says where the processes run: Loopback (default) or Netns.
+	// TargetsPerStore: targets of each storage server (default 1).
+	TargetsPerStore int
+	// MountFlags are extra flags of `strata mount` (e.g. --sync-policy);
+	// MetaFlags of every voter, StoreFlags of every store.
+	MountFlags, MetaFlags, StoreFlags []string
+	// Mirror: once the stores registered, pair their targets into mirror
+	// groups (`strata mirror create --auto`) and mark MirrorDirs
+	// (directories made under the mount) mirrored (`strata stripe set
+	// --mirror`), so that the files made there live on groups.
+	Mirror     bool
+	MirrorDirs []string
+	// FaultDisks: every target is a `strata faultfs` mount whose mode the
+	// disk faults switch (disks.go).
+	FaultDisks bool
+	// Hosts says where the processes run: Loopback (default) or Netns
+	// (each voter on a host of its own; with Mirror each store too).
 	Hosts string
 	// Shaped: the Netns hosts' links are forwarded by this process, so
 	// that the delay fault works on kernels without netem.
@@ -51,10 +64,15 @@ type Cluster struct {
 	Mount     string
 	hosts     *hosts // nil on loopback
 
+	// StoreAddrs are the stores' --listen addresses, by index.
+	StoreAddrs []string
+	disks      [][]*disk // by store, by target (FaultDisks)
+
 	mu     sync.Mutex
 	voters []*proc // by index; nil while stopped
-	stores []*proc
+	stores []*proc // by index
 	mount  *proc
+	faulty []*proc // the faultfs processes (the disks: never killed by a fault)
 }
 
 // proc is one child process.
@@ -194,14 +212,18 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (c *Cluster, err error
 		if err := RemoveLeftovers(cfg.Log); err != nil {
 			return nil, err
 		}
-		if c.hosts, err = newHosts(cfg.Voters, cfg.Shaped); err != nil {
+		storeHosts := 0
+		if cfg.Mirror {
+			storeHosts = cfg.Stores
+		}
+		if c.hosts, err = newHosts(cfg.Voters, storeHosts, cfg.Shaped); err != nil {
 			return nil, err
 		}
 		for _, h := range c.hosts.voters {
 			c.MetaAddrs = append(c.MetaAddrs, h.Addr+":7400")
 		}
 		for i := range cfg.Stores {
-			storeAddrs = append(storeAddrs, fmt.Sprintf("%s:%d", c.hosts.client.Addr, 7500+i))
+			storeAddrs = append(storeAddrs, fmt.Sprintf("%s:%d", c.storeHost(i).Addr, 7500+i))
 		}
 	} else {
 		if c.MetaAddrs, err = freePorts(cfg.Voters); err != nil {
@@ -220,41 +242,124 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (c *Cluster, err error
 	if _, err := c.WaitLeader(ctx, 60*time.Second); err != nil {
 		return nil, err
 	}
-	for i, a := range storeAddrs {
-		t := filepath.Join(cfg.Dir, fmt.Sprintf("store-%d", i+1), "t0")
-		if err := os.MkdirAll(t, 0o755); err != nil {
+	c.StoreAddrs = storeAddrs
+	if cfg.FaultDisks {
+		if err := c.startDisks(); err != nil {
 			return nil, err
 		}
-		p, err := c.start(fmt.Sprintf("store-%d", i+1), c.clientHost(), "store", "--meta", c.metaList(), "--listen", a,
-			"--target", t, "--key-file", c.keyFile)
-		if err != nil {
-			return nil, err
-		}
-		c.stores = append(c.stores, p)
 	}
-	argv := append([]string{"mount", "--meta", c.metaList(), "--key-file", c.keyFile}, cfg.MountFlags...)
-	if c.mount, err = c.start("mount", c.clientHost(), append(argv, c.Mount)...); err != nil {
+	c.stores = make([]*proc, cfg.Stores)
+	if err := c.startServing(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.Mirror {
+		if err := c.setUpMirror(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// startServing starts every store that is not running and the mount, and
+// waits (60 s) for the mount and for every target to be alive.
+func (c *Cluster) startServing(ctx context.Context) error {
+	for i := range c.StoreAddrs {
+		if err := c.StartStore(i); err != nil {
+			return err
+		}
+	}
+	argv := append([]string{"mount", "--meta", c.metaList(), "--key-file", c.keyFile}, c.cfg.MountFlags...)
+	m, err := c.start("mount", c.clientHost(), append(argv, c.Mount)...)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.mount = m
+	c.mu.Unlock()
 	deadline := time.Now().Add(60 * time.Second)
 	for !onStrata(c.Mount) {
-		if c.mount.exited() || time.Now().After(deadline) {
-			return nil, fmt.Errorf("mount at %s did not come up (see %s)", c.Mount, filepath.Join(cfg.Dir, "logs", "mount.log"))
+		if m.exited() || time.Now().After(deadline) {
+			return fmt.Errorf("mount at %s did not come up (see %s)", c.Mount, filepath.Join(c.cfg.Dir, "logs", "mount.log"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	// Wait until files can be placed: every store registered.
+	return c.waitTargets(ctx, deadline)
+}
+
+// waitTargets waits until every target is alive, until deadline.
+func (c *Cluster) waitTargets(ctx context.Context, deadline time.Time) error {
+	want := c.cfg.Stores * c.targetsPerStore()
 	for {
 		st, err := c.Status(ctx)
-		if err == nil && liveTargets(st) >= cfg.Stores {
-			break
+		if err == nil && liveTargets(st) >= want {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("stores did not register within 60s: %v", err)
+		if err == nil {
+			err = fmt.Errorf("%d of %d targets alive", liveTargets(st), want)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("stores did not register: %v", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return c, nil
+}
+
+func (c *Cluster) targetsPerStore() int { return max(1, c.cfg.TargetsPerStore) }
+
+// targetDir is target j of store i (a faultfs mount with FaultDisks).
+func (c *Cluster) targetDir(i, j int) string {
+	return filepath.Join(c.cfg.Dir, fmt.Sprintf("store-%d", i+1), fmt.Sprintf("t%d", j))
+}
+
+// StoreArgs is store i's command line (after the binary).
+func (c *Cluster) StoreArgs(i int) []string {
+	argv := []string{"store", "--meta", c.metaList(), "--listen", c.StoreAddrs[i], "--key-file", c.keyFile}
+	for j := range c.targetsPerStore() {
+		argv = append(argv, "--target", c.targetDir(i, j))
+	}
+	return append(argv, c.cfg.StoreFlags...)
+}
+
+// StartStore (re)starts store i on its targets.
+func (c *Cluster) StartStore(i int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.stores[i]; p != nil && !p.exited() {
+		return fmt.Errorf("store %s is running", c.StoreAddrs[i])
+	}
+	for j := range c.targetsPerStore() {
+		if err := os.MkdirAll(c.targetDir(i, j), 0o755); err != nil {
+			return err
+		}
+	}
+	p, err := c.start(fmt.Sprintf("store-%d", i+1), c.storeHost(i), c.StoreArgs(i)...)
+	if err != nil {
+		return err
+	}
+	c.stores[i] = p
+	return nil
+}
+
+// SignalStore sends sig to store i (SIGKILL waits for it to die).
+func (c *Cluster) SignalStore(i int, sig syscall.Signal) error {
+	c.mu.Lock()
+	p := c.stores[i]
+	c.mu.Unlock()
+	if p == nil {
+		return fmt.Errorf("store %s was never started", c.StoreAddrs[i])
+	}
+	return p.signal(sig)
+}
+
+// StoreIndex maps a store's --listen address to its index, or -1.
+func (c *Cluster) StoreIndex(addr string) int {
+	for i, a := range c.StoreAddrs {
+		if a == addr {
+			return i
+		}
+	}
+	return -1
 }
 
 func (c *Cluster) metaList() string { return strings.Join(c.MetaAddrs, ",") }
@@ -264,6 +369,18 @@ func (c *Cluster) metaList() string { return strings.Join(c.MetaAddrs, ",") }
 func (c *Cluster) clientHost() *netns.Host {
 	if c.hosts == nil {
 		return nil
+	}
+	return c.hosts.client
+}
+
+// storeHost is store i's host: its own with Mirror on Netns, else the
+// client's (nil: this process's namespace).
+func (c *Cluster) storeHost(i int) *netns.Host {
+	if c.hosts == nil {
+		return nil
+	}
+	if i < len(c.hosts.stores) {
+		return c.hosts.stores[i]
 	}
 	return c.hosts.client
 }
@@ -278,8 +395,8 @@ func (c *Cluster) voterHost(i int) *netns.Host {
 
 // VoterArgs is voter i's command line (after the binary).
 func (c *Cluster) VoterArgs(i int) []string {
-	return []string{"meta", "--listen", c.MetaAddrs[i], "--data", filepath.Join(c.cfg.Dir, fmt.Sprintf("meta-%d", i+1)),
-		"--peers", c.metaList(), "--key-file", c.keyFile}
+	return append([]string{"meta", "--listen", c.MetaAddrs[i], "--data", filepath.Join(c.cfg.Dir, fmt.Sprintf("meta-%d", i+1)),
+		"--peers", c.metaList(), "--key-file", c.keyFile}, c.cfg.MetaFlags...)
 }
 
 // StartVoter (re)starts voter i with its data directory.
@@ -331,23 +448,38 @@ func liveTargets(st *admin.Status) int {
 
 // Status runs `strata status --json` against the voters' list.
 func (c *Cluster) Status(ctx context.Context) (*admin.Status, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	args := []string{"status", "--json", "--meta", c.metaList(), "--key-file", c.keyFile}
-	cmd := exec.CommandContext(ctx, c.cfg.Bin, args...)
-	if h := c.clientHost(); h != nil {
-		cmd = h.Command(ctx, c.cfg.Bin, args...)
-	}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("strata status: %w: %s", err, strings.TrimSpace(errb.String()))
+	out, err := c.admin(ctx, "status", "--json")
+	if err != nil {
+		return nil, err
 	}
 	var s admin.Status
-	if err := json.Unmarshal(out.Bytes(), &s); err != nil {
+	if err := json.Unmarshal(out, &s); err != nil {
 		return nil, fmt.Errorf("strata status --json: %w", err)
 	}
 	return &s, nil
+}
+
+// admin runs `strata ARGS --meta VOTERS --key-file K` on the client host
+// (10 s at most) and returns its standard output.
+func (c *Cluster) admin(ctx context.Context, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	args = append(args, "--meta", c.metaList(), "--key-file", c.keyFile)
+	cmd := c.clientCommand(ctx, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("strata %s: %w: %s", args[0], err, strings.TrimSpace(errb.String()))
+	}
+	return out.Bytes(), nil
+}
+
+// clientCommand is `strata ARGS` on the client host.
+func (c *Cluster) clientCommand(ctx context.Context, args ...string) *exec.Cmd {
+	if h := c.clientHost(); h != nil {
+		return h.Command(ctx, c.cfg.Bin, args...)
+	}
+	return exec.CommandContext(ctx, c.cfg.Bin, args...)
 }
 
 // WaitLeader waits until the status names a leader, bounded by d.
@@ -418,6 +550,7 @@ func (c *Cluster) Stop() {
 	for _, p := range c.voters {
 		p.stop(30 * time.Second)
 	}
+	c.stopDisks()
 	if c.hosts != nil {
 		if err := c.hosts.net.Close(); err != nil {
 			c.cfg.Log.Warn("chaos: delete the hosts' namespaces", "err", err)

@@ -31,22 +31,27 @@ const nsBase = "strata-chaos-"
 const nsSubnet = "10.213.8"
 
 // hosts are the namespaces of a Netns cluster: voters[i] runs voter i,
-// client the stores, the mount and every `strata status`.
+// stores[i] store i (mirrored clusters; else the stores run on client),
+// client the mount and every `strata status`.
 type hosts struct {
 	net    *netns.Net
 	voters []*netns.Host
+	stores []*netns.Host
 	client *netns.Host
 }
 
-// newHosts makes n voter hosts and the client host, with shaped links
-// (Delay) if asked.
-func newHosts(n int, shaped bool) (*hosts, error) {
-	var names []string
+// newHosts makes n voter hosts, stores store hosts and the client host,
+// with shaped links (Delay) if asked.
+func newHosts(n, stores int, shaped bool) (*hosts, error) {
+	var names, storeNames []string
 	for i := range n {
 		names = append(names, fmt.Sprintf("m%d", i+1))
 	}
+	for i := range stores {
+		storeNames = append(storeNames, fmt.Sprintf("s%d", i+1))
+	}
 	net, err := netns.New(netns.Config{Prefix: netns.OwnedPrefix(nsBase, os.Getpid()), Subnet: nsSubnet, Shaped: shaped},
-		append(names, "c")...)
+		append(append(names, storeNames...), "c")...)
 	if err != nil {
 		return nil, fmt.Errorf("hosts as network namespaces: %w", err)
 	}
@@ -54,7 +59,24 @@ func newHosts(n int, shaped bool) (*hosts, error) {
 	for _, name := range names {
 		h.voters = append(h.voters, net.Host(name))
 	}
+	for _, name := range storeNames {
+		h.stores = append(h.stores, net.Host(name))
+	}
 	return h, nil
+}
+
+// cutFromVoters drops every packet between host s and the voters, both
+// ways (Heal undoes it); s keeps reaching the client and the other stores.
+func (h *hosts) cutFromVoters(s *netns.Host) error {
+	for _, v := range h.voters {
+		if err := h.net.DropFrom(s, v); err != nil {
+			return err
+		}
+		if err := h.net.DropFrom(v, s); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // RemoveLeftovers removes what a chaos run that died without cleaning up
