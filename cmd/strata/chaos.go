@@ -20,9 +20,11 @@ func init() {
 	var (
 		dir, faults, jsonPath, recordSize, syncPolicy, hosts string
 		voters, stores, workers, trials                      int
+		targetsPerStore, writers, readers                    int
 		seed                                                 uint64
 		duration, minGap, maxGap, hold, delay                time.Duration
-		keep, histories                                      bool
+		storeHold, resyncBound, failoverTimeout              time.Duration
+		keep, histories, mirror                              bool
 	)
 	cmd := &cobra.Command{
 		Use:   "chaos --dir DIR [--trials N | --duration D]",
@@ -44,7 +46,25 @@ creates minus the acknowledged removes, every fsync'ed record reads back as writ
 (--histories) the recorders' histories are linearizable (porcupine) and exactly-once; and a
 deposed leader that still runs (stop-leader, partition-leader, one-way, delay), asked directly for a
 file its successor created, must refuse rather than answer from its stale state.
-Exit status 1 when anything was lost, doubled, corrupted, read stale, or an operation failed.`,
+
+With --mirror the cluster is mirrored (issue 21): --stores storage servers (default 4) of
+--targets-per-store targets (default 2), each store on a host of its own with --hosts netns,
+paired into mirror groups (strata mirror create --auto) once registered, the load's data
+directories marked mirrored (strata stripe set --mirror); the load gets --writers writers
+of fsync'ed records (default 4) and --readers readers of random 4 KiB (default 4) that
+check every byte, of files written before the load and of acknowledged records. The mirror
+faults pick a group from strata status --json "mirror_groups": kill-primary, kill-secondary
+(kill -9 of the server), stop-primary (SIGSTOP for --store-hold, longer than the failover
+timeout, then SIGCONT), partition-primary (netns: the primary's host cut from the voters
+only), link-down-store (netns: the primary's host's link down), disk-eio-primary and
+disk-full-secondary (the target on a fault file system fails with EIO, or is full, for
+--store-hold; then the server restarts); and kill-all (any cluster) is a power loss: the
+load paused after acknowledged operations, every process killed with SIGKILL, restarted,
+every acknowledged record read back. Each mirror trial waits for the group's new primary
+(the faults that depose one), restarts or repairs what it broke and waits (--resync-bound)
+for every group to be in sync again: its resync time.
+Exit status 1 when anything was lost, doubled, corrupted, read stale, an operation failed,
+or a trial found a problem (no switch, no resync within the bound).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dir == "" {
@@ -61,7 +81,7 @@ Exit status 1 when anything was lost, doubled, corrupted, read stale, or an oper
 				return usagef("chaos: --hosts %q: want %s or %s", hosts, chaos.Loopback, chaos.Netns)
 			}
 			var fs []chaos.Fault
-			shaped := false
+			shaped, disks := false, false
 			for _, f := range strings.Split(faults, ",") {
 				ft := chaos.Fault(strings.TrimSpace(f))
 				if !slices.Contains(chaos.Faults, ft) {
@@ -70,8 +90,30 @@ Exit status 1 when anything was lost, doubled, corrupted, read stale, or an oper
 				if ft.OnNetwork() && hosts != chaos.Netns {
 					return usagef("chaos: --faults: %s needs --hosts %s", ft, chaos.Netns)
 				}
+				if ft.Mirrored() && !mirror {
+					return usagef("chaos: --faults: %s needs --mirror", ft)
+				}
 				shaped = shaped || ft == chaos.Delay
+				disks = disks || ft.OnDisk()
 				fs = append(fs, ft)
+			}
+			if mirror {
+				if !cmd.Flags().Changed("stores") {
+					stores = 4
+				}
+				if !cmd.Flags().Changed("targets-per-store") {
+					targetsPerStore = 2
+				}
+				if !cmd.Flags().Changed("writers") {
+					writers = 4
+				}
+				if !cmd.Flags().Changed("readers") {
+					readers = 4
+				}
+			}
+			var metaFlags []string
+			if failoverTimeout > 0 {
+				metaFlags = append(metaFlags, "--failover-timeout", failoverTimeout.String())
 			}
 			if seed == 0 {
 				seed = uint64(time.Now().UnixNano())
@@ -88,9 +130,18 @@ Exit status 1 when anything was lost, doubled, corrupted, read stale, or an oper
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			fmt.Fprintf(os.Stderr, "chaos: starting %d voters, %d stores and a mount under %s\n", voters, stores, dir)
-			c, err := chaos.StartCluster(ctx, chaos.ClusterConfig{Bin: self, Dir: dir, Voters: voters, Stores: stores,
-				MountFlags: []string{"--sync-policy", syncPolicy}, Hosts: hosts, Shaped: shaped})
+			what := ""
+			if mirror {
+				what = fmt.Sprintf(" of %d targets, mirrored,", targetsPerStore)
+			}
+			fmt.Fprintf(os.Stderr, "chaos: starting %d voters, %d stores%s and a mount under %s\n", voters, stores, what, dir)
+			ccfg := chaos.ClusterConfig{Bin: self, Dir: dir, Voters: voters, Stores: stores, TargetsPerStore: targetsPerStore,
+				MountFlags: []string{"--sync-policy", syncPolicy}, MetaFlags: metaFlags, Hosts: hosts, Shaped: shaped,
+				Mirror: mirror, FaultDisks: disks}
+			if mirror {
+				ccfg.MirrorDirs = []string{"chaos/writer", "chaos/read"}
+			}
+			c, err := chaos.StartCluster(ctx, ccfg)
 			if err != nil {
 				return err
 			}
@@ -100,7 +151,11 @@ Exit status 1 when anything was lost, doubled, corrupted, read stale, or an oper
 					os.RemoveAll(dir)
 				}
 			}()
-			l, err := chaos.StartLoad(chaos.LoadConfig{Dir: filepath.Join(c.Mount, "chaos"), Workers: workers, RecordBytes: int(rec)})
+			lcfg := chaos.LoadConfig{Dir: filepath.Join(c.Mount, "chaos"), Workers: workers, RecordBytes: int(rec), Writers: writers, Readers: readers}
+			if mirror {
+				lcfg.MaxWriterBytes = 64 << 20 // 4 writers × 3 files kept × 2 copies
+			}
+			l, err := chaos.StartLoad(lcfg)
 			if err != nil {
 				return err
 			}
@@ -117,7 +172,8 @@ Exit status 1 when anything was lost, doubled, corrupted, read stale, or an oper
 				defer cancel()
 				trials = 0
 			}
-			rep, err := chaos.Run(runCtx, c, l, hist, chaos.Schedule{Seed: seed, Faults: fs, MinGap: minGap, MaxGap: maxGap, Hold: hold, Delay: delay}, trials, os.Stderr)
+			rep, err := chaos.Run(runCtx, c, l, hist, chaos.Schedule{Seed: seed, Faults: fs, MinGap: minGap, MaxGap: maxGap, Hold: hold, Delay: delay,
+				StoreHold: storeHold, ResyncBound: resyncBound}, trials, os.Stderr)
 			if jsonPath != "" && rep != nil {
 				b, _ := json.MarshalIndent(rep, "", "  ")
 				if werr := os.WriteFile(jsonPath, append(b, '\n'), 0o644); werr != nil {
@@ -149,6 +205,12 @@ Exit status 1 when anything was lost, doubled, corrupted, read stale, or an oper
 			if n := len(rep.Check.Bad); n > 0 {
 				bad = append(bad, fmt.Sprintf("%d fsync'ed records bad (first: %s)", n, rep.Check.Bad[0]))
 			}
+			if n := rep.Check.CorruptReads; n > 0 {
+				bad = append(bad, fmt.Sprintf("%d reads corrupt or stale (first: %s)", n, rep.Check.Corrupt[0]))
+			}
+			if n := len(rep.Problems); n > 0 {
+				bad = append(bad, fmt.Sprintf("%d problems in the trials (first: %s)", n, rep.Problems[0]))
+			}
 			if len(bad) > 0 {
 				return fmt.Errorf("chaos (seed %d): %s", seed, strings.Join(bad, "; "))
 			}
@@ -159,14 +221,21 @@ Exit status 1 when anything was lost, doubled, corrupted, read stale, or an oper
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", "", "empty work directory for the cluster's data, logs and mount (removed at the end unless --keep)")
 	f.IntVar(&voters, "voters", 3, "metadata voters")
-	f.IntVar(&stores, "stores", 2, "storage servers (one target each)")
+	f.IntVar(&stores, "stores", 2, "storage servers (default 4 with --mirror)")
+	f.IntVar(&targetsPerStore, "targets-per-store", 1, "targets of each storage server (default 2 with --mirror)")
+	f.BoolVar(&mirror, "mirror", false, "a mirrored cluster: targets paired into mirror groups, the load's data on them; the mirror faults")
 	f.IntVar(&workers, "workers", 4, "load: workers creating, stat'ing and removing files")
-	f.StringVar(&recordSize, "record-size", "1M", "load: size of the writer's fsync'ed records (0: no writer)")
+	f.StringVar(&recordSize, "record-size", "1M", "load: size of the writers' fsync'ed records (0: no writer)")
+	f.IntVar(&writers, "writers", 1, "load: writers appending fsync'ed records (default 4 with --mirror)")
+	f.IntVar(&readers, "readers", 0, "load: readers of random 4 KiB, checking every byte (default 4 with --mirror)")
+	f.DurationVar(&storeHold, "store-hold", 6*time.Second, "how long stop-primary, partition-primary, link-down-store and the disk faults last")
+	f.DurationVar(&resyncBound, "resync-bound", 180*time.Second, "how long a mirror trial waits for every group to be in sync again")
+	f.DurationVar(&failoverTimeout, "failover-timeout", 0, "the voters' --failover-timeout (0: their default)")
 	f.StringVar(&syncPolicy, "sync-policy", "sync", "the mount's --sync-policy")
 	f.IntVar(&trials, "trials", 0, "number of faults to inject")
 	f.DurationVar(&duration, "duration", 0, "inject faults until this much time has passed (the soak; instead of --trials)")
 	f.Uint64Var(&seed, "seed", 0, "seed of the fault schedule (default: from the clock; printed, and replays the schedule)")
-	f.StringVar(&faults, "faults", string(chaos.KillLeader), "faults to draw from: "+faultNames()+" (comma-separated; the last four need --hosts netns)")
+	f.StringVar(&faults, "faults", string(chaos.KillLeader), "faults to draw from: "+faultNames()+" (comma-separated; partition-leader, one-way, link-down, delay, partition-primary and link-down-store need --hosts netns; the faults of a primary, a secondary or a store need --mirror)")
 	f.StringVar(&hosts, "hosts", chaos.Loopback, "where the processes run: loopback, or netns (each voter in a network namespace of its own, the stores and the mount in another)")
 	f.DurationVar(&delay, "delay", 300*time.Millisecond, "what the delay fault adds to each packet the leader's host sends")
 	f.DurationVar(&minGap, "min-gap", 3*time.Second, "shortest load time between trials")

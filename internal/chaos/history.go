@@ -23,6 +23,8 @@ type Histories struct {
 	segment time.Duration
 	stop    chan struct{}
 	wg      sync.WaitGroup
+	// gate is held shared through every segment; Pause takes it whole.
+	gate sync.RWMutex
 
 	mu       sync.Mutex
 	segments int
@@ -50,30 +52,44 @@ func (h *Histories) run() {
 			return
 		default:
 		}
-		label := fmt.Sprintf("segment %d (seed %d)", n, h.seed+int64(n))
-		hist, err := history.Run(history.Config{Root: filepath.Join(h.dir, fmt.Sprintf("s%04d", n)), Workers: 3,
-			Seed: h.seed + int64(n), Duration: h.segment, Stall: 60 * time.Second, Kinds: kinds})
-		var problems []string
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("%s: %v", label, err))
+		h.gate.RLock()
+		h.segment1(n, kinds)
+		h.gate.RUnlock()
+	}
+}
+
+// Pause waits for the segment under way to end and holds the next one
+// until Resume (a power-loss trial).
+func (h *Histories) Pause() { h.gate.Lock() }
+
+// Resume lets the recorders go on after Pause.
+func (h *Histories) Resume() { h.gate.Unlock() }
+
+// segment1 records and checks segment n.
+func (h *Histories) segment1(n int, kinds []history.Kind) {
+	label := fmt.Sprintf("segment %d (seed %d)", n, h.seed+int64(n))
+	hist, err := history.Run(history.Config{Root: filepath.Join(h.dir, fmt.Sprintf("s%04d", n)), Workers: 3,
+		Seed: h.seed + int64(n), Duration: h.segment, Stall: 60 * time.Second, Kinds: kinds})
+	var problems []string
+	if err != nil {
+		problems = append(problems, fmt.Sprintf("%s: %v", label, err))
+	}
+	if hist != nil {
+		ops := hist.Ops()
+		if err := history.Check(ops, label); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: not linearizable: %v", label, err))
 		}
-		if hist != nil {
-			ops := hist.Ops()
-			if err := history.Check(ops, label); err != nil {
-				problems = append(problems, fmt.Sprintf("%s: not linearizable: %v", label, err))
-			}
-			if err := history.ExactlyOnce(ops); err != nil {
-				problems = append(problems, fmt.Sprintf("%s: exactly-once: %v", label, err))
-			}
-			h.mu.Lock()
-			h.ops += len(ops)
-			h.mu.Unlock()
+		if err := history.ExactlyOnce(ops); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: exactly-once: %v", label, err))
 		}
 		h.mu.Lock()
-		h.segments++
-		h.failures = append(h.failures, problems...)
+		h.ops += len(ops)
 		h.mu.Unlock()
 	}
+	h.mu.Lock()
+	h.segments++
+	h.failures = append(h.failures, problems...)
+	h.mu.Unlock()
 }
 
 // Stop ends recording after the current segment and returns how many

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -75,6 +76,8 @@ type Load struct {
 	ackMu sync.Mutex
 	acked map[string]ackedFile
 	rmMu  sync.RWMutex
+	// powerBad: what checkAcked found (kept for Verify).
+	powerBad []string
 }
 
 type ackedFile struct{ id, n int }
@@ -227,32 +230,30 @@ func (l *Load) runWorker(id int, w *worker) {
 
 // workerStep creates a file, stats it and removes the oldest one kept.
 func (l *Load) workerStep(id int, w *worker) {
-	{
-		name := fmt.Sprintf("f%07d", w.next)
-		w.next++
-		path := filepath.Join(w.dir, name)
-		err := l.timed("create", id, func() error {
-			f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-			if err != nil {
-				return err
-			}
-			return f.Close()
-		})
+	name := fmt.Sprintf("f%07d", w.next)
+	w.next++
+	path := filepath.Join(w.dir, name)
+	err := l.timed("create", id, func() error {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 		if err != nil {
-			w.ambiguous[name] = true
-			return
-		}
-		w.live = append(w.live, name)
-		l.timed("stat", id, func() error {
-			_, err := os.Stat(path)
 			return err
-		})
-		if len(w.live) > l.cfg.Keep {
-			old := w.live[0]
-			w.live = w.live[1:]
-			if err := l.timed("remove", id, func() error { return os.Remove(filepath.Join(w.dir, old)) }); err != nil {
-				w.ambiguous[old] = true
-			}
+		}
+		return f.Close()
+	})
+	if err != nil {
+		w.ambiguous[name] = true
+		return
+	}
+	w.live = append(w.live, name)
+	l.timed("stat", id, func() error {
+		_, err := os.Stat(path)
+		return err
+	})
+	if len(w.live) > l.cfg.Keep {
+		old := w.live[0]
+		w.live = w.live[1:]
+		if err := l.timed("remove", id, func() error { return os.Remove(filepath.Join(w.dir, old)) }); err != nil {
+			w.ambiguous[old] = true
 		}
 	}
 }
@@ -330,7 +331,9 @@ func (l *Load) runWriter(w *writer) {
 		}
 		if old := w.name(seq - keepFiles + 1); seq-keepFiles+1 >= 0 && !w.failed[old] {
 			if n, ok := w.records[old]; ok {
+				l.gate.RLock()
 				bad := l.checkRecords(w.dir, old, fileID(w.id, seq-keepFiles+1), n)
+				l.gate.RUnlock()
 				w.checked += n
 				w.bad = append(w.bad, bad...)
 				l.rmMu.Lock()
@@ -350,8 +353,6 @@ func (l *Load) runWriter(w *writer) {
 // checkRecords reads back the first n records of file name in dir, whose
 // records carry file id file.
 func (l *Load) checkRecords(dir, name string, file, n int) (bad []string) {
-	l.gate.RLock()
-	defer l.gate.RUnlock()
 	f, err := os.Open(filepath.Join(dir, name))
 	if err != nil {
 		return []string{fmt.Sprintf("%s: %v", name, err)}
@@ -452,6 +453,7 @@ func (l *Load) Verify() (Check, error) {
 			c.Bad = append(c.Bad, l.checkRecords(w.dir, name, fileID(w.id, seq), n)...)
 		}
 	}
+	c.Bad = append(c.Bad, l.powerBad...)
 	c.Corrupt = []string{}
 	for _, r := range l.readers {
 		c.Reads += r.reads
@@ -579,4 +581,28 @@ func (l *Load) readAt(id int, r *reader, path string, off int64, got, want []byt
 			r.corrupt = append(r.corrupt, fmt.Sprintf("%.1fs %s at %d: %d bytes not as written%s", l.Now().Seconds(), path, off, len(got), what))
 		}
 	}
+}
+
+// ackedCheck is what checkAcked read.
+type ackedCheck struct {
+	checked int
+	bad     []string
+}
+
+// checkAcked reads back every record acknowledged so far that is still
+// kept (while the load is paused: after a power loss), and keeps what it
+// found bad for Verify.
+func (l *Load) checkAcked() ackedCheck {
+	l.ackMu.Lock()
+	acked := maps.Clone(l.acked)
+	l.ackMu.Unlock()
+	var r ackedCheck
+	names := slices.Sorted(maps.Keys(acked))
+	for _, name := range names {
+		a := acked[name]
+		r.checked += a.n
+		r.bad = append(r.bad, l.checkRecords(filepath.Join(l.cfg.Dir, "writer"), name, a.id, a.n)...)
+	}
+	l.powerBad = append(l.powerBad, r.bad...)
+	return r
 }

@@ -38,12 +38,15 @@ const (
 	Delay Fault = "delay"
 )
 
-// Faults lists every fault, in the order of the help texts.
-var Faults = []Fault{KillLeader, KillFollower, StopLeader, PartitionLeader, OneWay, LinkDown, Delay}
+// Faults lists every fault, in the order of the help texts: the voters'
+// (trials.go), then the mirrored cluster's and the power loss
+// (mirrorfaults.go).
+var Faults = []Fault{KillLeader, KillFollower, StopLeader, PartitionLeader, OneWay, LinkDown, Delay,
+	KillPrimary, KillSecondary, StopPrimary, PartitionPrimary, LinkDownStore, DiskEIOPrimary, DiskFullSecondary, KillAll}
 
 // OnNetwork reports whether f needs hosts in network namespaces.
 func (f Fault) OnNetwork() bool {
-	return f == PartitionLeader || f == OneWay || f == LinkDown || f == Delay
+	return f == PartitionLeader || f == OneWay || f == LinkDown || f == Delay || f == PartitionPrimary || f == LinkDownStore
 }
 
 // onFollower: the victim is a follower, drawn at random.
@@ -66,6 +69,12 @@ type Schedule struct {
 	Hold time.Duration
 	// Delay: what the delay fault adds to the leader's packets.
 	Delay time.Duration
+	// StoreHold: how long a store stays stopped, cut off or on a failing
+	// disk (default 6 s: longer than the default failover timeout, 3 s).
+	StoreHold time.Duration
+	// ResyncBound: how long a mirror trial waits for every group to be in
+	// sync again (default 180 s).
+	ResyncBound time.Duration
 }
 
 // Trial is one injected fault and what the load felt.
@@ -86,7 +95,19 @@ type Trial struct {
 	// Probe: what the deposed leader answered lookups sent to it alone
 	// (probe.go); nil for the faults that kill it or do not depose it.
 	Probe *Probe `json:"probe,omitempty"`
-	end   time.Duration
+	// Mirror faults (mirrorfaults.go): the group hit and its epoch before
+	// the fault, its primary after it, from the fault until status named
+	// another primary (the faults that depose one), and from the restart
+	// or repair until every group was in sync again.
+	Group         uint32  `json:"group,omitempty"`
+	Epoch         uint64  `json:"epoch_before,omitempty"`
+	NewPrimary    string  `json:"new_primary,omitempty"`
+	SwitchSeconds float64 `json:"switch_seconds,omitempty"`
+	ResyncSeconds float64 `json:"resync_seconds,omitempty"`
+	// Problems: what went wrong in the trial without ending the run (no
+	// switch, no resync within the bound, records bad after a power loss).
+	Problems []string `json:"problems,omitempty"`
+	end      time.Duration
 }
 
 // Report is the outcome of Run.
@@ -111,7 +132,21 @@ type Report struct {
 	// ProbeErrors: probes that could not run (their marker's create failed).
 	StaleReads  []string `json:"stale_reads"`
 	ProbeErrors []string `json:"probe_errors"`
+	// Totals: faults injected, trials whose stall reached StallBar, fsync'ed
+	// records lost or not as written, reads of wrong bytes, the trials'
+	// problems.
+	FaultsInjected int      `json:"faults_injected"`
+	StallsOverBar  int      `json:"stalls_over_bar"`
+	LostRecords    int      `json:"lost_records"`
+	CorruptReads   int      `json:"corrupt_reads"`
+	Problems       []string `json:"problems"`
+	// MedianResync, MaxResync: the mirror trials' resync_seconds.
+	MedianResync float64 `json:"median_resync_seconds"`
+	MaxResync    float64 `json:"max_resync_seconds"`
 }
+
+// StallBar is issue 21's bound on a failover's longest pause.
+const StallBar = 5 * time.Second
 
 // Stalls summarizes the trials of one kind of fault.
 type Stalls struct {
@@ -120,6 +155,11 @@ type Stalls struct {
 	MaxStall    float64 `json:"max_stall_seconds"`
 	// MedianElected: from the fault until status named the leader after it.
 	MedianElected float64 `json:"median_new_leader_seconds"`
+	// MedianSwitch: from the fault until status named another primary;
+	// MedianResync, MaxResync: until every group was in sync again.
+	MedianSwitch float64 `json:"median_switch_seconds,omitempty"`
+	MedianResync float64 `json:"median_resync_seconds,omitempty"`
+	MaxResync    float64 `json:"max_resync_seconds,omitempty"`
 }
 
 // median of xs (sorted in place); 0 for none.
@@ -151,12 +191,24 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 	if s.Delay <= 0 {
 		s.Delay = 300 * time.Millisecond
 	}
+	if s.StoreHold <= 0 {
+		s.StoreHold = 6 * time.Second
+	}
+	if s.ResyncBound <= 0 {
+		s.ResyncBound = 180 * time.Second
+	}
 	for _, f := range s.Faults {
 		if f.OnNetwork() && c.hosts == nil {
 			return nil, fmt.Errorf("fault %s needs hosts in network namespaces (--hosts %s)", f, Netns)
 		}
+		if f.Mirrored() && !c.cfg.Mirror {
+			return nil, fmt.Errorf("fault %s needs a mirrored cluster (--mirror)", f)
+		}
+		if f.OnDisk() && c.disks == nil {
+			return nil, fmt.Errorf("fault %s needs targets on fault file systems", f)
+		}
 	}
-	rep := &Report{Seed: s.Seed, StaleReads: []string{}, ProbeErrors: []string{}}
+	rep := &Report{Seed: s.Seed, StaleReads: []string{}, ProbeErrors: []string{}, Problems: []string{}}
 	p, err := newProber(c)
 	if err != nil {
 		return nil, err
@@ -176,13 +228,31 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		fault := s.Faults[rng.IntN(len(s.Faults))]
 		// A trial runs to its end even when ctx ends meanwhile (its
 		// waits are bounded): a voter is never left killed or stopped.
-		t, err := c.inject(context.WithoutCancel(ctx), l, p, rng, n, fault, s)
+		var t *Trial
+		var err error
+		if fault.Mirrored() || fault == KillAll {
+			t, err = c.injectMirror(context.WithoutCancel(ctx), l, h, rng, n, fault, s)
+		} else {
+			t, err = c.inject(context.WithoutCancel(ctx), l, p, rng, n, fault, s)
+		}
 		if err != nil {
 			runErr = fmt.Errorf("trial %d (%s): %w", n, fault, err)
 			break
 		}
 		rep.Trials = append(rep.Trials, *t)
-		fmt.Fprintf(out, "chaos: trial %d: %s%s of %s at %.1fs; leader %s after %.2fs\n", n, fault, detail(t.Detail), t.Victim, t.AtSec, t.Leader, t.Elected)
+		switch {
+		case fault == KillAll:
+			fmt.Fprintf(out, "chaos: trial %d: %s at %.1fs; leader %s after %.2fs; resync %.2fs; %s\n", n, fault, t.AtSec, t.Leader, t.Elected, t.ResyncSeconds, t.Detail)
+		case fault.Mirrored():
+			fmt.Fprintf(out, "chaos: trial %d: %s%s of %s (group %d, epoch %d) at %.1fs; primary %s after %.2fs; resync %.2fs\n",
+				n, fault, detail(t.Detail), t.Victim, t.Group, t.Epoch, t.AtSec, t.NewPrimary, t.SwitchSeconds, t.ResyncSeconds)
+		default:
+			fmt.Fprintf(out, "chaos: trial %d: %s%s of %s at %.1fs; leader %s after %.2fs\n", n, fault, detail(t.Detail), t.Victim, t.AtSec, t.Leader, t.Elected)
+		}
+		for _, pr := range t.Problems {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("trial %d (%s): %s", n, fault, pr))
+			fmt.Fprintf(out, "chaos: trial %d: PROBLEM: %s\n", n, pr)
+		}
 		if t.Probe != nil {
 			rep.StaleReads = append(rep.StaleReads, t.Probe.Stale...)
 			if t.Probe.Error != "" {
@@ -230,16 +300,37 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		}
 	}
 	stalls := make([]float64, 0, len(rep.Trials))
-	kinds := map[Fault][2][]float64{} // stalls, elected
+	var resyncs []float64
+	kinds := map[Fault][4][]float64{} // stalls, elected, switched, resynced
 	for _, t := range rep.Trials {
 		stalls = append(stalls, t.StallSeconds)
+		if t.StallSeconds >= StallBar.Seconds() {
+			rep.StallsOverBar++
+		}
 		k := kinds[t.Fault]
-		kinds[t.Fault] = [2][]float64{append(k[0], t.StallSeconds), append(k[1], t.Elected)}
-		fmt.Fprintf(out, "chaos: trial %d (%s%s): longest operation %.2fs over %d ops, %d errors\n", t.N, t.Fault, detail(t.Detail), t.StallSeconds, t.Ops, t.Errors)
+		k[0], k[1] = append(k[0], t.StallSeconds), append(k[1], t.Elected)
+		if t.SwitchSeconds > 0 {
+			k[2] = append(k[2], t.SwitchSeconds)
+		}
+		if t.ResyncSeconds > 0 {
+			k[3] = append(k[3], t.ResyncSeconds)
+			resyncs = append(resyncs, t.ResyncSeconds)
+		}
+		kinds[t.Fault] = k
+		resync := ""
+		if t.Fault.Mirrored() || t.Fault == KillAll {
+			resync = fmt.Sprintf(", resync %.2fs", t.ResyncSeconds)
+		}
+		fmt.Fprintf(out, "chaos: trial %d (%s%s): longest operation %.2fs over %d ops, %d errors%s\n", t.N, t.Fault, detail(t.Detail), t.StallSeconds, t.Ops, t.Errors, resync)
 	}
+	rep.FaultsInjected = len(rep.Trials)
 	if len(stalls) > 0 {
 		rep.MedianStall = median(stalls)
 		rep.MaxStall = stalls[len(stalls)-1] // sorted by median
+	}
+	if len(resyncs) > 0 {
+		rep.MedianResync = median(resyncs)
+		rep.MaxResync = resyncs[len(resyncs)-1]
 	}
 	rep.ByFault = map[Fault]Stalls{}
 	for _, f := range Faults {
@@ -247,18 +338,31 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		if !ok {
 			continue
 		}
-		st := Stalls{Trials: len(k[0]), MedianStall: median(k[0]), MedianElected: median(k[1])}
+		st := Stalls{Trials: len(k[0]), MedianStall: median(k[0]), MedianElected: median(k[1]), MedianSwitch: median(k[2]), MedianResync: median(k[3])}
 		st.MaxStall = k[0][len(k[0])-1] // sorted by median
+		if len(k[3]) > 0 {
+			st.MaxResync = k[3][len(k[3])-1]
+		}
 		rep.ByFault[f] = st
-		fmt.Fprintf(out, "chaos: %s: %d trials, stall median %.2fs max %.2fs, leader named after %.2fs (median)\n", f, st.Trials, st.MedianStall, st.MaxStall, st.MedianElected)
+		if f.Mirrored() || f == KillAll {
+			fmt.Fprintf(out, "chaos: %s: %d trials, stall median %.2fs max %.2fs, new primary after %.2fs (median), resync median %.2fs max %.2fs\n",
+				f, st.Trials, st.MedianStall, st.MaxStall, st.MedianSwitch, st.MedianResync, st.MaxResync)
+		} else {
+			fmt.Fprintf(out, "chaos: %s: %d trials, stall median %.2fs max %.2fs, leader named after %.2fs (median)\n", f, st.Trials, st.MedianStall, st.MaxStall, st.MedianElected)
+		}
 	}
 	chk, err := l.Verify()
 	if err != nil {
 		return rep, fmt.Errorf("verify: %w", err)
 	}
 	rep.Check = chk
+	rep.LostRecords, rep.CorruptReads = len(chk.Bad), chk.CorruptReads
 	fmt.Fprintf(out, "chaos: %d trials, stall median %.2fs max %.2fs; %d ops, %d errors; %d files expected, %d lost, %d extra, %d ambiguous; %d records checked, %d bad\n",
 		len(rep.Trials), rep.MedianStall, rep.MaxStall, rep.Ops, rep.ErrorCount, chk.Files, len(chk.Lost), len(chk.Extra), chk.Ambiguous, chk.Records, len(chk.Bad))
+	if chk.Reads > 0 || len(resyncs) > 0 {
+		fmt.Fprintf(out, "chaos: totals: %d faults injected, %d stalls ≥ %v, %d errors, %d records lost or bad, %d of %d reads corrupt or stale, resync median %.2fs max %.2fs, %d history segments checked, %d problems\n",
+			rep.FaultsInjected, rep.StallsOverBar, StallBar, rep.ErrorCount, rep.LostRecords, chk.CorruptReads, chk.Reads, rep.MedianResync, rep.MaxResync, rep.HistorySegments, len(rep.Problems))
+	}
 	return rep, runErr
 }
 
