@@ -36,7 +36,8 @@ func init() {
 		writeThrough, kernelReadAhead             int64
 		pprofAddr, metaDiskReserve                string
 		syncInterval                              time.Duration
-		debugFuse                                 bool
+		debugFuse, ha                             bool
+		haRestartDelay, failoverTimeout           time.Duration
 		tf                                        tlsFlags
 	)
 	cmd := &cobra.Command{
@@ -48,6 +49,22 @@ foreground; Ctrl-C (SIGINT) or SIGTERM unmounts and stops everything cleanly. St
 on the same --data it serves the same files.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if ha {
+				// The HA shape unless set otherwise: three voters, four
+				// servers of two targets, paired across servers.
+				if !cmd.Flags().Changed("meta-voters") {
+					metaVoters = 3
+				}
+				if !cmd.Flags().Changed("stores") {
+					stores = 4
+				}
+				if stores < 2 {
+					return usagef("--ha needs --stores 2 or more: a mirror group pairs targets of two servers")
+				}
+			}
+			if haRestartDelay < 0 || failoverTimeout < 0 {
+				return usagef("--ha-restart-delay and --failover-timeout must not be negative")
+			}
 			if stores < 1 || stores > 16 {
 				return usagef("--stores %d: want 1..16", stores)
 			}
@@ -85,6 +102,7 @@ on the same --data it serves the same files.`,
 				stores: stores, targetsPerStore: targetsPerStore, metaVoters: metaVoters, strictMetaSync: strictMetaSync,
 				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
 				tls: tc, syncInterval: syncInterval, pprof: pprofAddr != "", debugFuse: debugFuse,
+				ha: ha, haRestartDelay: haRestartDelay, failoverTimeout: failoverTimeout, tlsFiles: tf,
 			})
 			if err == nil {
 				fmt.Fprintln(os.Stderr, "strata: stopped cleanly: unmounted, every service closed")
@@ -106,6 +124,9 @@ on the same --data it serves the same files.`,
 	cmd.Flags().DurationVar(&syncInterval, "sync-interval", store.DefaultSyncInterval, syncIntervalUsage)
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
+	cmd.Flags().BoolVar(&ha, "ha", false, "high availability: each metadata voter (3 unless --meta-voters) and storage server (4 unless --stores) a process of its own, every target paired into mirror groups across servers, new files mirrored")
+	cmd.Flags().DurationVar(&haRestartDelay, "ha-restart-delay", 10*time.Second, "with --ha: start a voter or storage server that died again after this long (0: leave it dead)")
+	cmd.Flags().DurationVar(&failoverTimeout, "failover-timeout", 0, "with --ha: a primary's server silent this long is replaced by its secondary (0: the metadata service's default)")
 	cmd.Flags().BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request (very verbose)")
 	_ = cmd.Flags().MarkHidden("debug-fuse")
 	tf.register(cmd.Flags())
@@ -124,6 +145,13 @@ type upOptions struct {
 	syncInterval time.Duration
 	pprof        bool // --pprof: also serve the client's metrics there, at /metrics/client
 	debugFuse    bool // log every FUSE request
+	// ha: voters and stores as child processes (upha.go), targets
+	// paired into mirror groups; haRestartDelay restarts a dead child
+	// (0: never); failoverTimeout is the voters' (0: their default);
+	// tlsFiles are passed on to the children.
+	ha                              bool
+	haRestartDelay, failoverTimeout time.Duration
+	tlsFiles                        tlsFlags
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -171,85 +199,27 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		}
 	}()
 
-	mcfg := meta.DefaultConfig()
-	mcfg.DataDir = filepath.Join(dataDir, "meta")
-	mcfg.ListenAddr = o.metaListen
-	mcfg.ClusterKey = key
-	mcfg.TLS = o.tls
-	mcfg.StrictSync = o.strictMetaSync
-	mcfg.DiskReserve = o.metaDiskReserve
-	if o.metaDiskReserve == 0 {
-		mcfg.DiskReserve = -1 // none
-	}
-	var voters []*meta.Service
-	if o.metaVoters > 1 {
-		voters, err = startMetaVoters(mcfg, dataDir, o.metaVoters)
-	} else {
-		var s *meta.Service
-		if s, err = meta.Open(mcfg); err == nil {
-			voters = []*meta.Service{s}
+	var metaAddrs []string
+	refused := func() error { return nil }
+	if o.ha {
+		var h *haCluster
+		if metaAddrs, h, err = startHA(o, dataDir, keyFile); err != nil {
+			return err
 		}
+		stops = append(stops, h.stop)
+	} else if metaAddrs, refused, err = startLocal(o, dataDir, key, &stops); err != nil {
+		return err
 	}
-	for i := len(voters) - 1; i >= 0; i-- { // voter 1 stops first
-		v := voters[i]
-		stops = append(stops, func() error {
-			if err := v.Close(); err != nil {
-				return fmt.Errorf("metadata service: %w", err)
-			}
-			return nil
-		})
-	}
-	if err != nil {
-		return fmt.Errorf("start metadata service: %w", err)
-	}
-
-	// The metadata service's voters, as stores and the mount are given
-	// them (--meta A,B,C): they follow whichever leads.
-	metaAddrs := make([]string, len(voters))
-	for i, v := range voters {
-		metaAddrs[i] = v.Addr()
-	}
-	slog.Info("metadata service up", "voters", metaAddrs)
 	metaList := strings.Join(metaAddrs, ",")
-
-	var servers []*store.Server
-	for i := 0; i < o.stores; i++ {
-		scfg := store.DefaultConfig()
-		scfg.MetaAddrs = metaAddrs
-		scfg.ListenAddr = "127.0.0.1:0"
-		scfg.ClusterKey = key
-		scfg.TLS = o.tls
-		scfg.SyncInterval = o.syncInterval
-		for t := 0; t < o.targetsPerStore; t++ {
-			dir := filepath.Join(dataDir, fmt.Sprintf("store%d", i), fmt.Sprintf("target%d", t))
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return fmt.Errorf("create target dir: %w", err)
-			}
-			scfg.Targets = append(scfg.Targets, dir)
-		}
-		srv, err := store.Open(scfg)
-		if err != nil {
-			return fmt.Errorf("start storage server %d: %w", i, err)
-		}
-		stops = append(stops, func() error {
-			if err := srv.Close(); err != nil {
-				return fmt.Errorf("storage server %d: %w", i, err)
-			}
-			return nil
-		})
-		slog.Info("storage server up", "addr", srv.Addr(), "targets", scfg.Targets)
-		servers = append(servers, srv)
-	}
-	refused := func() error {
-		for i, srv := range servers {
-			if err := srv.Refused(); err != nil {
-				return fmt.Errorf("storage server %d: %w", i, err)
-			}
-		}
-		return nil
-	}
 	if err := waitTargets(ctx, metaAddrs, key, o.stores*o.targetsPerStore, refused); err != nil {
 		return err
+	}
+	if o.ha {
+		groups, err := haPairAll(ctx, metaAddrs, key)
+		if err != nil {
+			return err
+		}
+		slog.Info("mirror groups", "made", len(groups))
 	}
 
 	ccfg := client.DefaultConfig()
@@ -302,6 +272,89 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		slog.Warn("mount ended from outside (fusermount -u?); stopping")
 	}
 	return nil
+}
+
+// startLocal opens the metadata voters and the storage servers of o in
+// this process, appending their closing to stops, and returns the voters'
+// addresses and a check of the stores' registration refusals.
+func startLocal(o upOptions, dataDir string, key []byte, stops *[]func() error) (metaAddrs []string, refused func() error, err error) {
+	mcfg := meta.DefaultConfig()
+	mcfg.DataDir = filepath.Join(dataDir, "meta")
+	mcfg.ListenAddr = o.metaListen
+	mcfg.ClusterKey = key
+	mcfg.TLS = o.tls
+	mcfg.StrictSync = o.strictMetaSync
+	mcfg.DiskReserve = o.metaDiskReserve
+	if o.metaDiskReserve == 0 {
+		mcfg.DiskReserve = -1 // none
+	}
+	var voters []*meta.Service
+	if o.metaVoters > 1 {
+		voters, err = startMetaVoters(mcfg, dataDir, o.metaVoters)
+	} else {
+		var s *meta.Service
+		if s, err = meta.Open(mcfg); err == nil {
+			voters = []*meta.Service{s}
+		}
+	}
+	for i := len(voters) - 1; i >= 0; i-- { // voter 1 stops first
+		v := voters[i]
+		*stops = append(*stops, func() error {
+			if err := v.Close(); err != nil {
+				return fmt.Errorf("metadata service: %w", err)
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("start metadata service: %w", err)
+	}
+
+	// The metadata service's voters, as stores and the mount are given
+	// them (--meta A,B,C): they follow whichever leads.
+	metaAddrs = make([]string, len(voters))
+	for i, v := range voters {
+		metaAddrs[i] = v.Addr()
+	}
+	slog.Info("metadata service up", "voters", metaAddrs)
+
+	var servers []*store.Server
+	for i := 0; i < o.stores; i++ {
+		scfg := store.DefaultConfig()
+		scfg.MetaAddrs = metaAddrs
+		scfg.ListenAddr = "127.0.0.1:0"
+		scfg.ClusterKey = key
+		scfg.TLS = o.tls
+		scfg.SyncInterval = o.syncInterval
+		for t := 0; t < o.targetsPerStore; t++ {
+			dir := filepath.Join(dataDir, fmt.Sprintf("store%d", i), fmt.Sprintf("target%d", t))
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, nil, fmt.Errorf("create target dir: %w", err)
+			}
+			scfg.Targets = append(scfg.Targets, dir)
+		}
+		srv, err := store.Open(scfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("start storage server %d: %w", i, err)
+		}
+		*stops = append(*stops, func() error {
+			if err := srv.Close(); err != nil {
+				return fmt.Errorf("storage server %d: %w", i, err)
+			}
+			return nil
+		})
+		slog.Info("storage server up", "addr", srv.Addr(), "targets", scfg.Targets)
+		servers = append(servers, srv)
+	}
+	refused = func() error {
+		for i, srv := range servers {
+			if err := srv.Refused(); err != nil {
+				return fmt.Errorf("storage server %d: %w", i, err)
+			}
+		}
+		return nil
+	}
+	return metaAddrs, refused, nil
 }
 
 // waitTargets waits, bounded, until the metadata service lists n live

@@ -24,6 +24,9 @@
 //   - enospc: everything that takes space (writes, new files and
 //     directories, xattrs) fails with ENOSPC, and statfs reports no free
 //     space; removing and renaming work.
+//   - slow:DURATION (slow:200ms): every read, write and fsync of file data
+//     waits DURATION first, then works (a disk that is failing slowly, or
+//     overloaded: the fault layer's netem-like delay).
 //
 // # Pitfalls
 //
@@ -41,6 +44,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -116,11 +120,41 @@ type FS struct {
 	changed chan struct{} // closed (and replaced) at every switch
 }
 
+// slowPrefix starts the slow modes' names: slow:DURATION.
+const slowPrefix = "slow:"
+
+// Slow is the mode that delays every data operation by d.
+func Slow(d time.Duration) Mode { return Mode(slowPrefix + d.String()) }
+
+// delay is how long mode m holds an operation of kind k before it runs.
+func (m Mode) delay(k opKind) time.Duration {
+	s, ok := strings.CutPrefix(string(m), slowPrefix)
+	if !ok || k == opCreate || k == opChange {
+		return 0
+	}
+	d, _ := time.ParseDuration(s) // checked by valid
+	return d
+}
+
+// valid checks that m is a known mode.
+func (m Mode) valid() error {
+	if s, ok := strings.CutPrefix(string(m), slowPrefix); ok {
+		if d, err := time.ParseDuration(s); err != nil || d <= 0 || d > time.Minute {
+			return fmt.Errorf("faultfs: mode %q: want slow:DURATION, a duration up to 1m", m)
+		}
+		return nil
+	}
+	if !slices.Contains(Modes, m) {
+		return fmt.Errorf("faultfs: unknown mode %q (want one of %v, or slow:DURATION)", m, Modes)
+	}
+	return nil
+}
+
 // SetMode switches the mode; later operations see it, and operations held
 // by a hang mode go on.
 func (f *FS) SetMode(m Mode) error {
-	if !slices.Contains(Modes, m) {
-		return fmt.Errorf("faultfs: unknown mode %q (want one of %v)", m, Modes)
+	if err := m.valid(); err != nil {
+		return err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -152,6 +186,15 @@ func (f *FS) state() (Mode, chan struct{}) {
 func (f *FS) fail(k opKind) syscall.Errno {
 	for {
 		m, changed := f.state()
+		if d := m.delay(k); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-changed: // the mode changed: go on in the new one
+				t.Stop()
+			}
+			return f.Mode().errno(k)
+		}
 		if !m.hangs(k) {
 			return m.errno(k)
 		}

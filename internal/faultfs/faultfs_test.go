@@ -220,3 +220,46 @@ func TestHangModes(t *testing.T) {
 		return err
 	})
 }
+
+// TestSlowMode: in slow:DURATION a write's fsync waits the delay and then
+// succeeds; a switch back to ok ends a wait early; bad durations are
+// refused.
+func TestSlowMode(t *testing.T) {
+	mnt, f, _ := mount(t)
+	p := filepath.Join(mnt, "f")
+	if err := f.SetMode(faultfs.Slow(300 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := writeSync(p, "slow"); err != nil {
+		t.Fatalf("slow: write and fsync: %v", err)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Errorf("slow:300ms: write and fsync took %v", d)
+	}
+	if b, err := os.ReadFile(p); err != nil || string(b) != "slow" {
+		t.Fatalf("slow: read back %q, %v", b, err)
+	}
+	if err := f.SetMode(faultfs.Slow(time.Hour / 60)); err != nil { // 1m: the longest
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- writeSync(p, "again") }()
+	time.Sleep(200 * time.Millisecond)
+	if err := f.SetMode(faultfs.OK); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("after the switch to ok: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a slow write still waits after the switch to ok")
+	}
+	for _, bad := range []faultfs.Mode{"slow:", "slow:-1s", "slow:2m", "slow:fast"} {
+		if err := f.SetMode(bad); err == nil {
+			t.Errorf("mode %q accepted", bad)
+		}
+	}
+}

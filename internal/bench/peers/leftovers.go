@@ -23,6 +23,8 @@ func hostDaemonPaths(dir string) []string {
 		filepath.Join(dir, "passthrough-src"), filepath.Join(dir, "passthrough-mnt"),
 		filepath.Join(dir, "strata-data"), filepath.Join(dir, "strata-mnt"),
 		filepath.Join(dir, "strata-meta3-data"), filepath.Join(dir, "strata-meta3-mnt"),
+		filepath.Join(dir, "strata-ha-data"), filepath.Join(dir, "strata-ha-mnt"),
+		filepath.Join(dir, "strata-mirror-data"), filepath.Join(dir, "strata-mirror-mnt"),
 	}
 }
 

@@ -19,8 +19,11 @@ var Systems = []string{"local", "passthrough", "glusterfs", "moosefs", "strata"}
 
 // Optional are systems run only when named: "strata-meta3" is Strata with
 // three metadata voters (`strata up --meta-voters 3`), to measure the cost
-// of the quorum against "strata" in the same run.
-var Optional = []string{"strata-meta3"}
+// of the quorum against "strata" in the same run; "strata-mirror" is
+// `strata up --ha` (every daemon a process, new files mirrored) and
+// "strata-ha" the same cluster with unmirrored files, its baseline for the
+// cost of mirroring.
+var Optional = []string{"strata-meta3", "strata-ha", "strata-mirror"}
 
 // Config is one peers run.
 type Config struct {
@@ -79,7 +82,9 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		"moosefs":     &mooseFS{env: e},
 		"strata":      &strataFS{env: e},
 		// strata-meta3 runs after strata (Systems' order, then Optional).
-		"strata-meta3": &strataFS{env: e, sys: "strata-meta3", flags: []string{"--meta-voters", "3"}},
+		"strata-meta3":  &strataFS{env: e, sys: "strata-meta3", flags: []string{"--meta-voters", "3"}},
+		"strata-ha":     &strataFS{env: e, sys: "strata-ha", flags: []string{"--ha", "--mirror-root=false"}},
+		"strata-mirror": &strataFS{env: e, sys: "strata-mirror", flags: []string{"--ha"}},
 	}
 	rep = &bench.Report{Machine: bench.CurrentMachine(dir)}
 	var started []system
@@ -309,7 +314,8 @@ func Cleanup(dir string, logf func(string, ...any)) {
 	}
 	os.RemoveAll("/var/lib/glusterd/vols/" + glusterVolume)
 	// Data of the systems (not the logs or reports).
-	for _, sub := range []string{"local", "passthrough-src", "passthrough-mnt", "gluster", "moosefs", "strata-data", "strata-mnt", "strata-meta3-data", "strata-meta3-mnt"} {
+	for _, sub := range []string{"local", "passthrough-src", "passthrough-mnt", "gluster", "moosefs", "strata-data", "strata-mnt", "strata-meta3-data", "strata-meta3-mnt",
+		"strata-ha-data", "strata-ha-mnt", "strata-mirror-data", "strata-mirror-mnt"} {
 		p := filepath.Join(dir, sub)
 		if mountFSType(p) == "" {
 			os.RemoveAll(p)

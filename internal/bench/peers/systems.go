@@ -135,7 +135,7 @@ func (s *strataFS) setup(ctx context.Context) (string, error) {
 		return "", errSkip{"`strata up` is not available in this build"}
 	} else {
 		for _, f := range s.flags {
-			if strings.HasPrefix(f, "--") && !strings.Contains(string(out), f) {
+			if name, _, _ := strings.Cut(f, "="); strings.HasPrefix(f, "--") && !strings.Contains(string(out), name) {
 				return "", errSkip{fmt.Sprintf("`strata up` of this build has no %s", f)}
 			}
 		}
