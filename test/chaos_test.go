@@ -131,7 +131,13 @@ type chaosReport struct {
 		Victim       string  `json:"victim"`
 		NewLeader    string  `json:"new_leader"`
 		StallSeconds float64 `json:"stall_seconds"`
-		Probe        *struct {
+		// Mirror faults.
+		Group         uint32   `json:"group"`
+		NewPrimary    string   `json:"new_primary"`
+		SwitchSeconds float64  `json:"switch_seconds"`
+		ResyncSeconds float64  `json:"resync_seconds"`
+		Problems      []string `json:"problems"`
+		Probe         *struct {
 			Asked int      `json:"asked"`
 			Stale []string `json:"stale"`
 		} `json:"probe"`
@@ -143,11 +149,15 @@ type chaosReport struct {
 	HistorySegments int      `json:"history_segments"`
 	HistoryFailures []string `json:"history_failures"`
 	Check           struct {
-		Files   int      `json:"files"`
-		Records int      `json:"records"`
-		Lost    []string `json:"lost"`
-		Extra   []string `json:"extra"`
+		Files        int      `json:"files"`
+		Records      int      `json:"records"`
+		Lost         []string `json:"lost"`
+		Extra        []string `json:"extra"`
+		Bad          []string `json:"bad"`
+		Reads        int      `json:"reads"`
+		CorruptReads int      `json:"corrupt_reads"`
 	} `json:"check"`
+	Problems []string `json:"problems"`
 }
 
 // runChaos runs `strata chaos` with args and a seed (STRATA_CHAOS_SEED

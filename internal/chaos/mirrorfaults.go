@@ -214,7 +214,12 @@ func (c *Cluster) powerLoss(ctx context.Context, l *Load, h *Histories, t *Trial
 		defer h.Resume()
 	}
 	l.Pause()
-	defer l.Resume()
+	paused := true
+	defer func() {
+		if paused {
+			l.Resume()
+		}
+	}()
 	t.At = l.Now()
 	t.AtSec = t.At.Seconds()
 	start := time.Now()
@@ -242,6 +247,10 @@ func (c *Cluster) powerLoss(ctx context.Context, l *Load, h *Histories, t *Trial
 	bad := l.checkAcked()
 	t.Detail = fmt.Sprintf("%d acknowledged records read back, %d bad", bad.checked, len(bad.bad))
 	t.Problems = append(t.Problems, bad.bad...)
+	// The trial's operations: the first ones on the restarted cluster.
+	l.Resume()
+	paused = false
+	time.Sleep(2 * time.Second)
 	t.end = l.Now()
 	return nil
 }

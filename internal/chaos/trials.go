@@ -242,7 +242,7 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		rep.Trials = append(rep.Trials, *t)
 		switch {
 		case fault == KillAll:
-			fmt.Fprintf(out, "chaos: trial %d: %s at %.1fs; leader %s after %.2fs; resync %.2fs; %s\n", n, fault, t.AtSec, t.Leader, t.Elected, t.ResyncSeconds, t.Detail)
+			fmt.Fprintf(out, "chaos: trial %d: %s at %.1fs; leader %s after %.2fs%s; %s\n", n, fault, t.AtSec, t.Leader, t.Elected, resyncText(c.cfg.Mirror, t), t.Detail)
 		case fault.Mirrored():
 			fmt.Fprintf(out, "chaos: trial %d: %s%s of %s (group %d, epoch %d) at %.1fs; primary %s after %.2fs; resync %.2fs\n",
 				n, fault, detail(t.Detail), t.Victim, t.Group, t.Epoch, t.AtSec, t.NewPrimary, t.SwitchSeconds, t.ResyncSeconds)
@@ -317,11 +317,8 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 			resyncs = append(resyncs, t.ResyncSeconds)
 		}
 		kinds[t.Fault] = k
-		resync := ""
-		if t.Fault.Mirrored() || t.Fault == KillAll {
-			resync = fmt.Sprintf(", resync %.2fs", t.ResyncSeconds)
-		}
-		fmt.Fprintf(out, "chaos: trial %d (%s%s): longest operation %.2fs over %d ops, %d errors%s\n", t.N, t.Fault, detail(t.Detail), t.StallSeconds, t.Ops, t.Errors, resync)
+		fmt.Fprintf(out, "chaos: trial %d (%s%s): longest operation %.2fs over %d ops, %d errors%s\n", t.N, t.Fault, detail(t.Detail), t.StallSeconds, t.Ops, t.Errors,
+			resyncText(c.cfg.Mirror && (t.Fault.Mirrored() || t.Fault == KillAll), &t))
 	}
 	rep.FaultsInjected = len(rep.Trials)
 	if len(stalls) > 0 {
@@ -344,7 +341,7 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 			st.MaxResync = k[3][len(k[3])-1]
 		}
 		rep.ByFault[f] = st
-		if f.Mirrored() || f == KillAll {
+		if f.Mirrored() {
 			fmt.Fprintf(out, "chaos: %s: %d trials, stall median %.2fs max %.2fs, new primary after %.2fs (median), resync median %.2fs max %.2fs\n",
 				f, st.Trials, st.MedianStall, st.MaxStall, st.MedianSwitch, st.MedianResync, st.MaxResync)
 		} else {
@@ -364,6 +361,14 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 			rep.FaultsInjected, rep.StallsOverBar, StallBar, rep.ErrorCount, rep.LostRecords, chk.CorruptReads, chk.Reads, rep.MedianResync, rep.MaxResync, rep.HistorySegments, len(rep.Problems))
 	}
 	return rep, runErr
+}
+
+// resyncText is ", resync S" for a trial of a mirrored cluster's fault.
+func resyncText(mirrored bool, t *Trial) string {
+	if !mirrored {
+		return ""
+	}
+	return fmt.Sprintf(", resync %.2fs", t.ResyncSeconds)
 }
 
 // detail formats a trial's detail for the progress lines.
