@@ -62,7 +62,9 @@ disk-full-secondary (the target on a fault file system fails with EIO, or is ful
 load paused after acknowledged operations, every process killed with SIGKILL, restarted,
 every acknowledged record read back. Each mirror trial waits for the group's new primary
 (the faults that depose one), restarts or repairs what it broke and waits (--resync-bound)
-for every group to be in sync again: its resync time.
+for every group to be in sync again: its resync time. A deposed primary that still runs
+(stop-primary, partition-primary) is sent writes in its old epoch directly, from before the
+fault is undone until 2 s after: it must refuse them all (no split brain).
 Exit status 1 when anything was lost, doubled, corrupted, read stale, an operation failed,
 or a trial found a problem (no switch, no resync within the bound).`,
 		Args: cobra.NoArgs,
@@ -207,6 +209,9 @@ or a trial found a problem (no switch, no resync within the bound).`,
 			}
 			if n := rep.Check.CorruptReads; n > 0 {
 				bad = append(bad, fmt.Sprintf("%d reads corrupt or stale (first: %s)", n, rep.Check.Corrupt[0]))
+			}
+			if n := len(rep.SplitBrain); n > 0 {
+				bad = append(bad, fmt.Sprintf("%d writes acknowledged by a deposed primary (first: %s)", n, rep.SplitBrain[0]))
 			}
 			if n := len(rep.Problems); n > 0 {
 				bad = append(bad, fmt.Sprintf("%d problems in the trials (first: %s)", n, rep.Problems[0]))

@@ -75,7 +75,7 @@ const (
 // fault, the wait for the switch, the repair, the wait for the resync.
 // What went wrong without making the cluster unusable goes to
 // Trial.Problems; an error ends the run.
-func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, rng *rand.Rand, n int, fault Fault, s Schedule) (*Trial, error) {
+func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *prober, rng *rand.Rand, n int, fault Fault, s Schedule) (*Trial, error) {
 	leader, err := c.WaitLeader(ctx, 30*time.Second)
 	if err != nil {
 		return nil, err
@@ -98,6 +98,12 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, rng *
 	i := c.StoreIndex(t.Victim)
 	if i < 0 {
 		return nil, fmt.Errorf("status names server %q for group %d, not one of %v", t.Victim, g.ID, c.StoreAddrs)
+	}
+	var fence *fenceProbe
+	if fault == StopPrimary || fault == PartitionPrimary {
+		if fence, err = p.prepareFence(l, t.Victim, g.ID, g.Epoch); err != nil {
+			t.Problems = append(t.Problems, err.Error())
+		}
 	}
 	t.At = l.Now()
 	t.AtSec = t.At.Seconds()
@@ -140,14 +146,23 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, rng *
 		}
 		return nil, err
 	}
+	var newEpoch uint64
 	if fault.switches() {
-		c.waitSwitch(ctx, t, g, start)
+		newEpoch = c.waitSwitch(ctx, t, g, start)
 	}
-	if undo == nil { // a kill: restart once switched (a secondary: after the hold)
+	repaired := time.Now()
+	switch {
+	case fence != nil && newEpoch > 0:
+		if err := fence.run(start.Add(s.StoreHold), l.Now, newEpoch, undo); err != nil {
+			return t, err
+		}
+		t.Fence = fence.r
+		repaired, undo = fence.undone, func() error { return nil }
+	case undo == nil: // a kill: restart once switched (a secondary: after the hold)
 		if !fault.switches() {
 			sleepUntil(start.Add(s.Hold))
 		}
-	} else {
+	default:
 		sleepUntil(start.Add(s.StoreHold))
 	}
 	if !fault.switches() {
@@ -160,7 +175,6 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, rng *
 			}
 		}
 	}
-	repaired := time.Now()
 	if undo != nil {
 		err = undo()
 	} else {
@@ -179,8 +193,9 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, rng *
 }
 
 // waitSwitch waits (switchBound) until status names a primary of group g
-// other than its server before the fault, in a newer epoch.
-func (c *Cluster) waitSwitch(ctx context.Context, t *Trial, g MirrorGroup, start time.Time) {
+// other than its server before the fault, in a newer epoch, and returns
+// that epoch (0: none within the bound, a problem of the trial).
+func (c *Cluster) waitSwitch(ctx context.Context, t *Trial, g MirrorGroup, start time.Time) uint64 {
 	deadline := start.Add(switchBound)
 	var last string
 	for {
@@ -189,7 +204,7 @@ func (c *Cluster) waitSwitch(ctx context.Context, t *Trial, g MirrorGroup, start
 			if g2, ok := group(gs, g.ID); ok && g2.PrimaryServer != g.PrimaryServer && g2.Epoch > g.Epoch {
 				t.NewPrimary = g2.PrimaryServer
 				t.SwitchSeconds = time.Since(start).Seconds()
-				return
+				return g2.Epoch
 			} else if ok {
 				last = fmt.Sprintf("primary %s, %s, epoch %d", g2.PrimaryServer, g2.State, g2.Epoch)
 			} else {
@@ -200,7 +215,7 @@ func (c *Cluster) waitSwitch(ctx context.Context, t *Trial, g MirrorGroup, start
 		}
 		if time.Now().After(deadline) {
 			t.Problems = append(t.Problems, fmt.Sprintf("group %d: no other primary within %v of the fault (%s)", g.ID, switchBound, last))
-			return
+			return 0
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -74,20 +73,8 @@ func (p *prober) client(addr string) *transport.Client {
 // lookup asks voter addr for name in the root directory, from the client
 // host (where its connection is dialed), within d.
 func (p *prober) lookup(addr, name string, d time.Duration) error {
-	call := func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), d)
-		defer cancel()
-		var resp rpc.AttrResp
-		return p.client(addr).Call(ctx, rpc.MLookup, &rpc.LookupReq{Parent: probeRoot, Name: name}, &resp)
-	}
-	if h := p.c.clientHost(); h != nil {
-		var err error
-		if derr := h.Do(func() error { err = call(); return nil }); derr != nil {
-			return derr
-		}
-		return err
-	}
-	return call()
+	var resp rpc.AttrResp
+	return p.call(addr, rpc.MLookup, &rpc.LookupReq{Parent: probeRoot, Name: name}, &resp, d)
 }
 
 // record records one answer of victim to a lookup of name.

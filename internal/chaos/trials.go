@@ -104,6 +104,9 @@ type Trial struct {
 	NewPrimary    string  `json:"new_primary,omitempty"`
 	SwitchSeconds float64 `json:"switch_seconds,omitempty"`
 	ResyncSeconds float64 `json:"resync_seconds,omitempty"`
+	// Fence: what the deposed primary answered writes sent to it alone in
+	// its old epoch (fence.go: stop-primary, partition-primary).
+	Fence *Fence `json:"fence,omitempty"`
 	// Problems: what went wrong in the trial without ending the run (no
 	// switch, no resync within the bound, records bad after a power loss).
 	Problems []string `json:"problems,omitempty"`
@@ -132,6 +135,9 @@ type Report struct {
 	// ProbeErrors: probes that could not run (their marker's create failed).
 	StaleReads  []string `json:"stale_reads"`
 	ProbeErrors []string `json:"probe_errors"`
+	// SplitBrain: writes a deposed primary acknowledged in its old epoch
+	// (the fence probe).
+	SplitBrain []string `json:"split_brain"`
 	// Totals: faults injected, trials whose stall reached StallBar, fsync'ed
 	// records lost or not as written, reads of wrong bytes, the trials'
 	// problems.
@@ -208,7 +214,7 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 			return nil, fmt.Errorf("fault %s needs targets on fault file systems", f)
 		}
 	}
-	rep := &Report{Seed: s.Seed, StaleReads: []string{}, ProbeErrors: []string{}, Problems: []string{}}
+	rep := &Report{Seed: s.Seed, StaleReads: []string{}, ProbeErrors: []string{}, Problems: []string{}, SplitBrain: []string{}}
 	p, err := newProber(c)
 	if err != nil {
 		return nil, err
@@ -231,7 +237,7 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		var t *Trial
 		var err error
 		if fault.Mirrored() || fault == KillAll {
-			t, err = c.injectMirror(context.WithoutCancel(ctx), l, h, rng, n, fault, s)
+			t, err = c.injectMirror(context.WithoutCancel(ctx), l, h, p, rng, n, fault, s)
 		} else {
 			t, err = c.inject(context.WithoutCancel(ctx), l, p, rng, n, fault, s)
 		}
@@ -248,6 +254,11 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 				n, fault, detail(t.Detail), t.Victim, t.Group, t.Epoch, t.AtSec, t.NewPrimary, t.SwitchSeconds, t.ResyncSeconds)
 		default:
 			fmt.Fprintf(out, "chaos: trial %d: %s%s of %s at %.1fs; leader %s after %.2fs\n", n, fault, detail(t.Detail), t.Victim, t.AtSec, t.Leader, t.Elected)
+		}
+		if t.Fence != nil {
+			rep.SplitBrain = append(rep.SplitBrain, t.Fence.Accepted...)
+			fmt.Fprintf(out, "chaos: trial %d: fence probe of the deposed primary: %d writes in the old epoch, %d refused (%s), %d unanswered, %d ACKNOWLEDGED\n",
+				n, t.Fence.Asked, t.Fence.Refused, t.Fence.FirstRefusal, t.Fence.NoAnswer, len(t.Fence.Accepted))
 		}
 		for _, pr := range t.Problems {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("trial %d (%s): %s", n, fault, pr))
