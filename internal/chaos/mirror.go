@@ -190,8 +190,14 @@ func (c *Cluster) KillAll() error {
 // RestartAll starts what KillAll killed: the voters, then (once a leader
 // is named) the stores and the mount.
 func (c *Cluster) RestartAll(ctx context.Context) error {
-	if onStrata(c.Mount) {
-		syscall.Unmount(c.Mount, syscall.MNT_DETACH)
+	// The killed mount's daemon is gone: detach what it left. (Its
+	// successor's own check — a stat of the mount point failing with
+	// ENOTCONN — can be answered from the attributes the kernel cached,
+	// and then refuses the mount point as a live Strata mount.)
+	if fuseMounted(c.Mount) {
+		if err := syscall.Unmount(c.Mount, syscall.MNT_DETACH); err != nil {
+			return fmt.Errorf("detach the dead mount at %s: %w", c.Mount, err)
+		}
 	}
 	for i := range c.MetaAddrs {
 		if err := c.StartVoter(i); err != nil {
