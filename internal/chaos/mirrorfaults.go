@@ -105,9 +105,6 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 			t.Problems = append(t.Problems, err.Error())
 		}
 	}
-	t.At = l.Now()
-	t.AtSec = t.At.Seconds()
-	start := time.Now()
 	var undo func() error // after the hold; nil: restart the killed server
 	switch fault {
 	case KillPrimary, KillSecondary:
@@ -146,6 +143,11 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 		}
 		return nil, err
 	}
+	// The fault is in place (a partition's rules may take a while to
+	// add): the switch and the hold count from here.
+	t.At = l.Now()
+	t.AtSec = t.At.Seconds()
+	start := time.Now()
 	var newEpoch uint64
 	if fault.switches() {
 		newEpoch = c.waitSwitch(ctx, t, g, start)
