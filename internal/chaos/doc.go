@@ -43,6 +43,25 @@
 // (Report.StaleReads). The load and the histories cannot see this: the
 // mount follows the leader, so it hardly ever asks a deposed one.
 //
+// Mirror groups (issue 21; mirror.go, mirrorfaults.go, fence.go, disks.go):
+// with ClusterConfig.Mirror the stores (several targets each; each on a host
+// of its own on Netns) are paired into mirror groups with `strata mirror
+// create --auto` once registered, and MirrorDirs are marked `strata stripe
+// set --mirror`. The load then has several writers and readers that check
+// every byte they read: of files written before the load, and of records
+// whose fsync was acknowledged before the read began (a wrong answer there
+// is a stale read). The mirror faults pick a group from `strata status
+// --json` "mirror_groups" (all in sync when a trial starts) and hit the
+// server of its primary or secondary, found by the --listen address status
+// names; a trial waits for another primary (the faults that depose one),
+// restarts or repairs, and times the resync until every group is in sync.
+// kill-all is a power loss: the load and the history recorders pause
+// between operations (Load.Pause: each writer's last operation was an
+// acknowledged fsync), every process is killed with SIGKILL, restarted, and
+// every acknowledged record still kept is read back. Disk faults need the
+// targets on fault file systems (ClusterConfig.FaultDisks): one `strata
+// faultfs` process per target, never killed by a fault.
+//
 // Cleanup: Stop deletes the namespaces (and with them the nftables rules
 // of the packet faults); a run that dies without it (kill -9) leaves them
 // named strata-chaos-PID-…, and the next netns run removes them, the
