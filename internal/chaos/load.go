@@ -87,6 +87,49 @@ type reader struct {
 	reads   int
 	corrupt []string // "path offset: why", the first maxCorrupt
 	bad     int
+	// files: the pre-written files it has open, opened in Load.gen gen.
+	files map[string]*os.File
+	gen   int64
+}
+
+// file returns path opened for reading: kept open across reads if keep
+// (all reopened after a Resume), else a fresh open the caller closes.
+func (r *reader) file(l *Load, path string, keep bool) (f *os.File, done func(), err error) {
+	if !keep {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, nil, err
+		}
+		return f, func() { f.Close() }, nil
+	}
+	if g := l.gen.Load(); g != r.gen || r.files == nil {
+		r.closeFiles()
+		r.files, r.gen = map[string]*os.File{}, g
+	}
+	if f := r.files[path]; f != nil {
+		return f, func() {}, nil
+	}
+	f, err = os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	r.files[path] = f
+	return f, func() {}, nil
+}
+
+// drop closes path's kept handle (after an error: the next read reopens).
+func (r *reader) drop(path string) {
+	if f := r.files[path]; f != nil {
+		f.Close()
+		delete(r.files, path)
+	}
+}
+
+func (r *reader) closeFiles() {
+	for _, f := range r.files {
+		f.Close()
+	}
+	r.files = nil
 }
 
 // maxCorrupt bounds the corrupt reads each reader describes.
@@ -509,11 +552,13 @@ func (l *Load) prewrite() error {
 	return nil
 }
 
-// runReader reads at random: a pre-written file or an acknowledged record.
+// runReader reads at random: a pre-written file (through handles it keeps
+// open) or an acknowledged record.
 func (l *Load) runReader(id int, r *reader) {
 	rng := rand.New(rand.NewPCG(uint64(id), uint64(time.Now().UnixNano())))
 	size := l.cfg.ReadBytes
 	got, want := make([]byte, size), make([]byte, size)
+	defer r.closeFiles()
 	for !l.stopped() {
 		l.gate.RLock()
 		if rng.IntN(2) == 0 || !l.readRecord(id, r, rng, got) {
@@ -556,15 +601,17 @@ func (l *Load) readRecord(id int, r *reader, rng *rand.Rand, got []byte) bool {
 	return true
 }
 
-// readAt is one timed read: open path, read len(got) bytes at off, close;
-// bytes other than want are a corrupt read.
+// readAt is one timed read of len(got) bytes of path at off; bytes other
+// than want are a corrupt read. A pre-written file (what "") stays open
+// across reads, as a job reading a file at random keeps it open; a
+// record's file is opened for the read.
 func (l *Load) readAt(id int, r *reader, path string, off int64, got, want []byte, what string) {
 	err := l.timed("read", -100-id, func() error {
-		f, err := os.Open(path)
+		f, done, err := r.file(l, path, what == "")
 		if err != nil {
 			return err
 		}
-		defer f.Close()
+		defer done()
 		n, err := f.ReadAt(got, off)
 		if err != nil && !(errors.Is(err, io.EOF) && n == len(got)) {
 			return fmt.Errorf("read %s at %d: %w", path, off, err)
@@ -572,6 +619,7 @@ func (l *Load) readAt(id int, r *reader, path string, off int64, got, want []byt
 		return nil
 	})
 	if err != nil {
+		r.drop(path)
 		return
 	}
 	r.reads++
