@@ -105,6 +105,9 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 			t.Problems = append(t.Problems, err.Error())
 		}
 	}
+	t.At = l.Now()
+	t.AtSec = t.At.Seconds()
+	start := time.Now()
 	var undo func() error // after the hold; nil: restart the killed server
 	switch fault {
 	case KillPrimary, KillSecondary:
@@ -143,11 +146,9 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 		}
 		return nil, err
 	}
-	// The fault is in place (a partition's rules may take a while to
-	// add): the switch and the hold count from here.
-	t.At = l.Now()
-	t.AtSec = t.At.Seconds()
-	start := time.Now()
+	if d := time.Since(start); d > 100*time.Millisecond { // a partition's nft rules take a while
+		t.Detail = fmt.Sprintf("%sin place after %.2fs", map[bool]string{true: t.Detail + "; ", false: ""}[t.Detail != ""], d.Seconds())
+	}
 	var newEpoch uint64
 	if fault.switches() {
 		newEpoch = c.waitSwitch(ctx, t, g, start)
