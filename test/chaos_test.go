@@ -137,7 +137,12 @@ type chaosReport struct {
 		SwitchSeconds float64  `json:"switch_seconds"`
 		ResyncSeconds float64  `json:"resync_seconds"`
 		Problems      []string `json:"problems"`
-		Probe         *struct {
+		Fence         *struct {
+			Asked    int      `json:"asked"`
+			Refused  int      `json:"refused"`
+			Accepted []string `json:"accepted"`
+		} `json:"fence"`
+		Probe *struct {
 			Asked int      `json:"asked"`
 			Stale []string `json:"stale"`
 		} `json:"probe"`
@@ -157,7 +162,8 @@ type chaosReport struct {
 		Reads        int      `json:"reads"`
 		CorruptReads int      `json:"corrupt_reads"`
 	} `json:"check"`
-	Problems []string `json:"problems"`
+	Problems   []string `json:"problems"`
+	SplitBrain []string `json:"split_brain"`
 }
 
 // runChaos runs `strata chaos` with args and a seed (STRATA_CHAOS_SEED

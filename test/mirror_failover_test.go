@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stratafs/strata/internal/netns"
 	"github.com/stratafs/strata/internal/testutil"
 )
 
@@ -43,5 +44,41 @@ func requireMirror(t *testing.T) {
 	out, err := exec.Command(testutil.Binary(t), "mirror", "--help").CombinedOutput()
 	if err != nil && strings.Contains(string(out), "unknown command") {
 		t.Skipf("this strata binary has no `strata mirror` command (mirror groups not in this build): %s", strings.TrimSpace(string(out)))
+	}
+}
+
+// TestMirrorFaultsOnHosts runs `strata chaos --mirror --hosts netns`,
+// bounded: each voter and each storage server on a network namespace of
+// its own, and four faults drawn from SIGSTOP of a primary's server for
+// longer than the failover timeout, a partition of a primary's host from
+// the metadata voters alone (the mount still reaches it), kill -9 of a
+// secondary's server and a power loss of every process right after
+// acknowledged fsyncs. No operation may fail, nothing acknowledged may be
+// lost or read wrong, and a deposed primary that still runs must refuse
+// every write sent to it alone in its old epoch (no split brain).
+func TestMirrorFaultsOnHosts(t *testing.T) {
+	requireMirror(t)
+	if err := netns.Check(false); err != nil {
+		t.Skip(err)
+	}
+	testutil.RequireNft(t)
+	rep, seed := runChaos(t, "--mirror", "--hosts", "netns", "--trials", "4", "--faults", "stop-primary,partition-primary,kill-secondary,kill-all")
+	if len(rep.Trials) != 4 || rep.ErrorCount != 0 || rep.Check.Records == 0 || rep.Check.Reads == 0 {
+		t.Fatalf("report (seed %d): %d trials, %d errors, %d records checked, %d reads; want 4 trials, no errors, records and reads",
+			seed, len(rep.Trials), rep.ErrorCount, rep.Check.Records, rep.Check.Reads)
+	}
+	if len(rep.Check.Bad) > 0 || rep.Check.CorruptReads > 0 || len(rep.Problems) > 0 || len(rep.SplitBrain) > 0 {
+		t.Fatalf("report (seed %d): bad records %v, %d corrupt reads, problems %v, split brain %v", seed, rep.Check.Bad, rep.Check.CorruptReads, rep.Problems, rep.SplitBrain)
+	}
+	for _, tr := range rep.Trials {
+		switch tr.Fault {
+		case "stop-primary", "partition-primary":
+			if tr.NewPrimary == "" || tr.NewPrimary == tr.Victim || tr.Fence == nil || tr.Fence.Asked == 0 || len(tr.Fence.Accepted) > 0 {
+				t.Errorf("%s of %s: new primary %q, fence probe %+v", tr.Fault, tr.Victim, tr.NewPrimary, tr.Fence)
+			}
+		case "kill-secondary", "kill-all":
+		default:
+			t.Errorf("trial of fault %q", tr.Fault)
+		}
 	}
 }
