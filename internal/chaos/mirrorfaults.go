@@ -25,9 +25,10 @@ const (
 	// (longer than the failover timeout), then SIGCONT: it must have been
 	// fenced (its lease ran out, the group moved on to a new epoch).
 	StopPrimary Fault = "stop-primary"
-	// PartitionPrimary (netns): the primary's host cannot reach the
-	// metadata voters, nor they it, for StoreHold; the mount and the
-	// other stores still reach it. Split brain must not happen.
+	// PartitionPrimary (netns): what the primary's host sends to the
+	// metadata voters is dropped for StoreHold (so no TCP exchange with
+	// them works); the mount and the other stores still reach it. Split
+	// brain must not happen.
 	PartitionPrimary Fault = "partition-primary"
 	// LinkDownStore (netns): a primary's host loses its link for StoreHold.
 	LinkDownStore Fault = "link-down-store"
