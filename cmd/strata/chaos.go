@@ -58,7 +58,8 @@ faults pick a group from strata status --json "mirror_groups": kill-primary, kil
 timeout, then SIGCONT), partition-primary (netns: the primary's host cut from the voters
 only), link-down-store (netns: the primary's host's link down), disk-eio-primary and
 disk-full-secondary (the target on a fault file system fails with EIO, or is full, for
---store-hold; then the server restarts); and kill-all (any cluster) is a power loss: the
+--store-hold; then the disk heals, and the server restarts if its groups are not back in
+sync 30 s later); and kill-all (any cluster) is a power loss: the
 load paused after acknowledged operations, every process killed with SIGKILL, restarted,
 every acknowledged record read back. Each mirror trial waits for the group's new primary
 (the faults that depose one), restarts or repairs what it broke and waits (--resync-bound)

@@ -33,11 +33,11 @@ const (
 	// LinkDownStore (netns): a primary's host loses its link for StoreHold.
 	LinkDownStore Fault = "link-down-store"
 	// DiskEIOPrimary: every read, write and fsync of a primary's target
-	// fails with EIO (faultfs) for StoreHold; then the disk is healed and
-	// the server restarted.
+	// fails with EIO (faultfs) for StoreHold; then the disk is healed, and
+	// the server restarted if its groups are not all in sync 30 s later.
 	DiskEIOPrimary Fault = "disk-eio-primary"
 	// DiskFullSecondary: a secondary's target is full (ENOSPC) for
-	// StoreHold; then the disk is healed and the server restarted.
+	// StoreHold; then healed as DiskEIOPrimary.
 	DiskFullSecondary Fault = "disk-full-secondary"
 	// KillAll: a power loss. The load is paused between operations (each
 	// writer's last one an acknowledged fsync), every voter, store and
@@ -70,6 +70,9 @@ func (f Fault) switches() bool {
 const (
 	switchBound = 60 * time.Second
 	powerBound  = 120 * time.Second
+	// diskBound: how long a disk fault's group may take to be in sync
+	// again by itself once the disk is healed, before the server restarts.
+	diskBound = 30 * time.Second
 )
 
 // injectMirror runs one trial of a mirror fault (or a power loss): the
@@ -132,12 +135,7 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 			t.Detail = fmt.Sprintf("target %d: %s", target, mode)
 			err = c.setDisk(i, j, mode)
 		}
-		undo = func() error {
-			if err := c.setDisk(i, j, faultfs.OK); err != nil {
-				return err
-			}
-			return c.restartStore(i)
-		}
+		undo = func() error { return c.setDisk(i, j, faultfs.OK) }
 	default:
 		err = fmt.Errorf("unknown fault %q", fault)
 	}
@@ -186,6 +184,16 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 	}
 	if err != nil {
 		return t, err
+	}
+	if fault.OnDisk() {
+		// A healed disk under a running server: does the group come back
+		// by itself? If not, restart the server, as an operator would.
+		if _, err := c.WaitInSync(ctx, 0, diskBound); err != nil {
+			t.Detail += fmt.Sprintf("; not in sync %v after the disk healed (%v): server restarted", diskBound, err)
+			if err := c.restartStore(i); err != nil {
+				return t, err
+			}
+		}
 	}
 	if _, err := c.WaitInSync(ctx, 0, s.ResyncBound); err != nil {
 		t.Problems = append(t.Problems, err.Error())
