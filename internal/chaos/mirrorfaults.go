@@ -132,7 +132,7 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 		}
 		var j int
 		if j, err = c.targetIndex(ctx, i, target); err == nil {
-			t.Detail = fmt.Sprintf("target %d: %s", target, mode)
+			t.note(fmt.Sprintf("target %d: %s", target, mode))
 			err = c.setDisk(i, j, mode)
 		}
 		undo = func() error { return c.setDisk(i, j, faultfs.OK) }
@@ -146,13 +146,13 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 		return nil, err
 	}
 	if d := time.Since(start); d > 100*time.Millisecond { // a partition's nft rules take a while
-		t.Detail = fmt.Sprintf("%sin place after %.2fs", map[bool]string{true: t.Detail + "; ", false: ""}[t.Detail != ""], d.Seconds())
+		t.note(fmt.Sprintf("in place after %.2fs", d.Seconds()))
 	}
 	var newEpoch uint64
 	if fault.switches() {
 		newEpoch = c.waitSwitch(ctx, t, g, start)
 	}
-	repaired := time.Now()
+	var repaired time.Time // when the fault was undone or the server restarted
 	switch {
 	case fence != nil && newEpoch > 0:
 		if err := fence.run(start.Add(s.StoreHold), l.Now, newEpoch, undo); err != nil {
@@ -172,10 +172,12 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 		// loss degrades the group only once a write finds it gone).
 		if gs, err := c.MirrorGroups(ctx); err == nil {
 			if g2, ok := group(gs, g.ID); ok {
-				t.NewPrimary = g2.PrimaryServer
-				t.Detail = fmt.Sprintf("%s%sgroup %s, epoch %d", t.Detail, map[bool]string{true: "; ", false: ""}[t.Detail != ""], g2.State, g2.Epoch)
+				t.note(fmt.Sprintf("group %s, epoch %d, primary %s", g2.State, g2.Epoch, g2.PrimaryServer))
 			}
 		}
+	}
+	if repaired.IsZero() {
+		repaired = time.Now()
 	}
 	if undo != nil {
 		err = undo()
@@ -189,7 +191,7 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 		// A healed disk under a running server: does the group come back
 		// by itself? If not, restart the server, as an operator would.
 		if _, err := c.WaitInSync(ctx, 0, diskBound); err != nil {
-			t.Detail += fmt.Sprintf("; not in sync %v after the disk healed (%v): server restarted", diskBound, err)
+			t.note(fmt.Sprintf("not in sync %v after the disk healed (%v): server restarted", diskBound, err))
 			if err := c.restartStore(i); err != nil {
 				return t, err
 			}
@@ -314,6 +316,14 @@ func (c *Cluster) restartStore(i int) error {
 		}
 	}
 	return c.StartStore(i)
+}
+
+// note appends what happened to the trial's detail.
+func (t *Trial) note(s string) {
+	if t.Detail != "" {
+		t.Detail += "; "
+	}
+	t.Detail += s
 }
 
 func sleepUntil(t time.Time) {

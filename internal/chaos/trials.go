@@ -249,9 +249,12 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		switch {
 		case fault == KillAll:
 			fmt.Fprintf(out, "chaos: trial %d: %s at %.1fs; leader %s after %.2fs%s; %s\n", n, fault, t.AtSec, t.Leader, t.Elected, resyncText(c.cfg.Mirror, t), t.Detail)
-		case fault.Mirrored():
+		case fault.switches():
 			fmt.Fprintf(out, "chaos: trial %d: %s%s of %s (group %d, epoch %d) at %.1fs; primary %s after %.2fs; resync %.2fs\n",
 				n, fault, detail(t.Detail), t.Victim, t.Group, t.Epoch, t.AtSec, t.NewPrimary, t.SwitchSeconds, t.ResyncSeconds)
+		case fault.Mirrored():
+			fmt.Fprintf(out, "chaos: trial %d: %s%s of %s (group %d, epoch %d) at %.1fs; resync %.2fs\n",
+				n, fault, detail(t.Detail), t.Victim, t.Group, t.Epoch, t.AtSec, t.ResyncSeconds)
 		default:
 			fmt.Fprintf(out, "chaos: trial %d: %s%s of %s at %.1fs; leader %s after %.2fs\n", n, fault, detail(t.Detail), t.Victim, t.AtSec, t.Leader, t.Elected)
 		}
