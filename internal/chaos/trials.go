@@ -356,8 +356,12 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		}
 		rep.ByFault[f] = st
 		if f.Mirrored() {
-			fmt.Fprintf(out, "chaos: %s: %d trials, stall median %.2fs max %.2fs, new primary after %.2fs (median), resync median %.2fs max %.2fs\n",
-				f, st.Trials, st.MedianStall, st.MaxStall, st.MedianSwitch, st.MedianResync, st.MaxResync)
+			switched := ""
+			if f.switches() {
+				switched = fmt.Sprintf(", new primary after %.2fs (median)", st.MedianSwitch)
+			}
+			fmt.Fprintf(out, "chaos: %s: %d trials, stall median %.2fs max %.2fs%s, resync median %.2fs max %.2fs\n",
+				f, st.Trials, st.MedianStall, st.MaxStall, switched, st.MedianResync, st.MaxResync)
 		} else {
 			fmt.Fprintf(out, "chaos: %s: %d trials, stall median %.2fs max %.2fs, leader named after %.2fs (median)\n", f, st.Trials, st.MedianStall, st.MaxStall, st.MedianElected)
 		}
