@@ -145,7 +145,7 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 		}
 		return nil, err
 	}
-	if d := time.Since(start); d > 100*time.Millisecond { // a partition's nft rules take a while
+	if d := time.Since(start); d > time.Second { // a partition's nft rules take a while
 		t.note(fmt.Sprintf("in place after %.2fs", d.Seconds()))
 	}
 	var newEpoch uint64
