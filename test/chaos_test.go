@@ -91,7 +91,7 @@ func TestChaosNetworkFaults(t *testing.T) {
 }
 
 // TestChaosNetworkFaultsNeedHosts: a network fault without --hosts netns,
-// or an unknown --hosts, is a usage error (exit status 2) naming the
+// a mirror fault without --mirror, or an unknown --hosts, is a usage error (exit status 2) naming the
 // problem, before anything starts.
 func TestChaosNetworkFaultsNeedHosts(t *testing.T) {
 	bin := testutil.Binary(t)
@@ -100,6 +100,8 @@ func TestChaosNetworkFaultsNeedHosts(t *testing.T) {
 		{"--faults partition-leader --hosts loopback", "partition-leader needs --hosts netns"},
 		{"--hosts lan", `--hosts "lan"`},
 		{"--faults drop-all --hosts netns", `unknown fault "drop-all"`},
+		{"--faults kill-primary", "kill-primary needs --mirror"},
+		{"--mirror --faults partition-primary", "partition-primary needs --hosts netns"},
 	} {
 		dir := t.TempDir()
 		args := append([]string{"chaos", "--dir", dir, "--trials", "1"}, strings.Fields(c.args)...)

@@ -59,9 +59,9 @@ timeout, then SIGCONT), partition-primary (netns: the primary's host cut from th
 only), link-down-store (netns: the primary's host's link down), disk-eio-primary and
 disk-full-secondary (the target on a fault file system fails with EIO, or is full, for
 --store-hold; then the disk heals, and the server restarts if its groups are not back in
-sync 30 s later); and kill-all (any cluster) is a power loss: the
-load paused after acknowledged operations, every process killed with SIGKILL, restarted,
-every acknowledged record read back. Each mirror trial waits for the group's new primary
+sync 30 s later); and kill-all (any cluster) is a power loss: the load paused after
+acknowledged operations, every process killed with SIGKILL, restarted, every acknowledged
+record read back. Each mirror trial waits for the group's new primary
 (the faults that depose one), restarts or repairs what it broke and waits (--resync-bound)
 for every group to be in sync again: its resync time. A deposed primary that still runs
 (stop-primary, partition-primary) is sent writes in its old epoch directly, from before the
