@@ -59,9 +59,11 @@ timeout, then SIGCONT), partition-primary (netns: the primary's host cut from th
 only), link-down-store (netns: the primary's host's link down), disk-eio-primary and
 disk-full-secondary (the target on a fault file system fails with EIO, or is full, for
 --store-hold; then the disk heals, and the server restarts if its groups are not back in
-sync 30 s later); and kill-all (any cluster) is a power loss: the load paused after
-acknowledged operations, every process killed with SIGKILL, restarted, every acknowledged
-record read back. Each mirror trial waits for the group's new primary
+sync 30 s later), disk-slow-primary (for --store-hold every data operation of the target
+waits --delay), kill-primary-leader (kill -9 of a primary's server, and of the metadata
+leader a second later: the next leader switches); and kill-all (any cluster) is a power
+loss: the load paused after acknowledged operations, every process killed with SIGKILL,
+restarted, every acknowledged record read back. Each mirror trial waits for the group's new primary
 (the faults that depose one), restarts or repairs what it broke and waits (--resync-bound)
 for every group to be in sync again: its resync time. A deposed primary that still runs
 (stop-primary, partition-primary) is sent writes in its old epoch directly, from before the
@@ -243,7 +245,7 @@ or a trial found a problem (no switch, no resync within the bound).`,
 	f.Uint64Var(&seed, "seed", 0, "seed of the fault schedule (default: from the clock; printed, and replays the schedule)")
 	f.StringVar(&faults, "faults", string(chaos.KillLeader), "faults to draw from: "+faultNames()+" (comma-separated; partition-leader, one-way, link-down, delay, partition-primary and link-down-store need --hosts netns; the faults of a primary, a secondary or a store need --mirror)")
 	f.StringVar(&hosts, "hosts", chaos.Loopback, "where the processes run: loopback, or netns (each voter in a network namespace of its own, the stores and the mount in another)")
-	f.DurationVar(&delay, "delay", 300*time.Millisecond, "what the delay fault adds to each packet the leader's host sends")
+	f.DurationVar(&delay, "delay", 300*time.Millisecond, "what the delay fault adds to each packet the leader's host sends, and disk-slow-primary to each data operation of the target")
 	f.DurationVar(&minGap, "min-gap", 3*time.Second, "shortest load time between trials")
 	f.DurationVar(&maxGap, "max-gap", 6*time.Second, "longest load time between trials")
 	f.DurationVar(&hold, "hold", 3*time.Second, "how long stop-leader keeps the leader stopped, and a partition, a link down or a delay lasts")

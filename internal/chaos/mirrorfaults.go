@@ -39,6 +39,13 @@ const (
 	// DiskFullSecondary: a secondary's target is full (ENOSPC) for
 	// StoreHold; then healed as DiskEIOPrimary.
 	DiskFullSecondary Fault = "disk-full-secondary"
+	// KillPrimaryLeader: kill -9 of a primary's server and, a second
+	// later (before the failover timeout), of the metadata leader: the new
+	// leader must make the switch. Both restarted once it is made.
+	KillPrimaryLeader Fault = "kill-primary-leader"
+	// DiskSlowPrimary: every data operation of a primary's target waits
+	// Schedule.Delay first (faultfs slow mode) for StoreHold.
+	DiskSlowPrimary Fault = "disk-slow-primary"
 	// KillAll: a power loss. The load is paused between operations (each
 	// writer's last one an acknowledged fsync), every voter, store and
 	// the mount are killed with SIGKILL at once, restarted, and every
@@ -49,21 +56,24 @@ const (
 // Mirrored reports whether f needs a mirrored cluster.
 func (f Fault) Mirrored() bool {
 	switch f {
-	case KillPrimary, KillSecondary, StopPrimary, PartitionPrimary, LinkDownStore, DiskEIOPrimary, DiskFullSecondary:
+	case KillPrimary, KillSecondary, StopPrimary, PartitionPrimary, LinkDownStore, DiskEIOPrimary, DiskFullSecondary,
+		KillPrimaryLeader, DiskSlowPrimary:
 		return true
 	}
 	return false
 }
 
 // OnDisk reports whether f needs targets on fault file systems.
-func (f Fault) OnDisk() bool { return f == DiskEIOPrimary || f == DiskFullSecondary }
+func (f Fault) OnDisk() bool {
+	return f == DiskEIOPrimary || f == DiskFullSecondary || f == DiskSlowPrimary
+}
 
 // onSecondary: the victim is a group's secondary.
 func (f Fault) onSecondary() bool { return f == KillSecondary || f == DiskFullSecondary }
 
 // switches: the group must get another primary.
 func (f Fault) switches() bool {
-	return f == KillPrimary || f == StopPrimary || f == PartitionPrimary || f == LinkDownStore
+	return f == KillPrimary || f == StopPrimary || f == PartitionPrimary || f == LinkDownStore || f == KillPrimaryLeader
 }
 
 // Bounds of a mirror trial's waits.
@@ -116,6 +126,16 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 	switch fault {
 	case KillPrimary, KillSecondary:
 		err = c.SignalStore(i, syscall.SIGKILL)
+	case KillPrimaryLeader:
+		if err = c.SignalStore(i, syscall.SIGKILL); err == nil {
+			time.Sleep(time.Second)
+			if li := c.VoterIndex(leader); li < 0 {
+				err = fmt.Errorf("status names leader %q, not one of %v", leader, c.MetaAddrs)
+			} else {
+				err = c.Signal(li, syscall.SIGKILL)
+				t.note(fmt.Sprintf("metadata leader %s killed 1 s later", leader))
+			}
+		}
 	case StopPrimary:
 		err = c.SignalStore(i, syscall.SIGSTOP)
 		undo = func() error { return c.SignalStore(i, syscall.SIGCONT) }
@@ -125,11 +145,8 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 	case LinkDownStore:
 		err = c.storeHost(i).LinkDown()
 		undo = c.storeHost(i).LinkUp
-	case DiskEIOPrimary, DiskFullSecondary:
-		mode := faultfs.EIO
-		if fault == DiskFullSecondary {
-			mode = faultfs.Full
-		}
+	case DiskEIOPrimary, DiskFullSecondary, DiskSlowPrimary:
+		mode := map[Fault]faultfs.Mode{DiskEIOPrimary: faultfs.EIO, DiskFullSecondary: faultfs.Full, DiskSlowPrimary: faultfs.Slow(s.Delay)}[fault]
 		var j int
 		if j, err = c.targetIndex(ctx, i, target); err == nil {
 			t.note(fmt.Sprintf("target %d: %s", target, mode))
@@ -186,6 +203,15 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 	}
 	if err != nil {
 		return t, err
+	}
+	if fault == KillPrimaryLeader {
+		li := c.VoterIndex(leader)
+		if err := c.StartVoter(li); err != nil {
+			return t, err
+		}
+		if err := c.WaitCaughtUp(ctx, leader, 1000, 60*time.Second); err != nil {
+			return t, err
+		}
 	}
 	if fault.OnDisk() {
 		// A healed disk under a running server: does the group come back

@@ -42,7 +42,8 @@ const (
 // (trials.go), then the mirrored cluster's and the power loss
 // (mirrorfaults.go).
 var Faults = []Fault{KillLeader, KillFollower, StopLeader, PartitionLeader, OneWay, LinkDown, Delay,
-	KillPrimary, KillSecondary, StopPrimary, PartitionPrimary, LinkDownStore, DiskEIOPrimary, DiskFullSecondary, KillAll}
+	KillPrimary, KillSecondary, StopPrimary, PartitionPrimary, LinkDownStore, DiskEIOPrimary, DiskFullSecondary,
+	KillPrimaryLeader, DiskSlowPrimary, KillAll}
 
 // OnNetwork reports whether f needs hosts in network namespaces.
 func (f Fault) OnNetwork() bool {
@@ -67,7 +68,8 @@ type Schedule struct {
 	// Hold: how long a stopped leader stays stopped, a partition or a
 	// link down lasts, a delay is on.
 	Hold time.Duration
-	// Delay: what the delay fault adds to the leader's packets.
+	// Delay: what the delay fault adds to the leader's packets, and
+	// disk-slow-primary to every data operation of the target.
 	Delay time.Duration
 	// StoreHold: how long a store stays stopped, cut off or on a failing
 	// disk (default 6 s: longer than the default failover timeout, 3 s).
