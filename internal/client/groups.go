@@ -277,6 +277,7 @@ func (c *Client) groupCall(ctx context.Context, op string, chunk *rpc.ChunkID, s
 			c.log.Warn("read of a mirrored chunk failed on one copy; reading the other", "op", op,
 				"group", id&^rpc.GroupBit, "target", rt.copy, "server", rt.addr, "err", err)
 			otherEIO, avoid = true, rt.copy
+			c.m.groupRetries.WithLabelValues("copy").Inc()
 			continue
 		case unreachable || errno == syscall.ESTALE || errno == syscall.EAGAIN:
 		default:
@@ -286,6 +287,14 @@ func (c *Client) groupCall(ctx context.Context, op string, chunk *rpc.ChunkID, s
 			c.log.Warn("mirror group unavailable; failing with EIO", "op", op, "group", id&^rpc.GroupBit,
 				"target", rt.copy, "server", rt.addr, "waited", c.cfg.IOTimeout, "attempts", attempt+1, "err", lastErr)
 			return c.groupErr(op, id, rt, syscall.EIO, lastErr)
+		}
+		switch {
+		case unreachable:
+			c.m.groupRetries.WithLabelValues("unreachable").Inc()
+		case errno == syscall.ESTALE:
+			c.m.groupRetries.WithLabelValues("stale").Inc()
+		default:
+			c.m.groupRetries.WithLabelValues("again").Inc()
 		}
 		if read && rt.both && unreachable {
 			avoid = rt.copy // the other copy, while the group is still in sync
