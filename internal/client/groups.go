@@ -37,12 +37,23 @@ type groupMap struct {
 		// byID is; 0 before the first.
 		from        uint64
 		lastRefresh time.Time
+		// unreachable: copies (target ids) a read could not reach, until
+		// when reads of an in-sync group prefer the other copy (the
+		// service degrades the group within its failover timeout; until
+		// then each read would wait on the dead copy first).
+		unreachable map[uint32]time.Time
 	}
 }
+
+// avoidFor is how long reads prefer the other copy of an in-sync group
+// after one of them found a copy unreachable: about the metadata
+// service's failover timeout, after which the map says what happened.
+const avoidFor = 3 * time.Second
 
 func (g *groupMap) init(c *Client) {
 	g.c = c
 	g.mu.byID = map[uint32]rpc.GroupInfo{}
+	g.mu.unreachable = map[uint32]time.Time{}
 	g.list = func(ctx context.Context) ([]rpc.GroupInfo, error) {
 		var resp rpc.ListGroupsResp
 		err := c.metaCall(ctx, rpc.MListGroups, &rpc.Empty{}, &resp)
@@ -157,11 +168,17 @@ type groupRoute struct {
 // go to the primary; a read of an in-sync group goes to the copy that
 // spread picks (its lowest bit: by inode and stripe row, so that a
 // mirrored file's reads keep both copies' disks busy), or to the other one
-// when that is avoid (the copy that just failed). false: the group is
-// not in the map.
+// when that is avoid (the copy that just failed) or was found unreachable
+// lately (noteUnreachable). false: the group is not in the map.
 func (g *groupMap) route(id uint32, read bool, spread uint64, avoid uint32) (groupRoute, bool) {
 	g.mu.RLock()
 	gi, ok := g.mu.byID[id&^rpc.GroupBit]
+	var sick [2]bool
+	if ok && read && len(g.mu.unreachable) > 0 {
+		now := time.Now()
+		sick[0] = now.Before(g.mu.unreachable[gi.Primary])
+		sick[1] = now.Before(g.mu.unreachable[gi.Secondary])
+	}
 	g.mu.RUnlock()
 	if !ok {
 		return groupRoute{}, false
@@ -172,6 +189,9 @@ func (g *groupMap) route(id uint32, read bool, spread uint64, avoid uint32) (gro
 		r.other = gi.Secondary
 		first, second := gi.Primary, gi.Secondary
 		if spread&1 == 1 {
+			first, second = second, first
+		}
+		if sick[0] != sick[1] && (first == gi.Primary) == sick[0] {
 			first, second = second, first
 		}
 		if first == avoid {
@@ -190,18 +210,27 @@ func (g *groupMap) route(id uint32, read bool, spread uint64, avoid uint32) (gro
 	return r, true
 }
 
-// spreadKey mixes inode, slot and stripe row into the key route uses to
-// choose among in-sync copies (a splitmix64 finaliser: consecutive rows
-// and inodes land on either copy evenly, not in a fixed pattern that a
-// read-ahead window's stride could follow).
+// noteUnreachable records that a read could not reach copy target.
+func (g *groupMap) noteUnreachable(target uint32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	for t, until := range g.mu.unreachable {
+		if now.After(until) {
+			delete(g.mu.unreachable, t)
+		}
+	}
+	g.mu.unreachable[target] = now.Add(avoidFor)
+}
+
+// spreadKey is the key route uses to choose among in-sync copies: the
+// parity of inode + slot + stripe row. A sequential reader's blocks (one
+// slot and row each) so alternate between the copies along a slot and
+// across the slots of a row: every window of two rows asks each copy of
+// each group once, as many disks as an unmirrored file of twice the
+// stripe count would use.
 func spreadKey(ino uint64, slot int, row int64) uint64 {
-	x := ino*0x9e3779b97f4a7c15 ^ uint64(slot)<<40 ^ uint64(row)
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return ino + uint64(slot) + uint64(row)
 }
 
 // readMethod reports whether a storage method only reads a chunk, so
@@ -297,6 +326,7 @@ func (c *Client) groupCall(ctx context.Context, op string, chunk *rpc.ChunkID, s
 			c.m.groupRetries.WithLabelValues("again").Inc()
 		}
 		if read && rt.both && unreachable {
+			g.noteUnreachable(rt.copy)
 			avoid = rt.copy // the other copy, while the group is still in sync
 			if attempt == 0 {
 				continue // at once

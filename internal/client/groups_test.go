@@ -404,8 +404,8 @@ func TestGroupRouting(t *testing.T) {
 				}
 			}
 			for g := uint32(1); g <= 2; g++ {
-				if reads[0][g] == 0 || reads[1][g] == 0 {
-					t.Fatalf("reads of in-sync group %d: %d at server 0, %d at server 1; want both copies used", g, reads[0][g], reads[1][g])
+				if n := reads[0][g] + reads[1][g]; reads[0][g]*3 < n || reads[1][g]*3 < n {
+					t.Fatalf("reads of in-sync group %d: %d at server 0, %d at server 1; want both copies used about evenly", g, reads[0][g], reads[1][g])
 				}
 			}
 			if off, err := f.Seek(bg, 0, true); err != nil || off != 0 {
@@ -660,6 +660,19 @@ func TestGroupRouteSpread(t *testing.T) {
 	if sec < n*2/5 || sec > n*3/5 {
 		t.Fatalf("%d of %d reads at the secondary", sec, n)
 	}
+	// A copy a read found unreachable is asked last for a while.
+	c.groups.noteUnreachable(12)
+	for i := 0; i < 64; i++ {
+		if rt, _ := c.groups.route(rpc.GroupBit|1, true, spreadKey(7, 0, int64(i)), 0); rt.copy != 11 {
+			t.Fatalf("read routed to %d, found unreachable", rt.copy)
+		}
+	}
+	c.groups.mu.Lock()
+	c.groups.mu.unreachable[12] = time.Now() // passed
+	c.groups.mu.Unlock()
+	if rt, _ := c.groups.route(rpc.GroupBit|1, true, 1, 0); rt.copy != 12 {
+		t.Fatalf("read routed to %d after the copy's time out of favour", rt.copy)
+	}
 	for _, read := range []bool{false, true} {
 		if read {
 			r.setState(1, rpc.GroupResyncing)
@@ -786,4 +799,29 @@ func TestGroupSwitchUnderLoad(t *testing.T) {
 		t.Fatalf("only %d switches happened during the load", n)
 	}
 	t.Logf("%d switches during the load", n)
+}
+
+// TestGroupReadCopyDown: while the service still has both groups in sync
+// (it has not noticed yet), a server holding one copy of each is gone;
+// every read is served by the other copies, and the client then asks the
+// live copies first.
+func TestGroupReadCopyDown(t *testing.T) {
+	c, r := groupCluster(t, true, 10*time.Second)
+	f := mirroredFile(t, c, "copydown")
+	defer f.Release(bg)
+	data := pattern(17, 0, 8<<20)
+	writeSync(t, f, data)
+	r.srv[1].ts.Close() // group 1's secondary, group 2's primary
+	f2, err := c.Open(bg, f.Ino(), syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f2.Release(bg)
+	checkRead(t, f2, data)
+	for _, target := range []uint32{12, 21} {
+		// spread target%10+1 picks the dead copy when nothing is known
+		if rt, _ := c.groups.route(rpc.GroupBit|target/10, true, uint64(target%10+1), 0); rt.copy == target {
+			t.Fatalf("reads of group %d still go first to target %d, found unreachable", target/10, target)
+		}
+	}
 }
