@@ -310,14 +310,15 @@ func (c *Client) groupCall(ctx context.Context, op string, chunk *rpc.ChunkID, s
 			continue
 		case unreachable || errno == syscall.ESTALE || errno == syscall.EAGAIN:
 		default:
-			return c.groupErr(op, id, rt, errno, err)
+			return c.groupErr(op, id, rt, errno, err, attempt+1)
 		}
 		if ctx.Err() != nil || time.Until(deadline) <= 0 {
-			c.log.Warn("mirror group unavailable; failing with EIO", "op", op, "group", id&^rpc.GroupBit,
-				"target", rt.copy, "server", rt.addr, "waited", c.cfg.IOTimeout, "attempts", attempt+1, "err", lastErr)
-			return c.groupErr(op, id, rt, syscall.EIO, lastErr)
+			return c.groupErr(op, id, rt, syscall.EIO, lastErr, attempt+1)
 		}
 		switch {
+		case errors.Is(err, errMoved):
+			c.m.groupRetries.WithLabelValues("unreachable").Inc()
+			continue // the watch fetched the new map: go at once
 		case unreachable:
 			c.m.groupRetries.WithLabelValues("unreachable").Inc()
 		case errno == syscall.ESTALE:
@@ -356,8 +357,13 @@ func (c *Client) groupCall(ctx context.Context, op string, chunk *rpc.ChunkID, s
 // or its copy's server not known yet): retried like an unreachable server.
 var errNoRoute = errors.New("no route to mirror group")
 
-// groupErr is the final error of a group call, counted and logged.
-func (c *Client) groupErr(op string, id uint32, rt groupRoute, errno syscall.Errno, err error) error {
+// errMoved marks an attempt given up because the group switched while it
+// waited (watchedCall).
+var errMoved = errors.New("the group switched to a new epoch while the call waited")
+
+// groupErr is the final error of a group call after attempts attempts,
+// counted and logged.
+func (c *Client) groupErr(op string, id uint32, rt groupRoute, errno syscall.Errno, err error, attempts int) error {
 	if errno == syscall.ESTALE || errno == syscall.EAGAIN || errno == 0 {
 		errno = syscall.EIO
 	}
@@ -369,7 +375,7 @@ func (c *Client) groupErr(op string, id uint32, rt groupRoute, errno syscall.Err
 	c.m.storeErrs.WithLabelValues(fmt.Sprintf("g%d", id&^rpc.GroupBit)).Inc()
 	if errno != syscall.ENOSPC {
 		c.log.Warn("storage call to a mirror group failed", "op", op, "group", id&^rpc.GroupBit,
-			"target", rt.copy, "server", rt.addr, "err", err)
+			"target", rt.copy, "server", rt.addr, "errno", errno, "attempts", attempts, "err", err)
 	}
 	return &TargetError{Op: op, Target: id, Copy: rt.copy, Addr: rt.addr, Errno: errno, Err: err}
 }
@@ -406,7 +412,7 @@ func (c *Client) watchedCall(ctx context.Context, cl *transport.Client, id uint3
 	err := cl.Call(actx, m, req, resp)
 	t.Stop()
 	if err != nil && moved.Load() {
-		return fmt.Errorf("%w: group %d switched to a new epoch while the call waited: %v", transport.ErrUnavailable, id&^rpc.GroupBit, err)
+		return fmt.Errorf("%w: %w: group %d: %v", transport.ErrUnavailable, errMoved, id&^rpc.GroupBit, err)
 	}
 	return err
 }
