@@ -27,10 +27,14 @@ type groupMap struct {
 	// metaCall). Tests of routing against a service that has no groups
 	// yet replace it with their own source of the map.
 	list func(ctx context.Context) ([]rpc.GroupInfo, error)
-	// started counts refreshes begun (under refreshMu).
-	started   atomic.Uint64
-	refreshMu sync.Mutex
-	mu        struct {
+	// started counts refreshes begun (holding refreshing).
+	started atomic.Uint64
+	// refreshing is held (a token in it) by the refresh under way: a
+	// lock that a waiter can give up on when its context ends, so that a
+	// refresh stuck on an unreachable metadata service does not stretch
+	// the bounded wait of the calls behind it.
+	refreshing chan struct{}
+	mu         struct {
 		sync.RWMutex
 		byID map[uint32]rpc.GroupInfo // by group number, without GroupBit
 		// from is the number (started) of the refresh whose answer
@@ -54,6 +58,7 @@ func (g *groupMap) init(c *Client) {
 	g.c = c
 	g.mu.byID = map[uint32]rpc.GroupInfo{}
 	g.mu.unreachable = map[uint32]time.Time{}
+	g.refreshing = make(chan struct{}, 1)
 	g.list = func(ctx context.Context) ([]rpc.GroupInfo, error) {
 		var resp rpc.ListGroupsResp
 		err := c.metaCall(ctx, rpc.MListGroups, &rpc.Empty{}, &resp)
@@ -85,10 +90,24 @@ func (g *groupMap) mark() uint64 { return g.started.Load() }
 
 // refresh fetches the map now (after any refresh under way).
 func (g *groupMap) refresh(ctx context.Context) error {
-	g.refreshMu.Lock()
-	defer g.refreshMu.Unlock()
+	if err := g.lockRefresh(ctx); err != nil {
+		return err
+	}
+	defer g.unlockRefresh()
 	return g.refreshLocked(ctx)
 }
+
+// lockRefresh waits for the refresh under way, if any, to end (or ctx).
+func (g *groupMap) lockRefresh(ctx context.Context) error {
+	select {
+	case g.refreshing <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the mirror group map: %w", ctx.Err())
+	}
+}
+
+func (g *groupMap) unlockRefresh() { <-g.refreshing }
 
 func (g *groupMap) refreshLocked(ctx context.Context) error {
 	n := g.started.Add(1)
@@ -120,8 +139,10 @@ func (g *groupMap) install(groups []rpc.GroupInfo, n uint64) {
 // after mark was taken: at once if one has ended meanwhile, else after the
 // refresh under way (if it began after mark) or a new one.
 func (g *groupMap) refreshAfter(ctx context.Context, mark uint64) error {
-	g.refreshMu.Lock()
-	defer g.refreshMu.Unlock()
+	if err := g.lockRefresh(ctx); err != nil {
+		return err
+	}
+	defer g.unlockRefresh()
 	g.mu.RLock()
 	from := g.mu.from
 	g.mu.RUnlock()

@@ -283,13 +283,15 @@ func (r *groupRig) calls(i int) []rigCall {
 	return out
 }
 
-// attach points c's group map at the rig (through refreshMu, which every
-// refresh takes before it reads list) and fetches it.
+// attach points c's group map at the rig (holding the refresh lock, which
+// every refresh takes before it reads list) and fetches it.
 func (r *groupRig) attach(c *Client) {
 	r.t.Helper()
-	c.groups.refreshMu.Lock()
+	if err := c.groups.lockRefresh(bg); err != nil {
+		r.t.Fatal(err)
+	}
 	c.groups.list = r.list
-	c.groups.refreshMu.Unlock()
+	c.groups.unlockRefresh()
 	if err := c.groups.refresh(bg); err != nil {
 		r.t.Fatal(err)
 	}
@@ -491,7 +493,9 @@ func TestGroupPrimaryDown(t *testing.T) {
 		r.learn(1, 1)
 		r.learn(1, 2)
 	})
+	start := time.Now()
 	writeSync(t, f, data)
+	t.Logf("write+fsync with the primary gone and the switch at 500 ms: %v", time.Since(start).Round(time.Millisecond))
 	checkRead(t, f, data)
 }
 
@@ -519,9 +523,11 @@ func TestGroupHungPrimary(t *testing.T) {
 	if _, err := f.WriteAt(ctx, data, 0); err != nil {
 		t.Fatal(err)
 	}
+	start := time.Now()
 	if err := f.Fsync(ctx); err != nil {
 		t.Fatalf("fsync with the primary hung: %v", err)
 	}
+	t.Logf("fsync with the primary hung and the switch at 300 ms: %v", time.Since(start).Round(time.Millisecond))
 	checkRead(t, f, data)
 }
 
@@ -636,6 +642,32 @@ func TestGroupRefreshCoalesces(t *testing.T) {
 	if n != 2 {
 		t.Fatalf("a caller with a newer mark: %d refreshes, want 2", n)
 	}
+	// A refresh stuck on the service holds a caller behind it no longer
+	// than the caller's context allows.
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	if err := c.groups.lockRefresh(bg); err != nil {
+		t.Fatal(err)
+	}
+	c.groups.list = func(ctx context.Context) ([]rpc.GroupInfo, error) {
+		close(entered)
+		<-release
+		return r.list(ctx)
+	}
+	c.groups.unlockRefresh()
+	stuck := make(chan error, 1)
+	go func() { stuck <- c.groups.refresh(bg) }()
+	<-entered
+	ctx, cancel := context.WithTimeout(bg, 100*time.Millisecond)
+	err := c.groups.refreshAfter(ctx, c.groups.mark())
+	cancel()
+	close(release)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waiting behind a stuck refresh: %v, want the caller's deadline", err)
+	}
+	if err := <-stuck; err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestGroupRouteSpread: reads of an in-sync group split about evenly
@@ -703,6 +735,7 @@ func TestGroupSwitchUnderLoad(t *testing.T) {
 		defer files[i].Release(bg)
 	}
 	var synced [writers]atomic.Int64 // records fsynced per file
+	var longest atomic.Int64         // the longest write+fsync, ns
 	stop := make(chan struct{})
 	switched := make(chan int)
 	go func() { // the switcher: bounded by count and by stop
@@ -735,6 +768,7 @@ func TestGroupSwitchUnderLoad(t *testing.T) {
 		go func() { // writer
 			defer wg.Done()
 			for k := 0; k < records; k++ {
+				start := time.Now()
 				if _, err := files[i].WriteAt(bg, pattern(byte(i), int64(k*rec), rec), int64(k*rec)); err != nil {
 					errs <- fmt.Errorf("writer %d record %d: %w", i, k, err)
 					return
@@ -744,6 +778,11 @@ func TestGroupSwitchUnderLoad(t *testing.T) {
 					return
 				}
 				synced[i].Store(int64(k + 1))
+				for d := int64(time.Since(start)); ; {
+					if l := longest.Load(); d <= l || longest.CompareAndSwap(l, d) {
+						break
+					}
+				}
 			}
 		}()
 		go func() { // reader of what writer i fsynced, through its own handle
@@ -798,7 +837,7 @@ func TestGroupSwitchUnderLoad(t *testing.T) {
 	if n < 2 {
 		t.Fatalf("only %d switches happened during the load", n)
 	}
-	t.Logf("%d switches during the load", n)
+	t.Logf("%d switches during the load; the longest 1 MiB write+fsync took %v", n, time.Duration(longest.Load()).Round(time.Millisecond))
 }
 
 // TestGroupReadCopyDown: while the service still has both groups in sync
