@@ -338,7 +338,7 @@ func (c *Client) readRange(ctx context.Context, in *inode, p []byte, off int64, 
 // starts at file offset base).
 func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte, base int64, owned bool) error {
 	target := in.layout.Targets[r.slot]
-	// A mirror group's copies share the reads by inode and stripe row.
+	// A mirror group's copies share the reads by inode, slot and stripe row.
 	spread := spreadKey(in.ino, r.slot, r.chunkOff/int64(in.layout.StripeSize))
 	var resp rpc.ReadResp
 	// The answer is copied once, by the transport, into Into: straight
