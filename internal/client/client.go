@@ -92,6 +92,7 @@ type Client struct {
 	dirs *dirCache
 
 	targets targetMap
+	groups  groupMap // mirror groups (groups.go)
 
 	mu struct {
 		sync.Mutex
@@ -158,6 +159,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		OnLeaderChange: func(old, cur string) { c.kickHeartbeat() },
 	})
 	c.targets.init(c)
+	c.groups.init(c)
 	c.mu.inodes = map[uint64]*inode{}
 	c.mu.opening = map[uint64]int64{}
 	c.mu.owed = map[uint64]fsyncOwed{}
@@ -172,6 +174,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	if err := c.targets.refresh(ctx); err != nil {
 		c.log.Warn("initial target list failed; will retry", "err", err)
+	}
+	if err := c.groups.refresh(ctx); err != nil {
+		c.log.Warn("initial mirror group list failed; will retry", "err", err)
 	}
 	if cfg.MetricsAddr != "" {
 		ln, err := net.Listen("tcp", cfg.MetricsAddr)

@@ -1429,7 +1429,7 @@ func TestLargeWriteThrough(t *testing.T) {
 	for slot := 0; slot < 2; slot++ {
 		var resp rpc.ReadResp
 		req := &rpc.ReadReq{Chunk: rpc.ChunkID{Target: lay.Targets[slot], Ino: f.in.ino}, Off: 0, Len: 1 << 20}
-		if err := c.storeCall(bg, "read", lay.Targets[slot], rpc.SRead, req, &resp); err != nil {
+		if err := c.storeCall(bg, "read", &req.Chunk, rpc.SRead, req, &resp); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(resp.Data, data[slot<<20:(slot+1)<<20]) {

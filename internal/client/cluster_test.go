@@ -170,7 +170,8 @@ func (tc *testCluster) client(mod func(*Config)) *Client {
 func chunkStat(t testing.TB, c *Client, target uint32, ino uint64) rpc.ChunkStatResp {
 	t.Helper()
 	var resp rpc.ChunkStatResp
-	err := c.storeCall(context.Background(), "stat", target, rpc.SChunkStat, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: target, Ino: ino}}, &resp)
+	req := &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: target, Ino: ino}}
+	err := c.storeCall(context.Background(), "stat", &req.Chunk, rpc.SChunkStat, req, &resp)
 	if err != nil {
 		t.Fatalf("chunk stat target %d ino %d: %v", target, ino, err)
 	}

@@ -69,7 +69,14 @@
 // they are applied at most once, also across a leader change — with
 // backoff until IOTimeout, then fail with EIO. Storage calls are all
 // idempotent and retried likewise (refreshing the target map); the final
-// error is a *TargetError naming target and server, logged once. ENOSPC
+// error is a *TargetError naming target and server, logged once. A slot
+// of a mirror group (layout id with rpc.GroupBit; groups.go) is sent to
+// the group's primary (reads of an in-sync group: to either copy, by
+// inode and stripe row) with the group's epoch; ESTALE, EAGAIN or an
+// unreachable server make the client re-read the group map and send
+// again within the same IOTimeout, and a read answered EIO by one in-sync
+// copy goes to the other; the final error is EIO (never ESTALE or EAGAIN)
+// in a *TargetError naming the group and the copy's server. ENOSPC
 // from a store surfaces as ENOSPC. A write-behind failure is remembered
 // per inode and returned by the next WriteAt, Flush or Fsync (then
 // cleared). EFBIG comes from the client itself, before anything is

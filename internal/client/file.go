@@ -338,6 +338,8 @@ func (c *Client) readRange(ctx context.Context, in *inode, p []byte, off int64, 
 // starts at file offset base).
 func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte, base int64, owned bool) error {
 	target := in.layout.Targets[r.slot]
+	// A mirror group's copies share the reads by inode, slot and stripe row.
+	spread := spreadKey(in.ino, r.slot, r.chunkOff/int64(in.layout.StripeSize))
 	var resp rpc.ReadResp
 	// The answer is copied once, by the transport, into Into: straight
 	// into p when the slot's part is contiguous there, else into a
@@ -348,7 +350,7 @@ func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte
 		resp.Into = dst
 		resp.Direct = owned
 		req := &rpc.ReadReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(r.chunkOff), Len: uint32(r.n)}
-		if err := c.storeCall(ctx, "read", target, rpc.SRead, req, &resp); err != nil {
+		if err := c.chunkCall(ctx, "read", &req.Chunk, spread, rpc.SRead, req, &resp); err != nil {
 			return err
 		}
 		clear(dst[len(resp.Data):])
@@ -363,7 +365,7 @@ func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte
 	}
 	resp.Into = scratch
 	req := &rpc.ReadReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(r.chunkOff), Len: uint32(r.n)}
-	if err := c.storeCall(ctx, "read", target, rpc.SRead, req, &resp); err != nil {
+	if err := c.chunkCall(ctx, "read", &req.Chunk, spread, rpc.SRead, req, &resp); err != nil {
 		return err
 	}
 	data := resp.Data
@@ -592,7 +594,7 @@ func (f *File) Seek(ctx context.Context, off int64, data bool) (int64, error) {
 	in.eachSlot(slots, func(slot int, target uint32) {
 		var resp rpc.SeekResp
 		req := &rpc.SeekReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(l.ChunkFrom(off, slot)), Data: data}
-		err := f.c.storeCall(ctx, "seek", target, rpc.SSeek, req, &resp)
+		err := f.c.chunkCall(ctx, "seek", &req.Chunk, spreadKey(in.ino, slot, 0), rpc.SSeek, req, &resp)
 		answers[slot] = answer{off: l.FileOff(slot, int64(resp.Off)), found: resp.Found, err: err}
 	})
 	best := size // a hole starts at the end
@@ -867,7 +869,7 @@ func (f *File) Punch(ctx context.Context, off, n int64) error {
 			defer wg.Done()
 			t := in.layout.Targets[rs[i].slot]
 			req := &rpc.PunchReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}, Off: uint64(rs[i].chunkOff), Len: uint64(rs[i].n)}
-			errs[i] = f.c.storeCall(ctx, "punch", t, rpc.SPunch, req, nil)
+			errs[i] = f.c.storeCall(ctx, "punch", &req.Chunk, rpc.SPunch, req, nil)
 		}()
 	}
 	wg.Wait()

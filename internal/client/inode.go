@@ -371,7 +371,7 @@ func (in *inode) writeOut(w *wbuf) {
 	target := in.layout.Targets[w.slot]
 	req := &rpc.WriteReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(w.chunkOff), Sync: w.sync, Data: w.buf}
 	var resp rpc.WriteResp
-	err := c.storeCall(c.ctxOrBackground(), "write", target, rpc.SWrite, req, &resp)
+	err := c.storeCall(c.ctxOrBackground(), "write", &req.Chunk, rpc.SWrite, req, &resp)
 	n := int64(len(w.buf))
 	c.m.bytesWrite.Add(float64(n))
 	in.mu.Lock()
@@ -508,14 +508,14 @@ func (in *inode) syncTargets(ctx context.Context) ([]slotSpace, error) {
 	in.eachSlot(slots, func(i int, t uint32) {
 		req := &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}}
 		if stat[i] {
-			errs[i] = in.c.storeCall(ctx, "sync", t, rpc.SSyncStat, req, &got[i])
+			errs[i] = in.c.storeCall(ctx, "sync", &req.Chunk, rpc.SSyncStat, req, &got[i])
 			if !errIs(errs[i], syscall.ENOSYS) {
 				return
 			}
 			in.c.noSyncStat.Store(true) // an older server: two calls from now on
 			got[i] = rpc.ChunkStatResp{}
 		}
-		errs[i] = in.c.storeCall(ctx, "sync", t, rpc.SSync, req, nil)
+		errs[i] = in.c.storeCall(ctx, "sync", &req.Chunk, rpc.SSync, req, nil)
 	})
 	err := firstErr(errs)
 	var alloc []slotSpace
@@ -656,7 +656,8 @@ func (in *inode) statAlloc(ctx context.Context, slots []int) []rpc.SlotAlloc {
 	}
 	got := make([]rpc.ChunkStatResp, len(slots))
 	in.eachSlot(slots, func(i int, t uint32) {
-		if err := in.c.storeCall(ctx, "stat", t, rpc.SChunkStat, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}}, &got[i]); err != nil {
+		req := &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: t, Ino: in.ino}}
+		if err := in.c.storeCall(ctx, "stat", &req.Chunk, rpc.SChunkStat, req, &got[i]); err != nil {
 			got[i] = rpc.ChunkStatResp{}
 		}
 	})

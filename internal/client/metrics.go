@@ -18,12 +18,17 @@ type metrics struct {
 	ops        *prometheus.CounterVec // by kind: read, write, fsync, ...
 	bytes      *prometheus.CounterVec // by kind: read, write, readahead
 	storeErrs  *prometheus.CounterVec // by target
-	opRead     prometheus.Counter
-	opWrite    prometheus.Counter
-	bytesRead  prometheus.Counter
-	bytesWrite prometheus.Counter
-	bytesRA    prometheus.Counter
-	raHits     prometheus.Counter
+	// groupRetries counts requests to mirror groups sent again, by why:
+	// stale (ESTALE), again (EAGAIN), unreachable (also a call given up
+	// on a hung server once the group switched), copy (EIO from one
+	// in-sync copy, read from the other).
+	groupRetries *prometheus.CounterVec
+	opRead       prometheus.Counter
+	opWrite      prometheus.Counter
+	bytesRead    prometheus.Counter
+	bytesWrite   prometheus.Counter
+	bytesRA      prometheus.Counter
+	raHits       prometheus.Counter
 	// calls counts metadata and storage calls by rpc method number
 	// (round trips per file operation, for performance work).
 	calls *prometheus.CounterVec
@@ -36,9 +41,10 @@ func newMetrics() *metrics {
 	m.ops = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_ops_total", Help: "File operations by kind."}, []string{"kind"})
 	m.bytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_bytes_total", Help: "Bytes moved by kind."}, []string{"kind"})
 	m.storeErrs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_store_errors_total", Help: "Failed storage calls by target."}, []string{"target"})
+	m.groupRetries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_group_retries_total", Help: "Requests to mirror groups sent again, by reason (stale, again, unreachable, copy)."}, []string{"reason"})
 	m.raHits = prometheus.NewCounter(prometheus.CounterOpts{Name: "strata_client_readahead_hits_total", Help: "Reads served from read-ahead buffers."})
 	m.calls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_client_calls_total", Help: "Metadata and storage calls by service (meta, store) and rpc method number."}, []string{"service", "method"})
-	m.reg.MustRegister(m.metaOps, m.metaErrors, m.ops, m.bytes, m.storeErrs, m.raHits, m.calls)
+	m.reg.MustRegister(m.metaOps, m.metaErrors, m.ops, m.bytes, m.storeErrs, m.groupRetries, m.raHits, m.calls)
 	m.opRead = m.ops.WithLabelValues("read")
 	m.opWrite = m.ops.WithLabelValues("write")
 	m.bytesRead = m.bytes.WithLabelValues("read")

@@ -165,7 +165,7 @@ func (c *Client) truncate(ctx context.Context, ino uint64, size uint64) error {
 		go func() {
 			defer wg.Done()
 			req := &rpc.TruncateReq{Chunk: rpc.ChunkID{Target: t, Ino: ino}, Size: uint64(lay.ChunkSize(int64(size), slot))}
-			errs[slot] = c.storeCall(ctx, "truncate", t, rpc.STruncate, req, nil)
+			errs[slot] = c.storeCall(ctx, "truncate", &req.Chunk, rpc.STruncate, req, nil)
 		}()
 	}
 	wg.Wait()

@@ -16,16 +16,21 @@ import (
 // TargetError is a failed call to a storage target. It matches its Errno
 // with errors.Is (EIO for an unreachable server, or what the server
 // answered: ENOSPC, EIO for a checksum mismatch, …) and says which target
-// and server caused it.
+// and server caused it. For a mirror group's chunk, Target is the layout's
+// id (rpc.GroupBit | group) and Copy the target of the copy asked last.
 type TargetError struct {
 	Op     string
 	Target uint32
+	Copy   uint32
 	Addr   string
 	Errno  syscall.Errno
 	Err    error // the cause
 }
 
 func (e *TargetError) Error() string {
+	if rpc.IsGroup(e.Target) {
+		return fmt.Sprintf("%s on mirror group %d (target %d, server %s): %v", e.Op, e.Target&^rpc.GroupBit, e.Copy, e.Addr, e.Err)
+	}
 	return fmt.Sprintf("%s on target %d (server %s): %v", e.Op, e.Target, e.Addr, e.Err)
 }
 
@@ -112,6 +117,7 @@ func (t *targetMap) refreshLoop() {
 			return
 		case <-tick.C:
 			t.maybeRefresh(t.c.ctx, t.c.cfg.TargetRefreshInterval/2)
+			t.c.groups.maybeRefresh(t.c.ctx, t.c.cfg.TargetRefreshInterval/2)
 		}
 	}
 }
@@ -121,29 +127,9 @@ func (t *targetMap) conn(ctx context.Context, id uint32) (*transport.Client, str
 	for pass := 0; pass < 2; pass++ {
 		t.mu.RLock()
 		ti, ok := t.mu.byID[id]
-		var cl *transport.Client
-		if ok {
-			cl = t.mu.conns[ti.Addr]
-		}
 		t.mu.RUnlock()
-		if ok && cl != nil {
-			return cl, ti.Addr, nil
-		}
 		if ok {
-			t.mu.Lock()
-			cl = t.mu.conns[ti.Addr]
-			if cl == nil {
-				cl = transport.NewClient(ti.Addr, transport.ClientConfig{
-					Key:         t.c.cfg.ClusterKey,
-					TLS:         t.c.cfg.TLS,
-					Conns:       t.c.cfg.ConnsPerServer,
-					DialTimeout: min(3*time.Second, t.c.cfg.IOTimeout),
-					CallTimeout: t.c.cfg.IOTimeout,
-				})
-				t.mu.conns[ti.Addr] = cl
-			}
-			t.mu.Unlock()
-			return cl, ti.Addr, nil
+			return t.connTo(ti.Addr), ti.Addr, nil
 		}
 		if pass == 0 {
 			t.maybeRefresh(ctx, 200*time.Millisecond)
@@ -152,12 +138,48 @@ func (t *targetMap) conn(ctx context.Context, id uint32) (*transport.Client, str
 	return nil, "", fmt.Errorf("%w: target %d is not registered", transport.ErrUnavailable, id)
 }
 
-// storeCall calls method m on target's server. Every storage method is
+// connTo returns the rpc client of the storage server at addr.
+func (t *targetMap) connTo(addr string) *transport.Client {
+	t.mu.RLock()
+	cl := t.mu.conns[addr]
+	t.mu.RUnlock()
+	if cl != nil {
+		return cl
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cl = t.mu.conns[addr]
+	if cl == nil {
+		cl = transport.NewClient(addr, transport.ClientConfig{
+			Key:         t.c.cfg.ClusterKey,
+			TLS:         t.c.cfg.TLS,
+			Conns:       t.c.cfg.ConnsPerServer,
+			DialTimeout: min(3*time.Second, t.c.cfg.IOTimeout),
+			CallTimeout: t.c.cfg.IOTimeout,
+		})
+		t.mu.conns[addr] = cl
+	}
+	return cl
+}
+
+// storeCall calls method m about chunk (a field of req) on its target's
+// server. Every storage method is
 // idempotent (writes at an offset, truncates, punches, syncs, reads), so
 // transport failures are retried with backoff — refreshing the target map
 // in case the server came back at another address — until IOTimeout; then
-// the call fails with EIO and a log line naming target and server.
-func (c *Client) storeCall(ctx context.Context, op string, target uint32, m rpc.Method, req, resp rpc.Message) error {
+// the call fails with EIO and a log line naming target and server. A
+// chunk of a mirror group goes through groupCall, which sets chunk.Epoch.
+func (c *Client) storeCall(ctx context.Context, op string, chunk *rpc.ChunkID, m rpc.Method, req, resp rpc.Message) error {
+	return c.chunkCall(ctx, op, chunk, 0, m, req, resp)
+}
+
+// chunkCall is storeCall with the key that spreads a mirror group's reads
+// over its copies (spreadKey; unused for other chunks and requests).
+func (c *Client) chunkCall(ctx context.Context, op string, chunk *rpc.ChunkID, spread uint64, m rpc.Method, req, resp rpc.Message) error {
+	if rpc.IsGroup(chunk.Target) {
+		return c.groupCall(ctx, op, chunk, spread, m, req, resp)
+	}
+	target := chunk.Target
 	deadline := time.Now().Add(c.cfg.IOTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d

@@ -22,7 +22,8 @@ func realSpace(t *testing.T, c *Client, ino uint64) uint64 {
 	var sum uint64
 	for _, tgt := range a.Layout.Targets {
 		var r rpc.ChunkStatResp
-		if err := c.storeCall(context.Background(), "stat", tgt, rpc.SChunkStat, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: tgt, Ino: ino}}, &r); err != nil {
+		req := &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: tgt, Ino: ino}}
+		if err := c.storeCall(context.Background(), "stat", &req.Chunk, rpc.SChunkStat, req, &r); err != nil {
 			t.Fatal(err)
 		}
 		sum += r.Alloc

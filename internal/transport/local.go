@@ -128,6 +128,12 @@ func registerLocal(addr string, s *Server) { localServers.Store(addr, s) }
 
 func unregisterLocal(addr string, s *Server) { localServers.CompareAndDelete(addr, s) }
 
+// ServedInProcess reports whether c's calls are served now by a server in
+// this process (see Call): such a call cannot hang apart from its caller,
+// and a read answer may be written straight into the caller's buffer
+// (rpc.ReadResp.Direct).
+func (c *Client) ServedInProcess() bool { return !c.cfg.NoLocal && lookupLocal(c.addr) != nil }
+
 func lookupLocal(addr string) *Server {
 	if v, ok := localServers.Load(addr); ok {
 		return v.(*Server)
