@@ -40,11 +40,7 @@ const (
 
 func (s *Server) registrationLoop() {
 	defer s.wg.Done()
-	cl := transport.NewMulti(s.cfg.MetaAddrs, transport.MultiConfig{
-		ClientConfig:   transport.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, CallTimeout: callTimeout},
-		AttemptTimeout: attemptTimeout,
-	})
-	defer cl.Close()
+	cl := s.meta // closed by close
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -157,10 +153,15 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Multi) {
 			req.InoCeiling = max(req.InoCeiling, t.inoHigh.Load())
 		}
 		cctx, cancel := context.WithTimeout(ctx, max(s.cfg.HeartbeatInterval, time.Second))
-		err := cl.Call(cctx, rpc.MServerHeartbeat, req, &rpc.Empty{})
+		// The lease runs from the send: the service counts from the
+		// receipt, which is later (mirror.go).
+		sent := time.Now()
+		var resp rpc.ServerHeartbeatResp
+		err := cl.Call(cctx, rpc.MServerHeartbeat, req, &resp)
 		cancel()
 		switch {
 		case err == nil:
+			s.installHeartbeat(&resp, sent)
 			if failing {
 				s.log.Info("heartbeats to metadata service resumed", "meta", s.cfg.MetaAddr)
 			}

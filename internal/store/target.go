@@ -202,6 +202,9 @@ type target struct {
 	// dlog is the target's intent log of the dirty flag (dirtylog.go);
 	// set at open.
 	dlog *dirtyLog
+	// mlog is the target's record of what changed while its mirror
+	// group was degraded (mirrorlog.go); set by Server.Open.
+	mlog *mirrorLog
 
 	m *targetMetrics
 
@@ -348,6 +351,9 @@ func (t *target) close() {
 			slog.Default().With("pkg", "store").Error("cannot empty the intent log after a clean stop; its chunks are recomputed at the next open",
 				"target", t.path, "err", err)
 		}
+	}
+	if t.mlog != nil {
+		t.mlog.close()
 	}
 	t.leaveGroup()
 	if t.lockFd >= 0 {
