@@ -35,7 +35,9 @@ type standinMeta struct {
 	addrOf     map[uint32]string   // target id → server address
 	groups     map[uint32]*rpc.GroupInfo
 	reports    []rpc.MirrorReportReq
-	failReport bool // answer MMirrorReport with ENOTCONN-free EIO
+	failReport bool   // answer MMirrorReport with EIO
+	failBeats  bool   // answer MServerHeartbeat with EIO
+	leaseMs    uint32 // the lease heartbeat answers grant (default 60 s)
 }
 
 func newStandinMeta(t *testing.T) *standinMeta {
@@ -87,7 +89,13 @@ func (m *standinMeta) info(g *rpc.GroupInfo) rpc.GroupInfo {
 func (m *standinMeta) heartbeat(ctx context.Context, r *rpc.ServerHeartbeatReq) (*rpc.ServerHeartbeatResp, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.failBeats {
+		return nil, rpc.Errorf(syscall.EIO, "stand-in refuses heartbeats")
+	}
 	resp := &rpc.ServerHeartbeatResp{LeaseMs: 60000, FailoverTimeoutMs: 90000}
+	if m.leaseMs != 0 {
+		resp.LeaseMs, resp.FailoverTimeoutMs = m.leaseMs, 3*m.leaseMs/2
+	}
 	mine := map[uint32]bool{}
 	for _, id := range m.servers[r.ServerID] {
 		mine[id] = true

@@ -484,3 +484,65 @@ func TestMirrorLogFormat(t *testing.T) {
 		t.Fatalf("open with a damaged header: %v, want ErrFormat", err)
 	}
 }
+
+// TestMirrorMapFromHeartbeats: the real heartbeat loop decodes the
+// service's answer (ServerHeartbeatResp) into the group map and the lease;
+// when heartbeats stop being answered the lease runs out and the primary
+// refuses writes (EAGAIN); answered again, it serves them.
+func TestMirrorMapFromHeartbeats(t *testing.T) {
+	meta := newStandinMeta(t)
+	meta.mu.Lock()
+	meta.leaseMs = 400
+	meta.mu.Unlock()
+	cfg := func(c *Config) {
+		c.MetaAddr = meta.addr
+		c.HeartbeatInterval = 50 * time.Millisecond
+	}
+	a, b := newEnv(t, 1, cfg), newEnv(t, 1, cfg)
+	ta, tb := a.s.TargetIDs()[0], b.s.TargetIDs()[0]
+	meta.setGroup(rpc.GroupInfo{ID: 1, Epoch: 4, Primary: ta, Secondary: tb, State: rpc.GroupInSync})
+	write := func() error {
+		return a.cl.Call(context.Background(), rpc.SWrite, &rpc.WriteReq{Chunk: gid(1, 4), Data: []byte("hb")}, &rpc.WriteResp{})
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pa, oka := a.s.groups.peerOf(1)
+		pb, okb := b.s.groups.peerOf(1)
+		if oka && okb && pa.Primary && !pb.Primary && pa.Epoch == 4 && pa.PeerAddr == b.s.Addr() && write() == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group map not learnt from heartbeats: %+v %v / %+v %v", pa, oka, pb, okb)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	meta.mu.Lock()
+	meta.failBeats = true
+	meta.mu.Unlock()
+	for {
+		err := write()
+		if errors.Is(err, syscall.EAGAIN) {
+			break
+		}
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("write after heartbeats stopped being answered: %v (want EAGAIN once the lease ran out)", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	meta.mu.Lock()
+	meta.failBeats = false
+	meta.mu.Unlock()
+	for {
+		err := write()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("write after heartbeats resumed: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := b.mustRead(tb, 1, 0, 2); string(got) != "hb" {
+		t.Fatalf("secondary copy %q", got)
+	}
+}

@@ -217,7 +217,8 @@ type resyncer struct {
 	g           groupEntry
 	t           *target
 	bucket      *tokenBucket
-	done, total uint64
+	done, total uint64    // progress: bytes of regions dealt with, of all
+	sent        uint64    // data bytes written to the secondary
 	last        time.Time // of the last progress report
 }
 
@@ -408,16 +409,21 @@ func (r *resyncer) copyRegion(ctx context.Context, ino, reg uint64) error {
 	if err := r.bucket.wait(ctx, len(resp.Data)); err != nil {
 		return err
 	}
+	// A region of zeros is punched there: nothing to send, and the
+	// secondary keeps the hole.
+	sent := 0
 	if allZero(resp.Data) {
 		err = r.call(ctx, rpc.SPunch, &rpc.PunchReq{Chunk: r.chunk(ino), Off: uint64(off), Len: uint64(len(resp.Data))}, &rpc.Empty{})
 	} else {
 		err = r.call(ctx, rpc.SWrite, &rpc.WriteReq{Chunk: r.chunk(ino), Off: uint64(off), Data: resp.Data}, &rpc.WriteResp{})
+		sent = len(resp.Data)
 	}
 	if err != nil {
 		return err
 	}
 	r.done += uint64(len(resp.Data))
-	r.s.mm.resyncBytes.WithLabelValues(groupLabel(r.g.info.ID)).Add(float64(len(resp.Data)))
+	r.sent += uint64(sent)
+	r.s.mm.resyncBytes.WithLabelValues(groupLabel(r.g.info.ID)).Add(float64(sent))
 	return nil
 }
 

@@ -59,8 +59,8 @@ type Server struct {
 		sync.Mutex
 		m map[string]*transport.Client
 	}
-	order     orderLocks
-	gates     struct {
+	order orderLocks
+	gates struct {
 		sync.Mutex
 		m map[uint32]*sync.RWMutex
 	}

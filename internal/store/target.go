@@ -38,6 +38,10 @@ import (
 //	                    attribute (inlinesums.go)
 //	dirty.log           intent log: the chunks that may differ from their
 //	                    sums on disk (dirtylog.go)
+//	mirror.log          what changed here while the target's mirror group
+//	                    was degraded with it as primary (mirrorlog.go); made
+//	                    at open, so no format version bump: older releases
+//	                    never read it
 //
 // Version history: 1 — initial: chunks/XX/YY with XX = ino&0xff, YY =
 // (ino>>8)&0xff. 2 — dirty.log: the first mutation of a clean chunk is
