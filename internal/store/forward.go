@@ -174,7 +174,10 @@ func (s *Server) groupMutate(ctx context.Context, m mutation) error {
 				return err
 			}
 		}
-		return m.local(a.g.local)
+		if err := m.local(a.g.local); err != nil {
+			return err
+		}
+		return ackWait(ctx, a.g)
 	}
 	// In sync or resyncing: local and forward together, both under the
 	// ordering lock. The forward's context is the server's, bounded:
@@ -218,7 +221,26 @@ func (s *Server) groupMutate(ctx context.Context, m mutation) error {
 	if err := s.recordChange(na, m.recs); err != nil {
 		return err
 	}
-	return nil
+	return ackWait(ctx, na.g)
+}
+
+// ackWait waits until g's primary may acknowledge a mutation of its
+// degraded epoch (groupEntry.ackAfter; degradeWait). A caller that gives
+// up meanwhile gets EAGAIN: its change is applied and recorded, and
+// sending it again is harmless.
+func ackWait(ctx context.Context, g groupEntry) error {
+	d := time.Until(g.ackAfter)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return rpc.Errorf(syscall.EAGAIN, "mirror group %d: gave up while the degraded primary waited for the secondary's lease: %v", g.info.ID, ctx.Err())
+	}
 }
 
 // groupInstalls answers the install count (for refreshGroups).

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,6 +55,10 @@ type groupEntry struct {
 	primary    bool
 	peerTarget uint32
 	peerAddr   string
+	// ackAfter: a primary that has just degraded the group acknowledges
+	// mutations of the degraded epoch only from then on (see
+	// degradeWait).
+	ackAfter time.Time
 }
 
 // groupMap is the server's view of its mirror groups.
@@ -143,8 +149,14 @@ func (m *groupMap) install(groups []rpc.GroupInfo, ours func(uint32) bool, full 
 		if had && old.info.Epoch == gi.Epoch {
 			// Same epoch: keep the role, refresh what is not epoch-bound
 			// (addresses, liveness, progress).
+			e.ackAfter = old.ackAfter
 			m.groups[gi.ID] = e
 			continue
+		}
+		if e.primary && gi.State == rpc.GroupDegraded && had && old.primary && old.info.State != rpc.GroupDegraded {
+			e.ackAfter = time.Now().Add(degradeWait(m.leaseMs))
+		} else if had && old.primary == e.primary && old.local == e.local {
+			e.ackAfter = old.ackAfter
 		}
 		m.groups[gi.ID] = e
 		changed = append(changed, e)
@@ -191,6 +203,24 @@ func (s *Server) installHeartbeat(resp *rpc.ServerHeartbeatResp, sent time.Time)
 	s.groups.install(resp.Groups, s.ours, true, resp.LeaseMs > 0, sent.Add(time.Duration(resp.LeaseMs)*time.Millisecond),
 		resp.LeaseMs, resp.FailoverTimeoutMs)
 }
+
+// degradeWait is how long a primary that degraded its group waits before
+// it acknowledges a mutation the secondary lacks: the lease length. The
+// secondary may be alive and reachable by clients though not by us (a
+// slow disk, a one-way cut), and serve reads as an in-sync copy until it
+// learns the degraded epoch from its next heartbeat answer, or until its
+// lease — granted by an answer sent before the degrade — runs out, which
+// is less than a lease length after the degrade. A promoted secondary
+// (failover) does not wait: the old primary's lease ran out before the
+// service promoted it. Capped by degradeWaitCap (tests).
+func degradeWait(leaseMs uint32) time.Duration {
+	return min(time.Duration(leaseMs)*time.Millisecond, time.Duration(degradeWaitCap.Load()))
+}
+
+// degradeWaitCap caps degradeWait; a variable for tests.
+var degradeWaitCap atomic.Int64
+
+func init() { degradeWaitCap.Store(math.MaxInt64) }
 
 // refreshTimeout bounds one MListGroups.
 const refreshTimeout = 2 * time.Second

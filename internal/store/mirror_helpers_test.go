@@ -189,6 +189,9 @@ func (m *standinMeta) push(leaseMs uint32, stores ...*Server) {
 	}
 }
 
+// testDegradeWait caps degradeWait in the mirror tests.
+const testDegradeWait = 200 * time.Millisecond
+
 // mirrorPair is two storage servers, each with one target, registered with
 // a stand-in, and group 1 over their targets (primary on a).
 type mirrorPair struct {
@@ -202,6 +205,10 @@ type mirrorPair struct {
 func newMirrorPair(t *testing.T, mod func(*Config)) *mirrorPair {
 	t.Helper()
 	p := &mirrorPair{t: t, meta: newStandinMeta(t)}
+	// The degraded primary's wait for the secondary's lease: the pushed
+	// lease is a minute, the wait a fraction of a second.
+	old := degradeWaitCap.Swap(int64(testDegradeWait))
+	t.Cleanup(func() { degradeWaitCap.Store(old) })
 	cfg := func(c *Config) {
 		c.MetaAddr = p.meta.addr
 		c.HeartbeatInterval = time.Hour // the tests push the map themselves

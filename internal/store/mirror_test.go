@@ -182,8 +182,14 @@ func degradePair(t *testing.T, p *mirrorPair) {
 		t.Fatal(err)
 	}
 	p.b.stop()
+	start := time.Now()
 	if err := p.gwrite(p.a, 0x200, 5<<20+100, []byte("while away"), false); err != nil {
 		t.Fatalf("write with the secondary down: %v", err)
+	}
+	// Not acknowledged before the secondary's lease ran out (it might be
+	// alive and serve reads as in sync until then).
+	if took := time.Since(start); took < testDegradeWait {
+		t.Fatalf("write acknowledged %v after the degrade, before the secondary's lease (%v) ran out", took, testDegradeWait)
 	}
 	if g := p.meta.group(1); g.State != rpc.GroupDegraded || g.Epoch != 2 {
 		t.Fatalf("group after the loss: %+v", g)
