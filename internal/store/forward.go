@@ -135,9 +135,12 @@ type mutation struct {
 	recs []mlRec // its change, for mirror.log (group filled in by groupMutate)
 	// local applies it to the local target's chunk.
 	local func(target uint32) error
-	// forward sends it to the peer's server (nil: nothing to forward).
-	forward func(ctx context.Context, addr string) error
-	bytes   int // data bytes forwarded (metrics)
+	// method and req are what is forwarded to the peer's server: the
+	// client's request, unchanged; answer makes the answer to decode.
+	method rpc.Method
+	req    rpc.Message
+	answer func() rpc.Message
+	bytes  int // data bytes forwarded (metrics)
 	// precheck, if set, refuses at the primary what the local apply
 	// would refuse (bounds, space) before anything is forwarded, so
 	// that the secondary does not take a change the primary then fails.
@@ -168,11 +171,9 @@ func (s *Server) groupMutate(ctx context.Context, m mutation) error {
 	}
 	ord := s.order.lock(a.t, m.id.Ino, m.mask)
 	defer s.order.unlock(a.t, m.id.Ino, ord, m.mask)
-	if a.g.info.State == rpc.GroupDegraded || m.forward == nil {
-		if a.g.info.State == rpc.GroupDegraded {
-			if err := s.recordChange(a, m.recs); err != nil {
-				return err
-			}
+	if a.g.info.State == rpc.GroupDegraded {
+		if err := s.recordChange(a, m.recs); err != nil {
+			return err
 		}
 		if err := m.local(a.g.local); err != nil {
 			return err
@@ -259,7 +260,7 @@ func (s *Server) forwardRetrying(ctx context.Context, g groupEntry, m mutation) 
 	end := time.Now().Add(forwardRetryFor)
 	wait := 10 * time.Millisecond
 	for i := 0; ; i++ {
-		err := m.forward(ctx, g.peerAddr)
+		err := s.peerCall(ctx, g.peerAddr, m.method, m.req, m.answer())
 		if rpc.ErrnoOf(err) != syscall.EAGAIN || time.Now().After(end) || i >= 20 {
 			return err
 		}
@@ -411,9 +412,7 @@ func (s *Server) groupWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.WriteRes
 			}
 			return nil
 		},
-		forward: func(fctx context.Context, addr string) error {
-			return s.peerCall(fctx, addr, rpc.SWrite, r, &rpc.WriteResp{})
-		},
+		method: rpc.SWrite, req: r, answer: func() rpc.Message { return &rpc.WriteResp{} },
 	})
 	if err != nil {
 		return nil, err
@@ -438,9 +437,7 @@ func (s *Server) groupTruncate(ctx context.Context, r *rpc.TruncateReq) (*rpc.Em
 			}
 			return checkGrowth(t, r.Chunk.Ino, r.Size, "truncate")
 		},
-		forward: func(fctx context.Context, addr string) error {
-			return s.peerCall(fctx, addr, rpc.STruncate, r, &rpc.Empty{})
-		},
+		method: rpc.STruncate, req: r, answer: func() rpc.Message { return &rpc.Empty{} },
 	})
 	if err != nil {
 		return nil, err
@@ -463,9 +460,7 @@ func (s *Server) groupPunch(ctx context.Context, r *rpc.PunchReq) (*rpc.Empty, e
 			return err
 		},
 		precheck: func(t *target) error { return checkRange(t, r.Chunk.Ino, r.Off, r.Len, "punch") },
-		forward: func(fctx context.Context, addr string) error {
-			return s.peerCall(fctx, addr, rpc.SPunch, r, &rpc.Empty{})
-		},
+		method:   rpc.SPunch, req: r, answer: func() rpc.Message { return &rpc.Empty{} },
 	})
 	if err != nil {
 		return nil, err
@@ -482,9 +477,7 @@ func (s *Server) groupRemove(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, 
 			_, err := s.handleRemove(ctx, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: tgt, Ino: r.Chunk.Ino}})
 			return err
 		},
-		forward: func(fctx context.Context, addr string) error {
-			return s.peerCall(fctx, addr, rpc.SRemove, r, &rpc.Empty{})
-		},
+		method: rpc.SRemove, req: r, answer: func() rpc.Message { return &rpc.Empty{} },
 	})
 	if err != nil {
 		return nil, err
@@ -509,11 +502,11 @@ func (s *Server) groupSyncStat(ctx context.Context, r *rpc.ChunkReq, stat bool) 
 			resp, err = s.syncStat(&rpc.ChunkReq{Chunk: rpc.ChunkID{Target: tgt, Ino: r.Chunk.Ino}}, true, stat)
 			return err
 		},
-		forward: func(fctx context.Context, addr string) error {
+		method: meth, req: r, answer: func() rpc.Message {
 			if stat {
-				return s.peerCall(fctx, addr, meth, r, &rpc.ChunkStatResp{})
+				return &rpc.ChunkStatResp{}
 			}
-			return s.peerCall(fctx, addr, meth, r, &rpc.Empty{})
+			return &rpc.Empty{}
 		},
 	})
 	if err != nil {
@@ -522,12 +515,17 @@ func (s *Server) groupSyncStat(ctx context.Context, r *rpc.ChunkReq, stat bool) 
 	return resp, nil
 }
 
-// groupRead admits a read-like request (SRead, SChunkStat, SSeek) of a
-// group's chunk and answers the local target's id to serve it from.
-func (s *Server) groupRead(ctx context.Context, id rpc.ChunkID) (rpc.ChunkID, error) {
-	a, err := s.admitGroup(ctx, id, false)
-	if err != nil {
-		return rpc.ChunkID{}, err
+// groupRead admits a read-like request (SRead, SChunkStat, SSeek) whose
+// chunk id names a group and turns the id into the local target's (the
+// request is the handler's own). Other ids are left alone.
+func (s *Server) groupRead(ctx context.Context, id *rpc.ChunkID) error {
+	if !rpc.IsGroup(id.Target) {
+		return nil
 	}
-	return rpc.ChunkID{Target: a.g.local, Ino: id.Ino}, nil
+	a, err := s.admitGroup(ctx, *id, false)
+	if err != nil {
+		return err
+	}
+	*id = rpc.ChunkID{Target: a.g.local, Ino: id.Ino}
+	return nil
 }

@@ -511,44 +511,44 @@ func TestMirrorMapFromHeartbeats(t *testing.T) {
 		return a.cl.Call(context.Background(), rpc.SWrite, &rpc.WriteReq{Chunk: gid(1, 4), Data: []byte("hb")}, &rpc.WriteResp{})
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for {
+	until(t, deadline, "the group map learnt from heartbeats", func() (bool, error) {
 		pa, oka := a.s.groups.peerOf(1)
 		pb, okb := b.s.groups.peerOf(1)
-		if oka && okb && pa.Primary && !pb.Primary && pa.Epoch == 4 && pa.PeerAddr == b.s.Addr() && write() == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("group map not learnt from heartbeats: %+v %v / %+v %v", pa, oka, pb, okb)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return oka && okb && pa.Primary && !pb.Primary && pa.Epoch == 4 && pa.PeerAddr == b.s.Addr() && write() == nil, nil
+	})
 	meta.mu.Lock()
 	meta.failBeats = true
 	meta.mu.Unlock()
-	for {
+	until(t, deadline, "EAGAIN once the lease ran out without answered heartbeats", func() (bool, error) {
 		err := write()
 		if errors.Is(err, syscall.EAGAIN) {
-			break
+			return true, nil
 		}
-		if err != nil || time.Now().After(deadline) {
-			t.Fatalf("write after heartbeats stopped being answered: %v (want EAGAIN once the lease ran out)", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false, err
+	})
 	meta.mu.Lock()
 	meta.failBeats = false
 	meta.mu.Unlock()
-	for {
-		err := write()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("write after heartbeats resumed: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	until(t, deadline, "writes served once heartbeats are answered again", func() (bool, error) { return write() == nil, nil })
 	if got := b.mustRead(tb, 1, 0, 2); string(got) != "hb" {
 		t.Fatalf("secondary copy %q", got)
+	}
+}
+
+// until calls f every 20 ms until it answers done, failing the test on an
+// error or at deadline.
+func until(t *testing.T, deadline time.Time, what string, f func() (bool, error)) {
+	t.Helper()
+	for {
+		done, err := f()
+		switch {
+		case err != nil:
+			t.Fatalf("waiting for %s: %v", what, err)
+		case done:
+			return
+		case time.Now().After(deadline):
+			t.Fatalf("no %s by the deadline", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -379,21 +379,8 @@ func (l *mirrorLog) rewriteLocked(recs []mlRec) error {
 	for _, r := range recs {
 		b = r.encode(b)
 	}
-	tmp := l.path + ".tmp"
-	fd, err := openRetry(tmp, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
+	fd, err := replaceFile(l.path, b, nil)
 	if err != nil {
-		return err
-	}
-	err = pwriteFull(fd, b, 0)
-	if err == nil {
-		err = fdatasync(fd)
-	}
-	if err == nil {
-		err = unix.Rename(tmp, l.path)
-	}
-	if err != nil {
-		unix.Close(fd)
-		_ = unix.Unlink(tmp)
 		return err
 	}
 	if err := syncDir(filepath.Dir(l.path)); err != nil {

@@ -24,7 +24,7 @@ import (
 //     here (checksums verified), written to the peer — or punched there
 //     when it reads as zeros;
 //  3. under the whole ordering lock: the peer's copy cut to this one's
-//     length.
+//     length, and synced there (the group may be promoted once in sync).
 //
 // The requests carry the group id and the resyncing epoch, which the
 // secondary accepts as the primary's forwards. Holding the ordering lock
@@ -279,8 +279,7 @@ func (r *resyncer) list(ctx context.Context, listOne func(*rpc.ListChunksReq, *r
 		if err := listOne(req, &resp); err != nil {
 			return err
 		}
-		for k, ino := range resp.Inos {
-			r.total += resp.Bytes[k]
+		for _, ino := range resp.Inos {
 			if err := each(ino); err != nil {
 				return err
 			}
@@ -377,7 +376,12 @@ func (r *resyncer) tail(ctx context.Context, ino uint64) error {
 	case !exists:
 		return r.call(ctx, rpc.SRemove, &rpc.ChunkReq{Chunk: r.chunk(ino)}, &rpc.Empty{})
 	}
-	return r.call(ctx, rpc.STruncate, &rpc.TruncateReq{Chunk: r.chunk(ino), Size: uint64(size)}, &rpc.Empty{})
+	if err := r.call(ctx, rpc.STruncate, &rpc.TruncateReq{Chunk: r.chunk(ino), Size: uint64(size)}, &rpc.Empty{}); err != nil {
+		return err
+	}
+	// Durable there before the group is declared in sync (the secondary
+	// may be promoted then).
+	return r.call(ctx, rpc.SSync, &rpc.ChunkReq{Chunk: r.chunk(ino)}, &rpc.Empty{})
 }
 
 // copyRegion is step 2 for region reg of chunk ino.

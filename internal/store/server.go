@@ -444,14 +444,8 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.WriteRe
 }
 
 func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, error) {
-	if rpc.IsGroup(r.Chunk.Target) {
-		id, err := s.groupRead(ctx, r.Chunk)
-		if err != nil {
-			return nil, err
-		}
-		lr := *r
-		lr.Chunk = id
-		r = &lr
+	if err := s.groupRead(ctx, &r.Chunk); err != nil {
+		return nil, err
 	}
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
@@ -618,12 +612,8 @@ func (s *Server) handleRemove(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty,
 }
 
 func (s *Server) handleChunkStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.ChunkStatResp, error) {
-	if rpc.IsGroup(r.Chunk.Target) {
-		id, err := s.groupRead(ctx, r.Chunk)
-		if err != nil {
-			return nil, err
-		}
-		r = &rpc.ChunkReq{Chunk: id}
+	if err := s.groupRead(ctx, &r.Chunk); err != nil {
+		return nil, err
 	}
 	return s.syncStat(r, false, true)
 }
@@ -654,14 +644,8 @@ func (c *chunk) alloc() (uint64, error) {
 // write in that block are there, as zeros, as in a local file's last
 // block).
 func (s *Server) handleSeek(ctx context.Context, r *rpc.SeekReq) (*rpc.SeekResp, error) {
-	if rpc.IsGroup(r.Chunk.Target) {
-		id, err := s.groupRead(ctx, r.Chunk)
-		if err != nil {
-			return nil, err
-		}
-		lr := *r
-		lr.Chunk = id
-		r = &lr
+	if err := s.groupRead(ctx, &r.Chunk); err != nil {
+		return nil, err
 	}
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
