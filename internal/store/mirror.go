@@ -323,11 +323,17 @@ func (s *Server) peer(addr string) *transport.Client {
 	defer s.peers.Unlock()
 	c := s.peers.m[addr]
 	if c == nil {
-		c = transport.NewClient(addr, transport.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 2, DialTimeout: time.Second})
+		c = transport.NewClient(addr, transport.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 2, DialTimeout: time.Second,
+			NoLocal: peersOverNetwork.Load()})
 		s.peers.m[addr] = c
 	}
 	return c
 }
+
+// peersOverNetwork makes calls to other stores go over loopback TCP even
+// when they serve in this process (tests of the path separate processes
+// take).
+var peersOverNetwork atomic.Bool
 
 // closePeers closes the pooled clients.
 func (s *Server) closePeers() {

@@ -204,6 +204,17 @@ type mirrorPair struct {
 
 func newMirrorPair(t *testing.T, mod func(*Config)) *mirrorPair {
 	t.Helper()
+	return newMirrorPairNet(t, mod, false)
+}
+
+// newMirrorPairNet is newMirrorPair; with network, the client's calls and
+// the stores' forwards go over loopback TCP, as between processes.
+func newMirrorPairNet(t *testing.T, mod func(*Config), network bool) *mirrorPair {
+	t.Helper()
+	if network {
+		peersOverNetwork.Store(true)
+		t.Cleanup(func() { peersOverNetwork.Store(false) })
+	}
 	p := &mirrorPair{t: t, meta: newStandinMeta(t)}
 	// The degraded primary's wait for the secondary's lease: the pushed
 	// lease is a minute, the wait a fraction of a second.
@@ -218,6 +229,12 @@ func newMirrorPair(t *testing.T, mod func(*Config)) *mirrorPair {
 	}
 	p.a = newEnv(t, 1, cfg)
 	p.b = newEnv(t, 1, cfg)
+	if network {
+		for _, e := range []*env{p.a, p.b} {
+			e.cl.Close()
+			e.cl = transport.NewClient(e.s.Addr(), transport.ClientConfig{Key: testKey, NoLocal: true})
+		}
+	}
 	p.ta, p.tb = p.a.s.TargetIDs()[0], p.b.s.TargetIDs()[0]
 	p.meta.setGroup(rpc.GroupInfo{ID: 1, Epoch: 1, Primary: p.ta, Secondary: p.tb, State: rpc.GroupInSync})
 	p.push()

@@ -19,7 +19,16 @@ import (
 // punch and remove of a group chunk sent to the primary change both copies
 // alike, and each copy reads back what the client wrote.
 func TestMirrorWriteLandsOnBothCopies(t *testing.T) {
-	p := newMirrorPair(t, nil)
+	for _, network := range []bool{false, true} {
+		name := "in-process"
+		if network {
+			name = "tcp"
+		}
+		t.Run(name, func(t *testing.T) { testMirrorWrite(t, newMirrorPairNet(t, nil, network)) })
+	}
+}
+
+func testMirrorWrite(t *testing.T, p *mirrorPair) {
 	want := make([]byte, 3<<20+123)
 	for i, sync := range []bool{false, true} {
 		ino := uint64(0x100 + i)
