@@ -284,6 +284,16 @@ func openDirtyLog(t *target, log *slog.Logger) (*dirtyLog, error) {
 		}
 	}
 	l.run = int64(len(d.inos))
+	// A mirror group's copy may hold changes of these chunks that its
+	// other copy lacks (applied here, not forwarded, before the stop):
+	// the mirror log keeps them until the group map says what to do
+	// (suspects, mirrorlog.go).
+	if t.mlog != nil {
+		if err := t.mlog.recordSuspects(seen); err != nil {
+			l.close()
+			return nil, fmt.Errorf("target %s: hand the chunks of %s to %s: %w", t.path, dirtyLogName, mirrorLogName, err)
+		}
+	}
 	if err := l.clear(); err != nil {
 		l.close()
 		return nil, fmt.Errorf("target %s: empty %s: %w", t.path, dirtyLogName, err)

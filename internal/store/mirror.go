@@ -198,10 +198,12 @@ func (s *Server) installGroups(groups []rpc.GroupInfo, full bool) {
 	s.groups.install(groups, s.ours, full, false, time.Time{}, 0, 0)
 }
 
-// installHeartbeat adopts a heartbeat answer sent at sent.
+// installHeartbeat adopts a heartbeat answer sent at sent, and then deals
+// with the chunks an unclean stop left suspect (consumeSuspects).
 func (s *Server) installHeartbeat(resp *rpc.ServerHeartbeatResp, sent time.Time) {
 	s.groups.install(resp.Groups, s.ours, true, resp.LeaseMs > 0, sent.Add(time.Duration(resp.LeaseMs)*time.Millisecond),
 		resp.LeaseMs, resp.FailoverTimeoutMs)
+	s.consumeSuspects()
 }
 
 // degradeWait is how long a primary that degraded its group waits before

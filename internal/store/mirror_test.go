@@ -561,3 +561,47 @@ func until(t *testing.T, deadline time.Time, what string, f func() (bool, error)
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestMirrorSuspectsAfterUncleanStop: a primary killed after applying a
+// write it did not forward (here: written to its target directly) finds
+// the chunk in its intent log when it opens again; once the map says it
+// is the primary of an in-sync group it copies that chunk to the
+// secondary. A secondary in the same position only drops them.
+func TestMirrorSuspectsAfterUncleanStop(t *testing.T) {
+	p := newMirrorPair(t, nil)
+	const ino = 0x500
+	if err := p.gwrite(p.a, ino, 0, pattern(1, 3<<20), true); err != nil {
+		t.Fatal(err)
+	}
+	// The chunk is clean (synced): its next mutation is recorded in the
+	// intent log. (A chunk created since its last sync is not: its own
+	// dirty state is its record — such a chunk is no suspect.)
+	p.a.mustWrite(p.ta, ino, 2<<20+7, []byte("applied, never forwarded"), false)
+	p.a.mustWrite(p.ta, ino, 3<<20, []byte("longer"), false)
+	p.b.mustWrite(p.tb, ino, 0, []byte("secondary's own"), false)
+	p.a.crash()
+	p.b.crash()
+	p.a.start()
+	p.b.start()
+	if _, n := p.a.s.groups0PendingOf(p.ta, suspectGroup); n != 1 {
+		t.Fatalf("primary reopened with %d suspect chunks, want 1", n)
+	}
+	p.push()
+	until(t, time.Now().Add(20*time.Second), "the suspect chunk copied", func() (bool, error) {
+		_, n := p.a.s.groups0PendingOf(p.ta, suspectGroup)
+		return n == 0 && !(*p.a.s.byID.Load())[p.ta].suspectPush.Load(), nil
+	})
+	p.sameCopies(ino)
+	if _, n := p.b.s.groups0PendingOf(p.tb, suspectGroup); n != 0 {
+		t.Fatalf("secondary kept %d suspects", n)
+	}
+	recs, _, err := decodeMirrorLog(mustReadFile(t, filepath.Join(p.a.dirs[0], mirrorLogName)))
+	if err != nil || len(recs) != 0 {
+		t.Fatalf("primary's mirror.log after the copy: %+v, %v", recs, err)
+	}
+}
+
+// groups0PendingOf answers what target tgt's mirror.log holds for group.
+func (s *Server) groups0PendingOf(tgt, group uint32) (bool, int) {
+	return (*s.byID.Load())[tgt].mlog.pending(group)
+}

@@ -34,6 +34,14 @@ import (
 // When a resync ends (MirrorResyncDone accepted), the file is rewritten
 // without the group's records that the resync copied (records made after
 // it took them stay).
+//
+// Suspects: a target opened after an unclean stop hands the chunks its
+// intent log names (dirty.log: mutated since their last sync) to this log
+// as whole-chunk records of group 0, before the intent log forgets them. A
+// primary may have applied changes of those chunks that it never
+// forwarded; once the group map says which group the target serves
+// (consumeSuspects, resync.go), a primary copies them to the secondary, a
+// secondary only logs them.
 
 // Format of TARGET/mirror.log, version 1 (integers little-endian):
 //
@@ -48,7 +56,7 @@ import (
 //	records, 32 bytes each, appended from offset 32
 //	0      1    kind: 1 begin, 2 region, 3 truncate, 4 whole chunk
 //	1      3    reserved, zero
-//	4      4    group id
+//	4      4    group id (0: a suspect, with kind 4)
 //	8      8    inode number (begin: 0)
 //	16     8    begin: the secondary's target id; region: region number
 //	            (offset >> 20); truncate: the new length; whole: 0
@@ -429,6 +437,18 @@ func (l *mirrorLog) done(group uint32) error {
 	l.mu.Unlock()
 	return l.rewriteLocked(keep)
 }
+
+// recordSuspects records the chunks inos as suspects (group 0).
+func (l *mirrorLog) recordSuspects(inos map[uint64]bool) error {
+	recs := make([]mlRec, 0, len(inos))
+	for ino := range inos {
+		recs = append(recs, mlRec{kind: mlWhole, group: suspectGroup, ino: ino})
+	}
+	return l.record(recs)
+}
+
+// suspectGroup is the group of the suspects' records.
+const suspectGroup = 0
 
 // pending answers how many chunks of group have recorded changes (tests,
 // status).

@@ -220,6 +220,10 @@ type resyncer struct {
 	done, total uint64    // progress: bytes of regions dealt with, of all
 	sent        uint64    // data bytes written to the secondary
 	last        time.Time // of the last progress report
+	// inPlace: copy over the secondary's bytes without cutting them
+	// first, and report no progress (a secondary in sync serves reads
+	// meanwhile: consumeSuspects).
+	inPlace bool
 }
 
 // chunk answers the group chunk id of ino in the resync's epoch.
@@ -357,7 +361,7 @@ func (r *resyncer) head(ctx context.Context, ino uint64, ic *inoChanges) (int64,
 		return 0, false, err
 	case !exists:
 		return 0, false, r.call(ctx, rpc.SRemove, &rpc.ChunkReq{Chunk: r.chunk(ino)}, &rpc.Empty{})
-	case ic.whole:
+	case ic.whole && !r.inPlace:
 		return size, true, r.call(ctx, rpc.STruncate, &rpc.TruncateReq{Chunk: r.chunk(ino), Size: 0}, &rpc.Empty{})
 	case ic.hasTrunc:
 		return size, true, r.call(ctx, rpc.STruncate, &rpc.TruncateReq{Chunk: r.chunk(ino), Size: ic.minTrunc}, &rpc.Empty{})
@@ -436,7 +440,7 @@ func (r *resyncer) copyRegion(ctx context.Context, ino, reg uint64) error {
 func (r *resyncer) progress() {
 	r.total = max(r.total, r.done)
 	r.s.mm.resyncRemaining.WithLabelValues(groupLabel(r.g.info.ID)).Set(float64(r.total - r.done))
-	if time.Since(r.last) < resyncProgressEvery || r.s.meta == nil {
+	if time.Since(r.last) < resyncProgressEvery || r.s.meta == nil || r.inPlace {
 		return
 	}
 	r.last = time.Now()
@@ -492,4 +496,79 @@ func (b *tokenBucket) wait(ctx context.Context, n int) error {
 	case <-time.After(d):
 		return nil
 	}
+}
+
+// consumeSuspects deals with the suspects of each target (mirrorlog.go)
+// once the group map is known (after a heartbeat answer): a target in no
+// group, or the secondary of one, drops them (a secondary's copy is caught
+// up by its primary; those chunks are logged, for strata scrub); the
+// primary of a degraded or resyncing group adds them to the group's
+// record as whole chunks; the primary of an in-sync group copies them to
+// the secondary now, region by region over the old bytes (the secondary
+// serves reads meanwhile).
+func (s *Server) consumeSuspects() {
+	for _, t := range s.targets {
+		if _, n := t.mlog.pending(suspectGroup); n == 0 || t.suspectPush.Load() {
+			continue
+		}
+		var g groupEntry
+		found := false
+		for _, e := range s.groups.all() {
+			if e.local == t.id.Load() {
+				g, found = e, true
+			}
+		}
+		taken, _, _ := t.mlog.take(suspectGroup)
+		switch {
+		case !found || !g.primary:
+			s.log.Warn("chunks written before an unclean stop: this copy is not a mirror group's primary; a primary's resync or strata scrub catches them up",
+				"target", t.path, "chunks", len(taken.inos), "group", g.info.ID)
+			s.dropSuspects(t)
+		case g.info.State != rpc.GroupInSync:
+			recs := taken.records(g.info.ID)
+			if err := t.mlog.record(recs); err != nil {
+				t.mlog.giveBack(suspectGroup, taken)
+				s.log.Error("cannot record the suspect chunks for the resync", "target", t.path, "group", g.info.ID, "err", err)
+				continue
+			}
+			s.dropSuspects(t)
+		default:
+			t.suspectPush.Store(true)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer t.suspectPush.Store(false)
+				s.pushSuspects(t, g, taken)
+			}()
+		}
+	}
+}
+
+// dropSuspects rewrites t's mirror log without the suspects taken.
+func (s *Server) dropSuspects(t *target) {
+	if err := t.mlog.done(suspectGroup); err != nil {
+		s.log.Error("cannot drop the suspects from the mirror log", "target", t.path, "err", err)
+	}
+}
+
+// pushSuspects copies the suspect chunks of taken to g's secondary.
+func (s *Server) pushSuspects(t *target, g groupEntry, taken *changeSet) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	rs := &resyncer{s: s, g: g, t: t, bucket: newTokenBucket(s.cfg.ResyncBytesPerSec), last: time.Now(), inPlace: true}
+	if err := rs.copySet(ctx, taken); err != nil {
+		t.mlog.giveBack(suspectGroup, taken)
+		s.log.Warn("cannot copy the chunks written before an unclean stop to the secondary; retried after the next heartbeat",
+			"group", g.info.ID, "err", err)
+		return
+	}
+	s.dropSuspects(t)
+	s.log.Info("copied the chunks written before an unclean stop to the secondary", "group", g.info.ID, "chunks", len(taken.inos), "bytes", rs.sent)
 }

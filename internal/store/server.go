@@ -117,9 +117,6 @@ func Open(cfg Config) (*Server, error) {
 		}
 		uuids[t.uuid] = dir
 		t.m = s.m.forTarget(dir)
-		if t.mlog, err = openMirrorLog(dir); err != nil {
-			return nil, err
-		}
 		_ = t.statfs() // publish the gauges
 	}
 	ids := map[uint32]*target{}

@@ -207,8 +207,11 @@ type target struct {
 	// set at open.
 	dlog *dirtyLog
 	// mlog is the target's record of what changed while its mirror
-	// group was degraded (mirrorlog.go); set by Server.Open.
+	// group was degraded (mirrorlog.go); set at open.
 	mlog *mirrorLog
+	// suspectPush: a copy of the suspects to the secondary runs
+	// (consumeSuspects).
+	suspectPush atomic.Bool
 
 	m *targetMetrics
 
@@ -294,7 +297,14 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 		unix.Close(fd)
 		return nil, err
 	}
+	// The mirror log first: the intent log hands it the chunks it names
+	// (openDirtyLog) before it forgets them.
+	if t.mlog, err = openMirrorLog(dir); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
 	if t.dlog, err = openDirtyLog(t, slog.Default().With("pkg", "store")); err != nil {
+		t.mlog.close()
 		unix.Close(fd)
 		return nil, err
 	}
@@ -304,11 +314,13 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 	// of this process relies on them.
 	if err := unix.Syncfs(fd); err != nil {
 		t.dlog.close()
+		t.mlog.close()
 		unix.Close(fd)
 		return nil, fmt.Errorf("target %s: syncfs: %w", dir, err)
 	}
 	if err := t.joinGroup(); err != nil {
 		t.dlog.close()
+		t.mlog.close()
 		unix.Close(fd)
 		return nil, fmt.Errorf("target %s: %w", dir, err)
 	}
