@@ -36,8 +36,33 @@ import (
 //	secondary, read, not in sync or no lease    ESTALE
 //	secondary, mutation                         applied (the primary forwards)
 //
+// Why the lease is checked at admission only: an admitted mutation of an
+// in-sync or resyncing group is acknowledged only once the secondary
+// applied it at the same epoch, and a promoted secondary has a newer one
+// and refuses it — the forward's success proves this store was still the
+// primary. A degraded group's secondary is never promoted, so its primary
+// cannot have been replaced while a mutation ran. Reads are the lease's
+// real charge: a primary (or in-sync secondary) that lost the service
+// serves none once it may have been replaced.
+//
 // What the primary then does with a mutation is forward.go's; the record of
 // what changed while degraded mirrorlog.go's; the catch-up resync.go's.
+//
+// Limits (not handled here):
+//   - A primary that applied a mutation locally whose forward then failed
+//     for good — it died, or it was deposed (the forward answered ESTALE)
+//     — holds a change its peer lacks. The client normally sends the
+//     mutation again to the new primary, which records it, and its resync
+//     then overwrites this copy. If the client never does (it died too),
+//     the copies may differ in that unacknowledged change. A restarted
+//     primary finds such chunks in its intent log (suspects, mirrorlog.go)
+//     and copies them itself if it is still the primary; a restarted copy
+//     that is now the secondary only logs them (it cannot make its
+//     primary copy them without a message for it), and a chunk created
+//     since its last sync is not among them.
+//   - A secondary that loses its page cache (power loss, not kill -9)
+//     loses forwarded writes not yet synced there; the primary does not
+//     know which, so its resync does not copy them.
 
 // groupPeer is what the scrub and heal code needs of a group with a copy
 // on this server.

@@ -605,3 +605,26 @@ func TestMirrorSuspectsAfterUncleanStop(t *testing.T) {
 func (s *Server) groups0PendingOf(tgt, group uint32) (bool, int) {
 	return (*s.byID.Load())[tgt].mlog.pending(group)
 }
+
+// TestMirrorSecondaryFullDegrades: a secondary whose target is full
+// (ENOSPC) is reported lost like an unreachable one; the write is
+// acknowledged in the degraded epoch and recorded.
+func TestMirrorSecondaryFullDegrades(t *testing.T) {
+	p := newMirrorPair(t, nil)
+	p.b.stop()
+	p.b.cfg.ReserveBytes = 1 << 62 // every write would eat into the reserve
+	p.b.start()
+	p.push()
+	if err := p.gwrite(p.a, 0x600, 0, []byte("primary only"), false); err != nil {
+		t.Fatalf("write with a full secondary: %v", err)
+	}
+	if g := p.meta.group(1); g.State != rpc.GroupDegraded {
+		t.Fatalf("group after the secondary answered ENOSPC: %+v", g)
+	}
+	if lost := p.meta.reported(rpc.MirrorSecondaryLost); len(lost) != 1 || lost[0].Target != p.ta {
+		t.Fatalf("secondary-lost reports: %+v", lost)
+	}
+	if _, n := p.a.s.groups0Pending(p.ta); n != 1 {
+		t.Fatalf("%d chunks recorded, want 1", n)
+	}
+}
