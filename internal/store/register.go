@@ -136,11 +136,16 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Multi) {
 	tick := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	failing := false
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-tick.C:
+	// The first heartbeat goes at once: its answer brings the mirror
+	// group map and the primary lease, without which a restarted store
+	// serves no group.
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+			}
 		}
 		req := &rpc.ServerHeartbeatReq{ServerID: s.serverID.Load()}
 		now := time.Now()
