@@ -18,7 +18,9 @@ import (
 //	state         event                          next
 //	unregistered  MRegisterServer ok             registered (ids installed)
 //	unregistered  error (service down, …)        unregistered, after backoff
-//	registered    heartbeat tick, answer ok      registered
+//	registered    heartbeat (at once, then every
+//	              interval), answer ok           registered (group map and
+//	                                             lease installed)
 //	registered    heartbeat answers ESTALE       unregistered, at once
 //	registered    heartbeat fails otherwise      registered (next tick retries)
 //	any           Close                          stopped
