@@ -198,7 +198,7 @@ func (s *Server) groupMutate(ctx context.Context, m mutation) error {
 	switch {
 	case rpc.ErrnoOf(ferr) == syscall.ESTALE:
 		// Deposed: the secondary serves a newer epoch.
-		if err := s.refreshGroups(ctx, s.groupInstalls()); err != nil {
+		if err := s.refreshGroups(ctx, s.groups.seen()); err != nil {
 			s.log.Warn("cannot refresh the mirror group map", "group", group, "err", err)
 		}
 		if lerr == nil {
@@ -242,13 +242,6 @@ func ackWait(ctx context.Context, g groupEntry) error {
 	case <-ctx.Done():
 		return rpc.Errorf(syscall.EAGAIN, "mirror group %d: gave up while the degraded primary waited for the secondary's lease: %v", g.info.ID, ctx.Err())
 	}
-}
-
-// groupInstalls answers the install count (for refreshGroups).
-func (s *Server) groupInstalls() uint64 {
-	s.groups.mu.Lock()
-	defer s.groups.mu.Unlock()
-	return s.groups.installs
 }
 
 // forwardRetrying forwards m to g's secondary, again while it answers
@@ -365,7 +358,7 @@ func (s *Server) mirrorReport(req *rpc.MirrorReportReq) (*rpc.GroupInfo, error) 
 	var gi rpc.GroupInfo
 	if err := s.meta.Call(ctx, rpc.MMirrorReport, req, &gi); err != nil {
 		if rpc.ErrnoOf(err) == syscall.ESTALE {
-			_ = s.refreshGroups(ctx, s.groupInstalls())
+			_ = s.refreshGroups(ctx, s.groups.seen())
 		}
 		return nil, fmt.Errorf("mirror report (group %d, event %d): %w", req.Group, req.Event, err)
 	}

@@ -93,9 +93,10 @@ type groupMap struct {
 	leaseUntil time.Time
 	leaseMs    uint32
 	failoverMs uint32
-	// installs counts installs; a refresh started after a request arrived
-	// is not repeated for it.
-	installs uint64
+	// installs counts installs and attempts the MListGroups calls
+	// started: a request that arrived before either moved has its
+	// refresh done (or failed) already, and makes none of its own.
+	installs, attempts uint64
 
 	// refreshMu: one MListGroups at a time.
 	refreshMu sync.Mutex
@@ -252,19 +253,33 @@ func init() { degradeWaitCap.Store(math.MaxInt64) }
 // refreshTimeout bounds one MListGroups.
 const refreshTimeout = 2 * time.Second
 
+// mapSeen is what a request saw of the map when it arrived.
+type mapSeen struct{ installs, attempts uint64 }
+
+// seen answers the map's counters now.
+func (m *groupMap) seen() mapSeen {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return mapSeen{m.installs, m.attempts}
+}
+
 // refreshGroups re-reads the group map from the metadata service, unless
-// another refresh ended after the caller's request arrived (installs moved
-// past seen). One at a time.
-func (s *Server) refreshGroups(ctx context.Context, seen uint64) error {
+// the map was installed or another refresh was tried since the caller's
+// request arrived (seen). One at a time: while the service does not
+// answer, the requests waiting meanwhile share one attempt.
+func (s *Server) refreshGroups(ctx context.Context, seen mapSeen) error {
 	if s.meta == nil {
 		return errors.New("no metadata service to ask for the group map")
 	}
 	s.groups.refreshMu.Lock()
 	defer s.groups.refreshMu.Unlock()
 	s.groups.mu.Lock()
-	again := s.groups.installs != seen
+	done := s.groups.installs != seen.installs || s.groups.attempts != seen.attempts
+	if !done {
+		s.groups.attempts++
+	}
 	s.groups.mu.Unlock()
-	if again {
+	if done {
 		return nil
 	}
 	// A context of its own: the caller's values (lent buffers) stay
@@ -291,7 +306,7 @@ func (s *Server) admitGroup(ctx context.Context, id rpc.ChunkID, mutation bool) 
 	group := id.Target &^ rpc.GroupBit
 	s.groups.mu.Lock()
 	g, ok := s.groups.groups[group]
-	seen := s.groups.installs
+	seen := mapSeen{s.groups.installs, s.groups.attempts}
 	s.groups.mu.Unlock()
 	if !ok || id.Epoch > g.info.Epoch {
 		if err := s.refreshGroups(ctx, seen); err != nil {

@@ -38,6 +38,9 @@ type standinMeta struct {
 	failReport bool   // answer MMirrorReport with EIO
 	failBeats  bool   // answer MServerHeartbeat with EIO
 	leaseMs    uint32 // the lease heartbeat answers grant (default 60 s)
+	listDelay  time.Duration
+	listFail   bool // answer MListGroups with EIO (after listDelay)
+	lists      int  // MListGroups calls answered
 }
 
 func newStandinMeta(t *testing.T) *standinMeta {
@@ -110,7 +113,15 @@ func (m *standinMeta) heartbeat(ctx context.Context, r *rpc.ServerHeartbeatReq) 
 
 func (m *standinMeta) list(ctx context.Context, _ *rpc.Empty) (*rpc.ListGroupsResp, error) {
 	m.mu.Lock()
+	d := m.listDelay
+	m.mu.Unlock()
+	time.Sleep(d)
+	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.lists++
+	if m.listFail {
+		return nil, rpc.Errorf(syscall.EIO, "stand-in refuses to list groups")
+	}
 	resp := &rpc.ListGroupsResp{}
 	for _, g := range m.groups {
 		resp.Groups = append(resp.Groups, m.info(g))

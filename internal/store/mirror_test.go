@@ -628,3 +628,39 @@ func TestMirrorSecondaryFullDegrades(t *testing.T) {
 		t.Fatalf("%d chunks recorded, want 1", n)
 	}
 }
+
+// TestMirrorRefreshShared: requests of an epoch newer than the store knows
+// that arrive while the service is slow to answer — and then fails — share
+// the refresh under way (or the one after it) instead of each making one
+// in turn.
+func TestMirrorRefreshShared(t *testing.T) {
+	p := newMirrorPair(t, nil)
+	p.meta.mu.Lock()
+	p.meta.listDelay = 500 * time.Millisecond
+	p.meta.listFail = true
+	p.meta.lists = 0
+	p.meta.mu.Unlock()
+	const n = 10
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- p.a.cl.Call(context.Background(), rpc.SWrite, &rpc.WriteReq{Chunk: gid(1, 99), Data: []byte("x")}, &rpc.WriteResp{})
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, syscall.EAGAIN) {
+			t.Fatalf("write at an epoch nobody knows: %v, want EAGAIN", err)
+		}
+	}
+	p.meta.mu.Lock()
+	lists := p.meta.lists
+	p.meta.mu.Unlock()
+	if lists > 2 {
+		t.Fatalf("%d requests made %d MListGroups calls, want at most 2", n, lists)
+	}
+}
