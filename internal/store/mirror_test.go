@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -662,5 +664,53 @@ func TestMirrorRefreshShared(t *testing.T) {
 	p.meta.mu.Unlock()
 	if lists > 2 {
 		t.Fatalf("%d requests made %d MListGroups calls, want at most 2", n, lists)
+	}
+}
+
+// TestMirrorResyncInterrupted: the secondary goes away again in the middle
+// of a resync; a write then degrades the group again, the resync stops and
+// gives its records back; the next resync finishes and the copies end
+// equal.
+func TestMirrorResyncInterrupted(t *testing.T) {
+	p := newMirrorPair(t, func(c *Config) { c.ResyncBytesPerSec = 4 << 20 })
+	const ino, size = 0x700, 16 << 20
+	if err := p.gwrite(p.a, ino, 0, []byte("x"), false); err != nil {
+		t.Fatal(err)
+	}
+	p.b.stop()
+	data := pattern(7, size)
+	for off := 0; off < size; off += 1 << 20 {
+		if err := p.gwrite(p.a, ino, uint64(off), data[off:off+1<<20], false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resyncPair(t, p)
+	deadline := time.Now().Add(20 * time.Second)
+	until(t, deadline, "resync progress", func() (bool, error) {
+		m := &dto.Metric{}
+		if err := p.a.s.mm.resyncBytes.WithLabelValues("1").Write(m); err != nil {
+			return false, err
+		}
+		return m.GetCounter().GetValue() > 0, nil
+	})
+	p.b.stop()
+	until(t, deadline, "a write acknowledged in a new degraded epoch", func() (bool, error) {
+		err := p.gwrite(p.a, ino, 3, []byte("again away"), false)
+		if errors.Is(err, syscall.ESTALE) || errors.Is(err, syscall.EAGAIN) {
+			return false, nil // the map moved: the next try uses the new epoch
+		}
+		return err == nil && p.meta.group(1).State == rpc.GroupDegraded, err
+	})
+	until(t, deadline, "the resync's records given back", func() (bool, error) {
+		_, n := p.a.s.groups0Pending(p.ta)
+		return n == 1, nil
+	})
+	if n := len(p.meta.reported(rpc.MirrorResyncDone)); n != 0 {
+		t.Fatalf("%d resync-done reports for an interrupted resync", n)
+	}
+	resyncPair(t, p)
+	waitInSync(t, p, 30*time.Second)
+	if got := p.sameCopies(ino); !bytes.Equal(got[3:13], []byte("again away")) {
+		t.Fatalf("copies equal but without the last write: %q", got[3:13])
 	}
 }
