@@ -59,10 +59,11 @@
 // are leaves, taken for map and list updates only, never across other
 // I/O. Mirror groups (forward.go) add, above all of these: a group's gate
 // (RWMutex; mutations shared from admission to answer, a starting resync
-// exclusively once), then the primary's per-chunk ordering locks
-// (orderLocks: stripes over 1 MiB regions, taken in ascending order and
+// exclusively once), then the per-chunk ordering locks (orderLocks:
+// stripes over 1 MiB regions, taken in ascending order; on the primary
 // held across the local apply AND the forward, or a resync's copy of the
-// region); groupMap.mu, mirrorLog.mu and the maps of gates, peers,
+// region; on the secondary across the local apply; by a repair from the
+// other copy through lockRange; never by reads); groupMap.mu, mirrorLog.mu and the maps of gates, peers,
 // degrade reports and resyncs are leaves. A chunk's sync waits for its target's next syncfs round
 // (groupsync.go) holding no lock. No global lock sits on
 // the data path: writers of disjoint ranges of one chunk run in parallel

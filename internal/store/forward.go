@@ -113,6 +113,26 @@ func (o *orderLocks) unlock(t *target, ino uint64, c *chunkOrder, mask uint32) {
 	o.mu.Unlock()
 }
 
+// lockRange takes the ordering lock of [off, end) of chunk ino of the
+// local target id tgt (end <= off: the whole chunk) and answers the
+// function that releases it. Whoever rewrites a group chunk's range from
+// the other copy (a repair) holds it from the read of the other copy to
+// the local write: on the primary no client mutation of the range runs
+// meanwhile on either copy, on the secondary no forwarded one, so the
+// repair never lands over newer data.
+func (s *Server) lockRange(tgt uint32, ino uint64, off, end int64) (unlock func(), err error) {
+	t, err := s.target(tgt, ino)
+	if err != nil {
+		return nil, err
+	}
+	mask := allStripes
+	if end > off {
+		mask = stripeMask(off, end)
+	}
+	c := s.order.lock(t, ino, mask)
+	return func() { s.order.unlock(t, ino, c, mask) }, nil
+}
+
 // gate answers group's gate (see above).
 func (s *Server) gate(group uint32) *sync.RWMutex {
 	s.gates.Lock()
@@ -158,7 +178,12 @@ func (s *Server) groupMutate(ctx context.Context, m mutation) error {
 	if err != nil {
 		return err
 	}
+	ord := s.order.lock(a.t, m.id.Ino, m.mask)
+	defer s.order.unlock(a.t, m.id.Ino, ord, m.mask)
 	if !a.g.primary {
+		// The secondary applies what its primary forwards, under its own
+		// ordering lock too: a repair of this copy from the primary's
+		// (lockRange) then never lands over a newer forwarded change.
 		return m.local(a.g.local)
 	}
 	for i := range m.recs {
@@ -169,8 +194,6 @@ func (s *Server) groupMutate(ctx context.Context, m mutation) error {
 			return err
 		}
 	}
-	ord := s.order.lock(a.t, m.id.Ino, m.mask)
-	defer s.order.unlock(a.t, m.id.Ino, ord, m.mask)
 	if a.g.info.State == rpc.GroupDegraded {
 		if err := s.recordChange(a, m.recs); err != nil {
 			return err
