@@ -714,3 +714,29 @@ func TestMirrorResyncInterrupted(t *testing.T) {
 		t.Fatalf("copies equal but without the last write: %q", got[3:13])
 	}
 }
+
+// TestMirrorLockRangeHoldsForwards: while a repair holds a range of the
+// secondary's copy (lockRange), a forwarded write of that range waits; a
+// write of another range does not.
+func TestMirrorLockRangeHoldsForwards(t *testing.T) {
+	p := newMirrorPair(t, nil)
+	unlock, err := p.b.s.lockRange(p.tb, 0x800, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.gwrite(p.a, 0x800, 2<<20, []byte("elsewhere"), false); err != nil {
+		t.Fatalf("write of another region while a range is held: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.gwrite(p.a, 0x800, 100, []byte("held"), false) }()
+	select {
+	case err := <-done:
+		t.Fatalf("write of the held range answered while held: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	p.sameCopies(0x800)
+}
