@@ -58,6 +58,10 @@ type Config struct {
 	// (bgsync.go). 0 disables the rounds (a zero Config has none);
 	// DefaultConfig sets DefaultSyncInterval.
 	SyncInterval time.Duration
+	// ResyncBytesPerSec throttles a mirror group's resync (resync.go):
+	// bytes copied to the secondary a second. 0 means
+	// DefaultResyncBytesPerSec; negative, no limit.
+	ResyncBytesPerSec int64
 }
 
 // DefaultSyncInterval is the default Config.SyncInterval: ext4's journal
@@ -81,6 +85,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.MaxOpenChunks == 0 {
 		c.MaxOpenChunks = 1024
+	}
+	if c.ResyncBytesPerSec == 0 {
+		c.ResyncBytesPerSec = DefaultResyncBytesPerSec
 	}
 }
 
