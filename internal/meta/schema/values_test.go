@@ -80,8 +80,8 @@ var valueCodecs = map[string]valueCodec{
 	"Server": {
 		samples: []any{Server{ID: 1, Addr: "a:1", Host: "h", Targets: []uint32{1, 2}},
 			Server{ID: 2, Addr: "b:1", Host: "h2", Targets: []uint32{3}, Domain: "rack2"}},
-		encode:  func(v any) []byte { s := v.(Server); return AppendServer(nil, &s) },
-		decode:  func(b []byte) (any, error) { return DecodeServer(b) },
+		encode: func(v any) []byte { s := v.(Server); return AppendServer(nil, &s) },
+		decode: func(b []byte) (any, error) { return DecodeServer(b) },
 	},
 	"Target": {
 		samples: []any{Target{ID: 1, ServerID: 2, UUID: "u", Path: "/p"}},
