@@ -120,12 +120,12 @@ type Config struct {
 // DefaultConfig returns the defaults; DataDir must still be set.
 func DefaultConfig() Config {
 	return Config{
-		ListenAddr:    "127.0.0.1:7700",
+		ListenAddr:      "127.0.0.1:7700",
 		ServerTimeout:   10 * time.Second,
 		FailoverTimeout: 3 * time.Second,
 		SessionLease:    15 * time.Second,
-		OrphanGrace:   15 * time.Second,
-		ReapDeferMax:  10 * time.Second,
+		OrphanGrace:     15 * time.Second,
+		ReapDeferMax:    10 * time.Second,
 	}
 }
 
