@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stratafs/strata/internal/clock"
 	"github.com/stratafs/strata/internal/kv"
 	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/meta/schema"
@@ -431,8 +432,22 @@ func (s *Service) leaderLoop(ctx context.Context) {
 	defer rt.Stop()
 	// The mirror groups' automatic switch (mirrorsvc.go): checked ten
 	// times per failover timeout, so a switch comes at most a tenth late.
-	ft := s.cfg.Clock.NewTicker(clampDur(s.cfg.FailoverTimeout/10, 10*time.Millisecond, 250*time.Millisecond))
-	defer ft.Stop()
+	// Its ticker exists once there are groups (made at a session tick
+	// after the first): a cluster without mirrors has no such timer.
+	var ft clock.Ticker
+	var ftC <-chan time.Time
+	startFailover := func() {
+		if ft == nil && s.fsm.groups.Load() > 0 {
+			ft = s.cfg.Clock.NewTicker(clampDur(s.cfg.FailoverTimeout/10, 10*time.Millisecond, 250*time.Millisecond))
+			ftC = ft.C()
+		}
+	}
+	startFailover()
+	defer func() {
+		if ft != nil {
+			ft.Stop()
+		}
+	}()
 	start := s.cfg.Clock.Now()
 	pace := reapPacer{last: start, at: start, requests: s.requests.Load()}
 	for {
@@ -442,7 +457,8 @@ func (s *Service) leaderLoop(ctx context.Context) {
 			return
 		case <-st.C():
 			s.expireSessions()
-		case <-ft.C():
+			startFailover()
+		case <-ftC:
 			s.checkMirrors()
 		case now := <-rt.C():
 			if pace.due(now, s.requests.Load(), s.cfg.ReapDeferMax, s.lowOnSpace()) {

@@ -34,16 +34,39 @@ const testFailover = 3 * time.Second
 
 func newMirrorCluster(t *testing.T) *mirrorCluster {
 	t.Helper()
+	return newMirrorClusterWith(t, nil)
+}
+
+func newMirrorClusterWith(t *testing.T, change func(*Config)) *mirrorCluster {
+	t.Helper()
 	cfg := testConfig(t, "")
 	fc := fakeClock(t, &cfg)
 	cfg.FailoverTimeout = testFailover
+	if change != nil {
+		change(&cfg)
+	}
 	svc := openService(t, cfg)
 	m := &mirrorCluster{t: t, svc: svc, c: newClient(t, svc.Addr()), fc: fc}
-	// The leader loop's three tickers (sessions, reaper, failover).
-	if !fc.WaitPending(3, 10*time.Second) {
-		t.Fatalf("the leader loop's tickers never appeared (%d pending)", fc.Pending())
-	}
+	waitLeaderLoop(t, fc)
 	return m
+}
+
+// waitFailoverTicker waits until the leader loop has made its failover
+// ticker (at a session tick once groups exist), advancing the clock a
+// session tick at a time with heartbeats of every server.
+func (m *mirrorCluster) waitFailoverTicker() {
+	m.t.Helper()
+	var all []uint32
+	for _, s := range m.servers {
+		all = append(all, s.id)
+	}
+	for i := 0; m.fc.Pending() < 3; i++ {
+		if i == 50 {
+			m.t.Fatalf("no failover ticker after groups were made (%d timers pending)", m.fc.Pending())
+		}
+		m.advance(250*time.Millisecond, 250*time.Millisecond, all...)
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // addServer registers a server at addr (failure domain domain) with n
@@ -297,7 +320,8 @@ func twoGroups(t *testing.T) (*mirrorCluster, rpc.GroupInfo) {
 	if err != nil || len(gs) != 1 {
 		t.Fatalf("create: %v %+v", err, gs)
 	}
-	return m, gs[0]
+	m.waitFailoverTicker()
+	return m, m.group(gs[0].ID)
 }
 
 // TestMirrorFailOverPlanned swaps the copies under a new epoch and stays
@@ -541,6 +565,66 @@ func TestMirrorStatus(t *testing.T) {
 	}
 	if len(st.Groups) != 1 || st.Groups[0].ID != g.ID || st.Groups[0].PrimaryAddr != g.PrimaryAddr {
 		t.Fatalf("status groups: %+v", st.Groups)
+	}
+}
+
+// TestMirrorReaperThroughPrimary: a removed mirrored file's chunks are
+// removed through its group's primary (the store forwards the removal to
+// the secondary), named by the group id and epoch; while the primary's
+// server is silent the file stays an orphan, and goes once it is back.
+func TestMirrorReaperThroughPrimary(t *testing.T) {
+	m := newMirrorClusterWith(t, func(c *Config) { c.OrphanGrace = time.Second })
+	ps, ss := newFakeStore(t), newFakeStore(t)
+	p, s := m.addServer(ps.addr, "", 1), m.addServer(ss.addr, "", 1)
+	gs, err := m.create(&rpc.MirrorCreateReq{Pairs: []uint32{p.targets[0], s.targets[0]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.waitFailoverTicker()
+	d := m.c.mustCreate(1, "d", dirMode)
+	if err := m.c.call(rpc.MSetDirLayout, &rpc.SetDirLayoutReq{Hdr: m.c.hdr(), Dir: d.Ino, Mirror: rpc.DirMirrorOn}, nil); err != nil {
+		t.Fatal(err)
+	}
+	f := m.c.mustCreate(d.Ino, "f", fileMode)
+	if f.Layout.Targets[0] != layout.GroupBit|gs[0].ID {
+		t.Fatalf("layout %v", f.Layout.Targets)
+	}
+	// Degraded, then its primary's server goes silent: nothing to promote.
+	if _, err := m.report(&rpc.MirrorReportReq{Group: gs[0].ID, Epoch: 1, Target: p.targets[0], Event: rpc.MirrorSecondaryLost}); err != nil {
+		t.Fatal(err)
+	}
+	m.advance(testFailover+500*time.Millisecond, 250*time.Millisecond, s.id)
+	if _, err := m.c.unlink(d.Ino, "f"); err != nil {
+		t.Fatal(err)
+	}
+	beats := func(n int, alive ...uint32) {
+		for range n {
+			m.advance(250*time.Millisecond, 250*time.Millisecond, alive...)
+			if err := m.c.heartbeat(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	beats(12, s.id) // 3 s: past the orphan grace, reports after the unlink
+	time.Sleep(100 * time.Millisecond)
+	if n := len(ps.removed()) + len(ss.removed()); n != 0 {
+		t.Fatalf("%d chunks removed while the group's primary is down", n)
+	}
+	if _, err := m.c.getattr(f.Ino); err != nil {
+		t.Fatalf("the orphan went while its chunks could not be removed: %v", err)
+	}
+	beats(8, p.id, s.id)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(ps.removed()) == 0 && time.Now().Before(deadline) {
+		beats(1, p.id, s.id)
+		time.Sleep(20 * time.Millisecond)
+	}
+	rm := ps.removed()
+	if len(rm) != 1 || rm[0].Target != layout.GroupBit|gs[0].ID || rm[0].Ino != f.Ino || rm[0].Epoch < 2 {
+		t.Fatalf("removed at the primary: %+v, want group %d's chunk of inode %d at epoch ≥ 2", rm, gs[0].ID, f.Ino)
+	}
+	if n := len(ss.removed()); n != 0 {
+		t.Fatalf("%d removals sent to the secondary (the primary forwards them)", n)
 	}
 }
 
