@@ -111,10 +111,15 @@ func init() {
 			fmt.Printf("stripe_size:  %s\nstripe_count: %s\n", sizeText, countText)
 			if len(l.Targets) > 0 {
 				ids := make([]string, len(l.Targets))
+				what := "targets:     "
 				for i, t := range l.Targets {
+					if layout.IsGroup(t) { // a mirrored file: all are groups
+						what = "mirror groups:"
+						t &^= layout.GroupBit
+					}
 					ids[i] = strconv.Itoa(int(t))
 				}
-				fmt.Printf("targets:      %s\n", strings.Join(ids, " "))
+				fmt.Printf("%s %s\n", what, strings.Join(ids, " "))
 			}
 			if l.MaxFileBytes > 0 {
 				fmt.Printf("max_file_size: %s (%d bytes)\n", humanBytes(uint64(l.MaxFileBytes)), l.MaxFileBytes)

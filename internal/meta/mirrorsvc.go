@@ -212,6 +212,9 @@ func (s *Service) registerMirror() {
 		return &rpc.ListGroupsResp{Groups: gs}, nil
 	})
 	handle(s, rpc.MMirrorFailOver, func(_ context.Context, r *rpc.MirrorGroupReq) (rpc.Message, error) {
+		if err := s.checkSecondaryAlive(r.Group); err != nil {
+			return nil, err
+		}
 		gs, err := s.mirrorChange(&command{Op: opMirrorFailOver, Now: s.now(), Group: r.Group, Epoch: r.Epoch})
 		if err == nil && len(gs) == 1 {
 			s.m.mirror.failovers.WithLabelValues("planned").Inc()
@@ -227,6 +230,22 @@ func (s *Service) registerMirror() {
 		return oneGroup(gs, err)
 	})
 	handle(s, rpc.MMirrorReport, s.mirrorReport)
+}
+
+// checkSecondaryAlive refuses a planned switch to a secondary whose
+// server is silent: it would make a dead copy the primary (the group
+// degrades within the failover timeout; replace its copy then).
+func (s *Service) checkSecondaryAlive(id uint32) error {
+	gs, err := s.listGroups()
+	if err != nil {
+		return err
+	}
+	for _, g := range gs {
+		if g.ID == id && !g.SecondaryAlive {
+			return rpc.Errorf(syscall.EBUSY, "mirror group %d: the secondary's server %s sends no heartbeat: it cannot take over", id, g.SecondaryAddr)
+		}
+	}
+	return nil // an unknown group: the command says so
 }
 
 // mirrorReport handles a store's report on a group. A bad copy is only
