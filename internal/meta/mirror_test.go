@@ -463,6 +463,46 @@ func TestMirrorAutomaticFailover(t *testing.T) {
 	}
 }
 
+// TestMirrorNewLeaderStartsClocksAfresh: a restarted service (a new
+// leader) has heard no server; it counts each server's silence from when
+// it took office, so a primary is not switched at once but after the
+// failover timeout, if it stays silent.
+func TestMirrorNewLeaderStartsClocksAfresh(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	fc := fakeClock(t, &cfg)
+	cfg.FailoverTimeout = testFailover
+	svc, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &mirrorCluster{t: t, svc: svc, c: newClient(t, svc.Addr()), fc: fc}
+	m.addServer("10.0.0.1:7401", "", 1)
+	m.addServer("10.0.0.2:7401", "", 1)
+	gs, err := m.create(&rpc.MirrorCreateReq{Auto: true})
+	if err != nil || len(gs) != 1 {
+		t.Fatalf("create: %v %+v", err, gs)
+	}
+	g := gs[0]
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fc.Advance(time.Hour) // long after the servers' last heartbeats
+	svc = openService(t, cfg)
+	m.svc, m.c = svc, newClient(t, svc.Addr())
+	if !fc.WaitPending(3, 10*time.Second) { // sessions, reaper, failover (groups exist)
+		t.Fatalf("the leader loop's tickers never appeared (%d pending)", fc.Pending())
+	}
+	s := m.serverOf(g.Secondary)
+	m.advance(2500*time.Millisecond, 250*time.Millisecond, s.id)
+	time.Sleep(50 * time.Millisecond)
+	if now := m.group(g.ID); now.Primary != g.Primary || now.Epoch != g.Epoch {
+		t.Fatalf("a new leader switched a primary it had not waited for: %+v", now)
+	}
+	m.advance(750*time.Millisecond, 250*time.Millisecond, s.id)
+	m.waitGroup(g.ID, "failed over", func(x rpc.GroupInfo) bool { return x.Primary == g.Secondary })
+}
+
 // TestMirrorSecondarySilent: an in-sync group whose secondary's server
 // goes silent for the timeout is degraded (so that it can be replaced);
 // replacing its secondary with a target in no group works, with one on
