@@ -167,17 +167,23 @@ func (r *mirrorRegistry) checkPair(p, s uint32, byDomain bool) error {
 	return nil
 }
 
-// autoPairs pairs every target in no group with one on another server
-// (byDomain: in another failure domain; servers without a domain label
-// are left out). Greedy and deterministic: the bucket (server or domain)
+// autoPairs pairs every target in no group with one on another server,
+// and in another failure domain where both servers have one (byDomain:
+// servers without a domain label are left out). Greedy and deterministic: the bucket (server or domain)
 // with the most unpaired targets gives one to the fullest other bucket,
 // preferring buckets it was paired with least, so a server's partners
 // spread over the others; of each pair the primary is the target whose
 // server holds fewer primaries, so primaries spread too.
 func (r *mirrorRegistry) autoPairs(byDomain bool) ([]uint32, error) {
+	// A server's bucket is its failure domain when it has one (labelled
+	// servers are never paired within a domain, checkPair), else the
+	// server itself — or none with byDomain.
 	bucketOf := func(t schema.Target) string {
+		if d := r.servers[t.ServerID].Domain; d != "" {
+			return "d:" + d
+		}
 		if byDomain {
-			return r.servers[t.ServerID].Domain
+			return ""
 		}
 		return "s" + strconv.FormatUint(uint64(t.ServerID), 10)
 	}

@@ -266,6 +266,20 @@ func TestMirrorCreateByDomain(t *testing.T) {
 		}
 	}
 
+	// Labelled servers are not paired within a domain without --domain
+	// either.
+	m3 := newMirrorCluster(t)
+	fourByTwo(m3, "rackA", "rackA", "rackB", "rackB")
+	gs, err = m3.create(&rpc.MirrorCreateReq{Auto: true})
+	if err != nil || len(gs) != 4 {
+		t.Fatalf("auto pairing of labelled servers: %v %+v", err, gs)
+	}
+	for _, g := range gs {
+		if rack(g.PrimaryAddr) == rack(g.SecondaryAddr) {
+			t.Errorf("group %d pairs %s and %s, both in rack %s", g.ID, g.PrimaryAddr, g.SecondaryAddr, rack(g.PrimaryAddr))
+		}
+	}
+
 	m2 := newMirrorCluster(t)
 	fourByTwo(m2)
 	_, err = m2.create(&rpc.MirrorCreateReq{Auto: true, ByDomain: true})
