@@ -157,6 +157,12 @@ func TestCommandFlagValues(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("flag values %v, want %v (they are part of the raft command format)", got, want)
 	}
+	// opMirrorReport keeps the wire's event numbers, opSetDirLayout its
+	// mirror mark changes.
+	got8 := []uint8{rpc.MirrorSecondaryLost, rpc.MirrorResyncProgress, rpc.MirrorResyncDone, rpc.DirMirrorKeep, rpc.DirMirrorOn, rpc.DirMirrorOff}
+	if want8 := []uint8{1, 2, 3, 0, 1, 2}; !reflect.DeepEqual(got8, want8) {
+		t.Fatalf("mirror values %v, want %v (they are part of the raft command format)", got8, want8)
+	}
 }
 
 // TestDedupeRecordV1 answers a retried request from a dedupe record of
