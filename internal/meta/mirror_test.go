@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"syscall"
@@ -368,6 +369,33 @@ func TestMirrorFailOverPlanned(t *testing.T) {
 	}
 	err = m.c.call(rpc.MMirrorFailOver, &rpc.MirrorGroupReq{Group: g.ID}, &got)
 	wantErrno(t, err, syscall.EBUSY, "fail-over of a degraded group")
+}
+
+// TestMirrorFailOverOnce: fail-overs sent together from one epoch switch
+// once; the others are refused (ESTALE), none switches back.
+func TestMirrorFailOverOnce(t *testing.T) {
+	m, g := twoGroups(t)
+	const n = 8
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			var got rpc.GroupInfo
+			errs <- m.c.call(rpc.MMirrorFailOver, &rpc.MirrorGroupReq{Group: g.ID, Epoch: g.Epoch}, &got)
+		}()
+	}
+	ok := 0
+	for range n {
+		switch err := <-errs; {
+		case err == nil:
+			ok++
+		case !errors.Is(err, syscall.ESTALE):
+			t.Errorf("a concurrent fail-over: %v, want success or ESTALE", err)
+		}
+	}
+	now := m.group(g.ID)
+	if ok != 1 || now.Epoch != g.Epoch+1 || now.Primary != g.Secondary {
+		t.Fatalf("%d of %d fail-overs succeeded; group %+v", ok, n, now)
+	}
 }
 
 // TestMirrorReports walks a group through degrade, resync and back: each
