@@ -32,6 +32,10 @@ type Config struct {
 	// metadata service. Default: the real listen address, with the host
 	// name in place of an unspecified IP (0.0.0.0, ::).
 	AdvertiseAddr string
+	// Domain is the server's failure domain (a rack, a power feed), sent
+	// with its registration: strata mirror create --domain pairs targets
+	// across domains. "" for none.
+	Domain string
 	// Targets are the target directories, each on its own disk ideally.
 	// Each is formatted on first use (it must then be empty, apart from
 	// lost+found).

@@ -78,7 +78,7 @@ func (s *Server) registrationLoop() {
 
 // registerOnce sends MRegisterServer and installs the answered ids.
 func (s *Server) registerOnce(ctx context.Context, cl *transport.Multi) error {
-	req := &rpc.RegisterServerReq{Addr: s.addr}
+	req := &rpc.RegisterServerReq{Addr: s.addr, Domain: s.cfg.Domain}
 	req.Host, _ = os.Hostname()
 	for _, t := range s.targets {
 		_ = t.statfs()
