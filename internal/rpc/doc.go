@@ -92,6 +92,9 @@
 // carries Epoch after Target only when Target has GroupBit, so every
 // unmirrored request keeps its bytes (an older store never serves a
 // group, and refuses its ids as unknown targets).
+// SScrub (ScrubReq, ScrubResp) and SChunkSums (ChunkSumsReq,
+// ChunkSumsResp) were added at the end of the store methods for
+// self-healing and `strata scrub` (an older store: ENOSYS).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

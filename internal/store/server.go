@@ -30,6 +30,7 @@ type Server struct {
 	byID    atomic.Pointer[map[uint32]*target]
 	cache   *chunkCache
 	m       *metrics
+	heal    *healer // self-healing of mirror group chunks (heal.go)
 
 	rpc     *transport.Server
 	ln      net.Listener
@@ -69,6 +70,7 @@ func Open(cfg Config) (*Server, error) {
 		registered: make(chan struct{}),
 	}
 	s.cache = newChunkCache(s, cfg.MaxOpenChunks)
+	s.heal = newHealer(s)
 	ok := false
 	defer func() {
 		if !ok {
@@ -244,6 +246,7 @@ func (s *Server) Close() error {
 func (s *Server) close(syncAll bool) error {
 	close(s.stop)
 	s.rpc.Close() // waits for handlers in flight
+	s.heal.close()
 	if s.metrics != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = s.metrics.Shutdown(ctx)
@@ -309,6 +312,8 @@ func (s *Server) register() {
 	transport.Handle(s.rpc, rpc.SListChunks, s.handleListChunks)
 	transport.Handle(s.rpc, rpc.SSeek, s.handleSeek)
 	transport.Handle(s.rpc, rpc.SSyncStat, s.handleSyncStat)
+	transport.Handle(s.rpc, rpc.SScrub, s.handleScrub)
+	transport.Handle(s.rpc, rpc.SChunkSums, s.handleChunkSums)
 }
 
 // target resolves a target id.
@@ -400,7 +405,13 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.WriteRe
 }
 
 func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, error) {
-	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
+	var t *target
+	var err error
+	if rpc.IsGroup(r.Chunk.Target) {
+		t, _, err = s.healGroupTarget(r.Chunk) // mirror.go's resolution at the merge
+	} else {
+		t, err = s.target(r.Chunk.Target, r.Chunk.Ino)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -418,7 +429,11 @@ func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, err
 	if err != nil {
 		return nil, s.failed(err)
 	}
-	resp, err := c.read(s, int64(r.Off), int(r.Len), transport.LocalReadDest(ctx))
+	dest := transport.LocalReadDest(ctx)
+	resp, err := c.read(s, int64(r.Off), int(r.Len), dest)
+	if err != nil && rpc.IsGroup(r.Chunk.Target) {
+		resp, err = s.healRead(ctx, c, r, dest, err)
+	}
 	s.cache.release(c)
 	if err != nil {
 		return nil, s.failed(err)

@@ -1,0 +1,476 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
+)
+
+// Self-healing of mirror group chunks (docs/design/0014 § Self-healing)
+//
+// A block whose data fails its stored sum on one copy of a group is taken
+// from the other copy, if that copy is in sync and its block passes its own
+// sum. Three callers: a read of a group chunk that failed its checksum
+// (healRead, from handleRead: only for group ids, so unmirrored reads
+// cost nothing), SChunkSums with Heal (the other copy asks this one to
+// repair itself: scrub.go), and the scrub of a primary copy (scrub.go).
+//
+// The good bytes come from the other copy's SChunkSums (never SRead: an
+// SRead of a block bad on both copies would make each copy ask the other
+// in a loop; SChunkSums answers what it has and heals only when told).
+//
+// Race with writes: repairBlocks rewrites a block only if, under the
+// block's exclusive region lock, it still fails its sum and no mutation
+// of the chunk started since the good bytes were fetched (the chunk's
+// mutation generation, gen, moved by exactly this repair's own
+// beginMutation); otherwise it fetches again (healAttempts). A bad block
+// turns good only by a write covering it whole, a punch or a truncate
+// (a partial write over it fails its edge verification), all of which
+// move gen, so the repair never puts older bytes over a newer write.
+// Copies are compared block by block; a block good on both but different
+// is not touched here (resync's business), only reported by scrub.
+//
+// The rewrite is a mutation like a write: intent log record and dirty
+// flag first (beginMutation), sums and data under the exclusive region
+// lock, then a sync so the repair is durable before it is counted.
+
+// peerFinder is the store's view of the mirror groups it holds a copy of:
+// for group (without rpc.GroupBit), its local target, the other copy's
+// target and server, the epoch and whether this copy is the primary and
+// the group in sync. mirror.go's group map provides it.
+type peerFinder interface {
+	peerOf(group uint32) (groupPeer, bool)
+}
+
+// healAttempts bounds the fetch-and-rewrite rounds of one repair that
+// writes to the chunk keep overtaking.
+const healAttempts = 4
+
+// healRunGap: bad blocks closer than this many blocks are fetched from the
+// other copy in one call.
+const healRunGap = 16
+
+// healCallTimeout bounds one call to the other copy's server.
+const healCallTimeout = 10 * time.Second
+
+// errHealRaced: a mutation of the chunk started while its repair was
+// being fetched.
+var errHealRaced = errors.New("chunk changed while its repair was fetched")
+
+// healer holds the self-healing state of a Server: the group view, the
+// clients of the other copies' servers and the repair counter.
+type healer struct {
+	s       *Server
+	peers   atomic.Pointer[peerFinder]
+	repairs *prometheus.CounterVec // strata_mirror_repairs_total{kind}
+
+	mu      sync.Mutex
+	clients map[string]*transport.Client
+	meta    *transport.Multi // for MMirrorReport; nil until the first report
+	closed  bool
+}
+
+func newHealer(s *Server) *healer {
+	h := &healer{s: s, clients: map[string]*transport.Client{}}
+	h.repairs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_mirror_repairs_total",
+		Help: "Blocks of mirror group chunks rewritten from the other copy, by what found them (read, scrub)."}, []string{"kind"})
+	s.m.reg.MustRegister(h.repairs)
+	return h
+}
+
+// setPeerFinder installs the group view self-healing uses.
+func (s *Server) setPeerFinder(p peerFinder) { s.heal.peers.Store(&p) }
+
+// peerOf looks group up in the installed group view.
+func (h *healer) peerOf(group uint32) (groupPeer, bool) {
+	p := h.peers.Load()
+	if p == nil || *p == nil {
+		return groupPeer{}, false
+	}
+	return (*p).peerOf(group &^ rpc.GroupBit)
+}
+
+// healCall calls the server at addr (another copy's) with the server's
+// cluster key, over a pooled client.
+func (h *healer) healCall(ctx context.Context, addr string, m rpc.Method, req, resp rpc.Message) error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return rpc.Errorf(syscall.ESHUTDOWN, "storage server closing")
+	}
+	cl := h.clients[addr]
+	if cl == nil {
+		cl = transport.NewClient(addr, transport.ClientConfig{Key: h.s.cfg.ClusterKey, TLS: h.s.cfg.TLS, Conns: 1, CallTimeout: healCallTimeout})
+		h.clients[addr] = cl
+	}
+	h.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, healCallTimeout)
+	defer cancel()
+	return cl.Call(cctx, m, req, resp)
+}
+
+func (h *healer) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for _, cl := range h.clients {
+		cl.Close()
+	}
+	if h.meta != nil {
+		h.meta.Close()
+	}
+}
+
+// healGroupTarget resolves a group chunk id to the local target holding
+// this server's copy, checking the epoch and that the copy may serve.
+// (Stand-in for mirror.go's resolution until the two are merged.)
+func (s *Server) healGroupTarget(ch rpc.ChunkID) (*target, groupPeer, error) {
+	g := ch.Target &^ rpc.GroupBit
+	p, ok := s.heal.peerOf(g)
+	if !ok {
+		return nil, p, rpc.Errorf(syscall.ESTALE, "group %d chunk %x: storage server %s holds no copy of group %d", g, ch.Ino, s.addr, g)
+	}
+	switch {
+	case ch.Epoch < p.Epoch:
+		return nil, p, rpc.Errorf(syscall.ESTALE, "group %d chunk %x: epoch %d is older than %d", g, ch.Ino, ch.Epoch, p.Epoch)
+	case ch.Epoch > p.Epoch:
+		return nil, p, rpc.Errorf(syscall.EAGAIN, "group %d chunk %x: epoch %d not known yet (at %d)", g, ch.Ino, ch.Epoch, p.Epoch)
+	}
+	t, err := s.target(p.Local, ch.Ino)
+	return t, p, err
+}
+
+// healRead serves a read of a group chunk whose checksum failed (readErr)
+// after repairing the range's bad blocks from the other copy; it answers
+// readErr when they cannot be repaired.
+func (s *Server) healRead(ctx context.Context, c *chunk, r *rpc.ReadReq, dest []byte, readErr error) (*readResp, error) {
+	var re *rpc.Error
+	if !errors.As(readErr, &re) || re.Errno != syscall.EIO || !isChecksumErr(re) {
+		return nil, readErr
+	}
+	group := r.Chunk.Target &^ rpc.GroupBit
+	p, ok := s.heal.peerOf(group)
+	if !ok || !p.InSync {
+		s.log.Error("checksum mismatch in a mirror group chunk, and the other copy is not in sync: not repaired",
+			"group", group, "target", c.t.path, "ino", c.name())
+		return nil, readErr
+	}
+	b0, b1 := int64(r.Off)>>blockShift, blocks(int64(r.Off)+int64(r.Len))
+	_, unrep, err := s.heal.repairRange(ctx, c, group, p, b0, b1, "read")
+	if err != nil || unrep > 0 {
+		s.log.Error("checksum mismatch in a mirror group chunk: not repaired from the other copy", "group", group,
+			"target", c.t.path, "ino", c.name(), "blocks_bad_on_both", unrep, "err", err)
+		return nil, readErr
+	}
+	return c.read(s, int64(r.Off), int(r.Len), dest)
+}
+
+// repairRange rewrites the blocks of c in [b0, b1) that fail their sums
+// from the copy of group on p's server, and answers how many it rewrote
+// and how many it could not (bad there too, or absent there). kind labels
+// the repair counter and the log line.
+func (h *healer) repairRange(ctx context.Context, c *chunk, group uint32, p groupPeer, b0, b1 int64, kind string) (fixed, unrep int, err error) {
+	for attempt := 0; attempt < healAttempts; attempt++ {
+		g0 := c.gen.Load()
+		_, bad, err := c.scanBlocks(b0, b1, nil)
+		if err != nil {
+			return 0, 0, err
+		}
+		if len(bad) == 0 {
+			return 0, 0, nil
+		}
+		idx := make([]int64, len(bad))
+		for i, b := range bad {
+			idx[i] = b0 + int64(b)
+		}
+		good, missing, err := h.fetchGood(ctx, c, group, p, idx)
+		if err != nil {
+			return 0, 0, err
+		}
+		var fix []int64
+		var blks [][]byte
+		for i, b := range idx {
+			if good[i] != nil {
+				fix = append(fix, b)
+				blks = append(blks, good[i])
+			}
+		}
+		if len(fix) == 0 {
+			return 0, missing, nil
+		}
+		n, err := c.repairBlocks(g0, fix, blks)
+		if errors.Is(err, errHealRaced) {
+			continue
+		}
+		if err != nil {
+			return n, missing, err
+		}
+		if err := c.sync(); err != nil {
+			return n, missing, err
+		}
+		if n > 0 {
+			h.repaired(c, group, p, kind, fix, n)
+		}
+		return n, missing, nil
+	}
+	return 0, 0, rpc.Errorf(syscall.EIO, "target %s chunk %x: writes kept overtaking the repair of its bad blocks", c.t.path, c.ino)
+}
+
+// fetchGood asks the other copy for blocks idx (ascending) and answers
+// each one's bytes (a whole block, zero padded), or nil where that copy's
+// block is bad or absent too, with the count of those.
+func (h *healer) fetchGood(ctx context.Context, c *chunk, group uint32, p groupPeer, idx []int64) ([][]byte, int, error) {
+	good := make([][]byte, len(idx))
+	missing := 0
+	const maxRun = rpc.MaxChunkSumsData >> blockShift
+	for i := 0; i < len(idx); {
+		j := i + 1
+		for j < len(idx) && idx[j]-idx[j-1] <= healRunGap && idx[j]-idx[i] < maxRun {
+			j++
+		}
+		lo, hi := idx[i], idx[j-1]+1
+		req := &rpc.ChunkSumsReq{Chunk: rpc.ChunkID{Target: rpc.GroupBit | group, Ino: c.ino, Epoch: p.Epoch},
+			Off: uint64(lo << blockShift), Len: uint64((hi - lo) << blockShift), Data: true}
+		var resp rpc.ChunkSumsResp
+		if err := h.healCall(ctx, p.PeerAddr, rpc.SChunkSums, req, &resp); err != nil {
+			return nil, 0, fmt.Errorf("group %d chunk %x: fetch blocks %d-%d from the other copy on %s: %w", group, c.ino, lo, hi-1, p.PeerAddr, err)
+		}
+		peerBad := map[int64]bool{}
+		for _, b := range resp.Bad {
+			peerBad[lo+int64(b)] = true
+		}
+		for k := i; k < j; k++ {
+			rel := idx[k] - lo
+			if !resp.Exists || peerBad[idx[k]] || rel >= int64(len(resp.Sums)) || (rel+1)<<blockShift > int64(len(resp.Data)) {
+				missing++
+				continue
+			}
+			blk := resp.Data[rel<<blockShift : (rel+1)<<blockShift]
+			if storedSum(blk) != resp.Sums[rel] {
+				missing++ // damaged on the way: do not trust it
+				continue
+			}
+			good[k] = append([]byte(nil), blk...)
+		}
+		i = j
+	}
+	return good, missing, nil
+}
+
+// repaired logs, counts and reports n blocks of c rewritten from the other
+// copy.
+func (h *healer) repaired(c *chunk, group uint32, p groupPeer, kind string, blocks []int64, n int) {
+	h.repairs.WithLabelValues(kind).Add(float64(n))
+	rng := fmt.Sprintf("%d-%d", blocks[0], blocks[len(blocks)-1])
+	h.s.log.Warn("repaired from peer", "target", c.t.path, "ino", c.name(), "blocks", rng, "count", n,
+		"group", group, "peer", p.PeerAddr, "kind", kind)
+	h.report(group, p, fmt.Sprintf("target %d chunk %x: %d bad blocks in %s rewritten from the other copy (%s)", p.Local, c.ino, n, rng, kind))
+}
+
+// report tells the metadata service (MMirrorReport MirrorCopyBad), in the
+// background and best effort: a failure is logged.
+func (h *healer) report(group uint32, p groupPeer, detail string) {
+	s := h.s
+	if len(s.cfg.MetaAddrs) == 0 {
+		return
+	}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	if h.meta == nil {
+		h.meta = transport.NewMulti(s.cfg.MetaAddrs, transport.MultiConfig{
+			ClientConfig:   transport.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, CallTimeout: callTimeout},
+			AttemptTimeout: attemptTimeout,
+		})
+	}
+	mc := h.meta
+	s.wg.Add(1)
+	h.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		go func() {
+			select {
+			case <-s.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		req := &rpc.MirrorReportReq{ServerID: s.serverID.Load(), Group: group, Epoch: p.Epoch, Target: p.Local,
+			Event: rpc.MirrorCopyBad, Detail: detail}
+		if err := mc.Call(ctx, rpc.MMirrorReport, req, &rpc.Empty{}); err != nil {
+			s.log.Warn("cannot report a repaired copy to the metadata service", "group", group, "detail", detail, "err", err)
+		}
+	}()
+}
+
+// scanBlocks reads blocks [b0, b1) of c (clipped to its length), 1 MiB at
+// a time with the regions locked shared, and checks each against its
+// stored sum. It answers the stored sums and the indexes (from b0) of the
+// blocks that fail them; with data (at least b1-b0 blocks long) it leaves
+// the blocks' bytes there, zero padded.
+func (c *chunk) scanBlocks(b0, b1 int64, data []byte) (sums []uint32, bad []uint32, err error) {
+	const batch = (1 << regionShift) >> blockShift
+	var own []byte
+	if data == nil {
+		own = make([]byte, batch<<blockShift)
+	}
+	sb := make([]byte, 4*batch)
+	for b := b0; b < b1; {
+		end := min(b1, (b/batch+1)*batch) // within one region
+		lo, hi := b<<blockShift, end<<blockShift
+		mask := stripeMask(lo, hi)
+		c.lock(mask, false)
+		size := c.size.Load()
+		if lo >= size {
+			c.unlock(mask, false)
+			break
+		}
+		end = min(end, blocks(size))
+		hi = end << blockShift
+		var buf []byte
+		if data != nil {
+			buf = data[(b-b0)<<blockShift : (end-b0)<<blockShift]
+		} else {
+			buf = own[:hi-lo]
+		}
+		m, rerr := preadFull(c.dataFd, buf, lo)
+		if rerr == nil {
+			clear(buf[m:])
+			var k int
+			k, rerr = c.readSums(sb[:4*(end-b)], b)
+			clear(sb[k : 4*(end-b)])
+		}
+		c.unlock(mask, false)
+		if rerr != nil {
+			return nil, nil, c.ioErr("scan", lo, rerr)
+		}
+		for i := int64(0); i < end-b; i++ {
+			want := getU32(sb[4*i:])
+			sums = append(sums, want)
+			if storedSum(buf[i<<blockShift:(i+1)<<blockShift]) != want {
+				bad = append(bad, uint32(b+i-b0))
+			}
+		}
+		b = end
+	}
+	return sums, bad, nil
+}
+
+// repairBlocks rewrites blocks idx (ascending) of c with good (a whole
+// block each, zero padded), as a mutation, but only those that still fail
+// their sums, and only if no mutation of c started since gen was g0
+// (errHealRaced). It answers how many blocks it rewrote.
+func (c *chunk) repairBlocks(g0 uint64, idx []int64, good [][]byte) (int, error) {
+	if err := c.beginMutation(); err != nil {
+		return 0, err
+	}
+	defer c.endMutation()
+	mask := stripeMask(idx[0]<<blockShift, (idx[len(idx)-1]+1)<<blockShift)
+	c.lock(mask, true)
+	defer c.unlock(mask, true)
+	if c.gen.Load() != g0+1 {
+		return 0, errHealRaced
+	}
+	size := c.size.Load()
+	fixed := 0
+	var blk [blockSize]byte
+	var sb [4]byte
+	for i, b := range idx {
+		bs := b << blockShift
+		if bs >= size {
+			continue
+		}
+		k, err := c.readSums(sb[:], b)
+		if err != nil {
+			return fixed, c.ioErr("read sums", bs, err)
+		}
+		clear(sb[k:])
+		m, err := preadFull(c.dataFd, blk[:], bs)
+		if err != nil {
+			return fixed, c.ioErr("read", bs, err)
+		}
+		clear(blk[m:])
+		if storedSum(blk[:]) == getU32(sb[:]) {
+			continue // good again
+		}
+		data := good[i][:min(blockSize, size-bs)]
+		old := sb
+		putU32(sb[:], storedSum(data))
+		if _, err := c.writeSums(sb[:], b); err != nil {
+			return fixed, c.ioErr("write sums", bs, err)
+		}
+		if err := pwriteFull(c.dataFd, data, bs); err != nil {
+			_, _ = c.writeSums(old[:], b) // the block stays as bad as it was
+			return fixed, c.ioErr("write", bs, err)
+		}
+		fixed++
+	}
+	return fixed, nil
+}
+
+// handleChunkSums answers a range of a group chunk's sums, bad blocks and
+// bytes to the other copy (after healing the range with Heal).
+func (s *Server) handleChunkSums(ctx context.Context, r *rpc.ChunkSumsReq) (*rpc.ChunkSumsResp, error) {
+	if !rpc.IsGroup(r.Chunk.Target) {
+		return nil, rpc.Errorf(syscall.EINVAL, "chunk sums of target %d chunk %x: not a mirror group chunk", r.Chunk.Target, r.Chunk.Ino)
+	}
+	t, p, err := s.healGroupTarget(r.Chunk)
+	if err != nil {
+		return nil, err
+	}
+	limit := uint64(rpc.MaxChunkSumsRange)
+	if r.Data {
+		limit = rpc.MaxChunkSumsData
+	}
+	if r.Off%blockSize != 0 || r.Len > limit {
+		return nil, rpc.Errorf(syscall.EINVAL, "target %s chunk %x: chunk sums at %d length %d: offset not block aligned or length over %d",
+			t.path, r.Chunk.Ino, r.Off, r.Len, limit)
+	}
+	if err := checkRange(t, r.Chunk.Ino, r.Off, r.Len, "chunk sums"); err != nil {
+		return nil, err
+	}
+	c, err := s.cache.get(t, r.Chunk.Ino, false)
+	if errors.Is(err, errNotExist) {
+		return &rpc.ChunkSumsResp{}, nil
+	}
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	defer s.cache.release(c)
+	b0, b1 := int64(r.Off)>>blockShift, blocks(int64(r.Off+r.Len))
+	resp := &rpc.ChunkSumsResp{Exists: true}
+	if r.Heal && p.InSync {
+		n, _, err := s.heal.repairRange(ctx, c, r.Chunk.Target&^rpc.GroupBit, p, b0, b1, "scrub")
+		if err != nil {
+			return nil, s.failed(err)
+		}
+		resp.Healed = uint32(n)
+	}
+	var data []byte
+	if r.Data {
+		data = make([]byte, (b1-b0)<<blockShift)
+	}
+	sums, bad, err := c.scanBlocks(b0, b1, data)
+	if err != nil {
+		return nil, s.failed(err)
+	}
+	resp.Size = uint64(c.size.Load())
+	resp.Sums, resp.Bad = sums, bad
+	if r.Data {
+		resp.Data = data[:int64(len(sums))<<blockShift]
+	}
+	return resp, nil
+}

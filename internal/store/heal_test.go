@@ -1,0 +1,292 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/stratafs/strata/internal/rpc"
+)
+
+// The tests here pair two real standalone stores on loopback into mirror
+// group healGroup with a static group view (staticPeers) in place of the
+// metadata service's group map, and write the same bytes to both copies
+// directly (forwarding is mirror.go's). Corruption is made by flipping
+// bytes in one copy's chunk file behind the store's back.
+
+const (
+	healGroup = 5
+	healEpoch = 3
+)
+
+// staticPeers is a fixed group view.
+type staticPeers map[uint32]groupPeer
+
+func (p staticPeers) peerOf(g uint32) (groupPeer, bool) {
+	gp, ok := p[g]
+	return gp, ok
+}
+
+// mirrorPair is two stores holding the two copies of group healGroup on
+// their target 1: pri the primary, sec the secondary.
+type mirrorPair struct {
+	pri, sec *env
+	// chunks: ino -> content written to both copies
+	chunks map[uint64][]byte
+}
+
+func newMirrorPair(t *testing.T) *mirrorPair {
+	m := &mirrorPair{pri: newEnv(t, 1, nil), sec: newEnv(t, 1, nil), chunks: map[uint64][]byte{}}
+	m.setSync(true)
+	return m
+}
+
+// setSync installs both stores' group views, with the group in sync or not.
+func (m *mirrorPair) setSync(inSync bool) {
+	m.pri.s.setPeerFinder(staticPeers{healGroup: {Local: 1, PeerTarget: 1, PeerAddr: m.sec.s.Addr(), Epoch: healEpoch, Primary: true, InSync: inSync}})
+	m.sec.s.setPeerFinder(staticPeers{healGroup: {Local: 1, PeerTarget: 1, PeerAddr: m.pri.s.Addr(), Epoch: healEpoch, InSync: inSync}})
+}
+
+// put writes data as chunk ino on both copies, synced.
+func (m *mirrorPair) put(ino uint64, data []byte) {
+	m.pri.mustWrite(1, ino, 0, data, true)
+	m.sec.mustWrite(1, ino, 0, data, true)
+	m.chunks[ino] = data
+}
+
+// groupRead reads chunk ino of the group through e's store.
+func groupRead(e *env, ino, off uint64, n uint32) ([]byte, error) {
+	var resp rpc.ReadResp
+	err := e.cl.Call(context.Background(), rpc.SRead, &rpc.ReadReq{
+		Chunk: rpc.ChunkID{Target: rpc.GroupBit | healGroup, Ino: ino, Epoch: healEpoch}, Off: off, Len: n}, &resp)
+	return resp.Data, err
+}
+
+// readAll reads every chunk through e's store 1 MiB at a time and checks
+// the bytes; it answers the first error.
+func (m *mirrorPair) readAll(t *testing.T, e *env) error {
+	t.Helper()
+	for ino, want := range m.chunks {
+		for off := 0; off < len(want); off += 1 << 20 {
+			got, err := groupRead(e, ino, uint64(off), 1<<20)
+			if err != nil {
+				return err
+			}
+			if w := want[off:min(off+1<<20, len(want))]; !bytes.Equal(got, w) {
+				t.Fatalf("chunk %x at %d: read %d bytes, not the bytes written (want %d)", ino, off, len(got), len(w))
+			}
+		}
+	}
+	return nil
+}
+
+// onDisk checks that e's copy of every chunk holds the bytes written.
+func (m *mirrorPair) onDisk(t *testing.T, e *env, who string) {
+	t.Helper()
+	for ino, want := range m.chunks {
+		got, err := os.ReadFile(dataPath(e.dirs[0], ino))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			n := 0
+			for i := range min(len(got), len(want)) {
+				if got[i] != want[i] {
+					n++
+				}
+			}
+			t.Fatalf("%s copy of chunk %x: %d bytes differ from what was written (length %d, want %d)", who, ino, n, len(got), len(want))
+		}
+	}
+}
+
+// flipBlocks corrupts n distinct random blocks of e's copies (one byte
+// each, inside the chunk's length), skipping the blocks in avoid; it
+// answers the blocks flipped, as (ino, block) pairs.
+func (m *mirrorPair) flipBlocks(t *testing.T, e *env, rng *rand.Rand, n int, avoid map[[2]uint64]bool) map[[2]uint64]bool {
+	t.Helper()
+	var inos []uint64
+	for ino := range m.chunks {
+		inos = append(inos, ino)
+	}
+	flipped := map[[2]uint64]bool{}
+	for len(flipped) < n {
+		ino := inos[rng.IntN(len(inos))]
+		size := len(m.chunks[ino])
+		b := uint64(rng.IntN(int(blocks(int64(size)))))
+		key := [2]uint64{ino, b}
+		if flipped[key] || avoid[key] {
+			continue
+		}
+		flipped[key] = true
+		off := int64(b)*blockSize + int64(rng.IntN(min(blockSize, size-int(b)*blockSize)))
+		flipBit(t, dataPath(e.dirs[0], ino), off)
+	}
+	return flipped
+}
+
+func (m *mirrorPair) fill(rng *rand.Rand) {
+	m.put(0x1001, pattern(1, 6<<20+1234)) // sidecar sums, a partial last block
+	m.put(0x1002, pattern(2, 3<<20))
+	m.put(0x2003, pattern(3, 40<<10+17)) // inline sums
+	_ = rng
+}
+
+func scrubOnce(t *testing.T, e *env, repair bool) rpc.ScrubResp {
+	t.Helper()
+	var total rpc.ScrubResp
+	for from, i := uint32(0), 0; ; i++ {
+		if i > 1000 {
+			t.Fatal("scrub does not finish")
+		}
+		var r rpc.ScrubResp
+		if err := e.cl.Call(context.Background(), rpc.SScrub, &rpc.ScrubReq{Target: 1, From: from, Max: 2, Repair: repair, Group: healGroup}, &r); err != nil {
+			t.Fatalf("scrub: %v", err)
+		}
+		total.Chunks += r.Chunks
+		total.Bytes += r.Bytes
+		total.BadBlocks += r.BadBlocks
+		total.Repaired += r.Repaired
+		total.Unrepairable += r.Unrepairable
+		total.Mismatched += r.Mismatched
+		total.PeerMissing += r.PeerMissing
+		total.Problems = append(total.Problems, r.Problems...)
+		if r.Done {
+			return total
+		}
+		if r.Next <= from {
+			t.Fatalf("scrub does not advance past %d", from)
+		}
+		from = r.Next
+	}
+}
+
+// TestSelfHealingRead: 100 blocks flipped at random on one copy; every
+// read, through either copy, returns the bytes written, and the bad copy
+// is rewritten.
+func TestSelfHealingRead(t *testing.T) {
+	for _, bad := range []string{"primary", "secondary"} {
+		t.Run(bad, func(t *testing.T) {
+			logs := captureLogs(t)
+			rng := rand.New(rand.NewPCG(uint64(len(bad)), 21))
+			m := newMirrorPair(t)
+			m.fill(rng)
+			badE, goodE := m.pri, m.sec
+			if bad == "secondary" {
+				badE, goodE = m.sec, m.pri
+			}
+			m.flipBlocks(t, badE, rng, 100, nil)
+			if err := m.readAll(t, goodE); err != nil {
+				t.Fatalf("read through the good copy: %v", err)
+			}
+			if err := m.readAll(t, badE); err != nil {
+				t.Fatalf("read through the bad copy: %v", err)
+			}
+			m.onDisk(t, badE, bad)
+			m.onDisk(t, goodE, "good")
+			if got := counterValue(t, badE.s.heal.repairs.WithLabelValues("read")); got != 100 {
+				t.Errorf("strata_mirror_repairs_total{kind=read} = %v, want 100", got)
+			}
+			if !strings.Contains(logs.String(), "repaired from peer") {
+				t.Errorf("no log line of the repair")
+			}
+			// Nothing is left to find.
+			if r := scrubOnce(t, m.pri, false); r.BadBlocks != 0 || r.Chunks != 3 {
+				t.Fatalf("scrub after the healing reads: %+v", r)
+			}
+			// Unmirrored reads of the repaired copy verify too.
+			for ino, want := range m.chunks {
+				if got := badE.mustRead(1, ino, 0, uint32(len(want))); !bytes.Equal(got, want) {
+					t.Fatalf("chunk %x read as target 1: wrong bytes", ino)
+				}
+			}
+		})
+	}
+}
+
+// TestScrubRepairsBothCopies: blocks flipped on both copies (never the
+// same block); a scrub without --repair finds them all and changes
+// nothing, one with it repairs them all, and a third finds none.
+func TestScrubRepairsBothCopies(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 21))
+	m := newMirrorPair(t)
+	m.fill(rng)
+	onPri := m.flipBlocks(t, m.pri, rng, 60, nil)
+	m.flipBlocks(t, m.sec, rng, 40, onPri)
+
+	r := scrubOnce(t, m.pri, false)
+	if r.Chunks != 3 || r.BadBlocks != 100 || r.Repaired != 0 || r.Unrepairable != 0 || r.Mismatched != 0 || r.PeerMissing != 0 {
+		t.Fatalf("scrub without repair: %+v", r)
+	}
+	if r.Bytes != uint64(6<<20+1234+3<<20+40<<10+17) {
+		t.Errorf("scrub counted %d bytes", r.Bytes)
+	}
+	r = scrubOnce(t, m.pri, true)
+	if r.BadBlocks != 100 || r.Repaired != 100 || r.Unrepairable != 0 {
+		t.Fatalf("scrub --repair: %+v", r)
+	}
+	m.onDisk(t, m.pri, "primary")
+	m.onDisk(t, m.sec, "secondary")
+	if r := scrubOnce(t, m.pri, true); r.BadBlocks != 0 || r.Repaired != 0 || r.Chunks != 3 {
+		t.Fatalf("second scrub: %+v", r)
+	}
+	got := counterValue(t, m.pri.s.heal.repairs.WithLabelValues("scrub")) + counterValue(t, m.sec.s.heal.repairs.WithLabelValues("scrub"))
+	if got != 100 {
+		t.Errorf("strata_mirror_repairs_total{kind=scrub} on both stores = %v, want 100", got)
+	}
+}
+
+// TestBadOnBothCopies: a block bad on both copies is unrepairable: reads
+// of it answer EIO through either copy, the scrub reports it, and its
+// neighbours still read. So does a bad block while the group is not in
+// sync.
+func TestBadOnBothCopies(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 21))
+	m := newMirrorPair(t)
+	m.fill(rng)
+	const ino, blk = 0x1001, 300
+	flipBit(t, dataPath(m.pri.dirs[0], ino), blk*blockSize+5)
+	flipBit(t, dataPath(m.sec.dirs[0], ino), blk*blockSize+4000)
+	for _, e := range []*env{m.pri, m.sec} {
+		if _, err := groupRead(e, ino, blk*blockSize-100, 200); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("read of a block bad on both copies: want EIO, got %v", err)
+		}
+		if got, err := groupRead(e, ino, 0, blk*blockSize); err != nil || !bytes.Equal(got, m.chunks[ino][:blk*blockSize]) {
+			t.Fatalf("read before the bad block: %v", err)
+		}
+	}
+	r := scrubOnce(t, m.pri, true)
+	if r.BadBlocks != 2 || r.Unrepairable != 2 || r.Repaired != 0 || len(r.Problems) == 0 || !strings.Contains(r.Problems[0], "both copies") {
+		t.Fatalf("scrub of a block bad on both copies: %+v", r)
+	}
+
+	// A bad block on one copy of a group out of sync stays bad.
+	const ino2 = 0x1002
+	flipBit(t, dataPath(m.pri.dirs[0], ino2), 10)
+	m.setSync(false)
+	if _, err := groupRead(m.pri, ino2, 0, 4096); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read of a bad block, group out of sync: want EIO, got %v", err)
+	}
+	m.setSync(true)
+	if got, err := groupRead(m.pri, ino2, 0, 4096); err != nil || !bytes.Equal(got, m.chunks[ino2][:4096]) {
+		t.Fatalf("read of a bad block, group in sync again: %v", err)
+	}
+}
+
+// counterValue reads a counter.
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
