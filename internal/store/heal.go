@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -28,20 +30,23 @@ import (
 // SRead of a block bad on both copies would make each copy ask the other
 // in a loop; SChunkSums answers what it has and heals only when told).
 //
-// Race with writes: repairBlocks rewrites a block only if, under the
-// block's exclusive region lock, it still fails its sum and no mutation
-// of the chunk started since the good bytes were fetched (the chunk's
-// mutation generation, gen, moved by exactly this repair's own
-// beginMutation); otherwise it fetches again (healAttempts). A bad block
-// turns good only by a write covering it whole, a punch or a truncate
-// (a partial write over it fails its edge verification), all of which
-// move gen, so the repair never puts older bytes over a newer write.
-// Copies are compared block by block; a block good on both but different
-// is not touched here (resync's business), only reported by scrub.
+// Race with writes: a repair is a mutation of the chunk (beginMutation)
+// that holds the range's regions exclusively from finding the bad blocks
+// to rewriting them, across the fetch from the other copy, so no write of
+// the range lands between (repairLocked). A block found bad under those
+// locks was not rewritten since it went bad (a bad block turns good only
+// by a write covering it whole, a punch or a truncate; a partial write
+// over it fails its edge verification), and a write forwarded later lands
+// on the repaired block. The other copy answers the fetch without waiting
+// for its own locks (EAGAIN when busy; the repair retries after a jittered
+// pause, healAttempts times), so two copies repairing the same range from
+// each other never wait on each other. Copies are compared block by
+// block; a block good on both but different is not touched here (resync's
+// business), only reported by scrub.
 //
 // The rewrite is a mutation like a write: intent log record and dirty
 // flag first (beginMutation), sums and data under the exclusive region
-// lock, then a sync so the repair is durable before it is counted.
+// locks, then a sync so the repair is durable before it is counted.
 
 // peerFinder is the store's view of the mirror groups it holds a copy of:
 // for group (without rpc.GroupBit), its local target, the other copy's
@@ -51,9 +56,9 @@ type peerFinder interface {
 	peerOf(group uint32) (groupPeer, bool)
 }
 
-// healAttempts bounds the fetch-and-rewrite rounds of one repair that
-// writes to the chunk keep overtaking.
-const healAttempts = 4
+// healAttempts bounds the attempts of one repair whose other copy cannot
+// lock the range at once.
+const healAttempts = 8
 
 // healRunGap: bad blocks closer than this many blocks are fetched from the
 // other copy in one call.
@@ -61,10 +66,6 @@ const healRunGap = 16
 
 // healCallTimeout bounds one call to the other copy's server.
 const healCallTimeout = 10 * time.Second
-
-// errHealRaced: a mutation of the chunk started while its repair was
-// being fetched.
-var errHealRaced = errors.New("chunk changed while its repair was fetched")
 
 // healer holds the self-healing state of a Server: the group view, the
 // clients of the other copies' servers and the repair counter.
@@ -177,52 +178,80 @@ func (s *Server) healRead(ctx context.Context, c *chunk, r *rpc.ReadReq, dest []
 // repairRange rewrites the blocks of c in [b0, b1) that fail their sums
 // from the copy of group on p's server, and answers how many it rewrote
 // and how many it could not (bad there too, or absent there). kind labels
-// the repair counter and the log line.
+// the repair counter and the log line. The other copy answers EAGAIN when
+// it cannot lock the range at once (it may be repairing it from this
+// copy): the attempt is then given up, locks released, and made again a
+// little later, at most healAttempts times.
 func (h *healer) repairRange(ctx context.Context, c *chunk, group uint32, p groupPeer, b0, b1 int64, kind string) (fixed, unrep int, err error) {
-	for attempt := 0; attempt < healAttempts; attempt++ {
-		g0 := c.gen.Load()
-		_, bad, err := c.scanBlocks(b0, b1, nil)
-		if err != nil {
-			return 0, 0, err
+	var fix []int64
+	for attempt := 0; ; attempt++ {
+		fix, unrep, err = h.repairLocked(ctx, c, group, p, b0, b1)
+		if !errors.Is(err, syscall.EAGAIN) || attempt == healAttempts-1 {
+			break
 		}
-		if len(bad) == 0 {
-			return 0, 0, nil
+		tm := time.NewTimer(time.Duration(1+rand.IntN(1<<attempt)) * time.Millisecond)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return 0, 0, fmt.Errorf("target %s chunk %x: repair: %w", c.t.path, c.ino, ctx.Err())
 		}
-		idx := make([]int64, len(bad))
-		for i, b := range bad {
-			idx[i] = b0 + int64(b)
+	}
+	if len(fix) > 0 {
+		if serr := c.sync(); serr != nil && err == nil {
+			err = serr
 		}
-		good, missing, err := h.fetchGood(ctx, c, group, p, idx)
-		if err != nil {
-			return 0, 0, err
-		}
-		var fix []int64
-		var blks [][]byte
-		for i, b := range idx {
-			if good[i] != nil {
-				fix = append(fix, b)
-				blks = append(blks, good[i])
-			}
-		}
-		if len(fix) == 0 {
-			return 0, missing, nil
-		}
-		n, err := c.repairBlocks(g0, fix, blks)
-		if errors.Is(err, errHealRaced) {
+		h.repaired(c, group, p, kind, fix)
+	}
+	return len(fix), unrep, err
+}
+
+// repairLocked is one attempt of repairRange: as a mutation of c, with the
+// range's regions locked exclusively, it finds the bad blocks, fetches
+// them from the other copy and rewrites those that copy has good. The
+// locks held across the fetch keep every write of the range out until the
+// repair is done (a forwarded write then lands on the repaired block), and
+// a block found bad under them has not been rewritten since: a bad block
+// turns good only by a write covering it whole, a punch or a truncate.
+func (h *healer) repairLocked(ctx context.Context, c *chunk, group uint32, p groupPeer, b0, b1 int64) (fixed []int64, unrep int, err error) {
+	if err := c.beginMutation(); err != nil {
+		return nil, 0, err
+	}
+	defer c.endMutation()
+	mask := stripeMask(b0<<blockShift, b1<<blockShift)
+	c.lock(mask, true)
+	defer c.unlock(mask, true)
+	_, bad, err := c.scanBlocks(b0, b1, nil, scanHeld)
+	if err != nil || len(bad) == 0 {
+		return nil, 0, err
+	}
+	idx := make([]int64, len(bad))
+	for i, b := range bad {
+		idx[i] = b0 + int64(b)
+	}
+	good, missing, err := h.fetchGood(ctx, c, group, p, idx)
+	if err != nil {
+		return nil, 0, err
+	}
+	size := c.size.Load()
+	var sb [4]byte
+	for i, b := range idx {
+		bs := b << blockShift
+		if good[i] == nil || bs >= size {
 			continue
 		}
-		if err != nil {
-			return n, missing, err
+		data := good[i][:min(blockSize, size-bs)]
+		putU32(sb[:], storedSum(data))
+		if _, err := c.writeSums(sb[:], b); err != nil {
+			return fixed, missing, c.ioErr("write sums", bs, err)
 		}
-		if err := c.sync(); err != nil {
-			return n, missing, err
+		if err := pwriteFull(c.dataFd, data, bs); err != nil {
+			// The sum now matches neither: the block stays bad.
+			return fixed, missing, c.ioErr("write", bs, err)
 		}
-		if n > 0 {
-			h.repaired(c, group, p, kind, fix, n)
-		}
-		return n, missing, nil
+		fixed = append(fixed, b)
 	}
-	return 0, 0, rpc.Errorf(syscall.EIO, "target %s chunk %x: writes kept overtaking the repair of its bad blocks", c.t.path, c.ino)
+	return fixed, missing, nil
 }
 
 // fetchGood asks the other copy for blocks idx (ascending) and answers
@@ -266,9 +295,10 @@ func (h *healer) fetchGood(ctx context.Context, c *chunk, group uint32, p groupP
 	return good, missing, nil
 }
 
-// repaired logs, counts and reports n blocks of c rewritten from the other
+// repaired logs, counts and reports the blocks of c rewritten from the other
 // copy.
-func (h *healer) repaired(c *chunk, group uint32, p groupPeer, kind string, blocks []int64, n int) {
+func (h *healer) repaired(c *chunk, group uint32, p groupPeer, kind string, blocks []int64) {
+	n := len(blocks)
 	h.repairs.WithLabelValues(kind).Add(float64(n))
 	rng := fmt.Sprintf("%d-%d", blocks[0], blocks[len(blocks)-1])
 	h.s.log.Warn("repaired from peer", "target", c.t.path, "ino", c.name(), "blocks", rng, "count", n,
@@ -316,12 +346,21 @@ func (h *healer) report(group uint32, p groupPeer, detail string) {
 	}()
 }
 
+// How scanBlocks locks the regions it reads.
+type scanLock int
+
+const (
+	scanShared scanLock = iota // shared, waiting for writers
+	scanTry                    // shared if free at once, else EAGAIN
+	scanHeld                   // the caller holds them
+)
+
 // scanBlocks reads blocks [b0, b1) of c (clipped to its length), 1 MiB at
-// a time with the regions locked shared, and checks each against its
-// stored sum. It answers the stored sums and the indexes (from b0) of the
-// blocks that fail them; with data (at least b1-b0 blocks long) it leaves
-// the blocks' bytes there, zero padded.
-func (c *chunk) scanBlocks(b0, b1 int64, data []byte) (sums []uint32, bad []uint32, err error) {
+// a time (regions locked as lk says), and checks each against its stored
+// sum. It answers the stored sums and the indexes (from b0) of the blocks
+// that fail them; with data (at least b1-b0 blocks long) it leaves the
+// blocks' bytes there, zero padded.
+func (c *chunk) scanBlocks(b0, b1 int64, data []byte, lk scanLock) (sums []uint32, bad []uint32, err error) {
 	const batch = (1 << regionShift) >> blockShift
 	var own []byte
 	if data == nil {
@@ -330,30 +369,40 @@ func (c *chunk) scanBlocks(b0, b1 int64, data []byte) (sums []uint32, bad []uint
 	sb := make([]byte, 4*batch)
 	for b := b0; b < b1; {
 		end := min(b1, (b/batch+1)*batch) // within one region
-		lo, hi := b<<blockShift, end<<blockShift
-		mask := stripeMask(lo, hi)
-		c.lock(mask, false)
+		lo := b << blockShift
+		mask := stripeMask(lo, end<<blockShift)
+		switch lk {
+		case scanShared:
+			c.lock(mask, false)
+		case scanTry:
+			if !c.tryRLock(mask) {
+				return nil, nil, rpc.Errorf(syscall.EAGAIN, "target %s chunk %x: blocks from %d busy", c.t.path, c.ino, b)
+			}
+		}
 		size := c.size.Load()
-		if lo >= size {
+		end = min(end, blocks(size))
+		var rerr error
+		var buf []byte
+		if lo < size {
+			if data != nil {
+				buf = data[(b-b0)<<blockShift : (end-b0)<<blockShift]
+			} else {
+				buf = own[:(end-b)<<blockShift]
+			}
+			var m, k int
+			m, rerr = preadFull(c.dataFd, buf, lo)
+			if rerr == nil {
+				clear(buf[m:])
+				k, rerr = c.readSums(sb[:4*(end-b)], b)
+				clear(sb[k : 4*(end-b)])
+			}
+		}
+		if lk != scanHeld {
 			c.unlock(mask, false)
+		}
+		if lo >= size {
 			break
 		}
-		end = min(end, blocks(size))
-		hi = end << blockShift
-		var buf []byte
-		if data != nil {
-			buf = data[(b-b0)<<blockShift : (end-b0)<<blockShift]
-		} else {
-			buf = own[:hi-lo]
-		}
-		m, rerr := preadFull(c.dataFd, buf, lo)
-		if rerr == nil {
-			clear(buf[m:])
-			var k int
-			k, rerr = c.readSums(sb[:4*(end-b)], b)
-			clear(sb[k : 4*(end-b)])
-		}
-		c.unlock(mask, false)
 		if rerr != nil {
 			return nil, nil, c.ioErr("scan", lo, rerr)
 		}
@@ -369,56 +418,17 @@ func (c *chunk) scanBlocks(b0, b1 int64, data []byte) (sums []uint32, bad []uint
 	return sums, bad, nil
 }
 
-// repairBlocks rewrites blocks idx (ascending) of c with good (a whole
-// block each, zero padded), as a mutation, but only those that still fail
-// their sums, and only if no mutation of c started since gen was g0
-// (errHealRaced). It answers how many blocks it rewrote.
-func (c *chunk) repairBlocks(g0 uint64, idx []int64, good [][]byte) (int, error) {
-	if err := c.beginMutation(); err != nil {
-		return 0, err
+// tryRLock takes the stripes of m shared if none is held or waited for
+// exclusively, and reports whether it did.
+func (c *chunk) tryRLock(m uint32) bool {
+	for mm := m; mm != 0; mm &= mm - 1 {
+		i := bits.TrailingZeros32(mm)
+		if !c.regions[i].TryRLock() {
+			c.unlock(m&(1<<i-1), false)
+			return false
+		}
 	}
-	defer c.endMutation()
-	mask := stripeMask(idx[0]<<blockShift, (idx[len(idx)-1]+1)<<blockShift)
-	c.lock(mask, true)
-	defer c.unlock(mask, true)
-	if c.gen.Load() != g0+1 {
-		return 0, errHealRaced
-	}
-	size := c.size.Load()
-	fixed := 0
-	var blk [blockSize]byte
-	var sb [4]byte
-	for i, b := range idx {
-		bs := b << blockShift
-		if bs >= size {
-			continue
-		}
-		k, err := c.readSums(sb[:], b)
-		if err != nil {
-			return fixed, c.ioErr("read sums", bs, err)
-		}
-		clear(sb[k:])
-		m, err := preadFull(c.dataFd, blk[:], bs)
-		if err != nil {
-			return fixed, c.ioErr("read", bs, err)
-		}
-		clear(blk[m:])
-		if storedSum(blk[:]) == getU32(sb[:]) {
-			continue // good again
-		}
-		data := good[i][:min(blockSize, size-bs)]
-		old := sb
-		putU32(sb[:], storedSum(data))
-		if _, err := c.writeSums(sb[:], b); err != nil {
-			return fixed, c.ioErr("write sums", bs, err)
-		}
-		if err := pwriteFull(c.dataFd, data, bs); err != nil {
-			_, _ = c.writeSums(old[:], b) // the block stays as bad as it was
-			return fixed, c.ioErr("write", bs, err)
-		}
-		fixed++
-	}
-	return fixed, nil
+	return true
 }
 
 // handleChunkSums answers a range of a group chunk's sums, bad blocks and
@@ -463,7 +473,13 @@ func (s *Server) handleChunkSums(ctx context.Context, r *rpc.ChunkSumsReq) (*rpc
 	if r.Data {
 		data = make([]byte, (b1-b0)<<blockShift)
 	}
-	sums, bad, err := c.scanBlocks(b0, b1, data)
+	// Without waiting for the range: this copy may hold its own locks of
+	// it while it asks for the asker's blocks (both repairing); the asker
+	// then tries again.
+	sums, bad, err := c.scanBlocks(b0, b1, data, scanTry)
+	if errors.Is(err, syscall.EAGAIN) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, s.failed(err)
 	}

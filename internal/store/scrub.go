@@ -150,7 +150,7 @@ func (sc *scrub) chunk(ctx context.Context, ino uint64) error {
 		if err := sc.pace(ctx, (b1-b0)<<blockShift); err != nil {
 			return err
 		}
-		sums, bad, err := c.scanBlocks(b0, b1, nil)
+		sums, bad, err := c.scanBlocks(b0, b1, nil, scanShared)
 		if err != nil {
 			sc.problem(fmt.Sprintf("chunk %x: %v", ino, err))
 			return nil
@@ -252,7 +252,7 @@ func (sc *scrub) compare(ctx context.Context, c *chunk, b0, b1 int64, sums, bad 
 	}
 	// Once more, after the repairs: a write may have been between the
 	// copies.
-	sums, bad, err := c.scanBlocks(b0, b1, nil)
+	sums, bad, err := c.scanBlocks(b0, b1, nil, scanShared)
 	if err != nil {
 		return nil
 	}
