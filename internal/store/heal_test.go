@@ -136,11 +136,11 @@ func (m *mirrorPair) flipBlocks(t *testing.T, e *env, rng *rand.Rand, n int, avo
 	return flipped
 }
 
-func (m *mirrorPair) fill(rng *rand.Rand) {
+// fill writes three chunks to both copies.
+func (m *mirrorPair) fill() {
 	m.put(0x1001, pattern(1, 6<<20+1234)) // sidecar sums, a partial last block
 	m.put(0x1002, pattern(2, 3<<20))
 	m.put(0x2003, pattern(3, 40<<10+17)) // inline sums
-	_ = rng
 }
 
 func scrubOnce(t *testing.T, e *env, repair bool) rpc.ScrubResp {
@@ -181,7 +181,7 @@ func TestSelfHealingRead(t *testing.T) {
 			logs := captureLogs(t)
 			rng := rand.New(rand.NewPCG(uint64(len(bad)), 21))
 			m := newMirrorPair(t)
-			m.fill(rng)
+			m.fill()
 			badE, goodE := m.pri, m.sec
 			if bad == "secondary" {
 				badE, goodE = m.sec, m.pri
@@ -221,7 +221,7 @@ func TestSelfHealingRead(t *testing.T) {
 func TestScrubRepairsBothCopies(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 21))
 	m := newMirrorPair(t)
-	m.fill(rng)
+	m.fill()
 	onPri := m.flipBlocks(t, m.pri, rng, 60, nil)
 	m.flipBlocks(t, m.sec, rng, 40, onPri)
 
@@ -252,9 +252,8 @@ func TestScrubRepairsBothCopies(t *testing.T) {
 // neighbours still read. So does a bad block while the group is not in
 // sync.
 func TestBadOnBothCopies(t *testing.T) {
-	rng := rand.New(rand.NewPCG(9, 21))
 	m := newMirrorPair(t)
-	m.fill(rng)
+	m.fill()
 	const ino, blk = 0x1001, 300
 	flipBit(t, dataPath(m.pri.dirs[0], ino), blk*blockSize+5)
 	flipBit(t, dataPath(m.sec.dirs[0], ino), blk*blockSize+4000)
@@ -383,4 +382,26 @@ func TestBothCopiesHealOneRegion(t *testing.T) {
 	wg.Wait()
 	m.onDisk(t, m.pri, "primary")
 	m.onDisk(t, m.sec, "secondary")
+}
+
+// TestScrubPaced: a scrub at RateBytes reads no faster than that (a lower
+// bound only: the span before each wait may go at once).
+func TestScrubPaced(t *testing.T) {
+	m := newMirrorPair(t)
+	m.fill()
+	const rate = 30 << 20
+	start := time.Now()
+	var r rpc.ScrubResp
+	if err := m.pri.cl.Call(context.Background(), rpc.SScrub, &rpc.ScrubReq{Target: 1, Max: 100, RateBytes: rate, Group: healGroup}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if !r.Done || r.Chunks != 3 {
+		t.Fatalf("scrub: %+v", r)
+	}
+	// Every span but the last waits for the bytes before it: at least
+	// (total - last span) / rate.
+	min := time.Duration(float64(r.Bytes-40<<10-17) / rate * float64(time.Second))
+	if took := time.Since(start); took < min*9/10 {
+		t.Fatalf("scrub of %d bytes at %d B/s took %v, under %v", r.Bytes, rate, took, min)
+	}
 }
