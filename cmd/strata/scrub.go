@@ -19,20 +19,35 @@ import (
 // scrubTarget is what `strata scrub` found on one target (with its group's
 // other copy, for a group's primary).
 type scrubTarget struct {
-	ID           uint32   `json:"id"`
-	Group        uint32   `json:"group,omitempty"` // 0: in no group (verified alone)
-	Path         string   `json:"path"`
-	Addr         string   `json:"address"`
-	Scrubbed     bool     `json:"scrubbed"`
-	Skipped      string   `json:"skipped,omitempty"` // why it was not (fully) scrubbed
-	Chunks       uint64   `json:"chunks"`
-	Bytes        uint64   `json:"bytes"`
-	BadBlocks    uint64   `json:"bad_blocks"`
-	Repaired     uint64   `json:"repaired"`
-	Unrepairable uint64   `json:"unrepairable"`
-	Mismatched   uint64   `json:"mismatched"`
-	PeerMissing  uint64   `json:"peer_missing"`
-	Problems     []string `json:"problems,omitempty"`
+	ID       uint32 `json:"id"`
+	Group    uint32 `json:"group,omitempty"` // 0: in no group (verified alone)
+	Path     string `json:"path"`
+	Addr     string `json:"address"`
+	Scrubbed bool   `json:"scrubbed"`
+	Skipped  string `json:"skipped,omitempty"` // why it was not (fully) scrubbed
+	scrubCounts
+	Problems []string `json:"problems,omitempty"`
+}
+
+// scrubCounts are the figures of SScrub answers (rpc.ScrubResp), summed.
+type scrubCounts struct {
+	Chunks       uint64 `json:"chunks"`
+	Bytes        uint64 `json:"bytes"`
+	BadBlocks    uint64 `json:"bad_blocks"`
+	Repaired     uint64 `json:"repaired"`
+	Unrepairable uint64 `json:"unrepairable"`
+	Mismatched   uint64 `json:"mismatched"`
+	PeerMissing  uint64 `json:"peer_missing"`
+}
+
+func (c *scrubCounts) add(o scrubCounts) {
+	c.Chunks += o.Chunks
+	c.Bytes += o.Bytes
+	c.BadBlocks += o.BadBlocks
+	c.Repaired += o.Repaired
+	c.Unrepairable += o.Unrepairable
+	c.Mismatched += o.Mismatched
+	c.PeerMissing += o.PeerMissing
 }
 
 // scrubOptions are the flags of one scrub.
@@ -74,10 +89,7 @@ differ between the copies, or a target could not be scrubbed).`,
 			if err != nil {
 				return err
 			}
-			var pw io.Writer
-			if progress || (!cmd.Flags().Changed("progress") && isTerminal(os.Stderr)) {
-				pw = os.Stderr
-			}
+			pw := progressWriter(cmd, progress)
 			opts := scrubOptions{Repair: repair, RateBytes: rb}
 			res, err := scrubCluster(cmd.Context(), meta, key, opts, pw)
 			if err != nil {
@@ -106,12 +118,11 @@ differ between the copies, or a target could not be scrubbed).`,
 // progress (nil: nowhere). A metadata service without mirror groups
 // (ENOSYS) has every live target scrubbed alone.
 func scrubCluster(ctx context.Context, meta string, key []byte, opts scrubOptions, progress io.Writer) ([]*scrubTarget, error) {
-	mc := adminMetaClient(meta, key)
-	defer mc.Close()
-	var st rpc.ClusterStatusResp
-	if err := mc.Call(ctx, rpc.MClusterStatus, &rpc.Empty{}, &st); err != nil {
-		return nil, fmt.Errorf("cluster status from %s: %w", meta, err)
+	mc, st, err := clusterStatus(ctx, meta, key)
+	if err != nil {
+		return nil, err
 	}
+	defer mc.Close()
 	var groups rpc.ListGroupsResp
 	if err := mc.Call(ctx, rpc.MListGroups, &rpc.Empty{}, &groups); err != nil && !errors.Is(err, syscall.ENOSYS) {
 		return nil, fmt.Errorf("mirror groups from %s: %w", meta, err)
@@ -141,21 +152,12 @@ func scrubCluster(ctx context.Context, meta string, key []byte, opts scrubOption
 		}
 		todo = append(todo, r)
 	}
-	stores := map[string]*transport.Client{}
-	defer func() {
-		for _, c := range stores {
-			c.Close()
-		}
-	}()
+	stores := newStoreClients(key)
+	defer stores.close()
 	start := time.Now()
 	for i, r := range todo {
 		if r.Skipped == "" {
-			sc := stores[r.Addr]
-			if sc == nil {
-				sc = adminClient(r.Addr, key)
-				stores[r.Addr] = sc
-			}
-			if err := scrubTargetChunks(ctx, sc, r, opts, progress, start); err != nil {
+			if err := scrubTargetChunks(ctx, stores.get(r.Addr), r, opts, progress, start); err != nil {
 				if ctx.Err() != nil {
 					return todo, err
 				}
@@ -186,13 +188,8 @@ func scrubTargetChunks(ctx context.Context, sc *transport.Client, r *scrubTarget
 		if err != nil {
 			return fmt.Errorf("scrub stopped at directory %d: %w", from, err)
 		}
-		r.Chunks += page.Chunks
-		r.Bytes += page.Bytes
-		r.BadBlocks += page.BadBlocks
-		r.Repaired += page.Repaired
-		r.Unrepairable += page.Unrepairable
-		r.Mismatched += page.Mismatched
-		r.PeerMissing += page.PeerMissing
+		r.add(scrubCounts{Chunks: page.Chunks, Bytes: page.Bytes, BadBlocks: page.BadBlocks, Repaired: page.Repaired,
+			Unrepairable: page.Unrepairable, Mismatched: page.Mismatched, PeerMissing: page.PeerMissing})
 		r.Problems = append(r.Problems, page.Problems...)
 		if page.Done {
 			return nil
@@ -233,7 +230,7 @@ func scrubFigures(r *scrubTarget) string {
 func printScrub(out io.Writer, res []*scrubTarget, repair bool) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "TARGET\tGROUP\tPATH\tSERVER\tCHUNKS\tBYTES\tBAD BLOCKS\tREPAIRED\tUNREPAIRABLE\tDIFFERING")
-	var t scrubTarget
+	var t scrubCounts
 	unscrubbed := 0
 	for _, r := range res {
 		group := "-"
@@ -247,13 +244,7 @@ func printScrub(out io.Writer, res []*scrubTarget, repair bool) {
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\n", r.ID, group, r.Path, r.Addr, r.Chunks, humanBytes(r.Bytes),
 			r.BadBlocks, r.Repaired, r.Unrepairable, r.Mismatched)
-		t.Chunks += r.Chunks
-		t.Bytes += r.Bytes
-		t.BadBlocks += r.BadBlocks
-		t.Repaired += r.Repaired
-		t.Unrepairable += r.Unrepairable
-		t.Mismatched += r.Mismatched
-		t.PeerMissing += r.PeerMissing
+		t.add(r.scrubCounts)
 	}
 	w.Flush()
 	for _, r := range res {
@@ -281,26 +272,23 @@ func printScrub(out io.Writer, res []*scrubTarget, repair bool) {
 // scrubVerdict is the command's error (exit status 1) when bad blocks
 // remain, copies differ, or a target was not scrubbed.
 func scrubVerdict(res []*scrubTarget, repair bool) error {
-	var bad, fixed, unrep, differ uint64
+	var t scrubCounts
 	unscrubbed := 0
 	for _, r := range res {
-		bad += r.BadBlocks
-		fixed += r.Repaired
-		unrep += r.Unrepairable
-		differ += r.Mismatched
+		t.add(r.scrubCounts)
 		if !r.Scrubbed {
 			unscrubbed++
 		}
 	}
 	switch {
-	case unrep > 0:
-		return fmt.Errorf("scrub: %d bad blocks cannot be repaired (no good copy)", unrep)
-	case bad > fixed && repair:
-		return fmt.Errorf("scrub: %d bad blocks were not repaired", bad-fixed)
-	case bad > fixed:
-		return fmt.Errorf("scrub: %d bad blocks found (repairable with --repair)", bad-fixed)
-	case differ > 0:
-		return fmt.Errorf("scrub: %d blocks differ between the copies of their group", differ)
+	case t.Unrepairable > 0:
+		return fmt.Errorf("scrub: %d bad blocks cannot be repaired (no good copy)", t.Unrepairable)
+	case t.BadBlocks > t.Repaired && repair:
+		return fmt.Errorf("scrub: %d bad blocks were not repaired", t.BadBlocks-t.Repaired)
+	case t.BadBlocks > t.Repaired:
+		return fmt.Errorf("scrub: %d bad blocks found (repairable with --repair)", t.BadBlocks-t.Repaired)
+	case t.Mismatched > 0:
+		return fmt.Errorf("scrub: %d blocks differ between the copies of their group", t.Mismatched)
 	case unscrubbed > 0:
 		return fmt.Errorf("scrub: %d targets not scrubbed", unscrubbed)
 	}

@@ -3,11 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -106,23 +104,5 @@ func TestScrubUnmirroredTarget(t *testing.T) {
 	printScrub(&out, res, true)
 	if !strings.Contains(out.String(), "2 chunks (1.7 MiB) verified: 1 bad blocks, 0 repaired, 1 unrepairable") {
 		t.Fatalf("summary:\n%s", out.String())
-	}
-}
-
-// TestScrubJSONNames: scrub --json follows the JSON convention.
-func TestScrubJSONNames(t *testing.T) {
-	b, err := json.Marshal(scrubTarget{Group: 1, Skipped: "x", Problems: []string{"p"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	snake := regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
-	for k := range m {
-		if !snake.MatchString(k) {
-			t.Errorf("scrub JSON name %q is not snake_case", k)
-		}
 	}
 }

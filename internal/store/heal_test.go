@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -154,13 +155,12 @@ func scrubOnce(t *testing.T, e *env, repair bool) rpc.ScrubResp {
 		if err := e.cl.Call(context.Background(), rpc.SScrub, &rpc.ScrubReq{Target: 1, From: from, Max: 2, Repair: repair, Group: healGroup}, &r); err != nil {
 			t.Fatalf("scrub: %v", err)
 		}
-		total.Chunks += r.Chunks
-		total.Bytes += r.Bytes
-		total.BadBlocks += r.BadBlocks
-		total.Repaired += r.Repaired
-		total.Unrepairable += r.Unrepairable
-		total.Mismatched += r.Mismatched
-		total.PeerMissing += r.PeerMissing
+		v, tv := reflect.ValueOf(r), reflect.ValueOf(&total).Elem()
+		for i := range v.NumField() {
+			if f := v.Field(i); f.Kind() == reflect.Uint64 {
+				tv.Field(i).SetUint(tv.Field(i).Uint() + f.Uint())
+			}
+		}
 		total.Problems = append(total.Problems, r.Problems...)
 		if r.Done {
 			return total
