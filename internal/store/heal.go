@@ -167,6 +167,14 @@ func (s *Server) healRead(ctx context.Context, c *chunk, r *rpc.ReadReq, dest []
 	}
 	b0, b1 := int64(r.Off)>>blockShift, blocks(int64(r.Off)+int64(r.Len))
 	_, unrep, err := s.heal.repairRange(ctx, c, group, p, b0, b1, "read")
+	if errors.Is(err, syscall.ESTALE) || errors.Is(err, syscall.EAGAIN) {
+		// The group is switching (the copies disagree on the epoch) or
+		// the other copy stayed busy: the caller re-reads the group map
+		// and tries again, within its bounded wait.
+		s.log.Warn("checksum mismatch in a mirror group chunk: the other copy cannot help now", "group", group,
+			"target", c.t.path, "ino", c.name(), "err", err)
+		return nil, rpc.Errorf(syscall.EAGAIN, "group %d chunk %x: bad blocks here, the other copy cannot serve them now: %v", group, c.ino, err)
+	}
 	if err != nil || unrep > 0 {
 		s.log.Error("checksum mismatch in a mirror group chunk: not repaired from the other copy", "group", group,
 			"target", c.t.path, "ino", c.name(), "blocks_bad_on_both", unrep, "err", err)

@@ -250,7 +250,8 @@ func TestScrubRepairsBothCopies(t *testing.T) {
 // TestBadOnBothCopies: a block bad on both copies is unrepairable: reads
 // of it answer EIO through either copy, the scrub reports it, and its
 // neighbours still read. So does a bad block while the group is not in
-// sync.
+// sync; while the other copy is in another epoch the read answers EAGAIN
+// (try again).
 func TestBadOnBothCopies(t *testing.T) {
 	m := newMirrorPair(t)
 	m.fill()
@@ -276,6 +277,12 @@ func TestBadOnBothCopies(t *testing.T) {
 	m.setSync(false)
 	if _, err := groupRead(m.pri, ino2, 0, 4096); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("read of a bad block, group out of sync: want EIO, got %v", err)
+	}
+	// The other copy in another epoch (a switch under way): try again.
+	m.sec.s.setPeerFinder(staticPeers{healGroup: {Local: 1, PeerTarget: 1, PeerAddr: m.pri.s.Addr(), Epoch: healEpoch + 1, InSync: true}})
+	m.pri.s.setPeerFinder(staticPeers{healGroup: {Local: 1, PeerTarget: 1, PeerAddr: m.sec.s.Addr(), Epoch: healEpoch, Primary: true, InSync: true}})
+	if _, err := groupRead(m.pri, ino2, 0, 4096); !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("read of a bad block, the other copy in a newer epoch: want EAGAIN, got %v", err)
 	}
 	m.setSync(true)
 	if got, err := groupRead(m.pri, ino2, 0, 4096); err != nil || !bytes.Equal(got, m.chunks[ino2][:4096]) {
