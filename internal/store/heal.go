@@ -21,10 +21,12 @@ import (
 //
 // A block whose data fails its stored sum on one copy of a group is taken
 // from the other copy, if that copy is in sync and its block passes its own
-// sum. Three callers: a read of a group chunk that failed its checksum
+// sum. The callers: a read of a group chunk that failed its checksum
 // (healRead, from handleRead: only for group ids, so unmirrored reads
-// cost nothing), SChunkSums with Heal (the other copy asks this one to
-// repair itself: scrub.go), and the scrub of a primary copy (scrub.go).
+// cost nothing), a partial write of a group chunk over a bad block
+// (healBeforeWrite, for the group write paths of forward.go), SChunkSums
+// with Heal (the other copy asks this one to repair itself: scrub.go),
+// and the scrub of a primary copy (scrub.go).
 //
 // The good bytes come from the other copy's SChunkSums (never SRead: an
 // SRead of a block bad on both copies would make each copy ask the other
@@ -150,15 +152,15 @@ func (s *Server) healGroupTarget(ch rpc.ChunkID) (*target, groupPeer, error) {
 	return t, p, err
 }
 
-// healRead serves a read of a group chunk whose checksum failed (readErr)
-// after repairing the range's bad blocks from the other copy; it answers
-// readErr when they cannot be repaired.
-func (s *Server) healRead(ctx context.Context, c *chunk, r *rpc.ReadReq, dest []byte, readErr error) (*readResp, error) {
-	var re *rpc.Error
-	if !errors.As(readErr, &re) || re.Errno != syscall.EIO || !isChecksumErr(re) {
+// healRead serves read r of a chunk of group (its layout id, with or
+// without rpc.GroupBit) whose checksum failed (readErr), after repairing
+// the range's bad blocks from the other copy; it answers readErr when they
+// cannot be repaired.
+func (s *Server) healRead(ctx context.Context, c *chunk, group uint32, r *rpc.ReadReq, dest []byte, readErr error) (*readResp, error) {
+	if !isChecksumFailure(readErr) {
 		return nil, readErr
 	}
-	group := r.Chunk.Target &^ rpc.GroupBit
+	group &^= rpc.GroupBit
 	p, ok := s.heal.peerOf(group)
 	if !ok || !p.InSync {
 		s.log.Error("checksum mismatch in a mirror group chunk, and the other copy is not in sync: not repaired",
@@ -181,6 +183,45 @@ func (s *Server) healRead(ctx context.Context, c *chunk, r *rpc.ReadReq, dest []
 		return nil, readErr
 	}
 	return c.read(s, int64(r.Off), int(r.Len), dest)
+}
+
+// healBeforeWrite repairs from the other copy the edge blocks of a write
+// [off, end) to a chunk of group that failed (werr) because one of them
+// fails its sum (a write verifies the blocks it merges into), and reports
+// whether it did: the caller then writes again. For the write paths of
+// group chunks (a client's on the primary, a forwarded one on the
+// secondary), so that a bad block under a partial write neither fails the
+// write nor, on a secondary, degrades the group.
+func (s *Server) healBeforeWrite(ctx context.Context, c *chunk, group uint32, off, end int64, werr error) bool {
+	if !isChecksumFailure(werr) || end <= off {
+		return false
+	}
+	group &^= rpc.GroupBit
+	p, ok := s.heal.peerOf(group)
+	if !ok || !p.InSync {
+		return false
+	}
+	fixed := 0
+	edges := []int64{off >> blockShift}
+	if last := (end - 1) >> blockShift; last != edges[0] {
+		edges = append(edges, last)
+	}
+	for _, b := range edges {
+		n, _, err := s.heal.repairRange(ctx, c, group, p, b, b+1, "write")
+		if err != nil {
+			s.log.Error("write over a bad block of a mirror group chunk: not repaired from the other copy", "group", group,
+				"target", c.t.path, "ino", c.name(), "block", b, "err", err)
+			return false
+		}
+		fixed += n
+	}
+	return fixed > 0
+}
+
+// isChecksumFailure tells a checksum mismatch (EIO) from other errors.
+func isChecksumFailure(err error) bool {
+	var re *rpc.Error
+	return errors.As(err, &re) && re.Errno == syscall.EIO && isChecksumErr(re)
 }
 
 // repairRange rewrites the blocks of c in [b0, b1) that fail their sums

@@ -412,3 +412,49 @@ func TestScrubPaced(t *testing.T) {
 		t.Fatalf("scrub of %d bytes at %d B/s took %v, under %v", r.Bytes, rate, took, min)
 	}
 }
+
+// TestHealBeforeWrite: a partial write over a bad block of a group chunk
+// fails its edge verification; healBeforeWrite repairs the block from the
+// other copy and the write then succeeds, leaving the copies equal.
+func TestHealBeforeWrite(t *testing.T) {
+	m := newMirrorPair(t)
+	const ino = 0x5005
+	m.put(ino, pattern(6, 64<<10))
+	flipBit(t, dataPath(m.sec.dirs[0], ino), 3*blockSize+100)
+	flipBit(t, dataPath(m.sec.dirs[0], ino), 9*blockSize+7)
+	s := m.sec.s
+	tg, err := s.target(1, ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.cache.get(tg, ino, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.cache.release(c)
+	off, data := int64(3*blockSize+50), pattern(7, 6*blockSize+100) // edges in blocks 3 and 9
+	ctx := context.Background()
+	werr := c.write(ctx, s, off, data)
+	if !errors.Is(werr, syscall.EIO) {
+		t.Fatalf("partial write over bad blocks: want EIO, got %v", werr)
+	}
+	if !s.healBeforeWrite(ctx, c, rpc.GroupBit|healGroup, off, off+int64(len(data)), werr) {
+		t.Fatal("healBeforeWrite repaired nothing")
+	}
+	if err := c.write(ctx, s, off, data); err != nil {
+		t.Fatalf("write after the repair: %v", err)
+	}
+	m.pri.mustWrite(1, ino, uint64(off), data, false)
+	copy(m.chunks[ino][off:], data)
+	if err := m.readAll(t, m.sec); err != nil {
+		t.Fatal(err)
+	}
+	m.onDisk(t, m.sec, "secondary")
+	if got := counterValue(t, s.heal.repairs.WithLabelValues("write")); got != 2 {
+		t.Errorf("strata_mirror_repairs_total{kind=write} = %v, want 2", got)
+	}
+	// Not a checksum failure: nothing to do.
+	if s.healBeforeWrite(ctx, c, healGroup, 0, 10, rpc.Errorf(syscall.ENOSPC, "full")) {
+		t.Fatal("healBeforeWrite acted on ENOSPC")
+	}
+}

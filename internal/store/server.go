@@ -405,6 +405,7 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.WriteRe
 }
 
 func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, error) {
+	group := r.Chunk.Target // kept for healRead: admission may name the local target instead
 	var t *target
 	var err error
 	if rpc.IsGroup(r.Chunk.Target) {
@@ -431,8 +432,8 @@ func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, err
 	}
 	dest := transport.LocalReadDest(ctx)
 	resp, err := c.read(s, int64(r.Off), int(r.Len), dest)
-	if err != nil && rpc.IsGroup(r.Chunk.Target) {
-		resp, err = s.healRead(ctx, c, r, dest, err)
+	if err != nil && rpc.IsGroup(group) {
+		resp, err = s.healRead(ctx, c, group, r, dest, err)
 	}
 	s.cache.release(c)
 	if err != nil {
