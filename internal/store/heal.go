@@ -103,7 +103,10 @@ func (h *healer) peerOf(group uint32) (groupPeer, bool) {
 }
 
 // healCall calls the server at addr (another copy's) with the server's
-// cluster key, over a pooled client.
+// cluster key, over a pooled client. The call ends with ctx (and within
+// healCallTimeout) but carries none of ctx's values: a handler's context
+// holds its caller's lent buffers and read destination, which must not
+// reach another handler (an in-process call passes its context on).
 func (h *healer) healCall(ctx context.Context, addr string, m rpc.Method, req, resp rpc.Message) error {
 	h.mu.Lock()
 	if h.closed {
@@ -116,8 +119,13 @@ func (h *healer) healCall(ctx context.Context, addr string, m rpc.Method, req, r
 		h.clients[addr] = cl
 	}
 	h.mu.Unlock()
-	cctx, cancel := context.WithTimeout(ctx, healCallTimeout)
+	deadline := time.Now().Add(healCallTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	cctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
 	return cl.Call(cctx, m, req, resp)
 }
 
@@ -389,7 +397,7 @@ func (h *healer) report(group uint32, p groupPeer, detail string) {
 		}()
 		req := &rpc.MirrorReportReq{ServerID: s.serverID.Load(), Group: group, Epoch: p.Epoch, Target: p.Local,
 			Event: rpc.MirrorCopyBad, Detail: detail}
-		if err := mc.Call(ctx, rpc.MMirrorReport, req, &rpc.Empty{}); err != nil {
+		if err := mc.Call(ctx, rpc.MMirrorReport, req, &rpc.GroupInfo{}); err != nil {
 			s.log.Warn("cannot report a repaired copy to the metadata service", "group", group, "detail", detail, "err", err)
 		}
 	}()

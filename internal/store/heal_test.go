@@ -20,67 +20,51 @@ import (
 	"github.com/stratafs/strata/internal/rpc"
 )
 
-// The tests here pair two real standalone stores on loopback into mirror
-// group healGroup with a static group view (staticPeers) in place of the
-// metadata service's group map, and write the same bytes to both copies
-// directly (forwarding is mirror.go's). Corruption is made by flipping
-// bytes in one copy's chunk file behind the store's back.
+// The tests here pair two real stores on loopback into a mirror group
+// (healPair; newHealPair in heal_pair_test.go makes the group view), and
+// write the same bytes to both copies directly, by their targets' own ids.
+// Corruption is made by flipping bytes in one copy's chunk file behind the
+// store's back.
 
-const (
-	healGroup = 5
-	healEpoch = 3
-)
-
-// staticPeers is a fixed group view.
-type staticPeers map[uint32]groupPeer
-
-func (p staticPeers) peerOf(g uint32) (groupPeer, bool) {
-	gp, ok := p[g]
-	return gp, ok
-}
-
-// mirrorPair is two stores holding the two copies of group healGroup on
-// their target 1: pri the primary, sec the secondary.
-type mirrorPair struct {
+// healPair is two stores holding the two copies of a group, one target
+// each: pri the primary (target tp), sec the secondary (target ts).
+type healPair struct {
+	t        *testing.T
 	pri, sec *env
+	tp, ts   uint32
+	group    uint32 // without GroupBit
+	// epoch answers the group's current epoch; setSync makes both stores
+	// see the group in sync or not, in a new epoch; splitEpochs makes the
+	// secondary see a newer epoch than the primary (a switch under way).
+	epoch       func() uint64
+	setSync     func(inSync bool)
+	splitEpochs func()
 	// chunks: ino -> content written to both copies
 	chunks map[uint64][]byte
 }
 
-func newMirrorPair(t *testing.T) *mirrorPair {
-	m := &mirrorPair{pri: newEnv(t, 1, nil), sec: newEnv(t, 1, nil), chunks: map[uint64][]byte{}}
-	m.setSync(true)
-	return m
-}
-
-// setSync installs both stores' group views, with the group in sync or not.
-func (m *mirrorPair) setSync(inSync bool) {
-	m.pri.s.setPeerFinder(staticPeers{healGroup: {Local: 1, PeerTarget: 1, PeerAddr: m.sec.s.Addr(), Epoch: healEpoch, Primary: true, InSync: inSync}})
-	m.sec.s.setPeerFinder(staticPeers{healGroup: {Local: 1, PeerTarget: 1, PeerAddr: m.pri.s.Addr(), Epoch: healEpoch, InSync: inSync}})
-}
-
 // put writes data as chunk ino on both copies, synced.
-func (m *mirrorPair) put(ino uint64, data []byte) {
-	m.pri.mustWrite(1, ino, 0, data, true)
-	m.sec.mustWrite(1, ino, 0, data, true)
+func (m *healPair) put(ino uint64, data []byte) {
+	m.pri.mustWrite(m.tp, ino, 0, data, true)
+	m.sec.mustWrite(m.ts, ino, 0, data, true)
 	m.chunks[ino] = data
 }
 
-// groupRead reads chunk ino of the group through e's store.
-func groupRead(e *env, ino, off uint64, n uint32) ([]byte, error) {
+// read reads chunk ino of the group through e's store.
+func (m *healPair) read(e *env, ino, off uint64, n uint32) ([]byte, error) {
 	var resp rpc.ReadResp
 	err := e.cl.Call(context.Background(), rpc.SRead, &rpc.ReadReq{
-		Chunk: rpc.ChunkID{Target: rpc.GroupBit | healGroup, Ino: ino, Epoch: healEpoch}, Off: off, Len: n}, &resp)
+		Chunk: rpc.ChunkID{Target: rpc.GroupBit | m.group, Ino: ino, Epoch: m.epoch()}, Off: off, Len: n}, &resp)
 	return resp.Data, err
 }
 
 // readAll reads every chunk through e's store 1 MiB at a time and checks
 // the bytes; it answers the first error.
-func (m *mirrorPair) readAll(t *testing.T, e *env) error {
+func (m *healPair) readAll(t *testing.T, e *env) error {
 	t.Helper()
 	for ino, want := range m.chunks {
 		for off := 0; off < len(want); off += 1 << 20 {
-			got, err := groupRead(e, ino, uint64(off), 1<<20)
+			got, err := m.read(e, ino, uint64(off), 1<<20)
 			if err != nil {
 				return err
 			}
@@ -93,7 +77,7 @@ func (m *mirrorPair) readAll(t *testing.T, e *env) error {
 }
 
 // onDisk checks that e's copy of every chunk holds the bytes written.
-func (m *mirrorPair) onDisk(t *testing.T, e *env, who string) {
+func (m *healPair) onDisk(t *testing.T, e *env, who string) {
 	t.Helper()
 	for ino, want := range m.chunks {
 		got, err := os.ReadFile(dataPath(e.dirs[0], ino))
@@ -115,7 +99,7 @@ func (m *mirrorPair) onDisk(t *testing.T, e *env, who string) {
 // flipBlocks corrupts n distinct random blocks of e's copies (one byte
 // each, inside the chunk's length), skipping the blocks in avoid; it
 // answers the blocks flipped, as (ino, block) pairs.
-func (m *mirrorPair) flipBlocks(t *testing.T, e *env, rng *rand.Rand, n int, avoid map[[2]uint64]bool) map[[2]uint64]bool {
+func (m *healPair) flipBlocks(t *testing.T, e *env, rng *rand.Rand, n int, avoid map[[2]uint64]bool) map[[2]uint64]bool {
 	t.Helper()
 	var inos []uint64
 	for ino := range m.chunks {
@@ -138,13 +122,15 @@ func (m *mirrorPair) flipBlocks(t *testing.T, e *env, rng *rand.Rand, n int, avo
 }
 
 // fill writes three chunks to both copies.
-func (m *mirrorPair) fill() {
+func (m *healPair) fill() {
 	m.put(0x1001, pattern(1, 6<<20+1234)) // sidecar sums, a partial last block
 	m.put(0x1002, pattern(2, 3<<20))
 	m.put(0x2003, pattern(3, 40<<10+17)) // inline sums
 }
 
-func scrubOnce(t *testing.T, e *env, repair bool) rpc.ScrubResp {
+// scrub scrubs the primary's copy against the secondary's, all of it.
+func (m *healPair) scrub(repair bool) rpc.ScrubResp {
+	t := m.t
 	t.Helper()
 	var total rpc.ScrubResp
 	for from, i := uint32(0), 0; ; i++ {
@@ -152,7 +138,7 @@ func scrubOnce(t *testing.T, e *env, repair bool) rpc.ScrubResp {
 			t.Fatal("scrub does not finish")
 		}
 		var r rpc.ScrubResp
-		if err := e.cl.Call(context.Background(), rpc.SScrub, &rpc.ScrubReq{Target: 1, From: from, Max: 2, Repair: repair, Group: healGroup}, &r); err != nil {
+		if err := m.pri.cl.Call(context.Background(), rpc.SScrub, &rpc.ScrubReq{Target: m.tp, From: from, Max: 2, Repair: repair, Group: m.group}, &r); err != nil {
 			t.Fatalf("scrub: %v", err)
 		}
 		v, tv := reflect.ValueOf(r), reflect.ValueOf(&total).Elem()
@@ -180,7 +166,7 @@ func TestSelfHealingRead(t *testing.T) {
 		t.Run(bad, func(t *testing.T) {
 			logs := captureLogs(t)
 			rng := rand.New(rand.NewPCG(uint64(len(bad)), 21))
-			m := newMirrorPair(t)
+			m := newHealPair(t)
 			m.fill()
 			badE, goodE := m.pri, m.sec
 			if bad == "secondary" {
@@ -202,13 +188,17 @@ func TestSelfHealingRead(t *testing.T) {
 				t.Errorf("no log line of the repair")
 			}
 			// Nothing is left to find.
-			if r := scrubOnce(t, m.pri, false); r.BadBlocks != 0 || r.Chunks != 3 {
+			if r := m.scrub(false); r.BadBlocks != 0 || r.Chunks != 3 {
 				t.Fatalf("scrub after the healing reads: %+v", r)
 			}
 			// Unmirrored reads of the repaired copy verify too.
 			for ino, want := range m.chunks {
-				if got := badE.mustRead(1, ino, 0, uint32(len(want))); !bytes.Equal(got, want) {
-					t.Fatalf("chunk %x read as target 1: wrong bytes", ino)
+				tgt := m.tp
+				if badE == m.sec {
+					tgt = m.ts
+				}
+				if got := badE.mustRead(tgt, ino, 0, uint32(len(want))); !bytes.Equal(got, want) {
+					t.Fatalf("chunk %x read as target %d: wrong bytes", ino, tgt)
 				}
 			}
 		})
@@ -220,25 +210,25 @@ func TestSelfHealingRead(t *testing.T) {
 // nothing, one with it repairs them all, and a third finds none.
 func TestScrubRepairsBothCopies(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 21))
-	m := newMirrorPair(t)
+	m := newHealPair(t)
 	m.fill()
 	onPri := m.flipBlocks(t, m.pri, rng, 60, nil)
 	m.flipBlocks(t, m.sec, rng, 40, onPri)
 
-	r := scrubOnce(t, m.pri, false)
+	r := m.scrub(false)
 	if r.Chunks != 3 || r.BadBlocks != 100 || r.Repaired != 0 || r.Unrepairable != 0 || r.Mismatched != 0 || r.PeerMissing != 0 {
 		t.Fatalf("scrub without repair: %+v", r)
 	}
 	if r.Bytes != uint64(6<<20+1234+3<<20+40<<10+17) {
 		t.Errorf("scrub counted %d bytes", r.Bytes)
 	}
-	r = scrubOnce(t, m.pri, true)
+	r = m.scrub(true)
 	if r.BadBlocks != 100 || r.Repaired != 100 || r.Unrepairable != 0 {
 		t.Fatalf("scrub --repair: %+v", r)
 	}
 	m.onDisk(t, m.pri, "primary")
 	m.onDisk(t, m.sec, "secondary")
-	if r := scrubOnce(t, m.pri, true); r.BadBlocks != 0 || r.Repaired != 0 || r.Chunks != 3 {
+	if r := m.scrub(true); r.BadBlocks != 0 || r.Repaired != 0 || r.Chunks != 3 {
 		t.Fatalf("second scrub: %+v", r)
 	}
 	got := counterValue(t, m.pri.s.heal.repairs.WithLabelValues("scrub")) + counterValue(t, m.sec.s.heal.repairs.WithLabelValues("scrub"))
@@ -253,20 +243,20 @@ func TestScrubRepairsBothCopies(t *testing.T) {
 // sync; while the other copy is in another epoch the read answers EAGAIN
 // (try again).
 func TestBadOnBothCopies(t *testing.T) {
-	m := newMirrorPair(t)
+	m := newHealPair(t)
 	m.fill()
 	const ino, blk = 0x1001, 300
 	flipBit(t, dataPath(m.pri.dirs[0], ino), blk*blockSize+5)
 	flipBit(t, dataPath(m.sec.dirs[0], ino), blk*blockSize+4000)
 	for _, e := range []*env{m.pri, m.sec} {
-		if _, err := groupRead(e, ino, blk*blockSize-100, 200); !errors.Is(err, syscall.EIO) {
+		if _, err := m.read(e, ino, blk*blockSize-100, 200); !errors.Is(err, syscall.EIO) {
 			t.Fatalf("read of a block bad on both copies: want EIO, got %v", err)
 		}
-		if got, err := groupRead(e, ino, 0, blk*blockSize); err != nil || !bytes.Equal(got, m.chunks[ino][:blk*blockSize]) {
+		if got, err := m.read(e, ino, 0, blk*blockSize); err != nil || !bytes.Equal(got, m.chunks[ino][:blk*blockSize]) {
 			t.Fatalf("read before the bad block: %v", err)
 		}
 	}
-	r := scrubOnce(t, m.pri, true)
+	r := m.scrub(true)
 	if r.BadBlocks != 2 || r.Unrepairable != 2 || r.Repaired != 0 || len(r.Problems) == 0 || !strings.Contains(r.Problems[0], "both copies") {
 		t.Fatalf("scrub of a block bad on both copies: %+v", r)
 	}
@@ -275,17 +265,17 @@ func TestBadOnBothCopies(t *testing.T) {
 	const ino2 = 0x1002
 	flipBit(t, dataPath(m.pri.dirs[0], ino2), 10)
 	m.setSync(false)
-	if _, err := groupRead(m.pri, ino2, 0, 4096); !errors.Is(err, syscall.EIO) {
+	if _, err := m.read(m.pri, ino2, 0, 4096); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("read of a bad block, group out of sync: want EIO, got %v", err)
 	}
 	// The other copy in another epoch (a switch under way): try again.
-	m.sec.s.setPeerFinder(staticPeers{healGroup: {Local: 1, PeerTarget: 1, PeerAddr: m.pri.s.Addr(), Epoch: healEpoch + 1, InSync: true}})
-	m.pri.s.setPeerFinder(staticPeers{healGroup: {Local: 1, PeerTarget: 1, PeerAddr: m.sec.s.Addr(), Epoch: healEpoch, Primary: true, InSync: true}})
-	if _, err := groupRead(m.pri, ino2, 0, 4096); !errors.Is(err, syscall.EAGAIN) {
+	m.setSync(true)
+	m.splitEpochs()
+	if _, err := m.read(m.pri, ino2, 0, 4096); !errors.Is(err, syscall.EAGAIN) {
 		t.Fatalf("read of a bad block, the other copy in a newer epoch: want EAGAIN, got %v", err)
 	}
 	m.setSync(true)
-	if got, err := groupRead(m.pri, ino2, 0, 4096); err != nil || !bytes.Equal(got, m.chunks[ino2][:4096]) {
+	if got, err := m.read(m.pri, ino2, 0, 4096); err != nil || !bytes.Equal(got, m.chunks[ino2][:4096]) {
 		t.Fatalf("read of a bad block, group in sync again: %v", err)
 	}
 }
@@ -308,7 +298,7 @@ func TestSelfHealingReadsRaceWrites(t *testing.T) {
 	for _, bad := range []string{"primary", "secondary"} {
 		t.Run(bad, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(len(bad)), 77))
-			m := newMirrorPair(t)
+			m := newHealPair(t)
 			const ino = 0x3003
 			model := pattern(4, 2<<20)
 			m.put(ino, append([]byte(nil), model...))
@@ -332,7 +322,7 @@ func TestSelfHealingReadsRaceWrites(t *testing.T) {
 						default:
 						}
 						off := uint64(i%8) << 18
-						if _, err := groupRead(badE, ino, off, 1<<18); err != nil {
+						if _, err := m.read(badE, ino, off, 1<<18); err != nil {
 							t.Errorf("healing read at %d: %v", off, err)
 							return
 						}
@@ -344,8 +334,8 @@ func TestSelfHealingReadsRaceWrites(t *testing.T) {
 				b := rng.IntN(len(model)/blockSize - 4)
 				n := 1 + rng.IntN(4)
 				data := pattern(1000+i, n*blockSize)
-				m.pri.mustWrite(1, ino, uint64(b*blockSize), data, false)
-				m.sec.mustWrite(1, ino, uint64(b*blockSize), data, false)
+				m.pri.mustWrite(m.tp, ino, uint64(b*blockSize), data, false)
+				m.sec.mustWrite(m.ts, ino, uint64(b*blockSize), data, false)
 				copy(model[b*blockSize:], data)
 				time.Sleep(200 * time.Microsecond)
 			}
@@ -367,7 +357,7 @@ func TestSelfHealingReadsRaceWrites(t *testing.T) {
 // the other without the two waiting on each other for good.
 func TestBothCopiesHealOneRegion(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 21))
-	m := newMirrorPair(t)
+	m := newHealPair(t)
 	const ino = 0x4004
 	m.put(ino, pattern(5, 1<<20))
 	onPri := m.flipBlocks(t, m.pri, rng, 30, nil)
@@ -378,7 +368,7 @@ func TestBothCopiesHealOneRegion(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 20; i++ {
-				got, err := groupRead(e, ino, 0, 1<<20)
+				got, err := m.read(e, ino, 0, 1<<20)
 				if err != nil || !bytes.Equal(got, m.chunks[ino]) {
 					t.Errorf("read %d: %v", i, err)
 					return
@@ -394,12 +384,12 @@ func TestBothCopiesHealOneRegion(t *testing.T) {
 // TestScrubPaced: a scrub at RateBytes reads no faster than that (a lower
 // bound only: the span before each wait may go at once).
 func TestScrubPaced(t *testing.T) {
-	m := newMirrorPair(t)
+	m := newHealPair(t)
 	m.fill()
 	const rate = 30 << 20
 	start := time.Now()
 	var r rpc.ScrubResp
-	if err := m.pri.cl.Call(context.Background(), rpc.SScrub, &rpc.ScrubReq{Target: 1, Max: 100, RateBytes: rate, Group: healGroup}, &r); err != nil {
+	if err := m.pri.cl.Call(context.Background(), rpc.SScrub, &rpc.ScrubReq{Target: m.tp, Max: 100, RateBytes: rate, Group: m.group}, &r); err != nil {
 		t.Fatal(err)
 	}
 	if !r.Done || r.Chunks != 3 {
@@ -417,13 +407,13 @@ func TestScrubPaced(t *testing.T) {
 // fails its edge verification; healBeforeWrite repairs the block from the
 // other copy and the write then succeeds, leaving the copies equal.
 func TestHealBeforeWrite(t *testing.T) {
-	m := newMirrorPair(t)
+	m := newHealPair(t)
 	const ino = 0x5005
 	m.put(ino, pattern(6, 64<<10))
 	flipBit(t, dataPath(m.sec.dirs[0], ino), 3*blockSize+100)
 	flipBit(t, dataPath(m.sec.dirs[0], ino), 9*blockSize+7)
 	s := m.sec.s
-	tg, err := s.target(1, ino)
+	tg, err := s.target(m.ts, ino)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,13 +428,13 @@ func TestHealBeforeWrite(t *testing.T) {
 	if !errors.Is(werr, syscall.EIO) {
 		t.Fatalf("partial write over bad blocks: want EIO, got %v", werr)
 	}
-	if !s.healBeforeWrite(ctx, c, rpc.GroupBit|healGroup, off, off+int64(len(data)), werr) {
+	if !s.healBeforeWrite(ctx, c, rpc.GroupBit|m.group, off, off+int64(len(data)), werr) {
 		t.Fatal("healBeforeWrite repaired nothing")
 	}
 	if err := c.write(ctx, s, off, data); err != nil {
 		t.Fatalf("write after the repair: %v", err)
 	}
-	m.pri.mustWrite(1, ino, uint64(off), data, false)
+	m.pri.mustWrite(m.tp, ino, uint64(off), data, false)
 	copy(m.chunks[ino][off:], data)
 	if err := m.readAll(t, m.sec); err != nil {
 		t.Fatal(err)
@@ -454,7 +444,7 @@ func TestHealBeforeWrite(t *testing.T) {
 		t.Errorf("strata_mirror_repairs_total{kind=write} = %v, want 2", got)
 	}
 	// Not a checksum failure: nothing to do.
-	if s.healBeforeWrite(ctx, c, healGroup, 0, 10, rpc.Errorf(syscall.ENOSPC, "full")) {
+	if s.healBeforeWrite(ctx, c, m.group, 0, 10, rpc.Errorf(syscall.ENOSPC, "full")) {
 		t.Fatal("healBeforeWrite acted on ENOSPC")
 	}
 }
