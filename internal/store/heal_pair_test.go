@@ -33,6 +33,12 @@ func newHealPair(t *testing.T) *healPair {
 		defer mu.Unlock()
 		view(epoch, epoch+1, true)
 	}
+	m.write = func(ino, off uint64, data []byte) error {
+		if err := m.pri.write(m.tp, ino, off, data, false); err != nil {
+			return err
+		}
+		return m.sec.write(m.ts, ino, off, data, false)
+	}
 	view(epoch, epoch, true)
 	return m
 }

@@ -18,6 +18,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/testutil"
 )
 
 // The tests here pair two real stores on loopback into a mirror group
@@ -39,6 +40,12 @@ type healPair struct {
 	epoch       func() uint64
 	setSync     func(inSync bool)
 	splitEpochs func()
+	// write writes to both copies as a client's write of the group does
+	// (through the primary's forwarding where there is one).
+	write func(ino, off uint64, data []byte) error
+	// copyBadReports, when set, counts the MirrorCopyBad reports the
+	// metadata service received.
+	copyBadReports func() int
 	// chunks: ino -> content written to both copies
 	chunks map[uint64][]byte
 }
@@ -187,6 +194,16 @@ func TestSelfHealingRead(t *testing.T) {
 			if !strings.Contains(logs.String(), "repaired from peer") {
 				t.Errorf("no log line of the repair")
 			}
+			if m.copyBadReports != nil {
+				if err := testutil.WaitFor(10*time.Second, func() error {
+					if n := m.copyBadReports(); n == 0 {
+						return errors.New("no MirrorCopyBad report reached the metadata service")
+					}
+					return nil
+				}); err != nil {
+					t.Error(err)
+				}
+			}
 			// Nothing is left to find.
 			if r := m.scrub(false); r.BadBlocks != 0 || r.Chunks != 3 {
 				t.Fatalf("scrub after the healing reads: %+v", r)
@@ -334,8 +351,9 @@ func TestSelfHealingReadsRaceWrites(t *testing.T) {
 				b := rng.IntN(len(model)/blockSize - 4)
 				n := 1 + rng.IntN(4)
 				data := pattern(1000+i, n*blockSize)
-				m.pri.mustWrite(m.tp, ino, uint64(b*blockSize), data, false)
-				m.sec.mustWrite(m.ts, ino, uint64(b*blockSize), data, false)
+				if err := m.write(ino, uint64(b*blockSize), data); err != nil {
+					t.Fatalf("write: %v", err)
+				}
 				copy(model[b*blockSize:], data)
 				time.Sleep(200 * time.Microsecond)
 			}
