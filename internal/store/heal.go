@@ -226,6 +226,25 @@ func (s *Server) healBeforeWrite(ctx context.Context, c *chunk, group uint32, of
 	return fixed > 0
 }
 
+// healWriteEdges is healBeforeWrite for a write to chunk ino of local
+// target tgt, for the callers that hold no chunk handle (the group write
+// paths, which apply a write through handleWrite).
+func (s *Server) healWriteEdges(ctx context.Context, tgt uint32, ino uint64, group uint32, off, end int64, werr error) bool {
+	if !isChecksumFailure(werr) {
+		return false
+	}
+	t, err := s.target(tgt, ino)
+	if err != nil {
+		return false
+	}
+	c, err := s.cache.get(t, ino, false)
+	if err != nil {
+		return false
+	}
+	defer s.cache.release(c)
+	return s.healBeforeWrite(ctx, c, group, off, end, werr)
+}
+
 // isChecksumFailure tells a checksum mismatch (EIO) from other errors.
 func isChecksumFailure(err error) bool {
 	var re *rpc.Error

@@ -422,7 +422,7 @@ func TestScrubPaced(t *testing.T) {
 }
 
 // TestHealBeforeWrite: a partial write over a bad block of a group chunk
-// fails its edge verification; healBeforeWrite repairs the block from the
+// fails its edge verification; healWriteEdges repairs the block from the
 // other copy and the write then succeeds, leaving the copies equal.
 func TestHealBeforeWrite(t *testing.T) {
 	m := newHealPair(t)
@@ -431,25 +431,16 @@ func TestHealBeforeWrite(t *testing.T) {
 	flipBit(t, dataPath(m.sec.dirs[0], ino), 3*blockSize+100)
 	flipBit(t, dataPath(m.sec.dirs[0], ino), 9*blockSize+7)
 	s := m.sec.s
-	tg, err := s.target(m.ts, ino)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.cache.get(tg, ino, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.cache.release(c)
 	off, data := int64(3*blockSize+50), pattern(7, 6*blockSize+100) // edges in blocks 3 and 9
 	ctx := context.Background()
-	werr := c.write(ctx, s, off, data)
+	werr := m.sec.write(m.ts, ino, uint64(off), data, false)
 	if !errors.Is(werr, syscall.EIO) {
 		t.Fatalf("partial write over bad blocks: want EIO, got %v", werr)
 	}
-	if !s.healBeforeWrite(ctx, c, rpc.GroupBit|m.group, off, off+int64(len(data)), werr) {
-		t.Fatal("healBeforeWrite repaired nothing")
+	if !s.healWriteEdges(ctx, m.ts, ino, rpc.GroupBit|m.group, off, off+int64(len(data)), werr) {
+		t.Fatal("healWriteEdges repaired nothing")
 	}
-	if err := c.write(ctx, s, off, data); err != nil {
+	if err := m.sec.write(m.ts, ino, uint64(off), data, false); err != nil {
 		t.Fatalf("write after the repair: %v", err)
 	}
 	m.pri.mustWrite(m.tp, ino, uint64(off), data, false)
@@ -462,7 +453,7 @@ func TestHealBeforeWrite(t *testing.T) {
 		t.Errorf("strata_mirror_repairs_total{kind=write} = %v, want 2", got)
 	}
 	// Not a checksum failure: nothing to do.
-	if s.healBeforeWrite(ctx, c, m.group, 0, 10, rpc.Errorf(syscall.ENOSPC, "full")) {
-		t.Fatal("healBeforeWrite acted on ENOSPC")
+	if s.healWriteEdges(ctx, m.ts, ino, m.group, 0, 10, rpc.Errorf(syscall.ENOSPC, "full")) {
+		t.Fatal("healWriteEdges acted on ENOSPC")
 	}
 }
