@@ -30,22 +30,9 @@ func TestScrubUnmirroredTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := store.DefaultConfig()
-	cfg.MetaAddr = metaAddr
-	cfg.ClusterKey = key
-	cfg.SyncInterval = 0
-	tdir := t.TempDir()
-	cfg.Targets = []string{tdir}
-	s, err := store.Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.WaitRegistered(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s, tdir := startStore(ctx, t, metaAddr, key)
 	id := s.TargetIDs()[0]
 	cl := transport.NewClient(s.Addr(), transport.ClientConfig{Key: key})
 	defer cl.Close()
@@ -74,14 +61,7 @@ func TestScrubUnmirroredTarget(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	f, err := os.OpenFile(chunkFile(t, tdir, 0x7000), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt([]byte{'#'}, 123456); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	flipByte(t, chunkFile(t, tdir, 0x7000), 123456)
 
 	res, err := scrubCluster(ctx, metaAddr, key, scrubOptions{Repair: true, RateBytes: 64 << 20}, nil)
 	if err != nil {
@@ -119,22 +99,8 @@ func TestScrubMirrorGroups(t *testing.T) {
 	var stores []*store.Server
 	var dirs []string
 	for i := 0; i < 2; i++ {
-		cfg := store.DefaultConfig()
-		cfg.MetaAddr = metaAddr
-		cfg.ClusterKey = key
-		cfg.SyncInterval = 0
-		cfg.HeartbeatInterval = 100 * time.Millisecond
-		dirs = append(dirs, t.TempDir())
-		cfg.Targets = []string{dirs[i]}
-		s, err := store.Open(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		if err := s.WaitRegistered(ctx); err != nil {
-			t.Fatal(err)
-		}
-		stores = append(stores, s)
+		s, dir := startStore(ctx, t, metaAddr, key)
+		stores, dirs = append(stores, s), append(dirs, dir)
 	}
 	mc := adminMetaClient(metaAddr, key)
 	defer mc.Close()
@@ -179,21 +145,7 @@ func TestScrubMirrorGroups(t *testing.T) {
 			continue
 		}
 		flipped[[2]uint64{ino, b}] = true
-		path := chunkFile(t, dirOf[g.Secondary], ino)
-		f, err := os.OpenFile(path, os.O_RDWR, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		off := int64(b)*4096 + int64(rng.IntN(min(4096, sizes[ino]-int(b)*4096)))
-		var one [1]byte
-		if _, err := f.ReadAt(one[:], off); err != nil {
-			t.Fatal(err)
-		}
-		one[0] ^= 0x40
-		if _, err := f.WriteAt(one[:], off); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
+		flipByte(t, chunkFile(t, dirOf[g.Secondary], ino), int64(b)*4096+int64(rng.IntN(min(4096, sizes[ino]-int(b)*4096))))
 	}
 	find := func(res []*scrubTarget) *scrubTarget {
 		for _, r := range res {
@@ -242,4 +194,45 @@ func chunkFile(t *testing.T, dir string, ino uint64) string {
 		t.Fatalf("no data file of chunk %x under %s", ino, dir)
 	}
 	return found
+}
+
+// startStore runs a storage server of one target in this process,
+// registered with the metadata service at metaAddr (heartbeats every
+// 100 ms), and answers it with its target directory.
+func startStore(ctx context.Context, t *testing.T, metaAddr string, key []byte) (*store.Server, string) {
+	t.Helper()
+	cfg := store.DefaultConfig()
+	cfg.MetaAddr = metaAddr
+	cfg.ClusterKey = key
+	cfg.SyncInterval = 0
+	cfg.HeartbeatInterval = 100 * time.Millisecond
+	dir := t.TempDir()
+	cfg.Targets = []string{dir}
+	s, err := store.Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.WaitRegistered(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s, dir
+}
+
+// flipByte changes the byte at off of the file at path.
+func flipByte(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var one [1]byte
+	if _, err := f.ReadAt(one[:], off); err != nil {
+		t.Fatal(err)
+	}
+	one[0] ^= 0x40
+	if _, err := f.WriteAt(one[:], off); err != nil {
+		t.Fatal(err)
+	}
 }
