@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -59,6 +60,10 @@ type scrubOptions struct {
 // scrubPage is how many chunks one SScrub call verifies (at most; the
 // store also stops after a few seconds).
 const scrubPage = 256
+
+// maxScrubProblems bounds the problems kept per target (each call names
+// a few; a group out of sync is named by every call).
+const maxScrubProblems = 64
 
 // scrubCallTimeout bounds one SScrub call: a directory of large chunks at
 // a low rate takes long.
@@ -190,7 +195,11 @@ func scrubTargetChunks(ctx context.Context, sc *transport.Client, r *scrubTarget
 		}
 		r.add(scrubCounts{Chunks: page.Chunks, Bytes: page.Bytes, BadBlocks: page.BadBlocks, Repaired: page.Repaired,
 			Unrepairable: page.Unrepairable, Mismatched: page.Mismatched, PeerMissing: page.PeerMissing})
-		r.Problems = append(r.Problems, page.Problems...)
+		for _, p := range page.Problems {
+			if len(r.Problems) < maxScrubProblems && !slices.Contains(r.Problems, p) {
+				r.Problems = append(r.Problems, p)
+			}
+		}
 		if page.Done {
 			return nil
 		}

@@ -85,7 +85,7 @@ type healer struct {
 func newHealer(s *Server) *healer {
 	h := &healer{s: s, clients: map[string]*transport.Client{}}
 	h.repairs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "strata_mirror_repairs_total",
-		Help: "Blocks of mirror group chunks rewritten from the other copy, by what found them (read, scrub)."}, []string{"kind"})
+		Help: "Blocks of mirror group chunks rewritten from the other copy, by what found them (read, write, scrub)."}, []string{"kind"})
 	s.m.reg.MustRegister(h.repairs)
 	return h
 }
