@@ -549,10 +549,16 @@ func (s *Server) handleChunkSums(ctx context.Context, r *rpc.ChunkSumsReq) (*rpc
 	if r.Data {
 		data = make([]byte, (b1-b0)<<blockShift)
 	}
-	// Without waiting for the range: this copy may hold its own locks of
-	// it while it asks for the asker's blocks (both repairing); the asker
-	// then tries again.
-	sums, bad, err := c.scanBlocks(b0, b1, data, scanTry)
+	// A fetch of blocks (Data) comes from a repair that holds its own
+	// copy's locks of the range: without waiting for the range here,
+	// since this copy may be repairing it from the asker in turn (the
+	// asker then tries again). A scrub's comparison holds nothing and may
+	// wait for writers.
+	lk := scanShared
+	if r.Data {
+		lk = scanTry
+	}
+	sums, bad, err := c.scanBlocks(b0, b1, data, lk)
 	if errors.Is(err, syscall.EAGAIN) {
 		return nil, err
 	}

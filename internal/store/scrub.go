@@ -25,8 +25,8 @@ import (
 //	bad       good      bad here; Repair: rewritten here from there (repairRange)
 //	good      bad       bad there; Repair: SChunkSums Heal makes it rewrite from here
 //	bad       bad       unrepairable (twice: one per copy)
-//	good      good      equal sums: fine; different: mismatched (re-checked once
-//	                    after the span's repairs, since a write may be between
+//	good      good      equal sums: fine; different: mismatched if both sums
+//	                    stay put over two later looks (a write may be between
 //	                    the copies); not repaired here (resync's business)
 //
 // An unmirrored chunk, a chunk the other copy lacks (counted PeerMissing)
@@ -39,6 +39,14 @@ const scrubSpanBlocks = 2048
 
 // scrubCallBudget: a call takes no new directory after this long.
 const scrubCallBudget = 5 * time.Second
+
+// scrubRechecks and scrubRecheckPause: how often, and how far apart
+// (growing), blocks that differ between the copies are looked at again
+// before they count (a write may be between the copies).
+const (
+	scrubRechecks     = 2
+	scrubRecheckPause = 50 * time.Millisecond
+)
 
 // maxScrubProblems bounds ScrubResp.Problems.
 const maxScrubProblems = 16
@@ -103,6 +111,20 @@ func (sc *scrub) problem(p string) {
 	}
 }
 
+// sleep waits d, or until the call or the server ends.
+func (sc *scrub) sleep(ctx context.Context, d time.Duration) error {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return rpc.Errorf(syscall.ETIMEDOUT, "scrub target %s: %v", sc.t.path, ctx.Err())
+	case <-sc.s.stop:
+		return rpc.Errorf(syscall.ESHUTDOWN, "scrub target %s: storage server closing", sc.t.path)
+	}
+}
+
 // pace waits until n more bytes may be read at the call's rate.
 func (sc *scrub) pace(ctx context.Context, n int64) error {
 	sc.read += uint64(n)
@@ -114,16 +136,7 @@ func (sc *scrub) pace(ctx context.Context, n int64) error {
 	if d <= 0 {
 		return nil
 	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		return rpc.Errorf(syscall.ETIMEDOUT, "scrub target %s: %v", sc.t.path, ctx.Err())
-	case <-sc.s.stop:
-		return rpc.Errorf(syscall.ESHUTDOWN, "scrub target %s: storage server closing", sc.t.path)
-	}
+	return sc.sleep(ctx, d)
 }
 
 // chunk scrubs one chunk.
@@ -247,34 +260,39 @@ func (sc *scrub) compare(ctx context.Context, c *chunk, b0, b1 int64, sums, bad 
 		}
 	}
 	mism := mismatched(sums, bad, peer)
-	if len(mism) == 0 {
-		return nil
-	}
-	// Once more, after the repairs: a write may have been between the
-	// copies.
-	sums, bad, err := c.scanBlocks(b0, b1, nil, scanShared)
-	if err != nil {
-		return nil
-	}
-	var again rpc.ChunkSumsResp
-	if err := sc.peerSums(ctx, c.ino, b0, b1, false, &again); err != nil {
-		return err
-	}
-	still := 0
-	now := map[uint32]bool{}
-	for _, b := range mismatched(sums, bad, &again) {
-		now[b] = true
-	}
-	for _, b := range mism {
-		if now[b] {
-			still++
+	// A write may be between the copies (applied here, its forward not
+	// yet there, or the reverse): a block counts as differing only if
+	// both copies' sums of it stay what they were, and different, over
+	// scrubRechecks looks a little apart.
+	for round := 1; round <= scrubRechecks && len(mism) > 0; round++ {
+		if err := sc.sleep(ctx, time.Duration(round)*scrubRecheckPause); err != nil {
+			return err
 		}
+		nsums, nbad, err := c.scanBlocks(b0, b1, nil, scanShared)
+		if err != nil {
+			return nil
+		}
+		var again rpc.ChunkSumsResp
+		if err := sc.peerSums(ctx, c.ino, b0, b1, false, &again); err != nil {
+			return err
+		}
+		now := map[uint32]bool{}
+		for _, b := range mismatched(nsums, nbad, &again) {
+			now[b] = true
+		}
+		var still []uint32
+		for _, b := range mism {
+			if now[b] && nsums[b] == sums[b] && int(b) < len(peer.Sums) && int(b) < len(again.Sums) && again.Sums[b] == peer.Sums[b] {
+				still = append(still, b)
+			}
+		}
+		mism, sums, peer = still, nsums, &again
 	}
-	if still > 0 {
-		resp.Mismatched += uint64(still)
+	if len(mism) > 0 {
+		resp.Mismatched += uint64(len(mism))
 		sc.s.log.Error("scrub: copies differ in blocks whose sums both hold", "target", sc.t.path, "ino", c.name(),
-			"group", sc.group, "blocks", still)
-		sc.problem(fmt.Sprintf("chunk %x: %d blocks differ between the copies (both verify)", c.ino, still))
+			"group", sc.group, "blocks", len(mism), "first", b0+int64(mism[0]))
+		sc.problem(fmt.Sprintf("chunk %x: %d blocks differ between the copies (both verify), from block %d", c.ino, len(mism), b0+int64(mism[0])))
 	}
 	return nil
 }
