@@ -96,6 +96,9 @@
 // a trailing Mirror byte (absent: keep the directory's mark, so a layout
 // set through an older client never clears it) and MirrorGroupReq a
 // trailing Epoch (absent: 0, no check).
+// SScrub (ScrubReq, ScrubResp) and SChunkSums (ChunkSumsReq,
+// ChunkSumsResp) were added at the end of the store methods for
+// self-healing and `strata scrub` (an older store: ENOSYS).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

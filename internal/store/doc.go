@@ -69,6 +69,14 @@
 // the data path: writers of disjoint ranges of one chunk run in parallel
 // unless their regions share a stripe.
 //
+// One exception holds locks across a call to another server: a repair of
+// a mirror group chunk (heal.go) holds the chunk's flag shared and its
+// range's stripes exclusively while it fetches the good blocks from the
+// other copy. The other copy answers that fetch (SChunkSums) taking its
+// stripes with TryRLock only, and EAGAIN when busy, so two copies
+// repairing one range from each other cannot wait on each other; the
+// call is bounded (healCallTimeout).
+//
 // # Pitfalls
 //
 //   - A handler must not keep rpc request slices (WriteReq.Data) after it

@@ -414,6 +414,11 @@ func (s *Server) groupWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.WriteRes
 			lr.Chunk = rpc.ChunkID{Target: tgt, Ino: r.Chunk.Ino}
 			var err error
 			resp, err = s.handleWrite(lctx, &lr)
+			if err != nil && s.healWriteEdges(lctx, tgt, r.Chunk.Ino, r.Chunk.Target, int64(r.Off), int64(end), err) {
+				// A block under the write's edge was bad here and is
+				// repaired from the other copy (heal.go): write again.
+				resp, err = s.handleWrite(lctx, &lr)
+			}
 			return err
 		},
 		precheck: func(t *target) error {

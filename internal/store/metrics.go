@@ -83,7 +83,7 @@ func (m *metrics) forTarget(path string) *targetMetrics {
 var methodNames = map[rpc.Method]string{
 	rpc.SWrite: "write", rpc.SRead: "read", rpc.STruncate: "truncate", rpc.SPunch: "punch",
 	rpc.SSync: "sync", rpc.SRemove: "remove", rpc.SChunkStat: "chunk_stat",
-	rpc.SSyncStat: "sync_stat", rpc.SSeek: "seek",
+	rpc.SSyncStat: "sync_stat", rpc.SSeek: "seek", rpc.SScrub: "scrub", rpc.SChunkSums: "chunk_sums",
 }
 
 // observe is the rpc server's per-request hook.

@@ -30,6 +30,7 @@ type Server struct {
 	byID    atomic.Pointer[map[uint32]*target]
 	cache   *chunkCache
 	m       *metrics
+	heal    *healer // self-healing of mirror group chunks (heal.go)
 
 	rpc     *transport.Server
 	ln      net.Listener
@@ -99,6 +100,8 @@ func Open(cfg Config) (*Server, error) {
 	s.mm = newMirrorMetrics(s.m.reg)
 	s.groups.changed = s.groupsChanged
 	s.cache = newChunkCache(s, cfg.MaxOpenChunks)
+	s.heal = newHealer(s)
+	s.setPeerFinder(s.groups)
 	ok := false
 	defer func() {
 		if !ok {
@@ -278,6 +281,7 @@ func (s *Server) Close() error {
 func (s *Server) close(syncAll bool) error {
 	close(s.stop)
 	s.rpc.Close() // waits for handlers in flight
+	s.heal.close()
 	if s.metrics != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = s.metrics.Shutdown(ctx)
@@ -347,6 +351,8 @@ func (s *Server) register() {
 	transport.Handle(s.rpc, rpc.SListChunks, s.handleListChunks)
 	transport.Handle(s.rpc, rpc.SSeek, s.handleSeek)
 	transport.Handle(s.rpc, rpc.SSyncStat, s.handleSyncStat)
+	transport.Handle(s.rpc, rpc.SScrub, s.handleScrub)
+	transport.Handle(s.rpc, rpc.SChunkSums, s.handleChunkSums)
 }
 
 // target resolves a target id.
@@ -441,6 +447,7 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.WriteRe
 }
 
 func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, error) {
+	group := r.Chunk.Target // kept for healRead: admission names the local target instead
 	if err := s.groupRead(ctx, &r.Chunk); err != nil {
 		return nil, err
 	}
@@ -462,7 +469,11 @@ func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, err
 	if err != nil {
 		return nil, s.failed(err)
 	}
-	resp, err := c.read(s, int64(r.Off), int(r.Len), transport.LocalReadDest(ctx))
+	dest := transport.LocalReadDest(ctx)
+	resp, err := c.read(s, int64(r.Off), int(r.Len), dest)
+	if err != nil && rpc.IsGroup(group) {
+		resp, err = s.healRead(ctx, c, group, r, dest, err)
+	}
 	s.cache.release(c)
 	if err != nil {
 		return nil, s.failed(err)
