@@ -657,3 +657,94 @@ func TestFsckWhileWriting(t *testing.T) {
 		}
 	}
 }
+
+// TestMirrorPlacementE2E: on real processes, strata mirror create --auto
+// pairs the targets across the storage servers, strata stripe set
+// --mirror marks a directory, and a file made there (and in a new
+// subdirectory) gets a layout of mirror groups, while others keep
+// targets; status --json lists the groups with the servers' --listen
+// addresses. (No data is written: the stores' side of groups is tested
+// with them.)
+func TestMirrorPlacementE2E(t *testing.T) {
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 2, TargetsPerStore: 2})
+	mnt := c.Mount(0)
+	run := func(args ...string) []byte {
+		out, err := exec.Command(c.Bin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("strata %v: %v\n%s", args, err, out)
+		}
+		return out
+	}
+	flags := []string{"--meta", c.MetaAddr, "--key-file", c.KeyFile}
+	if out := run(append([]string{"mirror", "create", "--auto"}, flags...)...); !strings.Contains(string(out), "created 2 mirror group(s)") {
+		t.Fatalf("mirror create --auto: %s", out)
+	}
+	var st struct {
+		Groups []struct {
+			ID              uint32 `json:"id"`
+			PrimaryServer   string `json:"primary_server"`
+			SecondaryServer string `json:"secondary_server"`
+			State           string `json:"state"`
+			Epoch           uint64 `json:"epoch"`
+		} `json:"mirror_groups"`
+		Servers []struct {
+			Address string `json:"address"`
+		} `json:"servers"`
+	}
+	if err := json.Unmarshal(run(append([]string{"status", "--json"}, flags...)...), &st); err != nil {
+		t.Fatal(err)
+	}
+	listen := map[string]bool{}
+	for _, s := range st.Servers {
+		listen[s.Address] = true
+	}
+	if len(st.Groups) != 2 {
+		t.Fatalf("mirror_groups: %+v", st.Groups)
+	}
+	for _, g := range st.Groups {
+		if g.State != "in_sync" || g.Epoch != 1 || g.PrimaryServer == g.SecondaryServer || !listen[g.PrimaryServer] || !listen[g.SecondaryServer] {
+			t.Fatalf("group %+v (servers %v)", g, listen)
+		}
+	}
+	dir := filepath.Join(mnt, "results")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run("stripe", "set", "--mirror", dir)
+	if err := os.Mkdir(filepath.Join(dir, "new"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	groupsOf := func(path string) []uint32 {
+		if err := os.WriteFile(path, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var l struct {
+			Targets []uint32 `json:"targets"`
+		}
+		if err := json.Unmarshal(run("stripe", "get", "--json", path), &l); err != nil {
+			t.Fatal(err)
+		}
+		var groups []uint32
+		for _, id := range l.Targets {
+			if layout.IsGroup(id) {
+				groups = append(groups, id&^layout.GroupBit)
+			}
+		}
+		if len(groups) != 0 && len(groups) != len(l.Targets) {
+			t.Fatalf("%s: targets %v mix groups and targets", path, l.Targets)
+		}
+		return groups
+	}
+	if g := groupsOf(filepath.Join(dir, "f")); len(g) != 2 {
+		t.Fatalf("a file in the mirrored directory is on groups %v, want both", g)
+	}
+	if g := groupsOf(filepath.Join(dir, "new", "f")); len(g) != 2 {
+		t.Fatalf("a file in a new subdirectory is on groups %v, want both", g)
+	}
+	if g := groupsOf(filepath.Join(mnt, "plain")); len(g) != 0 {
+		t.Fatalf("a file outside is on groups %v", g)
+	}
+	if out := run("stripe", "get", filepath.Join(dir, "f")); !strings.Contains(string(out), "mirror groups:") {
+		t.Fatalf("stripe get of a mirrored file: %s", out)
+	}
+}

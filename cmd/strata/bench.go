@@ -430,7 +430,7 @@ also after a failure or Ctrl-C. Needs root.`,
 		cmd.Flags().Lookup(name).DefValue = v
 	}
 	cmd.Flags().StringVar(&dir, "dir", "/var/tmp/strata-bench-peers", "work directory on the disk under test (everything is created below it)")
-	cmd.Flags().StringVar(&systems, "systems", strings.Join(peers.Systems, ","), "systems to include (also, when named: "+strings.Join(peers.Optional, ", ")+" — Strata with three metadata voters, for the cost of the quorum)")
+	cmd.Flags().StringVar(&systems, "systems", strings.Join(peers.Systems, ","), "systems to include (also, when named: "+strings.Join(peers.Optional, ", ")+": strata up with three metadata voters, for the cost of the quorum; strata up --ha with files unmirrored and mirrored, for the cost of mirroring)")
 	cmd.Flags().StringVar(&upFlags, "strata-up-flags", "", "extra flags for the Strata peer's strata up, e.g. \"--sync-policy async\" (default: none)")
 	return cmd
 }

@@ -191,25 +191,30 @@ func TestMetricsFlagOneName(t *testing.T) {
 	}
 }
 
-// TestFsckJSONNames: fsck --json follows the JSON convention (snake_case;
-// "address" as in status).
+// TestFsckJSONNames: fsck --json and scrub --json follow the JSON
+// convention (snake_case; "address" as in status).
 func TestFsckJSONNames(t *testing.T) {
-	b, err := json.Marshal(fsckTarget{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	snake := regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
-	for k := range m {
-		if !snake.MatchString(k) {
-			t.Errorf("fsck JSON name %q is not snake_case", k)
+	for _, v := range []any{fsckTarget{}, scrubTarget{Group: 1, Skipped: "x", Problems: []string{"p"}}} {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if _, ok := m["address"]; !ok {
-		t.Errorf("fsck JSON has no \"address\": %s", b)
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		snake := regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+		for k := range m {
+			if !snake.MatchString(k) {
+				t.Errorf("%T JSON name %q is not snake_case", v, k)
+			}
+		}
+		if _, ok := m["address"]; !ok {
+			t.Errorf("%T JSON has no \"address\": %s", v, b)
+		}
+		if _, ok := m["chunks"]; !ok {
+			t.Errorf("%T JSON has no \"chunks\": %s", v, b)
+		}
 	}
 }
 

@@ -55,10 +55,7 @@ without --remove-orphans.`,
 			if err != nil {
 				return err
 			}
-			var pw io.Writer
-			if progress || (!cmd.Flags().Changed("progress") && isTerminal(os.Stderr)) {
-				pw = os.Stderr
-			}
+			pw := progressWriter(cmd, progress)
 			res, err := fsck(cmd.Context(), meta, key, remove, pw)
 			if err != nil {
 				return err
@@ -111,6 +108,16 @@ func (p *fsckProgress) done(r *fsckTarget, i, n int) {
 		r.ID, r.Path, r.Addr, i, n, r.Chunks, r.Orphans, r.Removed, time.Since(p.start).Round(time.Millisecond))
 }
 
+// progressWriter is where a command with a --progress flag (set to
+// progress) reports it: stderr when asked, or by default when stderr is
+// a terminal; nil for nowhere.
+func progressWriter(cmd *cobra.Command, progress bool) io.Writer {
+	if progress || (!cmd.Flags().Changed("progress") && isTerminal(os.Stderr)) {
+		return os.Stderr
+	}
+	return nil
+}
+
 // isTerminal reports whether f is a terminal.
 func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
@@ -120,24 +127,19 @@ func isTerminal(f *os.File) bool {
 // fsck checks every target of the cluster whose metadata service is at meta,
 // reporting its progress to progress (nil: nowhere).
 func fsck(ctx context.Context, meta string, key []byte, remove bool, progress io.Writer) ([]*fsckTarget, error) {
-	mc := adminMetaClient(meta, key)
-	defer mc.Close()
-	var st rpc.ClusterStatusResp
-	if err := mc.Call(ctx, rpc.MClusterStatus, &rpc.Empty{}, &st); err != nil {
-		return nil, fmt.Errorf("cluster status from %s: %w", meta, err)
+	mc, st, err := clusterStatus(ctx, meta, key)
+	if err != nil {
+		return nil, err
 	}
+	defer mc.Close()
 	// Only numbers handed out before the listing are judged: a chunk of
 	// an inode at or above next may belong to a file created since.
 	var start rpc.InodesKnownResp
 	if err := mc.Call(ctx, rpc.MInodesKnown, &rpc.InodesKnownReq{}, &start); err != nil {
 		return nil, fmt.Errorf("inode numbers from %s: %w", meta, err)
 	}
-	stores := map[string]*transport.Client{}
-	defer func() {
-		for _, c := range stores {
-			c.Close()
-		}
-	}()
+	stores := newStoreClients(key)
+	defer stores.close()
 	p := &fsckProgress{w: progress, start: time.Now()}
 	var out []*fsckTarget
 	for i, ti := range st.Targets {
@@ -148,11 +150,7 @@ func fsck(ctx context.Context, meta string, key []byte, remove bool, progress io
 			p.done(r, i+1, len(st.Targets))
 			continue
 		}
-		sc := stores[ti.Addr]
-		if sc == nil {
-			sc = adminClient(ti.Addr, key)
-			stores[ti.Addr] = sc
-		}
+		sc := stores.get(ti.Addr)
 		if err := fsckTargetChunks(ctx, mc, sc, r, start.NextIno, p); err != nil {
 			var se *storeError
 			if !errors.As(err, &se) {
@@ -213,6 +211,44 @@ func fsckTargetChunks(ctx context.Context, mc transport.Caller, sc *transport.Cl
 			return fmt.Errorf("target %d (%s on %s): chunk listing does not advance past directory %d", r.ID, r.Path, r.Addr, from)
 		}
 		from = page.Next
+	}
+}
+
+// clusterStatus asks the metadata service at meta for the cluster's
+// status, and answers its client (for the caller to close) with it.
+func clusterStatus(ctx context.Context, meta string, key []byte) (*transport.Multi, *rpc.ClusterStatusResp, error) {
+	mc := adminMetaClient(meta, key)
+	var st rpc.ClusterStatusResp
+	if err := mc.Call(ctx, rpc.MClusterStatus, &rpc.Empty{}, &st); err != nil {
+		mc.Close()
+		return nil, nil, fmt.Errorf("cluster status from %s: %w", meta, err)
+	}
+	return mc, &st, nil
+}
+
+// storeClients are the admin commands' clients of storage servers, one
+// per address, made on first use.
+type storeClients struct {
+	key []byte
+	m   map[string]*transport.Client
+}
+
+func newStoreClients(key []byte) *storeClients {
+	return &storeClients{key: key, m: map[string]*transport.Client{}}
+}
+
+func (s *storeClients) get(addr string) *transport.Client {
+	c := s.m[addr]
+	if c == nil {
+		c = adminClient(addr, s.key)
+		s.m[addr] = c
+	}
+	return c
+}
+
+func (s *storeClients) close() {
+	for _, c := range s.m {
+		c.Close()
 	}
 }
 

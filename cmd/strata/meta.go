@@ -18,6 +18,7 @@ func init() {
 	var (
 		listen, data, raftAddr, keyFile, metricsAddr, nodeID string
 		serverTimeout, sessionLease, orphanGrace, syncDelay  time.Duration
+		failoverTimeout                                      time.Duration
 		strictSync                                           bool
 		diskReserve, peers                                   string
 		tf                                                   tlsFlags
@@ -39,7 +40,7 @@ func init() {
 			}
 			cfg := meta.Config{
 				DataDir: data, ListenAddr: listen, RaftAddr: raftAddr, NodeID: nodeID,
-				ServerTimeout: serverTimeout, SessionLease: sessionLease, OrphanGrace: orphanGrace,
+				ServerTimeout: serverTimeout, SessionLease: sessionLease, OrphanGrace: orphanGrace, FailoverTimeout: failoverTimeout,
 				MetricsAddr: metricsAddr, StrictSync: strictSync, SyncDelay: syncDelay,
 				DiskReserve: int64(reserve), Peers: splitPeers(peers),
 			}
@@ -96,12 +97,17 @@ func init() {
 	f.StringVar(&nodeID, "node-id", "", "raft node id (default: saved in the data dir, or random)")
 	f.DurationVar(&serverTimeout, "server-timeout", d.ServerTimeout, "storage server considered dead after this long without heartbeat")
 	f.DurationVar(&sessionLease, "session-lease", d.SessionLease, "client session lease")
+	f.DurationVar(&failoverTimeout, "failover-timeout", d.FailoverTimeout, failoverTimeoutUsage)
 	f.BoolVar(&strictSync, "strict-sync", false, "answer every namespace change only once it is on stable storage (default: at the client's next fsync/close barrier, or within --sync-delay)")
 	f.DurationVar(&syncDelay, "sync-delay", 5*time.Millisecond, "longest time an answered namespace change stays off stable storage when nobody waits for it")
 	f.StringVar(&diskReserve, "disk-reserve", "256M", "free space kept on the data directory's disk: below it, creates, links, renames and xattrs fail with ENOSPC (0: none)")
 	f.DurationVar(&orphanGrace, "orphan-grace", 0, "delay before deleting unlinked files' data after start (default: session lease)")
 	rootCmd.AddCommand(cmd)
 }
+
+// failoverTimeoutUsage is the help of --failover-timeout (strata meta,
+// strata up).
+const failoverTimeoutUsage = "a mirror group's primary whose storage server sends no heartbeat for this long is replaced by its in-sync secondary (servers stop acting as primaries 2/3 of it after their last answered heartbeat)"
 
 // splitPeers splits a comma-separated address list, dropping blanks.
 func splitPeers(s string) []string {

@@ -171,6 +171,10 @@ func printStatus(out io.Writer, st *rpc.ClusterStatusResp, capa admin.Capacity, 
 	fmt.Fprintln(out, "(as df on the mount: targets on one file system of one host count once; AVAIL is what writes may use, above each target's reserve;")
 	fmt.Fprintln(out, " UNSYNCED is written and not yet durable: each storage server syncs it within its --sync-interval)")
 	fmt.Fprintln(out)
+	if len(st.Groups) > 0 {
+		printGroups(out, st.Groups)
+		fmt.Fprintln(out)
+	}
 	printClients(out, st, showLocks)
 }
 

@@ -15,10 +15,10 @@ import (
 
 func init() {
 	var (
-		metaAddr, listenAddr, advertise, keyFile, metricsAddr string
-		targets                                               []string
-		heartbeat, syncInterval                               time.Duration
-		tf                                                    tlsFlags
+		metaAddr, listenAddr, advertise, keyFile, metricsAddr, domain string
+		targets                                                       []string
+		heartbeat, syncInterval                                       time.Duration
+		tf                                                            tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "store --meta ADDR[,ADDR...] --listen ADDR --target DIR [--target DIR ...]",
@@ -53,6 +53,7 @@ round; strata status shows what waits.`,
 			cfg.ListenAddr = listenAddr
 			cfg.AdvertiseAddr = advertise
 			cfg.Targets = targets
+			cfg.Domain = domain
 			cfg.MetricsAddr = metricsAddr
 			cfg.HeartbeatInterval = heartbeat
 			cfg.SyncInterval = syncInterval
@@ -98,6 +99,7 @@ round; strata status shows what waits.`,
 	f.StringVar(&listenAddr, "listen", "", "address to serve the data path on (host:port)")
 	f.StringVar(&advertise, "advertise", "", "address clients dial (default: the listen address)")
 	f.StringArrayVar(&targets, "target", nil, "target directory (repeat for several)")
+	f.StringVar(&domain, "domain", "", "failure domain of this server (a rack, a power feed): strata mirror create --auto --domain pairs targets across domains")
 	f.StringVar(&keyFile, "key-file", "", "file holding the cluster key (whitespace trimmed; default: empty key)")
 	metricsFlag(f, &metricsAddr)
 	tf.register(f)

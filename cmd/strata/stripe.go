@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/stratafs/strata/internal/admin"
 	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/mountinfo"
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 func init() {
@@ -24,13 +26,14 @@ func init() {
 	}
 	var count int
 	var size string
+	var mirror bool
 	set := &cobra.Command{
-		Use:   "set --count N --size S DIR",
-		Short: "Set a directory's default layout for new files (0 = system default)",
+		Use:   "set [--count N] [--size S] [--mirror] DIR",
+		Short: "Set a directory's default layout for new files (0 = system default); --mirror puts them on mirror groups",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !cmd.Flags().Changed("count") && !cmd.Flags().Changed("size") {
-				return usagef("stripe set: give --count and/or --size")
+			if !cmd.Flags().Changed("count") && !cmd.Flags().Changed("size") && !cmd.Flags().Changed("mirror") {
+				return usagef("stripe set: give --count, --size and/or --mirror")
 			}
 			if count < 0 {
 				return usagef("--count %d: must be ≥ 0", count)
@@ -63,6 +66,9 @@ func init() {
 				s := uint32(sz)
 				sizep = &s
 			}
+			if cmd.Flags().Changed("mirror") {
+				return setDirMirror(cmd.Context(), dir, cur, countp, sizep, mirror)
+			}
 			val := admin.SetValue(cur, countp, sizep)
 			if err := unix.Setxattr(dir, admin.LayoutXattr, []byte(val), 0); err != nil {
 				if errors.Is(err, unix.EINVAL) && count > 0 {
@@ -77,6 +83,7 @@ func init() {
 	}
 	set.Flags().IntVar(&count, "count", 0, "stripe count: number of targets each new file spans (0 = all, capped at 8; not given: keep the directory's)")
 	set.Flags().StringVar(&size, "size", "0", "stripe size, e.g. 1M, 4M, 65536 (0 = 1 MiB; not given: keep the directory's)")
+	set.Flags().BoolVar(&mirror, "mirror", false, "new files under DIR (and its new subdirectories) go on mirror groups (strata mirror create makes them); --mirror=false: on targets again")
 	var asJSON bool
 	get := &cobra.Command{
 		Use:   "get [--json] PATH",
@@ -104,10 +111,15 @@ func init() {
 			fmt.Printf("stripe_size:  %s\nstripe_count: %s\n", sizeText, countText)
 			if len(l.Targets) > 0 {
 				ids := make([]string, len(l.Targets))
+				what := "targets:     "
 				for i, t := range l.Targets {
+					if layout.IsGroup(t) { // a mirrored file: all are groups
+						what = "mirror groups:"
+						t &^= layout.GroupBit
+					}
 					ids[i] = strconv.Itoa(int(t))
 				}
-				fmt.Printf("targets:      %s\n", strings.Join(ids, " "))
+				fmt.Printf("%s %s\n", what, strings.Join(ids, " "))
 			}
 			if l.MaxFileBytes > 0 {
 				fmt.Printf("max_file_size: %s (%d bytes)\n", humanBytes(uint64(l.MaxFileBytes)), l.MaxFileBytes)
@@ -118,6 +130,43 @@ func init() {
 	get.Flags().BoolVar(&asJSON, "json", false, `print {"stripe_size": …, "stripe_count": …, "targets": [ids], "max_file_bytes": … (files)}`)
 	stripe.AddCommand(set, get)
 	rootCmd.AddCommand(stripe)
+}
+
+// setDirMirror sets dir's mirror mark (and the count and size given) with
+// one MSetDirLayout to the metadata service of the mount dir is on: the
+// layout xattr of older mounts has no word for it.
+func setDirMirror(ctx context.Context, dir string, cur admin.Layout, count, size *uint32, on bool) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return fmt.Errorf("stripe set: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return usagef("stripe set --mirror: %s is not a directory", dir)
+	}
+	c, err := admin.Locate(admin.Query{Dir: dir})
+	if err != nil {
+		return fmt.Errorf("stripe set --mirror: find the cluster of %s: %w", dir, err)
+	}
+	key, err := readKeyFile(c.KeyFile)
+	if err != nil {
+		return err
+	}
+	m := adminMetaClient(strings.Join(c.MetaAddrs, ","), key)
+	defer m.Close()
+	req := &rpc.SetDirLayoutReq{Dir: st.Ino, StripeSize: cur.StripeSize, StripeCount: cur.StripeCount, Mirror: rpc.DirMirrorOff}
+	if count != nil {
+		req.StripeCount = *count
+	}
+	if size != nil {
+		req.StripeSize = *size
+	}
+	if on {
+		req.Mirror = rpc.DirMirrorOn
+	}
+	if err := m.Call(ctx, rpc.MSetDirLayout, req, &rpc.AttrResp{}); err != nil {
+		return fmt.Errorf("set layout of %s: %w", dir, err)
+	}
+	return nil
 }
 
 // requireStrata refuses a path that is not on a Strata mount: a layout

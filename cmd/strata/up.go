@@ -36,7 +36,7 @@ func init() {
 		writeThrough, kernelReadAhead             int64
 		pprofAddr, metaDiskReserve                string
 		syncInterval                              time.Duration
-		debugFuse, ha                             bool
+		debugFuse, ha, mirrorRoot                 bool
 		haRestartDelay, failoverTimeout           time.Duration
 		tf                                        tlsFlags
 	)
@@ -102,7 +102,7 @@ on the same --data it serves the same files.`,
 				stores: stores, targetsPerStore: targetsPerStore, metaVoters: metaVoters, strictMetaSync: strictMetaSync,
 				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
 				tls: tc, syncInterval: syncInterval, pprof: pprofAddr != "", debugFuse: debugFuse,
-				ha: ha, haRestartDelay: haRestartDelay, failoverTimeout: failoverTimeout, tlsFiles: tf,
+				ha: ha, haRestartDelay: haRestartDelay, failoverTimeout: failoverTimeout, tlsFiles: tf, mirrorRoot: mirrorRoot,
 			})
 			if err == nil {
 				fmt.Fprintln(os.Stderr, "strata: stopped cleanly: unmounted, every service closed")
@@ -125,8 +125,9 @@ on the same --data it serves the same files.`,
 	cmd.Flags().StringVar(&pprofAddr, "pprof", "", "serve Go profiles (net/http/pprof) on this address, for performance work")
 	_ = cmd.Flags().MarkHidden("pprof")
 	cmd.Flags().BoolVar(&ha, "ha", false, "high availability: each metadata voter (3 unless --meta-voters) and storage server (4 unless --stores) a process of its own, every target paired into mirror groups across servers, new files mirrored")
+	cmd.Flags().BoolVar(&mirrorRoot, "mirror-root", true, "with --ha: at the first start, mark the root directory mirrored (strata stripe set --mirror), so that every new file is; false leaves files unmirrored until a directory is marked")
 	cmd.Flags().DurationVar(&haRestartDelay, "ha-restart-delay", 10*time.Second, "with --ha: start a voter or storage server that died again after this long (0: leave it dead)")
-	cmd.Flags().DurationVar(&failoverTimeout, "failover-timeout", 0, "with --ha: a primary's server silent this long is replaced by its secondary (0: the metadata service's default)")
+	cmd.Flags().DurationVar(&failoverTimeout, "failover-timeout", 0, "a mirror group primary's server silent this long is replaced by its secondary (0: the metadata service's default, 3s)")
 	cmd.Flags().BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request (very verbose)")
 	_ = cmd.Flags().MarkHidden("debug-fuse")
 	tf.register(cmd.Flags())
@@ -149,7 +150,7 @@ type upOptions struct {
 	// paired into mirror groups; haRestartDelay restarts a dead child
 	// (0: never); failoverTimeout is the voters' (0: their default);
 	// tlsFiles are passed on to the children.
-	ha                              bool
+	ha, mirrorRoot                  bool
 	haRestartDelay, failoverTimeout time.Duration
 	tlsFiles                        tlsFlags
 }
@@ -215,11 +216,11 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 		return err
 	}
 	if o.ha {
-		groups, err := haPairAll(ctx, metaAddrs, key)
+		groups, err := haPairAll(ctx, metaAddrs, key, o.mirrorRoot)
 		if err != nil {
 			return err
 		}
-		slog.Info("mirror groups", "made", len(groups))
+		slog.Info("mirror groups", "groups", len(groups), "root mirrored", o.mirrorRoot)
 	}
 
 	ccfg := client.DefaultConfig()
@@ -284,6 +285,9 @@ func startLocal(o upOptions, dataDir string, key []byte, stops *[]func() error) 
 	mcfg.ClusterKey = key
 	mcfg.TLS = o.tls
 	mcfg.StrictSync = o.strictMetaSync
+	if o.failoverTimeout > 0 {
+		mcfg.FailoverTimeout = o.failoverTimeout
+	}
 	mcfg.DiskReserve = o.metaDiskReserve
 	if o.metaDiskReserve == 0 {
 		mcfg.DiskReserve = -1 // none

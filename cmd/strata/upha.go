@@ -250,17 +250,32 @@ func (h *haCluster) stop() error {
 }
 
 // haPairAll pairs every unpaired target into mirror groups across servers
-// (what `strata mirror create --auto` does), waiting a bounded time for
+// (what `strata mirror create --auto` does) and, with mirrorRoot, marks the
+// root directory mirrored so that every new file is (a directory whose
+// mark an operator changed keeps it: the root's mark is set only on the
+// first start, when there are no groups yet). It waits a bounded time for
 // the metadata service to answer.
-func haPairAll(ctx context.Context, metaAddrs []string, key []byte) ([]rpc.GroupInfo, error) {
+func haPairAll(ctx context.Context, metaAddrs []string, key []byte, mirrorRoot bool) ([]rpc.GroupInfo, error) {
 	c := transport.NewMulti(metaAddrs, transport.MultiConfig{ClientConfig: transport.ClientConfig{Key: key, TLS: adminTLS, Conns: 1}})
 	defer c.Close()
-	var resp rpc.ListGroupsResp
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
+	var before rpc.ListGroupsResp
+	if err := c.Call(cctx, rpc.MListGroups, &rpc.Empty{}, &before); err != nil {
+		return nil, fmt.Errorf("list the mirror groups: %w", err)
+	}
+	var made rpc.ListGroupsResp
 	req := &rpc.MirrorCreateReq{Hdr: rpc.ReqHeader{ClientID: uint64(os.Getpid()), Seq: uint64(time.Now().UnixNano())}, Auto: true}
-	if err := c.Call(cctx, rpc.MMirrorCreate, req, &resp); err != nil {
+	if err := c.Call(cctx, rpc.MMirrorCreate, req, &made); err != nil {
 		return nil, fmt.Errorf("pair the targets into mirror groups: %w", err)
 	}
-	return resp.Groups, nil
+	if mirrorRoot && len(before.Groups) == 0 && len(made.Groups) > 0 {
+		const rootIno = 1
+		set := &rpc.SetDirLayoutReq{Hdr: rpc.ReqHeader{ClientID: uint64(os.Getpid()), Seq: uint64(time.Now().UnixNano())},
+			Dir: rootIno, Mirror: rpc.DirMirrorOn}
+		if err := c.Call(cctx, rpc.MSetDirLayout, set, &rpc.AttrResp{}); err != nil {
+			return nil, fmt.Errorf("mark the root directory mirrored: %w", err)
+		}
+	}
+	return append(before.Groups, made.Groups...), nil
 }

@@ -29,6 +29,44 @@ type Status struct {
 	// background reaper has not freed yet, and the space they hold.
 	FreePendingFiles uint64 `json:"free_pending_files"`
 	FreePendingBytes uint64 `json:"free_pending_bytes"`
+
+	// MirrorGroups are the mirror groups in id order (docs/design/0014;
+	// a contract scripts rely on: id, primary_server, secondary_server,
+	// state, epoch).
+	MirrorGroups []MirrorGroup `json:"mirror_groups"`
+}
+
+// MirrorGroup is one mirror group: two targets on different servers.
+type MirrorGroup struct {
+	ID uint32 `json:"id"`
+	// PrimaryServer, SecondaryServer: the addresses of the copies'
+	// storage servers, as given to strata store --listen.
+	PrimaryServer   string `json:"primary_server"`
+	SecondaryServer string `json:"secondary_server"`
+	PrimaryTarget   uint32 `json:"primary_target"`
+	SecondaryTarget uint32 `json:"secondary_target"`
+	PrimaryAlive    bool   `json:"primary_alive"`
+	SecondaryAlive  bool   `json:"secondary_alive"`
+	State           string `json:"state"` // in_sync, degraded or resyncing
+	Epoch           uint64 `json:"epoch"`
+	Since           string `json:"since"` // RFC 3339: when the group entered State
+	// ResyncDoneBytes, ResyncTotalBytes, ResyncPercent: a resyncing
+	// group's progress as its primary last reported it (0 otherwise).
+	ResyncDoneBytes  uint64  `json:"resync_done_bytes"`
+	ResyncTotalBytes uint64  `json:"resync_total_bytes"`
+	ResyncPercent    float64 `json:"resync_percent"`
+}
+
+// MirrorGroupOf is a group as status shows it.
+func MirrorGroupOf(g *rpc.GroupInfo) MirrorGroup {
+	m := MirrorGroup{ID: g.ID, PrimaryServer: g.PrimaryAddr, SecondaryServer: g.SecondaryAddr,
+		PrimaryTarget: g.Primary, SecondaryTarget: g.Secondary, PrimaryAlive: g.PrimaryAlive, SecondaryAlive: g.SecondaryAlive,
+		State: rpc.GroupStateName(g.State), Epoch: g.Epoch, Since: time.UnixMilli(g.SinceMs).UTC().Format(time.RFC3339),
+		ResyncDoneBytes: g.ResyncDone, ResyncTotalBytes: g.ResyncTotal}
+	if g.ResyncTotal > 0 {
+		m.ResyncPercent = math.Floor(1000*float64(min(g.ResyncDone, g.ResyncTotal))/float64(g.ResyncTotal)) / 10
+	}
+	return m
 }
 
 // MetaStatus is the metadata service as the answering node sees it.
@@ -169,7 +207,7 @@ func StatusOf(st *rpc.ClusterStatusResp, fs rpc.StatFSResp, withLocks bool) Stat
 		Health: "ok", Problems: append([]string{}, st.Problems...),
 		Inodes: st.Inodes, Sessions: st.Sessions,
 		FreePendingFiles: st.FreePendingFiles, FreePendingBytes: st.FreePendingBytes,
-		Servers: []ServerStatus{}, Targets: []TargetStatus{}, Clients: []ClientStatus{},
+		Servers: []ServerStatus{}, Targets: []TargetStatus{}, Clients: []ClientStatus{}, MirrorGroups: []MirrorGroup{},
 		Capacity: CapacityOf(fs),
 		Locks:    LockStatus{Held: st.LocksTotal, Grace: st.LockGrace, GracePendingClients: st.LockGracePending, List: []Lock{}},
 	}
@@ -190,6 +228,9 @@ func StatusOf(st *rpc.ClusterStatusResp, fs rpc.StatFSResp, withLocks bool) Stat
 			ts.UnsyncedChunks, ts.UnsyncedBytes, ts.OldestUnsyncedSeconds = u.Chunks, u.Bytes, float64(u.OldestMs)/1000
 		}
 		out.Targets = append(out.Targets, ts)
+	}
+	for i := range st.Groups {
+		out.MirrorGroups = append(out.MirrorGroups, MirrorGroupOf(&st.Groups[i]))
 	}
 	for _, c := range st.Clients {
 		out.Clients = append(out.Clients, ClientStatus{ID: c.ID, Host: c.Host, MountPoint: c.MountPoint, Pid: c.Pid,

@@ -33,6 +33,12 @@ const (
 	opRaiseIno  // NextIno = max(NextIno, Ino): a target holds chunks up to there
 	opTmpfile   // a regular file with no name (O_TMPFILE): operands as opCreate, Name empty
 	opSetAtimes // a client's batch of access times (rpc.MSetAtimes), each only forward
+	// Mirror groups (mirror.go, docs/design/0014), appended:
+	opMirrorCreate   // pair targets into groups (auto, by domain, or the listed pairs)
+	opMirrorFailOver // the secondary becomes the primary (planned, or the primary is dead)
+	opMirrorReport   // a store's report: secondary lost, resync progress, resync done
+	opMirrorReplace  // a new (empty) target in place of the group's out-of-sync copy
+	opMirrorResync   // the degraded group's secondary is back: resync it
 )
 
 // command is one state-machine command: the payload of a raft log entry.
@@ -71,10 +77,17 @@ const (
 //	SetXattr, RemoveXattr                 Ino, Name, Value, Flags
 //	CommitSize                            Ino, Size, Mtime, ClearSuid (byte),
 //	                                      [Alloc (Slot, Bytes each)]
-//	SetDirLayout                          Ino, Size (stripe size), Flags (stripe count)
+//	SetDirLayout                          Ino, Size (stripe size), Flags (stripe count),
+//	                                      [Mirror (byte: 1 on, 2 off; absent: keep)]
 //	SessionOpen                           Host, MountPoint, Pid, LeaseMs
 //	Register                              Addr, Host, Targets (UUID, Path each),
-//	                                      [each target's InoCeiling, no count]
+//	                                      [each target's InoCeiling, no count],
+//	                                      [Domain (absent: none)]
+//	MirrorCreate                          Flags (1 auto, 2 by domain), Pairs
+//	MirrorFailOver                        Group, Epoch (0: any), Flags (1: automatic)
+//	MirrorReport                          Group, Epoch, Target, Flags (event), Done, Total
+//	MirrorReplace                         Group, Target
+//	MirrorResync                          Group, Epoch
 //
 // The flag fields keep the values of the wire's constants of the same
 // meaning, which are frozen by TestCommandFlagValues: Valid holds the
@@ -85,7 +98,10 @@ const (
 //
 //	1  initial. Appended within version 1 (read as absent from older
 //	   entries): opRegister's targets' InoCeiling run, opCommitSize's
-//	   Alloc list; ops opReapMany, opRaiseIno, opTmpfile and opSetAtimes.
+//	   Alloc list; ops opReapMany, opRaiseIno, opTmpfile and opSetAtimes;
+//	   then opSetDirLayout's Mirror byte, opRegister's Domain, and the
+//	   mirror-group ops opMirrorCreate … opMirrorResync (whose event
+//	   numbers in Flags are the wire's rpc.Mirror* values).
 //
 // A node refuses an entry of a newer version (errNewerCommand) and stops
 // rather than skip it: a state machine that skipped an entry its peers
@@ -125,6 +141,18 @@ type command struct {
 
 	// space of a file's chunks (opCommitSize)
 	Alloc []slotAlloc
+
+	// mirror groups (opMirror*; Flags holds a report's event)
+	Group       uint32
+	Epoch       uint64
+	Target      uint32
+	Done, Total uint64
+	Pairs       []uint32
+	// Domain: a registering server's failure domain (opRegister)
+	Domain string
+	// MirrorMode: a directory's mirror mark change (opSetDirLayout):
+	// rpc.DirMirrorKeep, DirMirrorOn or DirMirrorOff
+	MirrorMode uint8
 
 	// Deferred: the request asked for its answer before its entry is
 	// durable (rpc.CommitSizeReq.Deferred). Not in the log: it changes
@@ -271,7 +299,10 @@ func (c *command) encode(b []byte) []byte {
 	case opSetDirLayout:
 		e.U64(c.Ino)
 		e.U64(c.Size)
-		e.U32(c.Flags) // stripe count
+		e.U32(c.Flags)         // stripe count
+		if c.MirrorMode != 0 { // appended; only when set, so older nodes read the rest
+			e.U8(c.MirrorMode)
+		}
 	case opSessionOpen:
 		e.String(c.Host)
 		e.String(c.MountPoint)
@@ -290,6 +321,29 @@ func (c *command) encode(b []byte) []byte {
 		for _, t := range c.Targets {
 			e.U64(t.InoCeiling)
 		}
+		if c.Domain != "" { // appended; only when set, so older nodes read the rest
+			e.String(c.Domain)
+		}
+	case opMirrorCreate:
+		e.U32(c.Flags)
+		e.U32s(c.Pairs)
+	case opMirrorFailOver:
+		e.U32(c.Group)
+		e.U64(c.Epoch)
+		e.U32(c.Flags)
+	case opMirrorReport:
+		e.U32(c.Group)
+		e.U64(c.Epoch)
+		e.U32(c.Target)
+		e.U32(c.Flags)
+		e.U64(c.Done)
+		e.U64(c.Total)
+	case opMirrorReplace:
+		e.U32(c.Group)
+		e.U32(c.Target)
+	case opMirrorResync:
+		e.U32(c.Group)
+		e.U64(c.Epoch)
 	}
 	return e.B
 }
@@ -385,6 +439,9 @@ func decodeCommand(b []byte, c *command) error {
 		c.Ino = d.U64()
 		c.Size = d.U64()
 		c.Flags = d.U32()
+		if len(d.B) > 0 { // absent from entries written before it
+			c.MirrorMode = d.U8()
+		}
 	case opSessionOpen:
 		c.Host = d.String()
 		c.MountPoint = d.String()
@@ -404,6 +461,29 @@ func decodeCommand(b []byte, c *command) error {
 				c.Targets[i].InoCeiling = d.U64()
 			}
 		}
+		if len(d.B) > 0 { // absent from entries written before it
+			c.Domain = d.String()
+		}
+	case opMirrorCreate:
+		c.Flags = d.U32()
+		c.Pairs = d.U32s()
+	case opMirrorFailOver:
+		c.Group = d.U32()
+		c.Epoch = d.U64()
+		c.Flags = d.U32()
+	case opMirrorReport:
+		c.Group = d.U32()
+		c.Epoch = d.U64()
+		c.Target = d.U32()
+		c.Flags = d.U32()
+		c.Done = d.U64()
+		c.Total = d.U64()
+	case opMirrorReplace:
+		c.Group = d.U32()
+		c.Target = d.U32()
+	case opMirrorResync:
+		c.Group = d.U32()
+		c.Epoch = d.U64()
 	default:
 		return fmt.Errorf("unknown command op %d", c.Op)
 	}

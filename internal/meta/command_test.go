@@ -63,6 +63,16 @@ func commandSamples() []struct {
 			"0112aab4aef2eda9fefa3007ac0202008083020506000001024d01"},
 		{command{Op: opSetAtimes, Now: now, Hdr: h, Inos: []uint64{5, 1 << 40}, Atimes: []int64{now, -1}},
 			"0113aab4aef2eda9fefa3007ac020205aab4aef2eda9fefa3080808080802001"},
+		// Appended within version 1 for mirror groups (issue 21): these
+		// bytes are this code's, the golden form from now on.
+		{command{Op: opSetDirLayout, Now: now, Hdr: h, Ino: 2, Size: 1 << 20, Flags: 4, MirrorMode: rpc.DirMirrorOn}, "010baab4aef2eda9fefa3007ac02028080400401"},
+		{command{Op: opRegister, Now: now, Addr: "a:1", Host: "n", Targets: []targetReg{{UUID: "u", Path: "/t"}}, Domain: "rack1"},
+			"010eaab4aef2eda9fefa30000003613a31016e010175022f7400057261636b31"},
+		{command{Op: opMirrorCreate, Now: now, Flags: mirrorAuto | mirrorByDomain, Pairs: []uint32{1, 4}}, "0114aab4aef2eda9fefa30000003020104"},
+		{command{Op: opMirrorFailOver, Now: now, Group: 3, Epoch: 9, Flags: mirrorAutomatic}, "0115aab4aef2eda9fefa300000030901"},
+		{command{Op: opMirrorReport, Now: now, Group: 3, Epoch: 9, Target: 4, Flags: uint32(rpc.MirrorResyncProgress), Done: 1 << 30, Total: 1 << 33}, "0116aab4aef2eda9fefa3000000309040280808080048080808020"},
+		{command{Op: opMirrorReplace, Now: now, Group: 3, Target: 7}, "0117aab4aef2eda9fefa3000000307"},
+		{command{Op: opMirrorResync, Now: now, Group: 3, Epoch: 10}, "0118aab4aef2eda9fefa300000030a"},
 	}
 }
 
@@ -74,6 +84,7 @@ func TestCommandGoldenV1(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+
 		var got command
 		if err := decodeCommand(b, &got); err != nil {
 			t.Fatalf("op %d: decode golden: %v", s.c.Op, err)
@@ -145,6 +156,12 @@ func TestCommandFlagValues(t *testing.T) {
 	want := []uint32{1, 2, 4, 8, 16, 32, 64, 128, 256, 1, 2, 1, 2}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("flag values %v, want %v (they are part of the raft command format)", got, want)
+	}
+	// opMirrorReport keeps the wire's event numbers, opSetDirLayout its
+	// mirror mark changes.
+	got8 := []uint8{rpc.MirrorSecondaryLost, rpc.MirrorResyncProgress, rpc.MirrorResyncDone, rpc.DirMirrorKeep, rpc.DirMirrorOn, rpc.DirMirrorOff}
+	if want8 := []uint8{1, 2, 3, 0, 1, 2}; !reflect.DeepEqual(got8, want8) {
+		t.Fatalf("mirror values %v, want %v (they are part of the raft command format)", got8, want8)
 	}
 }
 

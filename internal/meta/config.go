@@ -59,6 +59,14 @@ type Config struct {
 	// ServerTimeout: a storage server without a heartbeat for this long is
 	// considered dead (its targets get no new files). Default 10 s.
 	ServerTimeout time.Duration
+	// FailoverTimeout: the primary of an in-sync mirror group whose server
+	// has not heartbeated for this long (measured from the last one
+	// received, on Clock) is replaced by its secondary; a secondary's
+	// silence that long degrades its group. Storage servers act as
+	// primaries only for 2/3 of it after each heartbeat they send (the
+	// lease of rpc.ServerHeartbeatResp), so a primary cut off from the
+	// service has stopped before its secondary takes over. Default 3 s.
+	FailoverTimeout time.Duration
 	// SessionLease: a client session without a heartbeat for this long is
 	// expired and its locks released. Default 15 s.
 	SessionLease time.Duration
@@ -112,11 +120,12 @@ type Config struct {
 // DefaultConfig returns the defaults; DataDir must still be set.
 func DefaultConfig() Config {
 	return Config{
-		ListenAddr:    "127.0.0.1:7700",
-		ServerTimeout: 10 * time.Second,
-		SessionLease:  15 * time.Second,
-		OrphanGrace:   15 * time.Second,
-		ReapDeferMax:  10 * time.Second,
+		ListenAddr:      "127.0.0.1:7700",
+		ServerTimeout:   10 * time.Second,
+		FailoverTimeout: 3 * time.Second,
+		SessionLease:    15 * time.Second,
+		OrphanGrace:     15 * time.Second,
+		ReapDeferMax:    10 * time.Second,
 	}
 }
 
@@ -131,6 +140,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SessionLease == 0 {
 		c.SessionLease = d.SessionLease
+	}
+	if c.FailoverTimeout == 0 {
+		c.FailoverTimeout = d.FailoverTimeout
 	}
 	if c.OrphanGrace == 0 {
 		c.OrphanGrace = c.SessionLease
@@ -186,10 +198,13 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"server timeout", c.ServerTimeout}, {"session lease", c.SessionLease}, {"orphan grace", c.OrphanGrace}, {"sync delay", c.SyncDelay}} {
+	}{{"server timeout", c.ServerTimeout}, {"failover timeout", c.FailoverTimeout}, {"session lease", c.SessionLease}, {"orphan grace", c.OrphanGrace}, {"sync delay", c.SyncDelay}} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s %v is negative", d.name, d.v))
 		}
+	}
+	if c.FailoverTimeout > 0 && c.FailoverTimeout < 30*time.Millisecond {
+		errs = append(errs, fmt.Errorf("failover timeout %v is shorter than 30ms", c.FailoverTimeout))
 	}
 	if c.SessionLease > 0 && c.SessionLease < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("session lease %v is shorter than 100ms", c.SessionLease))

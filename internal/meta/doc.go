@@ -59,11 +59,16 @@
 // in the message; clients retry there. Names: ENAMETOOLONG over 255 bytes,
 // EINVAL for "", ".", ".." and names with '/' or NUL. Unknown sessions and
 // servers get ESTALE (reopen / re-register). Creating a regular file with no
-// live target with free space gives ENOSPC.
+// live target with free space gives ENOSPC (under a directory marked
+// mirrored: no mirror group, or none whose primary is alive). Mirror group
+// changes naming an epoch older than the group's get ESTALE; a switch of
+// a group that is not in sync, EBUSY (mirror.go).
 //
 // Answers per method: Create, Link, SetAttr, Unlink, CommitSize,
 // SetDirLayout → AttrResp; Rmdir, Rename, SetXattr, RemoveXattr, SetLk,
-// heartbeats, SessionClose → Empty.
+// SessionClose → Empty; ServerHeartbeat → ServerHeartbeatResp (the
+// server's mirror groups, its primary lease); ListGroups, MirrorCreate →
+// ListGroupsResp; MirrorFailOver, MirrorReport, MirrorReplace → GroupInfo.
 //
 // # Locking
 //
@@ -80,7 +85,8 @@
 //     leadership it runs a barrier, creates the root on the first start,
 //     loads sessions and marks the service ready.
 //   - leaderLoop (leader only): session expiry and the orphan reaper; owns
-//     the rpc clients to storage servers.
+//     the rpc clients to storage servers; once mirror groups exist, the
+//     automatic switch of a silent primary (checkMirrors, mirrorsvc.go).
 //   - metrics HTTP server (if MetricsAddr is set).
 //   - the leader watch (membership.go): logs and counts each leader
 //     change with its cause, until Close.

@@ -51,6 +51,10 @@ type fsm struct {
 	applied atomic.Uint64
 	inodes  atomic.Uint64
 	cid     atomic.Pointer[string] // the cluster id ("" or nil: none yet)
+	// groups counts the mirror groups (changed by opMirrorCreate only:
+	// groups are never removed), so that a create looks for a mirrored
+	// parent only once there are groups.
+	groups atomic.Int64
 
 	// onBatch, if set, observes the number of entries in each applied batch.
 	onBatch func(n int)
@@ -88,6 +92,11 @@ func (f *fsm) loadCounters() error {
 		return fmt.Errorf("load cluster id: %w", err)
 	}
 	f.cid.Store(&id)
+	gs, err := readGroups(f.db)
+	if err != nil {
+		return fmt.Errorf("load mirror groups: %w", err)
+	}
+	f.groups.Store(int64(len(gs)))
 	return f.loadSessions()
 }
 
@@ -217,7 +226,11 @@ func (f *fsm) commitLocked(b kv.Batch) {
 // mutating reports whether op carries a ReqHeader worth deduplicating.
 func (o op) deduped() bool {
 	switch o {
-	case opInit, opSessionOpen, opSessionClose, opRegister, opReap, opReapMany, opRaiseIno:
+	case opInit, opSessionOpen, opSessionClose, opRegister, opReap, opReapMany, opRaiseIno,
+		// Mirror changes answer wire messages; they come from stores and
+		// admin commands without a session, and carry the epoch they
+		// expect instead (a request sent twice is refused the second time).
+		opMirrorCreate, opMirrorFailOver, opMirrorReport, opMirrorReplace, opMirrorResync:
 		return false
 	}
 	return true

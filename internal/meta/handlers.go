@@ -43,7 +43,10 @@ func handle[Req any, PReq interface {
 // place fills in the live targets a new regular file may be placed on and
 // the round-robin start (ENOSPC when there are none).
 func (s *Service) place(ctx context.Context, c *command) error {
-	c.Cands = s.placementCandidates(ctx)
+	if mirrored, err := s.placeMirrored(ctx, c); mirrored || err != nil {
+		return err
+	}
+	c.Cands = s.waitCandidates(ctx, func() []layout.Candidate { return s.live.candidates(s.cfg.Clock.Now()) })
 	if len(c.Cands) == 0 {
 		return rpc.Errorf(syscall.ENOSPC, "cannot place a new file: %s", s.live.noCandidates(s.cfg.Clock.Now()))
 	}
@@ -108,13 +111,14 @@ func wireAttr(a *schema.Attr) rpc.Attr {
 // now is the time the leader stamps on what it proposes (Config.Clock).
 func (s *Service) now() int64 { return s.cfg.Clock.Now().UnixNano() }
 
-// placementCandidates returns the live targets with free space. Liveness
-// lives in the leader's memory, so a leader that has just started (a
-// restart of the service) knows of no live target until the storage
-// servers' next heartbeats; rather than fail creates with ENOSPC in that
-// window, it waits for them — at most startupGrace after taking office.
-func (s *Service) placementCandidates(ctx context.Context) []layout.Candidate {
-	cands := s.live.candidates(s.cfg.Clock.Now())
+// waitCandidates returns the placement candidates list gives (live
+// targets, or groups, with free space). Liveness lives in the leader's
+// memory, so a leader that has just started (a restart of the service)
+// knows of no live target until the storage servers' next heartbeats;
+// rather than fail creates with ENOSPC in that window, it waits for them
+// — at most startupGrace after taking office.
+func (s *Service) waitCandidates(ctx context.Context, list func() []layout.Candidate) []layout.Candidate {
+	cands := list()
 	if len(cands) > 0 {
 		return cands
 	}
@@ -125,7 +129,7 @@ func (s *Service) placementCandidates(ctx context.Context) []layout.Candidate {
 	until := time.Unix(0, s.leaderSince.Load()).Add(grace)
 	for len(cands) == 0 && s.cfg.Clock.Now().Before(until) && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)
-		cands = s.live.candidates(s.cfg.Clock.Now())
+		cands = list()
 	}
 	return cands
 }
@@ -136,6 +140,7 @@ const startupGrace = 5 * time.Second
 
 func (s *Service) register() {
 	s.registerMembership()
+	s.registerMirror()
 	// Reads of the leader's store, and the durability barrier (it waits
 	// only as long as its caller's context lets it): in-process callers
 	// (strata up) run them on their own goroutine.
@@ -197,7 +202,9 @@ func (s *Service) register() {
 				return nil, err
 			}
 		}
-		return s.mutate(c)
+		resp, err := s.mutate(c)
+		s.noteNoGroups(err)
+		return resp, err
 	})
 	handle(s, rpc.MTmpfile, func(ctx context.Context, r *rpc.CreateReq) (rpc.Message, error) {
 		if r.Name != "" {
@@ -207,7 +214,9 @@ func (s *Service) register() {
 		if err := s.place(ctx, c); err != nil {
 			return nil, err
 		}
-		return s.mutate(c)
+		resp, err := s.mutate(c)
+		s.noteNoGroups(err)
+		return resp, err
 	})
 	// Unlink and rename do not wake the reaper: an orphan only becomes
 	// reapable after every session's next open-file report, and the
@@ -302,14 +311,14 @@ func (s *Service) register() {
 		return &rpc.LockGrant{Epoch: epoch}, nil
 	})
 	handle(s, rpc.MSetDirLayout, func(_ context.Context, r *rpc.SetDirLayoutReq) (rpc.Message, error) {
-		return s.mutate(&command{Op: opSetDirLayout, Now: s.now(), Hdr: hdrOf(r.Hdr), Ino: r.Dir, Size: uint64(r.StripeSize), Flags: r.StripeCount})
+		return s.mutate(&command{Op: opSetDirLayout, Now: s.now(), Hdr: hdrOf(r.Hdr), Ino: r.Dir, Size: uint64(r.StripeSize), Flags: r.StripeCount, MirrorMode: r.Mirror})
 	})
 	handle(s, rpc.MRegisterServer, func(_ context.Context, r *rpc.RegisterServerReq) (rpc.Message, error) {
 		if err := s.checkForeignTargets(r.Targets); err != nil {
 			return nil, err
 		}
 		next := s.fsm.nextIno()
-		res, err := s.propose(&command{Op: opRegister, Now: s.now(), Addr: r.Addr, Host: r.Host, Targets: targetRegsOf(r.Targets)})
+		res, err := s.propose(&command{Op: opRegister, Now: s.now(), Addr: r.Addr, Host: r.Host, Targets: targetRegsOf(r.Targets), Domain: r.Domain})
 		if err != nil {
 			return nil, err
 		}
@@ -324,7 +333,7 @@ func (s *Service) register() {
 			s.warnIfBehind(t.InoCeiling, next, "target "+t.Path)
 		}
 		s.live.registered(resp.ServerID, r.Host, resp.TargetIDs, r.Targets, s.cfg.Clock.Now())
-		s.log.Info("storage server registered", "server", resp.ServerID, "addr", r.Addr, "host", r.Host, "targets", resp.TargetIDs)
+		s.log.Info("storage server registered", "server", resp.ServerID, "addr", r.Addr, "host", r.Host, "targets", resp.TargetIDs, "domain", r.Domain)
 		return resp, nil
 	})
 	handle(s, rpc.MServerHeartbeat, func(_ context.Context, r *rpc.ServerHeartbeatReq) (rpc.Message, error) {
@@ -349,7 +358,7 @@ func (s *Service) register() {
 		now := s.cfg.Clock.Now()
 		s.live.heartbeat(r.ServerID, srv.Host, r.Targets, r.FSIDs, r.RawFree, now)
 		s.live.reportUnsynced(r.Targets, r.Unsynced, now)
-		return empty, nil
+		return s.serverGroups(&srv, now)
 	})
 	handle(s, rpc.MClusterStatus, s.clusterStatus)
 	handle(s, rpc.MInodesKnown, func(_ context.Context, r *rpc.InodesKnownReq) (rpc.Message, error) {
@@ -581,6 +590,10 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 	if err != nil {
 		return nil, err
 	}
+	groups, err := s.listGroups()
+	if err != nil {
+		return nil, err
+	}
 	return &rpc.ClusterStatusResp{
 		MetaAddr: s.Addr(), RaftState: st.State, Leader: leader, Term: st.Term,
 		CommitIndex: st.CommitIndex, AppliedIndex: s.fsm.AppliedIndex(), DurableIndex: st.DurableIndex,
@@ -590,6 +603,7 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 		LockGrace: ls.grace, LockGracePending: uint32(ls.pending),
 		Problems:         s.problems(),
 		FreePendingFiles: pendingFiles, FreePendingBytes: pendingBytes, Unsynced: s.unsyncedOf(targets),
+		Groups: groups,
 	}, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stratafs/strata/internal/clock"
 	"github.com/stratafs/strata/internal/kv"
 	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/meta/schema"
@@ -429,6 +430,24 @@ func (s *Service) leaderLoop(ctx context.Context) {
 	defer st.Stop()
 	rt := s.cfg.Clock.NewTicker(reapTick)
 	defer rt.Stop()
+	// The mirror groups' automatic switch (mirrorsvc.go): checked ten
+	// times per failover timeout, so a switch comes at most a tenth late.
+	// Its ticker exists once there are groups (made at a session tick
+	// after the first): a cluster without mirrors has no such timer.
+	var ft clock.Ticker
+	var ftC <-chan time.Time
+	startFailover := func() {
+		if ft == nil && s.fsm.groups.Load() > 0 {
+			ft = s.cfg.Clock.NewTicker(clampDur(s.cfg.FailoverTimeout/10, 10*time.Millisecond, 250*time.Millisecond))
+			ftC = ft.C()
+		}
+	}
+	startFailover()
+	defer func() {
+		if ft != nil {
+			ft.Stop()
+		}
+	}()
 	start := s.cfg.Clock.Now()
 	pace := reapPacer{last: start, at: start, requests: s.requests.Load()}
 	for {
@@ -438,6 +457,9 @@ func (s *Service) leaderLoop(ctx context.Context) {
 			return
 		case <-st.C():
 			s.expireSessions()
+			startFailover()
+		case <-ftC:
+			s.checkMirrors()
 		case now := <-rt.C():
 			if pace.due(now, s.requests.Load(), s.cfg.ReapDeferMax, s.lowOnSpace()) {
 				s.reapOrphans(ctx)
@@ -667,8 +689,9 @@ func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 	// store reads each — they were most of the leader's CPU while a round
 	// of 20,000 removed files was reaped).
 	type resolved struct {
-		addr string
-		err  error
+		addr  string
+		epoch uint64 // a group's (ChunkID.Epoch)
+		err   error
 	}
 	addrs := map[uint32]resolved{}
 	unreadable := 0 // logged once per round
@@ -692,7 +715,11 @@ func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 		for _, tid := range in.Layout.Targets {
 			r, ok := addrs[tid]
 			if !ok {
-				r.addr, r.err = s.targetAddr(tid)
+				if layout.IsGroup(tid) {
+					r.addr, r.epoch, r.err = s.groupPrimaryAddr(tid &^ layout.GroupBit)
+				} else {
+					r.addr, r.err = s.targetAddr(tid)
+				}
 				addrs[tid] = r
 			}
 			addr, err := r.addr, r.err
@@ -708,7 +735,7 @@ func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 				j = &job{inos: map[uint64]bool{}}
 				jobs[addr] = j
 			}
-			j.chunks = append(j.chunks, rpc.ChunkID{Target: tid, Ino: ino})
+			j.chunks = append(j.chunks, rpc.ChunkID{Target: tid, Ino: ino, Epoch: r.epoch})
 			j.inos[ino] = true
 		}
 	}
@@ -774,6 +801,43 @@ func (s *Service) targetAddr(tid uint32) (string, error) {
 		return "", err
 	}
 	return srv.Addr, nil
+}
+
+// errPrimaryDown keeps an orphan whose mirrored chunks' group has no live
+// primary: its chunks are removed through the primary (which removes the
+// secondary's copy too), at a later pass.
+var errPrimaryDown = errors.New("the mirror group's primary is down")
+
+// groupPrimaryAddr is the data address of the server of group id's
+// primary and the group's epoch: a group's chunks are removed through its
+// primary, which forwards the removal to the secondary. ("" when the
+// group does not exist; errPrimaryDown while its primary's server is
+// silent.)
+func (s *Service) groupPrimaryAddr(id uint32) (string, uint64, error) {
+	v, err := s.db.Get(schema.GroupKey(id))
+	if errors.Is(err, kv.ErrNotFound) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	g, err := schema.DecodeGroup(v)
+	if err != nil {
+		return "", 0, err
+	}
+	tv, err := s.db.Get(schema.TargetKey(g.Primary))
+	if err != nil {
+		return "", 0, err
+	}
+	t, err := schema.DecodeTarget(tv)
+	if err != nil {
+		return "", 0, err
+	}
+	if !s.heardWithin(t.ServerID, s.cfg.Clock.Now()) {
+		return "", 0, fmt.Errorf("group %d: %w", id, errPrimaryDown)
+	}
+	addr, err := s.targetAddr(g.Primary)
+	return addr, g.Epoch, err
 }
 
 // peer returns a cached rpc client for a storage server.

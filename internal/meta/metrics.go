@@ -21,6 +21,7 @@ type metrics struct {
 	latency *prometheus.HistogramVec
 	batch   prometheus.Histogram
 	reaped  prometheus.Counter
+	mirror  *mirrorMetrics
 	// known holds each named method's "ok" counter and latency observer,
 	// resolved once: a label lookup per request (hashing the label values)
 	// cost more than the rest of a lookup's bookkeeping. Read-only after
@@ -43,7 +44,8 @@ var methodNames = map[rpc.Method]string{
 	rpc.MRegisterServer: "register_server", rpc.MServerHeartbeat: "server_heartbeat",
 	rpc.MClusterStatus: "cluster_status", rpc.MListTargets: "list_targets", rpc.MSync: "sync", rpc.MTmpfile: "tmpfile",
 	rpc.MSetAtimes: "set_atimes", rpc.MMetaInfo: "meta_info", rpc.MAddVoter: "add_voter", rpc.MRemoveVoter: "remove_voter",
-	rpc.MTransferLeader: "transfer_leader",
+	rpc.MTransferLeader: "transfer_leader", rpc.MListGroups: "list_groups", rpc.MMirrorCreate: "mirror_create",
+	rpc.MMirrorFailOver: "mirror_fail_over", rpc.MMirrorReport: "mirror_report", rpc.MMirrorReplace: "mirror_replace",
 }
 
 func newMetrics() *metrics {
@@ -70,6 +72,7 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.ops, m.latency, m.batch, m.reaped,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	m.mirror = newMirrorMetrics(m.reg)
 	return m
 }
 

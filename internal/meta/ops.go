@@ -329,6 +329,16 @@ func (x *opCtx) apply(c *command) (*answer, error) {
 		return nil, nil
 	case opSetAtimes:
 		return x.setAtimes(c)
+	case opMirrorCreate:
+		return x.mirrorCreate(c)
+	case opMirrorFailOver:
+		return x.mirrorFailOver(c)
+	case opMirrorReport:
+		return x.mirrorReport(c)
+	case opMirrorReplace:
+		return x.mirrorReplace(c)
+	case opMirrorResync:
+		return x.mirrorResync(c)
 	case opReapMany:
 		// Each reap is a whole step of its own: flush it and empty the
 		// small inode cache before the next (reaps only fail on kv errors).
@@ -398,7 +408,7 @@ func (x *opCtx) create(c *command) (*answer, error) {
 	}
 	switch mode & modeType {
 	case modeReg:
-		l, err := placeFile(parent.Layout, c.Cands, c.RRStart)
+		l, err := placeFile(c.Parent, parent, c.Cands, c.RRStart)
 		if err != nil {
 			return nil, err
 		}
@@ -411,6 +421,7 @@ func (x *opCtx) create(c *command) (*answer, error) {
 		in.Nlink = 2
 		in.Parent = c.Parent
 		in.Layout = layout.Layout{StripeSize: parent.Layout.StripeSize, StripeCount: parent.Layout.StripeCount}
+		in.Mirror = parent.Mirror
 	case modeLink:
 		if c.Symlink == "" {
 			return nil, rpc.Errorf(syscall.ENOENT, "empty symlink target")
@@ -464,7 +475,7 @@ func (x *opCtx) tmpfile(c *command) (*answer, error) {
 	if parent.Mode&modeSetgid != 0 {
 		in.Gid = parent.Gid
 	}
-	l, err := placeFile(parent.Layout, c.Cands, c.RRStart)
+	l, err := placeFile(c.Parent, parent, c.Cands, c.RRStart)
 	if err != nil {
 		return nil, err
 	}
@@ -482,8 +493,16 @@ func (x *opCtx) tmpfile(c *command) (*answer, error) {
 }
 
 // placeFile chooses a new file's layout: the directory default (zero fields
-// mean system default) over the live targets the leader listed.
-func placeFile(def layout.Layout, cands []layout.Candidate, start uint64) (layout.Layout, error) {
+// mean system default) over the live targets the leader listed — or, under
+// a directory marked mirrored, over the mirror groups it listed (ids with
+// layout.GroupBit).
+func placeFile(dirIno uint64, dir *schema.Inode, cands []layout.Candidate, start uint64) (layout.Layout, error) {
+	def := dir.Layout
+	if dir.Mirror && !isGroupCands(cands) {
+		// The leader lists groups for a mirrored directory whenever any
+		// exist; without any, a mirrored file cannot be placed.
+		return layout.Layout{}, rpc.Errorf(syscall.ENOSPC, "directory %d is marked mirrored but no mirror group exists: pair targets first (strata mirror create --auto)", dirIno)
+	}
 	if len(cands) == 0 {
 		return layout.Layout{}, rpc.Errorf(syscall.ENOSPC, "no storage target is registered, alive and has free space: start a storage server (strata store)")
 	}
@@ -1051,6 +1070,15 @@ func (x *opCtx) setDirLayout(c *command) (*answer, error) {
 	if targets := x.f.ctr.NextTarget - 1; x.f.ctr.NextTarget > 0 && count > targets {
 		return nil, rpc.Errorf(syscall.EINVAL, "stripe count %d exceeds the %d registered targets", count, targets)
 	}
+	switch c.MirrorMode {
+	case rpc.DirMirrorKeep:
+	case rpc.DirMirrorOn:
+		in.Mirror = true
+	case rpc.DirMirrorOff:
+		in.Mirror = false
+	default:
+		return nil, rpc.Errorf(syscall.EINVAL, "unknown mirror mark change %d", c.MirrorMode)
+	}
 	in.Layout = layout.Layout{StripeSize: size, StripeCount: count}
 	in.Ctime = x.now
 	x.mark(c.Ino)
@@ -1186,7 +1214,7 @@ func (x *opCtx) register(c *command) (*answer, error) {
 		}
 		resp.TargetIDs[i] = tg.ID
 	}
-	srv := schema.Server{ID: serverID, Addr: c.Addr, Host: c.Host, Targets: resp.TargetIDs}
+	srv := schema.Server{ID: serverID, Addr: c.Addr, Host: c.Host, Targets: resp.TargetIDs, Domain: c.Domain}
 	if err := x.b.Set(schema.ServerKey(serverID), schema.AppendServer(nil, &srv)); err != nil {
 		return nil, err
 	}

@@ -60,6 +60,7 @@ type Service struct {
 	sess  *sessions
 	live  *liveness
 	dirs  knownDirs
+	mir   mirrorState
 
 	ready       atomic.Bool  // leader and caught up: serve requests
 	leaderSince atomic.Int64 // ns since epoch when this node became leader

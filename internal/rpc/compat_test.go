@@ -20,6 +20,9 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&MirrorCreateReq{Hdr: ReqHeader{1, 2}, Auto: true, Pairs: []uint32{1, 2}},
 		&MirrorReportReq{ServerID: 1, Group: 5, Epoch: 9, Target: 1, Event: MirrorSecondaryLost, Detail: "x"},
 		&RegisterServerReq{Addr: "a:1", Domain: "rack1"},
+		&SetDirLayoutReq{Dir: 2, StripeCount: 1, Mirror: DirMirrorOn},
+		&MirrorGroupReq{Group: 3, Epoch: 9},
+		&ClusterStatusResp{Targets: []TargetInfo{{ID: 3}}, Groups: []GroupInfo{{ID: 1, Epoch: 2, Primary: 3, Secondary: 4, PrimaryAddr: "a:1"}}},
 		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, FSIDs: []uint64{7}, RawFree: []uint64{4}},
 		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, Unsynced: []TargetUnsynced{{Chunks: 4, Bytes: 5, OldestMs: 6}}},
 		&SetAttrReq{Valid: SetMode | SetSize, Size: 1 << 40, Mtime: -5},
@@ -127,15 +130,26 @@ func optionalTails(m Message) []int {
 		add(func(e *Enc) { e.I64(x.ListedAfter) })
 		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.ListedAfter) })
 	case *ClusterStatusResp:
+		groups := func(e *Enc) {
+			e.U64(uint64(len(x.Groups)))
+			for i := range x.Groups {
+				x.Groups[i].Encode(e)
+			}
+		}
 		unsynced := func(e *Enc) { encodeUnsynced(e, x.Unsynced) }
-		add(unsynced)
-		add(func(e *Enc) { e.U64(x.FreePendingFiles); e.U64(x.FreePendingBytes) }, unsynced)
+		add(groups)
+		add(unsynced, groups)
+		add(func(e *Enc) { e.U64(x.FreePendingFiles); e.U64(x.FreePendingBytes) }, unsynced, groups)
 	case *ServerHeartbeatReq:
 		add(func(e *Enc) { encodeUnsynced(e, x.Unsynced) })
 	case *ServerHeartbeatResp:
 		add(func(e *Enc) { x.Encode(e) }) // older services answered Empty
 	case *RegisterServerReq:
 		add(func(e *Enc) { e.String(x.Domain) })
+	case *SetDirLayoutReq:
+		add(func(e *Enc) { e.U8(x.Mirror) })
+	case *MirrorGroupReq:
+		add(func(e *Enc) { e.U64(x.Epoch) })
 	case *SessionHeartbeatResp:
 		add(func(e *Enc) { e.I64(x.Now) })
 		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.Now) })

@@ -91,7 +91,14 @@
 // RegisterServerReq gained a trailing Domain (absent: none); ChunkID
 // carries Epoch after Target only when Target has GroupBit, so every
 // unmirrored request keeps its bytes (an older store never serves a
-// group, and refuses its ids as unknown targets).
+// group, and refuses its ids as unknown targets). Then, appended:
+// ClusterStatusResp a trailing Groups list (absent: none), SetDirLayoutReq
+// a trailing Mirror byte (absent: keep the directory's mark, so a layout
+// set through an older client never clears it) and MirrorGroupReq a
+// trailing Epoch (absent: 0, no check).
+// SScrub (ScrubReq, ScrubResp) and SChunkSums (ChunkSumsReq,
+// ChunkSumsResp) were added at the end of the store methods for
+// self-healing and `strata scrub` (an older store: ENOSYS).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

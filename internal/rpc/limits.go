@@ -46,7 +46,7 @@ func RequestLimit(m Method) int {
 // ResponseLimit is the largest response body accepted for method m.
 func ResponseLimit(m Method) int {
 	switch m {
-	case SRead:
+	case SRead, SChunkSums:
 		return maxDataFrameBytes
 	case MReadDir, MListXattr, MInodesKnown, MClusterStatus, MListTargets, MRegisterServer, SListChunks,
 		MListGroups, MMirrorCreate, MServerHeartbeat:

@@ -895,13 +895,26 @@ type SetDirLayoutReq struct {
 	Dir         uint64
 	StripeSize  uint32
 	StripeCount uint32
+	// Mirror changes the directory's mirror mark (new files under it go
+	// on mirror groups): DirMirrorKeep, DirMirrorOn or DirMirrorOff.
+	// Appended: absent from older clients (keep), so a layout set
+	// through an older mount never clears the mark.
+	Mirror uint8
 }
+
+// SetDirLayoutReq.Mirror values.
+const (
+	DirMirrorKeep uint8 = 0
+	DirMirrorOn   uint8 = 1
+	DirMirrorOff  uint8 = 2
+)
 
 func (m *SetDirLayoutReq) Encode(e *Enc) {
 	m.Hdr.Encode(e)
 	e.U64(m.Dir)
 	e.U32(m.StripeSize)
 	e.U32(m.StripeCount)
+	e.U8(m.Mirror)
 }
 
 func (m *SetDirLayoutReq) Decode(d *Dec) {
@@ -909,6 +922,10 @@ func (m *SetDirLayoutReq) Decode(d *Dec) {
 	m.Dir = d.U64()
 	m.StripeSize = d.U32()
 	m.StripeCount = d.U32()
+	m.Mirror = DirMirrorKeep
+	if d.Len() > 0 {
+		m.Mirror = d.U8()
+	}
 }
 
 // TargetReg describes one target of a registering storage server. UUID is
@@ -1190,6 +1207,9 @@ type ClusterStatusResp struct {
 	// it, with OldestMs aged to the answer's time. Appended: an older
 	// service sends none.
 	Unsynced []TargetUnsynced
+	// Groups are the mirror groups in id order (docs/design/0014).
+	// Appended: an older service sends none.
+	Groups []GroupInfo
 }
 
 // MaxStatusLocks bounds the locks one ClusterStatusResp lists.
@@ -1303,6 +1323,10 @@ func (m *ClusterStatusResp) Encode(e *Enc) {
 	e.U64(m.FreePendingFiles)
 	e.U64(m.FreePendingBytes)
 	encodeUnsynced(e, m.Unsynced)
+	e.U64(uint64(len(m.Groups)))
+	for i := range m.Groups {
+		m.Groups[i].Encode(e)
+	}
 }
 
 func (m *ClusterStatusResp) Decode(d *Dec) {
@@ -1348,6 +1372,15 @@ func (m *ClusterStatusResp) Decode(d *Dec) {
 	}
 	if d.Len() > 0 { // absent from older services
 		m.Unsynced = decodeUnsynced(d)
+	}
+	m.Groups = nil
+	if d.Len() > 0 { // absent from older services
+		if n := d.Count(); n > 0 {
+			m.Groups = make([]GroupInfo, n)
+			for i := range m.Groups {
+				m.Groups[i].Decode(d)
+			}
+		}
 	}
 }
 

@@ -164,10 +164,22 @@ func (m *MirrorCreateReq) Decode(d *Dec) {
 type MirrorGroupReq struct {
 	Hdr   ReqHeader
 	Group uint32
+	// Epoch, when not 0, is the epoch the caller saw: the service refuses
+	// with ESTALE if the group has changed since, so a request sent again
+	// (a leader change during the call) never switches twice. Appended:
+	// absent, 0.
+	Epoch uint64
 }
 
-func (m *MirrorGroupReq) Encode(e *Enc) { m.Hdr.Encode(e); e.U32(m.Group) }
-func (m *MirrorGroupReq) Decode(d *Dec) { m.Hdr.Decode(d); m.Group = d.U32() }
+func (m *MirrorGroupReq) Encode(e *Enc) { m.Hdr.Encode(e); e.U32(m.Group); e.U64(m.Epoch) }
+func (m *MirrorGroupReq) Decode(d *Dec) {
+	m.Hdr.Decode(d)
+	m.Group = d.U32()
+	m.Epoch = 0
+	if d.Len() > 0 {
+		m.Epoch = d.U64()
+	}
+}
 
 // MirrorReplaceReq gives group Group the empty target Target in place of
 // its out-of-sync (or dead) copy.

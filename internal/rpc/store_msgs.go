@@ -24,6 +24,18 @@ const (
 	// their space with the size commit. A server without it answers
 	// ENOSYS; the client then makes the two calls.
 	SSyncStat
+	// SScrub (ScrubReq, ScrubResp) verifies every block of a slice of a
+	// target's chunks and, for a mirror group's primary copy, compares
+	// them with the other copy and repairs the bad copy's blocks from the
+	// good one: `strata scrub`. A server without it answers ENOSYS.
+	SScrub
+	// SChunkSums (ChunkSumsReq, ChunkSumsResp) answers a range of a
+	// group chunk's stored block sums, which blocks fail them, and
+	// optionally the blocks' bytes: what one copy of a mirror group asks
+	// the other for to repair itself (heal.go, scrub.go in package store).
+	// It never heals from the asker unless told (Heal), so two copies
+	// never ask each other in a loop.
+	SChunkSums
 )
 
 // SeekReq asks for the first data (Data) or hole (!Data) at or after Off
@@ -315,4 +327,155 @@ func (m *ChunksReq) Decode(d *Dec) {
 	for i := range m.Chunks {
 		m.Chunks[i].Decode(d)
 	}
+}
+
+// ScrubReq asks a storage server to verify the chunks of Target listed in
+// its fan-out directories from From on, whole directories, until about
+// Max chunks (or a few seconds of work, or the last directory) are done.
+// Every block is read and checked against its stored sum. With Group (a
+// mirror group number, without GroupBit) whose primary copy Target is,
+// each chunk is also compared with the group's other copy (SChunkSums):
+// a block whose sum fails on one copy and holds on the other is bad on
+// the first, and with Repair it is rewritten from the good copy. Reads
+// are paced to RateBytes per second (0: unpaced).
+type ScrubReq struct {
+	Target    uint32
+	From      uint32
+	Max       uint32
+	Repair    bool
+	RateBytes uint64
+	Group     uint32
+}
+
+func (m *ScrubReq) Encode(e *Enc) {
+	e.U32(m.Target)
+	e.U32(m.From)
+	e.U32(m.Max)
+	e.Bool(m.Repair)
+	e.U64(m.RateBytes)
+	e.U32(m.Group)
+}
+
+func (m *ScrubReq) Decode(d *Dec) {
+	m.Target = d.U32()
+	m.From = d.U32()
+	m.Max = d.U32()
+	m.Repair = d.Bool()
+	m.RateBytes = d.U64()
+	m.Group = d.U32()
+}
+
+// ScrubResp counts what one SScrub call found: Chunks and Bytes verified
+// (the local copy's), BadBlocks failing their sums on either copy,
+// Repaired of them rewritten from the other copy, Unrepairable bad on
+// both copies (or on an unmirrored chunk, or with no copy in sync to take
+// them from; without Repair every bad block stays and counts here too),
+// Mismatched blocks good on both copies but different, PeerMissing chunks
+// the other copy does not have. Problems names the first few chunks with
+// unrepairable or mismatched blocks. Next is the fan-out directory to go
+// on from, Done when none is left.
+type ScrubResp struct {
+	Chunks, Bytes       uint64
+	BadBlocks, Repaired uint64
+	Unrepairable        uint64
+	Mismatched          uint64
+	PeerMissing         uint64
+	Problems            []string
+	Next                uint32
+	Done                bool
+}
+
+func (m *ScrubResp) Encode(e *Enc) {
+	e.U64(m.Chunks)
+	e.U64(m.Bytes)
+	e.U64(m.BadBlocks)
+	e.U64(m.Repaired)
+	e.U64(m.Unrepairable)
+	e.U64(m.Mismatched)
+	e.U64(m.PeerMissing)
+	e.Strings(m.Problems)
+	e.U32(m.Next)
+	e.Bool(m.Done)
+}
+
+func (m *ScrubResp) Decode(d *Dec) {
+	m.Chunks = d.U64()
+	m.Bytes = d.U64()
+	m.BadBlocks = d.U64()
+	m.Repaired = d.U64()
+	m.Unrepairable = d.U64()
+	m.Mismatched = d.U64()
+	m.PeerMissing = d.U64()
+	m.Problems = d.Strings()
+	m.Next = d.U32()
+	m.Done = d.Bool()
+}
+
+// MaxChunkSumsData bounds the range of a ChunkSumsReq that asks for the
+// blocks' bytes; MaxChunkSumsRange the range of one without.
+const (
+	MaxChunkSumsData  = 16 << 20
+	MaxChunkSumsRange = 1 << 30
+)
+
+// ChunkSumsReq asks for the blocks of a group chunk in [Off, Off+Len)
+// (Off a multiple of 4 KiB; clipped to the chunk's length): their stored
+// sums, which fail them and, with Data, their bytes. With Heal the server
+// first rewrites the blocks that fail on its copy from the group's other
+// copy (as a self-healing read would).
+type ChunkSumsReq struct {
+	Chunk ChunkID
+	Off   uint64
+	Len   uint64
+	Data  bool
+	Heal  bool
+}
+
+func (m *ChunkSumsReq) Encode(e *Enc) {
+	m.Chunk.Encode(e)
+	e.U64(m.Off)
+	e.U64(m.Len)
+	e.Bool(m.Data)
+	e.Bool(m.Heal)
+}
+
+func (m *ChunkSumsReq) Decode(d *Dec) {
+	m.Chunk.Decode(d)
+	m.Off = d.U64()
+	m.Len = d.U64()
+	m.Data = d.Bool()
+	m.Heal = d.Bool()
+}
+
+// ChunkSumsResp: Exists is false for an absent chunk (nothing else set);
+// Size is the chunk's length; Sums the stored sum of each block of the
+// range (clipped to Size); Bad the indexes, from the range's first block,
+// of blocks whose data fails its sum (after healing, with Heal); Healed
+// how many were rewritten; Data, when asked, the blocks' bytes padded with
+// zeros to whole blocks (a bad block's as read).
+type ChunkSumsResp struct {
+	Exists bool
+	Size   uint64
+	Sums   []uint32
+	Bad    []uint32
+	Healed uint32
+	Data   []byte
+}
+
+func (m *ChunkSumsResp) Encode(e *Enc) {
+	e.Bool(m.Exists)
+	e.U64(m.Size)
+	e.U32s(m.Sums)
+	e.U32s(m.Bad)
+	e.U32(m.Healed)
+	e.Bytes(m.Data)
+}
+
+func (m *ChunkSumsResp) Decode(d *Dec) {
+	m.Exists = d.Bool()
+	m.Size = d.U64()
+	m.Sums = d.U32s()
+	m.Bad = d.U32s()
+	m.Healed = d.U32()
+	m.Data = d.Bytes()
 }

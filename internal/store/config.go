@@ -32,6 +32,10 @@ type Config struct {
 	// metadata service. Default: the real listen address, with the host
 	// name in place of an unspecified IP (0.0.0.0, ::).
 	AdvertiseAddr string
+	// Domain is the server's failure domain (a rack, a power feed), sent
+	// with its registration: strata mirror create --domain pairs targets
+	// across domains. "" for none.
+	Domain string
 	// Targets are the target directories, each on its own disk ideally.
 	// Each is formatted on first use (it must then be empty, apart from
 	// lost+found).
@@ -58,6 +62,10 @@ type Config struct {
 	// (bgsync.go). 0 disables the rounds (a zero Config has none);
 	// DefaultConfig sets DefaultSyncInterval.
 	SyncInterval time.Duration
+	// ResyncBytesPerSec throttles a mirror group's resync (resync.go):
+	// bytes copied to the secondary a second. 0 means
+	// DefaultResyncBytesPerSec; negative, no limit.
+	ResyncBytesPerSec int64
 }
 
 // DefaultSyncInterval is the default Config.SyncInterval: ext4's journal
@@ -81,6 +89,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.MaxOpenChunks == 0 {
 		c.MaxOpenChunks = 1024
+	}
+	if c.ResyncBytesPerSec == 0 {
+		c.ResyncBytesPerSec = DefaultResyncBytesPerSec
 	}
 }
 

@@ -284,6 +284,16 @@ func openDirtyLog(t *target, log *slog.Logger) (*dirtyLog, error) {
 		}
 	}
 	l.run = int64(len(d.inos))
+	// A mirror group's copy may hold changes of these chunks that its
+	// other copy lacks (applied here, not forwarded, before the stop):
+	// the mirror log keeps them until the group map says what to do
+	// (suspects, mirrorlog.go).
+	if t.mlog != nil {
+		if err := t.mlog.recordSuspects(seen); err != nil {
+			l.close()
+			return nil, fmt.Errorf("target %s: hand the chunks of %s to %s: %w", t.path, dirtyLogName, mirrorLogName, err)
+		}
+	}
 	if err := l.clear(); err != nil {
 		l.close()
 		return nil, fmt.Errorf("target %s: empty %s: %w", t.path, dirtyLogName, err)
@@ -458,25 +468,13 @@ func (l *dirtyLog) append(inos []uint64) error {
 func (l *dirtyLog) replace(inos []uint64) error {
 	epoch := l.epoch + 1
 	b := append(encodeDirtyLogHeader(epoch), encodeRecords(epoch, 0, inos, dirtyLogHeaderBytes, 0)...)
-	tmp := l.path + ".tmp"
-	fd, err := openRetry(tmp, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	err = pwriteFull(fd, b, 0)
-	if err == nil {
+	fd, err := replaceFile(l.path, b, func() {
 		if h := testHookDirtyLogSync.Load(); h != nil {
 			(*h)(len(inos))
 		}
 		l.syncs.Add(1)
-		err = fdatasync(fd)
-	}
-	if err == nil {
-		err = unix.Rename(tmp, l.path)
-	}
+	})
 	if err != nil {
-		unix.Close(fd)
-		_ = unix.Unlink(tmp)
 		return err
 	}
 	if l.fd >= 0 {
@@ -537,4 +535,32 @@ func (l *dirtyLog) close() error {
 	unix.Close(l.fd)
 	l.fd = -1
 	return err
+}
+
+// replaceFile writes b to path's ".tmp" sibling, fdatasyncs it (calling
+// beforeSync first, if set) and renames it over path; it answers the new
+// file's descriptor, open for reading and writing. The rename is durable
+// once the caller syncs the directory.
+func replaceFile(path string, b []byte, beforeSync func()) (int, error) {
+	tmp := path + ".tmp"
+	fd, err := openRetry(tmp, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
+	if err != nil {
+		return -1, err
+	}
+	err = pwriteFull(fd, b, 0)
+	if err == nil {
+		if beforeSync != nil {
+			beforeSync()
+		}
+		err = fdatasync(fd)
+	}
+	if err == nil {
+		err = unix.Rename(tmp, path)
+	}
+	if err != nil {
+		unix.Close(fd)
+		_ = unix.Unlink(tmp)
+		return -1, err
+	}
+	return fd, nil
 }

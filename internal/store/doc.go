@@ -57,10 +57,25 @@
 // (except around the mkdirs of a chunk's fan-out directories) and
 // rounds.mu (the group commit of rounds.go, under groupSync and dirtyLog)
 // are leaves, taken for map and list updates only, never across other
-// I/O. A chunk's sync waits for its target's next syncfs round
+// I/O. Mirror groups (forward.go) add, above all of these: a group's gate
+// (RWMutex; mutations shared from admission to answer, a starting resync
+// exclusively once), then the per-chunk ordering locks (orderLocks:
+// stripes over 1 MiB regions, taken in ascending order; on the primary
+// held across the local apply AND the forward, or a resync's copy of the
+// region; on the secondary across the local apply; by a repair from the
+// other copy through lockRange; never by reads); groupMap.mu, mirrorLog.mu and the maps of gates, peers,
+// degrade reports and resyncs are leaves. A chunk's sync waits for its target's next syncfs round
 // (groupsync.go) holding no lock. No global lock sits on
 // the data path: writers of disjoint ranges of one chunk run in parallel
 // unless their regions share a stripe.
+//
+// One exception holds locks across a call to another server: a repair of
+// a mirror group chunk (heal.go) holds the chunk's flag shared and its
+// range's stripes exclusively while it fetches the good blocks from the
+// other copy. The other copy answers that fetch (SChunkSums) taking its
+// stripes with TryRLock only, and EAGAIN when busy, so two copies
+// repairing one range from each other cannot wait on each other; the
+// call is bounded (healCallTimeout).
 //
 // # Pitfalls
 //
@@ -88,10 +103,18 @@
 // SyncInterval, the background sync loop (bgsync.go). Short-lived: a
 // goroutine per sync round or intent-log round that starts when the round
 // before it ends, and one per chunk a background round or Close syncs (at
-// most syncBatch at a time). Close stops them all, then syncs every chunk
+// most syncBatch at a time); per mirror group whose primary is here and
+// which is resyncing, a resync (resync.go), and a forward per mutation of
+// an in-sync or resyncing group. Close stops them all, then syncs every chunk
 // written since its last sync, marks it clean and logs one line with the
 // count.
 //
 // Architecture Invariant: only this package reads or writes chunk files,
-// target identity files and intent logs.
+// target identity files, intent logs and mirror logs.
+//
+// Architecture Invariant: a mirror group's primary acknowledges a mutation
+// only when the secondary applied it too (at the same epoch), or when the
+// group is degraded in an epoch the metadata service answered and the
+// change is durable in the target's mirror.log; and, under the ordering
+// lock, two overlapping mutations reach both copies in the same order.
 package store

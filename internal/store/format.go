@@ -36,6 +36,11 @@ import (
 //	64     4·n  one stored sum per data block b, at 64+4b (see storedSum)
 //
 // Version history: 1 — initial.
+//
+// A target also holds mirror.log (mirrorlog.go: the changes a mirror
+// group's primary made while its secondary was away), with a history of
+// its own: 1 — initial (issue 21); a target without it gets an empty one
+// at open, and older releases ignore it.
 const (
 	blockSize      = 4096
 	blockShift     = 12

@@ -83,7 +83,7 @@ func (m *metrics) forTarget(path string) *targetMetrics {
 var methodNames = map[rpc.Method]string{
 	rpc.SWrite: "write", rpc.SRead: "read", rpc.STruncate: "truncate", rpc.SPunch: "punch",
 	rpc.SSync: "sync", rpc.SRemove: "remove", rpc.SChunkStat: "chunk_stat",
-	rpc.SSyncStat: "sync_stat", rpc.SSeek: "seek",
+	rpc.SSyncStat: "sync_stat", rpc.SSeek: "seek", rpc.SScrub: "scrub", rpc.SChunkSums: "chunk_sums",
 }
 
 // observe is the rpc server's per-request hook.
@@ -118,4 +118,33 @@ func (m *metrics) serve(addr string, log *slog.Logger) (*http.Server, net.Listen
 		}
 	}()
 	return hs, ln, nil
+}
+
+// mirrorMetrics are the mirror groups' collectors (forward.go, resync.go),
+// by group.
+type mirrorMetrics struct {
+	forwardedBytes  *prometheus.CounterVec
+	resyncBytes     *prometheus.CounterVec
+	resyncRemaining *prometheus.GaugeVec
+}
+
+func newMirrorMetrics(reg *prometheus.Registry) *mirrorMetrics {
+	mm := &mirrorMetrics{
+		forwardedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "strata", Subsystem: "mirror", Name: "forwarded_bytes_total",
+			Help: "Data bytes a mirror group's primary forwarded to its secondary."}, []string{"group"}),
+		resyncBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "strata", Subsystem: "mirror", Name: "resync_bytes_total",
+			Help: "Bytes a mirror group's primary copied to its secondary in resyncs."}, []string{"group"}),
+		resyncRemaining: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "strata", Subsystem: "mirror", Name: "resync_remaining_bytes",
+			Help: "Bytes the running resync of a mirror group still has to copy (0: none running)."}, []string{"group"}),
+	}
+	reg.MustRegister(mm.forwardedBytes, mm.resyncBytes, mm.resyncRemaining)
+	return mm
+}
+
+func groupLabel(g uint32) string { return strconv.FormatUint(uint64(g), 10) }
+
+func (mm *mirrorMetrics) forwarded(g uint32, n int) {
+	if n > 0 {
+		mm.forwardedBytes.WithLabelValues(groupLabel(g)).Add(float64(n))
+	}
 }

@@ -18,7 +18,9 @@ import (
 //	state         event                          next
 //	unregistered  MRegisterServer ok             registered (ids installed)
 //	unregistered  error (service down, …)        unregistered, after backoff
-//	registered    heartbeat tick, answer ok      registered
+//	registered    heartbeat (at once, then every
+//	              interval), answer ok           registered (group map and
+//	                                             lease installed)
 //	registered    heartbeat answers ESTALE       unregistered, at once
 //	registered    heartbeat fails otherwise      registered (next tick retries)
 //	any           Close                          stopped
@@ -40,11 +42,7 @@ const (
 
 func (s *Server) registrationLoop() {
 	defer s.wg.Done()
-	cl := transport.NewMulti(s.cfg.MetaAddrs, transport.MultiConfig{
-		ClientConfig:   transport.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, CallTimeout: callTimeout},
-		AttemptTimeout: attemptTimeout,
-	})
-	defer cl.Close()
+	cl := s.meta // closed by close
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -80,7 +78,7 @@ func (s *Server) registrationLoop() {
 
 // registerOnce sends MRegisterServer and installs the answered ids.
 func (s *Server) registerOnce(ctx context.Context, cl *transport.Multi) error {
-	req := &rpc.RegisterServerReq{Addr: s.addr}
+	req := &rpc.RegisterServerReq{Addr: s.addr, Domain: s.cfg.Domain}
 	req.Host, _ = os.Hostname()
 	for _, t := range s.targets {
 		_ = t.statfs()
@@ -140,11 +138,16 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Multi) {
 	tick := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	failing := false
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-tick.C:
+	// The first heartbeat goes at once: its answer brings the mirror
+	// group map and the primary lease, without which a restarted store
+	// serves no group.
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+			}
 		}
 		req := &rpc.ServerHeartbeatReq{ServerID: s.serverID.Load()}
 		now := time.Now()
@@ -157,10 +160,15 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Multi) {
 			req.InoCeiling = max(req.InoCeiling, t.inoHigh.Load())
 		}
 		cctx, cancel := context.WithTimeout(ctx, max(s.cfg.HeartbeatInterval, time.Second))
-		err := cl.Call(cctx, rpc.MServerHeartbeat, req, &rpc.Empty{})
+		// The lease runs from the send: the service counts from the
+		// receipt, which is later (mirror.go).
+		sent := time.Now()
+		var resp rpc.ServerHeartbeatResp
+		err := cl.Call(cctx, rpc.MServerHeartbeat, req, &resp)
 		cancel()
 		switch {
 		case err == nil:
+			s.installHeartbeat(&resp, sent)
 			if failing {
 				s.log.Info("heartbeats to metadata service resumed", "meta", s.cfg.MetaAddr)
 			}

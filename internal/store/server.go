@@ -30,6 +30,7 @@ type Server struct {
 	byID    atomic.Pointer[map[uint32]*target]
 	cache   *chunkCache
 	m       *metrics
+	heal    *healer // self-healing of mirror group chunks (heal.go)
 
 	rpc     *transport.Server
 	ln      net.Listener
@@ -47,6 +48,32 @@ type Server struct {
 	regErr     atomic.Pointer[error] // the last registration's outcome
 	regOnce    sync.Once
 	serverID   atomic.Uint32
+
+	// Mirror groups (mirror.go, forward.go, resync.go): the group map,
+	// the metadata service's caller (registration, heartbeats, reports;
+	// nil standalone), pooled clients of other stores, the primary's
+	// per-chunk ordering locks and per-group gates, degrade reports in
+	// flight, resyncs running, and the mirror metrics.
+	groups *groupMap
+	meta   *transport.Multi
+	peers  struct {
+		sync.Mutex
+		m map[string]*transport.Client
+	}
+	order orderLocks
+	gates struct {
+		sync.Mutex
+		m map[uint32]*sync.RWMutex
+	}
+	degrading struct {
+		sync.Mutex
+		m map[uint32]*degradeFlight
+	}
+	resyncs struct {
+		sync.Mutex
+		m map[uint32]*resyncRun
+	}
+	mm *mirrorMetrics
 }
 
 // Open formats (on first use) and opens the targets, starts serving on
@@ -67,8 +94,14 @@ func Open(cfg Config) (*Server, error) {
 		m:          newMetrics(),
 		stop:       make(chan struct{}),
 		registered: make(chan struct{}),
+		groups:     newGroupMap(),
 	}
+	s.peers.m = map[string]*transport.Client{}
+	s.mm = newMirrorMetrics(s.m.reg)
+	s.groups.changed = s.groupsChanged
 	s.cache = newChunkCache(s, cfg.MaxOpenChunks)
+	s.heal = newHealer(s)
+	s.setPeerFinder(s.groups)
 	ok := false
 	defer func() {
 		if !ok {
@@ -140,6 +173,10 @@ func Open(cfg Config) (*Server, error) {
 	s.log.Info("storage server serving", "listen", ln.Addr().String(), "advertise", s.addr, "targets", paths, "meta", cfg.MetaAddr,
 		"sync_interval", cfg.SyncInterval)
 	if cfg.MetaAddr != "" {
+		s.meta = transport.NewMulti(s.cfg.MetaAddrs, transport.MultiConfig{
+			ClientConfig:   transport.ClientConfig{Key: s.cfg.ClusterKey, TLS: s.cfg.TLS, Conns: 1, CallTimeout: callTimeout},
+			AttemptTimeout: attemptTimeout,
+		})
 		s.wg.Add(1)
 		go s.registrationLoop()
 		select {
@@ -244,12 +281,17 @@ func (s *Server) Close() error {
 func (s *Server) close(syncAll bool) error {
 	close(s.stop)
 	s.rpc.Close() // waits for handlers in flight
+	s.heal.close()
 	if s.metrics != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = s.metrics.Shutdown(ctx)
 		cancel()
 	}
 	s.wg.Wait()
+	s.closePeers()
+	if s.meta != nil {
+		s.meta.Close()
+	}
 	var left rpc.TargetUnsynced
 	for _, t := range s.targets {
 		f := t.unsyncedFigures(time.Now())
@@ -309,6 +351,8 @@ func (s *Server) register() {
 	transport.Handle(s.rpc, rpc.SListChunks, s.handleListChunks)
 	transport.Handle(s.rpc, rpc.SSeek, s.handleSeek)
 	transport.Handle(s.rpc, rpc.SSyncStat, s.handleSyncStat)
+	transport.Handle(s.rpc, rpc.SScrub, s.handleScrub)
+	transport.Handle(s.rpc, rpc.SChunkSums, s.handleChunkSums)
 }
 
 // target resolves a target id.
@@ -349,6 +393,9 @@ const maxRetries = 3
 // fstat of its open data file, as SChunkStat answers it), so that the
 // writer's size commit need not ask for it.
 func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.WriteResp, error) {
+	if rpc.IsGroup(r.Chunk.Target) {
+		return s.groupWrite(ctx, r)
+	}
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
 		return nil, err
@@ -400,6 +447,10 @@ func (s *Server) handleWrite(ctx context.Context, r *rpc.WriteReq) (*rpc.WriteRe
 }
 
 func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, error) {
+	group := r.Chunk.Target // kept for healRead: admission names the local target instead
+	if err := s.groupRead(ctx, &r.Chunk); err != nil {
+		return nil, err
+	}
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
 		return nil, err
@@ -418,7 +469,11 @@ func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, err
 	if err != nil {
 		return nil, s.failed(err)
 	}
-	resp, err := c.read(s, int64(r.Off), int(r.Len), transport.LocalReadDest(ctx))
+	dest := transport.LocalReadDest(ctx)
+	resp, err := c.read(s, int64(r.Off), int(r.Len), dest)
+	if err != nil && rpc.IsGroup(group) {
+		resp, err = s.healRead(ctx, c, group, r, dest, err)
+	}
 	s.cache.release(c)
 	if err != nil {
 		return nil, s.failed(err)
@@ -429,6 +484,9 @@ func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, err
 }
 
 func (s *Server) handleTruncate(ctx context.Context, r *rpc.TruncateReq) (*rpc.Empty, error) {
+	if rpc.IsGroup(r.Chunk.Target) {
+		return s.groupTruncate(ctx, r)
+	}
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
 		return nil, err
@@ -460,6 +518,9 @@ func (s *Server) handleTruncate(ctx context.Context, r *rpc.TruncateReq) (*rpc.E
 }
 
 func (s *Server) handlePunch(ctx context.Context, r *rpc.PunchReq) (*rpc.Empty, error) {
+	if rpc.IsGroup(r.Chunk.Target) {
+		return s.groupPunch(ctx, r)
+	}
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
 		return nil, err
@@ -486,6 +547,12 @@ func (s *Server) handlePunch(ctx context.Context, r *rpc.PunchReq) (*rpc.Empty, 
 }
 
 func (s *Server) handleSync(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, error) {
+	if rpc.IsGroup(r.Chunk.Target) {
+		if _, err := s.groupSyncStat(ctx, r, false); err != nil {
+			return nil, err
+		}
+		return &rpc.Empty{}, nil
+	}
 	if _, err := s.syncStat(r, true, false); err != nil {
 		return nil, err
 	}
@@ -495,6 +562,9 @@ func (s *Server) handleSync(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, e
 // handleSyncStat syncs a chunk and answers its stat, as handleSync and
 // then handleChunkStat would.
 func (s *Server) handleSyncStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.ChunkStatResp, error) {
+	if rpc.IsGroup(r.Chunk.Target) {
+		return s.groupSyncStat(ctx, r, true)
+	}
 	return s.syncStat(r, true, true)
 }
 
@@ -529,6 +599,9 @@ func (s *Server) syncStat(r *rpc.ChunkReq, sync, stat bool) (*rpc.ChunkStatResp,
 }
 
 func (s *Server) handleRemove(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty, error) {
+	if rpc.IsGroup(r.Chunk.Target) {
+		return s.groupRemove(ctx, r)
+	}
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
 		return nil, err
@@ -547,6 +620,9 @@ func (s *Server) handleRemove(ctx context.Context, r *rpc.ChunkReq) (*rpc.Empty,
 }
 
 func (s *Server) handleChunkStat(ctx context.Context, r *rpc.ChunkReq) (*rpc.ChunkStatResp, error) {
+	if err := s.groupRead(ctx, &r.Chunk); err != nil {
+		return nil, err
+	}
 	return s.syncStat(r, false, true)
 }
 
@@ -576,6 +652,9 @@ func (c *chunk) alloc() (uint64, error) {
 // write in that block are there, as zeros, as in a local file's last
 // block).
 func (s *Server) handleSeek(ctx context.Context, r *rpc.SeekReq) (*rpc.SeekResp, error) {
+	if err := s.groupRead(ctx, &r.Chunk); err != nil {
+		return nil, err
+	}
 	t, err := s.target(r.Chunk.Target, r.Chunk.Ino)
 	if err != nil {
 		return nil, err

@@ -38,6 +38,10 @@ import (
 //	                    attribute (inlinesums.go)
 //	dirty.log           intent log: the chunks that may differ from their
 //	                    sums on disk (dirtylog.go)
+//	mirror.log          what changed here while the target's mirror group
+//	                    was degraded with it as primary (mirrorlog.go); made
+//	                    at open, so no format version bump: older releases
+//	                    never read it
 //
 // Version history: 1 — initial: chunks/XX/YY with XX = ino&0xff, YY =
 // (ino>>8)&0xff. 2 — dirty.log: the first mutation of a clean chunk is
@@ -202,6 +206,12 @@ type target struct {
 	// dlog is the target's intent log of the dirty flag (dirtylog.go);
 	// set at open.
 	dlog *dirtyLog
+	// mlog is the target's record of what changed while its mirror
+	// group was degraded (mirrorlog.go); set at open.
+	mlog *mirrorLog
+	// suspectPush: a copy of the suspects to the secondary runs
+	// (consumeSuspects).
+	suspectPush atomic.Bool
 
 	m *targetMetrics
 
@@ -287,7 +297,14 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 		unix.Close(fd)
 		return nil, err
 	}
+	// The mirror log first: the intent log hands it the chunks it names
+	// (openDirtyLog) before it forgets them.
+	if t.mlog, err = openMirrorLog(dir); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
 	if t.dlog, err = openDirtyLog(t, slog.Default().With("pkg", "store")); err != nil {
+		t.mlog.close()
 		unix.Close(fd)
 		return nil, err
 	}
@@ -297,11 +314,13 @@ func openTarget(dir string, reserve uint64) (*target, error) {
 	// of this process relies on them.
 	if err := unix.Syncfs(fd); err != nil {
 		t.dlog.close()
+		t.mlog.close()
 		unix.Close(fd)
 		return nil, fmt.Errorf("target %s: syncfs: %w", dir, err)
 	}
 	if err := t.joinGroup(); err != nil {
 		t.dlog.close()
+		t.mlog.close()
 		unix.Close(fd)
 		return nil, fmt.Errorf("target %s: %w", dir, err)
 	}
@@ -348,6 +367,9 @@ func (t *target) close() {
 			slog.Default().With("pkg", "store").Error("cannot empty the intent log after a clean stop; its chunks are recomputed at the next open",
 				"target", t.path, "err", err)
 		}
+	}
+	if t.mlog != nil {
+		t.mlog.close()
 	}
 	t.leaveGroup()
 	if t.lockFd >= 0 {

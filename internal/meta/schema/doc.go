@@ -22,6 +22,8 @@
 //	'R'     'R' 'S' server(4)                      Server         registered storage server
 //	'R'     'R' 'T' target(4)                      Target         registered storage target
 //	'R'     'R' 'U' uuid                           TargetRef      target UUID → target id
+//	'R'     'R' 'G' group(4)                       Group          mirror group (two targets, state,
+//	                                                              epoch; docs/design/0014)
 //
 // Sharding: every directory entry lives under its parent's prefix
 // ('d' parent …), so a future split of the namespace by directory hash moves
@@ -53,6 +55,13 @@
 //	                   kind, raft stamp, attributes) instead of version 1's
 //	                   encoded wire answer; version 1 records are still read
 //	                   (AnswerWire) and answered with their bytes
+//	Server    1        + optional trailing Domain (absent: none; written
+//	                   only when set)
+//	Inode     2        a directory marked mirrored: after Symlink a flags
+//	                   byte (1: Alloc follows, 2: mirror) and the Alloc
+//	                   list if flagged; written only for marked inodes, so
+//	                   every other inode stays version 1
+//	Group     1        initial (mirror groups)
 //
 // # Pitfalls
 //

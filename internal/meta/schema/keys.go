@@ -27,6 +27,7 @@ const (
 	regServer = 'S'
 	regTarget = 'T'
 	regUUID   = 'U'
+	regGroup  = 'G'
 
 	xattrMark = 'x'
 )
@@ -181,6 +182,22 @@ func TargetUUIDKey(uuid string) []byte {
 func DecodeRegistryID(k []byte) (uint32, error) {
 	if len(k) != 6 || k[0] != prefixRegistry || (k[1] != regServer && k[1] != regTarget) {
 		return 0, fmt.Errorf("%w: registry key %x", ErrCorrupt, k)
+	}
+	return binary.BigEndian.Uint32(k[2:]), nil
+}
+
+// GroupKey is 'R' 'G' id: a mirror group.
+func GroupKey(id uint32) []byte {
+	return binary.BigEndian.AppendUint32([]byte{prefixRegistry, regGroup}, id)
+}
+
+// GroupPrefix covers every mirror group record, in id order.
+func GroupPrefix() []byte { return []byte{prefixRegistry, regGroup} }
+
+// DecodeGroupKey returns the id of a group key.
+func DecodeGroupKey(k []byte) (uint32, error) {
+	if len(k) != 6 || k[0] != prefixRegistry || k[1] != regGroup {
+		return 0, fmt.Errorf("%w: group key %x", ErrCorrupt, k)
 	}
 	return binary.BigEndian.Uint32(k[2:]), nil
 }

@@ -43,6 +43,9 @@ func TestKeyRoundTrip(t *testing.T) {
 			t.Errorf("key %x: %d %v", k, v, err)
 		}
 	}
+	if id, err := DecodeGroupKey(GroupKey(9)); err != nil || id != 9 {
+		t.Errorf("group key: %d %v", id, err)
+	}
 	for _, k := range [][]byte{ServerKey(4), TargetKey(4)} {
 		if id, err := DecodeRegistryID(k); err != nil || id != 4 {
 			t.Errorf("registry key %x: %d %v", k, id, err)

@@ -83,6 +83,10 @@ type Inode struct {
 	// while never reported (files written before it was kept). Encoded as
 	// an optional tail, present only when not nil.
 	Alloc []uint64
+	// Mirror is, for a directory, the mark that new files under it go on
+	// mirror groups (strata stripe set --mirror); new subdirectories
+	// inherit it. Only a marked inode is written in format version 2.
+	Mirror bool
 }
 
 // AllocBlocks is the file's space in 512-byte units and whether it is
@@ -98,9 +102,25 @@ func (in *Inode) AllocBlocks() (uint64, bool) {
 	return (sum + 511) / 512, true
 }
 
+// inodeFormatV2 is the Inode format of a directory marked mirrored:
+// version 1's fields up to Symlink, then a flags byte (inodeHasAlloc,
+// inodeMirror) and the Alloc list when inodeHasAlloc. Every other inode
+// is still written in version 1, which older builds read; they refuse a
+// version 2 record as written by a newer Strata.
+const inodeFormatV2 = 2
+
+const (
+	inodeHasAlloc = 1 << 0
+	inodeMirror   = 1 << 1
+)
+
 // AppendInode appends the encoding of in to b.
 func AppendInode(b []byte, in *Inode) []byte {
-	e := begin(b)
+	v := uint8(formatV1)
+	if in.Mirror {
+		v = inodeFormatV2
+	}
+	e := beginVersion(b, v)
 	e.U32(in.Mode)
 	e.U32(in.Nlink)
 	e.U32(in.Uid)
@@ -114,6 +134,17 @@ func AppendInode(b []byte, in *Inode) []byte {
 	e.U64(in.Parent)
 	e.U64(in.Entries)
 	e.String(in.Symlink)
+	if v == inodeFormatV2 {
+		var flags uint8 = inodeMirror
+		if in.Alloc != nil {
+			flags |= inodeHasAlloc
+		}
+		e.U8(flags)
+		if in.Alloc != nil {
+			e.U64s(in.Alloc)
+		}
+		return e.B
+	}
 	if in.Alloc != nil {
 		e.U64s(in.Alloc)
 	}
@@ -122,7 +153,7 @@ func AppendInode(b []byte, in *Inode) []byte {
 
 // DecodeInode decodes an inode record into in.
 func DecodeInode(b []byte, in *Inode) error {
-	d, err := open("inode", b)
+	d, v, err := openVersion("inode", b, inodeFormatV2)
 	if err != nil {
 		return err
 	}
@@ -140,6 +171,17 @@ func DecodeInode(b []byte, in *Inode) error {
 	in.Entries = d.U64()
 	in.Symlink = d.String()
 	in.Alloc = nil
+	in.Mirror = false
+	if v == inodeFormatV2 {
+		flags := d.U8()
+		in.Mirror = flags&inodeMirror != 0
+		if flags&inodeHasAlloc != 0 {
+			if in.Alloc = d.U64s(); in.Alloc == nil {
+				in.Alloc = []uint64{}
+			}
+		}
+		return finish("inode", d)
+	}
 	if d.Err() == nil && d.Len() > 0 {
 		in.Alloc = d.U64s()
 		if in.Alloc == nil {
@@ -436,6 +478,9 @@ type Server struct {
 	Addr    string
 	Host    string
 	Targets []uint32
+	// Domain is the server's failure domain label (strata store
+	// --domain); "" for none. An optional tail, written only when set.
+	Domain string
 }
 
 func AppendServer(b []byte, s *Server) []byte {
@@ -444,6 +489,9 @@ func AppendServer(b []byte, s *Server) []byte {
 	e.String(s.Addr)
 	e.String(s.Host)
 	e.U32s(s.Targets)
+	if s.Domain != "" {
+		e.String(s.Domain)
+	}
 	return e.B
 }
 
@@ -457,6 +505,9 @@ func DecodeServer(b []byte) (Server, error) {
 	s.Addr = d.String()
 	s.Host = d.String()
 	s.Targets = d.U32s()
+	if d.Err() == nil && d.Len() > 0 {
+		s.Domain = d.String()
+	}
 	return s, finish("server", d)
 }
 
@@ -506,4 +557,62 @@ func DecodeTargetRef(b []byte) (TargetRef, error) {
 	}
 	r := TargetRef{ID: d.U32()}
 	return r, finish("target ref", d)
+}
+
+// Group states (Group.State). The numbers are the stored format, and the
+// same as the wire's (rpc.GroupInSync …), which TestGroupStateValues
+// checks in package meta.
+const (
+	GroupInSync    uint8 = 0
+	GroupDegraded  uint8 = 1
+	GroupResyncing uint8 = 2
+)
+
+// Group is a mirror group: two targets on different servers holding the
+// same chunks (docs/design/0014).
+type Group struct {
+	ID        uint32
+	Epoch     uint64 // bumped by every change of primary or state
+	Primary   uint32 // target id
+	Secondary uint32 // target id
+	State     uint8  // GroupInSync, GroupDegraded, GroupResyncing
+	Since     int64  // ns since the epoch: when the group entered State
+	// ResyncDone, ResyncTotal: the resync's progress in bytes as the
+	// primary last reported it (resyncing).
+	ResyncDone, ResyncTotal uint64
+	// CopyBad counts the blocks a copy failed its checksums and was
+	// repaired from the other (MirrorCopyBad reports).
+	CopyBad uint64
+}
+
+func AppendGroup(b []byte, g *Group) []byte {
+	e := begin(b)
+	e.U32(g.ID)
+	e.U64(g.Epoch)
+	e.U32(g.Primary)
+	e.U32(g.Secondary)
+	e.U8(g.State)
+	e.I64(g.Since)
+	e.U64(g.ResyncDone)
+	e.U64(g.ResyncTotal)
+	e.U64(g.CopyBad)
+	return e.B
+}
+
+func DecodeGroup(b []byte) (Group, error) {
+	d, err := open("group", b)
+	if err != nil {
+		return Group{}, err
+	}
+	var g Group
+	g.ID = d.U32()
+	g.Epoch = d.U64()
+	g.Primary = d.U32()
+	g.Secondary = d.U32()
+	g.State = d.U8()
+	g.Since = d.I64()
+	g.ResyncDone = d.U64()
+	g.ResyncTotal = d.U64()
+	g.CopyBad = d.U64()
+	return g, finish("group", d)
 }

@@ -37,6 +37,8 @@ var valueCodecs = map[string]valueCodec{
 			Inode{Mode: 0o120777, Nlink: 1, Symlink: "../x"},
 			Inode{Mode: 0o100600, Layout: sampleLayout, Alloc: []uint64{4096, 0}},
 			Inode{Mode: 0o100600, Layout: sampleLayout, Alloc: []uint64{}},
+			Inode{Mode: 0o40755, Nlink: 2, Parent: 1, Layout: layout.Layout{StripeSize: 1 << 20}, Mirror: true},
+			Inode{Mode: 0o100600, Layout: sampleLayout, Alloc: []uint64{1}, Mirror: true},
 		},
 		encode: func(v any) []byte { in := v.(Inode); return AppendInode(nil, &in) },
 		decode: func(b []byte) (any, error) { var in Inode; err := DecodeInode(b, &in); return in, err },
@@ -76,14 +78,21 @@ var valueCodecs = map[string]valueCodec{
 		decode: func(b []byte) (any, error) { return DecodeResult(b) },
 	},
 	"Server": {
-		samples: []any{Server{ID: 1, Addr: "a:1", Host: "h", Targets: []uint32{1, 2}}},
-		encode:  func(v any) []byte { s := v.(Server); return AppendServer(nil, &s) },
-		decode:  func(b []byte) (any, error) { return DecodeServer(b) },
+		samples: []any{Server{ID: 1, Addr: "a:1", Host: "h", Targets: []uint32{1, 2}},
+			Server{ID: 2, Addr: "b:1", Host: "h2", Targets: []uint32{3}, Domain: "rack2"}},
+		encode: func(v any) []byte { s := v.(Server); return AppendServer(nil, &s) },
+		decode: func(b []byte) (any, error) { return DecodeServer(b) },
 	},
 	"Target": {
 		samples: []any{Target{ID: 1, ServerID: 2, UUID: "u", Path: "/p"}},
 		encode:  func(v any) []byte { t := v.(Target); return AppendTarget(nil, &t) },
 		decode:  func(b []byte) (any, error) { return DecodeTarget(b) },
+	},
+	"Group": {
+		samples: []any{Group{ID: 1, Epoch: 7, Primary: 3, Secondary: 5, State: GroupDegraded, Since: 99,
+			ResyncDone: 1, ResyncTotal: 2, CopyBad: 3}, Group{ID: 2}},
+		encode: func(v any) []byte { g := v.(Group); return AppendGroup(nil, &g) },
+		decode: func(b []byte) (any, error) { return DecodeGroup(b) },
 	},
 	"TargetRef": {
 		samples: []any{TargetRef{ID: 8}},
@@ -202,5 +211,34 @@ func TestSchemaDoesNotDependOnTheWire(t *testing.T) {
 		if strings.HasSuffix(dep, "/internal/rpc") {
 			t.Fatalf("meta/schema depends on %s", dep)
 		}
+	}
+}
+
+// TestMirrorFieldsKeepVersion1: a directory without the mirror mark and
+// a server without a domain are written exactly as before they existed
+// (older builds keep reading them); a marked directory is version 2,
+// which an older build refuses by name (ErrNewer), not as corrupt.
+func TestMirrorFieldsKeepVersion1(t *testing.T) {
+	dir := Inode{Mode: 0o40755, Nlink: 2, Parent: 1}
+	if b := AppendInode(nil, &dir); b[0] != 1 {
+		t.Fatalf("unmarked directory written in version %d", b[0])
+	}
+	dir.Mirror = true
+	if b := AppendInode(nil, &dir); b[0] != 2 {
+		t.Fatalf("mirrored directory written in version %d, want 2", b[0])
+	}
+	// A version 1 server record (no domain) is the old bytes.
+	s := Server{ID: 1, Addr: "a", Host: "h", Targets: []uint32{1}}
+	old := AppendServer(nil, &s)
+	s.Domain = "r1"
+	if b := AppendServer(nil, &s); len(b) <= len(old) || string(b[:len(old)]) != string(old) {
+		t.Fatalf("a domain is not a tail of the old record: %x vs %x", b, old)
+	}
+	// A version 3 inode is a newer Strata's.
+	b := AppendInode(nil, &dir)
+	b[0] = 3
+	var in Inode
+	if err := DecodeInode(b, &in); !errors.Is(err, ErrNewer) {
+		t.Fatalf("inode version 3: %v, want ErrNewer", err)
 	}
 }
