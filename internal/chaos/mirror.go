@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,9 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/stratafs/strata/internal/rpc"
-	"github.com/stratafs/strata/internal/transport"
 )
 
 // Mirror groups (docs/design/0014), as the cluster's scripts see them:
@@ -71,13 +67,7 @@ func group(gs []MirrorGroup, id uint32) (MirrorGroup, bool) {
 // an in-sync group, and marks the MirrorDirs mirrored.
 func (c *Cluster) setUpMirror(ctx context.Context) error {
 	if _, err := c.admin(ctx, "mirror", "create", "--auto"); err != nil {
-		if !strings.Contains(err.Error(), `unknown command "mirror"`) {
-			return err
-		}
-		// A binary without the command: the request it would send.
-		if err := c.pairByRPC(ctx); err != nil {
-			return err
-		}
+		return err
 	}
 	want := c.cfg.Stores * c.targetsPerStore() / 2
 	if _, err := c.WaitInSync(ctx, want, 60*time.Second); err != nil {
@@ -93,34 +83,6 @@ func (c *Cluster) setUpMirror(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// pairByRPC sends MMirrorCreate{Auto} to the voters from the client host.
-func (c *Cluster) pairByRPC(ctx context.Context) error {
-	key, err := os.ReadFile(c.keyFile)
-	if err != nil {
-		return err
-	}
-	call := func() error {
-		m := transport.NewMulti(c.MetaAddrs, transport.MultiConfig{ClientConfig: transport.ClientConfig{Key: bytes.TrimSpace(key), Conns: 1, NoLocal: true}})
-		defer m.Close()
-		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		req := &rpc.MirrorCreateReq{Hdr: rpc.ReqHeader{ClientID: uint64(os.Getpid()), Seq: uint64(time.Now().UnixNano())}, Auto: true}
-		var resp rpc.ListGroupsResp
-		if err := m.Call(cctx, rpc.MMirrorCreate, req, &resp); err != nil {
-			return fmt.Errorf("pair the targets into mirror groups (MMirrorCreate): %w", err)
-		}
-		return nil
-	}
-	if h := c.clientHost(); h != nil {
-		var err error
-		if derr := h.Do(func() error { err = call(); return nil }); derr != nil {
-			return derr
-		}
-		return err
-	}
-	return call()
 }
 
 // command runs `strata ARGS` (no cluster flags) on the client host, 10 s
