@@ -748,3 +748,36 @@ func TestMirrorPlacementE2E(t *testing.T) {
 		t.Fatalf("stripe get of a mirrored file: %s", out)
 	}
 }
+
+// TestUpRestartRightAfterKill: a strata up started again at once after
+// kill -9 of the last one — its mount point's attributes still cached by
+// the kernel, the dead daemon's connection perhaps not yet cut — detaches
+// the stale mount and serves the files (the stat of the mount point alone
+// can answer from the cache; statfs always asks the daemon).
+func TestUpRestartRightAfterKill(t *testing.T) {
+	u := newUpRun(t)
+	f := filepath.Join(u.mnt, "kept")
+	if err := os.WriteFile(f, []byte("before the crash"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(u.mnt); err != nil {
+		t.Fatal(err)
+	}
+	u.P.Kill()
+	u.P = testutil.StartProc(t, u.dir, "up-again", nil, u.bin, "up", "--data", u.data, "--mount", u.mnt)
+	if err := testutil.WaitFor(30*time.Second, func() error {
+		if u.P.Exited() {
+			return errors.New("strata up exited:\n" + u.P.Tail(20))
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		if string(b) != "before the crash" {
+			return fmt.Errorf("read %q", b)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("restart right after kill -9: %v", err)
+	}
+}

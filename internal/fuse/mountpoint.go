@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -36,8 +37,19 @@ func PrepareMountPoint(dir string, create bool) error {
 		return err
 	}
 	if ok {
-		_, statErr := os.Stat(dir)
-		stale := errors.Is(statErr, syscall.ENOTCONN)
+		stale := disconnected(dir)
+		if !stale && top == fsType && mountinfo.Holder(dir) == "" {
+			// No running strata says it serves dir: its daemon may have
+			// just died, and the kernel cuts the connection only when
+			// the last reference to its /dev/fuse file goes (another
+			// process looking at the dead one's descriptors holds it a
+			// moment longer). Look again for a few seconds.
+			deadline := time.Now().Add(5 * time.Second)
+			for !stale && time.Now().Before(deadline) {
+				time.Sleep(200 * time.Millisecond)
+				stale = disconnected(dir)
+			}
+		}
 		switch {
 		case stale && top == fsType:
 			if err := detach(dir); err != nil {
@@ -61,6 +73,29 @@ func PrepareMountPoint(dir string, create bool) error {
 		return fmt.Errorf("create mount point: %w", err)
 	}
 	return nil
+}
+
+// disconnected reports whether the FUSE mount at dir has lost its daemon:
+// a stat or a statfs of it fails with ENOTCONN. The stat alone is not
+// enough: the kernel answers it from the root's cached attributes while
+// they are valid, dead daemon or not; a statfs always asks the daemon. A
+// statfs that does not return within 2 s (a daemon that hangs) counts as
+// connected: a mount that is alive but stuck is not detached.
+func disconnected(dir string) bool {
+	if _, err := os.Stat(dir); errors.Is(err, syscall.ENOTCONN) {
+		return true
+	}
+	done := make(chan error, 1)
+	go func() {
+		var st syscall.Statfs_t
+		done <- syscall.Statfs(dir, &st)
+	}()
+	select {
+	case err := <-done:
+		return errors.Is(err, syscall.ENOTCONN)
+	case <-time.After(2 * time.Second):
+		return false
+	}
 }
 
 // topMount returns the type of the uppermost file system mounted exactly
