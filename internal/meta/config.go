@@ -65,7 +65,10 @@ type Config struct {
 	// silence that long degrades its group. Storage servers act as
 	// primaries only for 2/3 of it after each heartbeat they send (the
 	// lease of rpc.ServerHeartbeatResp), so a primary cut off from the
-	// service has stopped before its secondary takes over. Default 3 s.
+	// service has stopped before its secondary takes over. Default 2 s
+	// (the stall a job feels when a primary dies is about this; servers
+	// heartbeat every third of the lease, so a late heartbeat or two
+	// costs no lease and no switch).
 	FailoverTimeout time.Duration
 	// SessionLease: a client session without a heartbeat for this long is
 	// expired and its locks released. Default 15 s.
@@ -122,7 +125,7 @@ func DefaultConfig() Config {
 	return Config{
 		ListenAddr:      "127.0.0.1:7700",
 		ServerTimeout:   10 * time.Second,
-		FailoverTimeout: 3 * time.Second,
+		FailoverTimeout: 2 * time.Second,
 		SessionLease:    15 * time.Second,
 		OrphanGrace:     15 * time.Second,
 		ReapDeferMax:    10 * time.Second,

@@ -740,3 +740,24 @@ func TestMirrorLockRangeHoldsForwards(t *testing.T) {
 	}
 	p.sameCopies(0x800)
 }
+
+// TestHeartbeatEvery: a server with mirror groups heartbeats every third
+// of its lease when that is shorter than its configured period (never
+// under 100 ms); without a lease, at its period.
+func TestHeartbeatEvery(t *testing.T) {
+	for _, c := range []struct {
+		interval time.Duration
+		leaseMs  uint32
+		want     time.Duration
+	}{
+		{time.Second, 0, time.Second},
+		{time.Second, 1333, 444333333},
+		{time.Second, 6000, time.Second},
+		{time.Second, 150, 100 * time.Millisecond},
+		{200 * time.Millisecond, 1333, 200 * time.Millisecond},
+	} {
+		if got := heartbeatEvery(c.interval, c.leaseMs); got != c.want {
+			t.Errorf("heartbeatEvery(%v, %d) = %v, want %v", c.interval, c.leaseMs, got, c.want)
+		}
+	}
+}

@@ -135,7 +135,8 @@ func (s *Server) rememberID(t *target, id uint32) {
 // heartbeatUntilStale heartbeats every interval until the service answers
 // ESTALE (forgot us: register again) or the server closes.
 func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Multi) {
-	tick := time.NewTicker(s.cfg.HeartbeatInterval)
+	interval := s.cfg.HeartbeatInterval
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	failing := false
 	// The first heartbeat goes at once: its answer brings the mirror
@@ -169,6 +170,13 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Multi) {
 		switch {
 		case err == nil:
 			s.installHeartbeat(&resp, sent)
+			// A server with mirror groups heartbeats at least every
+			// third of its primary lease, so that one late answer does
+			// not lapse the lease (and stall its groups' writes).
+			if every := heartbeatEvery(s.cfg.HeartbeatInterval, resp.LeaseMs); every != interval {
+				interval = every
+				tick.Reset(interval)
+			}
 			if failing {
 				s.log.Info("heartbeats to metadata service resumed", "meta", s.cfg.MetaAddr)
 			}
@@ -183,6 +191,17 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Multi) {
 			failing = true
 		}
 	}
+}
+
+// heartbeatEvery is the heartbeat period of a server configured for
+// interval whose metadata service grants a primary lease of leaseMs (0:
+// none, the server has no mirror groups): a third of the lease when that
+// is shorter, but not under 100 ms.
+func heartbeatEvery(interval time.Duration, leaseMs uint32) time.Duration {
+	if leaseMs == 0 {
+		return interval
+	}
+	return min(interval, max(time.Duration(leaseMs)*time.Millisecond/3, 100*time.Millisecond))
 }
 
 func absPath(p string) string {
