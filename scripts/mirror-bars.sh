@@ -26,7 +26,13 @@
 #   in WORKDIR/logs), the mount point and the summary (WORKDIR/summary.txt).
 # Environment: SIZE_GIB (10), REWRITE_GIB (1), NFILES (10), FLIPS (100),
 #   STRATA_BIN (default: go build -o WORKDIR/strata ./cmd/strata),
-#   SCRUB_RATE (scrub --rate, default 0: no limit), KEEP_DATA (0).
+#   SCRUB_RATE (scrub --rate, default 0: no limit), KEEP_DATA (0),
+#   REWRITE_MODE: seq (default: each rewritten file from its start, in 1 MiB
+#   writes) or random4k (4 KiB writes at random block offsets spread over
+#   all of the group's files, REWRITE_GIB in all);
+#   DEGRADE_FIRST (1): one 4 KiB write (of the bytes already there) degrades
+#   the group before the rewrites start; 0: the rewrites themselves meet the
+#   stopped secondary (the forwards' 5 s timeout).
 # A quick run for development: SIZE_GIB=2 REWRITE_GIB=0.2 scripts/mirror-bars.sh
 # Exit status: 0 both bars met, 1 a bar failed, 2 cannot run.
 set -euo pipefail
@@ -36,6 +42,8 @@ SIZE_GIB=${SIZE_GIB:-10}
 REWRITE_GIB=${REWRITE_GIB:-1}
 NFILES=${NFILES:-10}
 FLIPS=${FLIPS:-100}
+REWRITE_MODE=${REWRITE_MODE:-seq}
+DEGRADE_FIRST=${DEGRADE_FIRST:-1}
 SCRUB_RATE=${SCRUB_RATE:-0}
 KEEP_DATA=${KEEP_DATA:-0}
 
@@ -45,6 +53,7 @@ log() { echo "mirror-bars: $(date -u +%H:%M:%S) $*" >&2; }
 [[ $(id -u) -eq 0 ]] || die "run as root (a FUSE mount, drop_caches, signals to the cluster's processes)"
 [[ -c /dev/fuse ]] || die "no /dev/fuse: FUSE is not available here"
 command -v python3 >/dev/null || die "python3 is needed"
+[[ $REWRITE_MODE == seq || $REWRITE_MODE == random4k ]] || die "REWRITE_MODE is seq or random4k, not '$REWRITE_MODE'"
 
 file_mib=$(python3 -c "print(int(float('$SIZE_GIB')*1024/int('$NFILES')))")
 rewrite_mib=$(python3 -c "print(int(float('$REWRITE_GIB')*1024))")
@@ -86,7 +95,7 @@ cleanup() {
   fi
   if mountpoint -q "$M" 2>/dev/null; then umount -l "$M"; fi
   if [[ -d $D/logs ]]; then cp -r "$D/logs" "$work/logs"; fi
-  if [[ $KEEP_DATA != 1 ]]; then rm -rf "$D" "$work/src.bin" "$work/rewrite.bin"; fi
+  if [[ $KEEP_DATA != 1 ]]; then rm -rf "$D" "$work/src.bin" "$work/rewrite.bin" "$work/expect"; fi
   exit "$rc"
 }
 trap cleanup EXIT
@@ -199,19 +208,63 @@ mapfile -t pids < <(ps -eo pid=,args= | awk -v a="$sec_addr" '{for(i=2;i<NF;i++)
 sec_pid=${pids[0]}
 
 resync0=$(metric_sum strata_mirror_resync_bytes_total)
-log "resync: stopping group $G's secondary server $sec_addr (pid $sec_pid); rewriting $rewrite_mib MiB of ${#gfiles[@]} files on group $G"
+log "resync: stopping group $G's secondary server $sec_addr (pid $sec_pid); rewriting $rewrite_mib MiB ($REWRITE_MODE) of ${#gfiles[@]} files on group $G"
 kill -STOP "$sec_pid"
 stopped_pid=$sec_pid
+if [[ $DEGRADE_FIRST == 1 ]]; then
+  # One 4 KiB write of the bytes already there: its forward times out and
+  # the primary degrades the group before the rewrites start.
+  dd if="$work/src.bin" of="${gfiles[0]}" bs=4k count=1 conv=notrunc,fsync status=none
+  for _ in $(seq 60); do
+    [[ $(groups_state | awk -v g="$G" '$1==g{print $2}') == degraded ]] && break
+    sleep 0.5
+  done
+fi
 t0=$SECONDS
-left=$rewrite_mib done_mib=0
-for f in "${gfiles[@]}"; do
-  ((left > 0)) || break
-  n=$((left < file_mib ? left : file_mib))
-  dd if="$work/rewrite.bin" of="$f" bs=1M skip="$done_mib" count="$n" conv=notrunc,fsync status=none
-  want[$f]=$({ dd if="$work/rewrite.bin" bs=1M skip="$done_mib" count="$n" status=none
-    dd if="$work/src.bin" bs=1M skip="$n" status=none; } | md5sum | cut -d' ' -f1)
-  left=$((left - n)) done_mib=$((done_mib + n))
-done
+touched=""
+if [[ $REWRITE_MODE == seq ]]; then
+  left=$rewrite_mib done_mib=0
+  for f in "${gfiles[@]}"; do
+    ((left > 0)) || break
+    n=$((left < file_mib ? left : file_mib))
+    dd if="$work/rewrite.bin" of="$f" bs=1M skip="$done_mib" count="$n" conv=notrunc,fsync status=none
+    want[$f]=$({ dd if="$work/rewrite.bin" bs=1M skip="$done_mib" count="$n" status=none
+      dd if="$work/src.bin" bs=1M skip="$n" status=none; } | md5sum | cut -d' ' -f1)
+    left=$((left - n)) done_mib=$((done_mib + n))
+  done
+else
+  # 4 KiB writes at random block offsets over all of the group's files,
+  # applied alike to a local copy of each (the expected contents).
+  mkdir -p "$work/expect"
+  for f in "${gfiles[@]}"; do cp "$work/src.bin" "$work/expect/$(basename "$f")"; done
+  touched=$(python3 - "$work/rewrite.bin" "$work/expect" "$((rewrite_mib << 20))" "${gfiles[@]}" <<'EOF2'
+import os, random, sys
+data, expect, total, files = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+size = os.path.getsize(files[0])
+blocks = size // 4096
+rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+src = memoryview(open(data, "rb").read())
+fds = [(os.open(f, os.O_RDWR), os.open(os.path.join(expect, os.path.basename(f)), os.O_RDWR)) for f in files]
+seen, regions = set(), set()
+for i in range(total // 4096):
+    k = rng.randrange(len(files))
+    b = rng.randrange(blocks)
+    off = (i * 4096) % (len(src) - 4095)
+    buf = src[off:off + 4096]
+    for fd in fds[k]:
+        os.pwrite(fd, buf, b * 4096)
+    seen.add((k, b))
+    regions.add((k, b >> 8))
+for m, e in fds:
+    os.fsync(m)
+    os.close(m)
+    os.close(e)
+print(f"distinct_4k_blocks={len(seen)} ({len(seen) * 4096} B) distinct_1m_regions={len(regions)} ({len(regions) << 20} B)")
+EOF2
+) || { echo "RESYNC  the random rewrite failed through the mount (an application error; see above and $work/up.log): FAILED" | tee -a "$summary"; exit 1; }
+  for f in "${gfiles[@]}"; do want[$f]=$(md5sum <"$work/expect/$(basename "$f")" | cut -d' ' -f1); done
+  rm -rf "$work/expect"
+fi
 rewrite_s=$((SECONDS - t0))
 gstate=$(groups_state | awk -v g="$G" '$1==g{print $2}')
 log "rewritten in ${rewrite_s} s; group $G is $gstate; continuing pid $sec_pid"
@@ -247,7 +300,8 @@ read -r s1_bad _ _ s1_mism s1_missing s1_done <<<"$(scrub_totals "$work/scrub-af
 resync_ok=1
 ((copied <= limit && bad_reads == 0 && scrub1_rc == 0 && s1_bad == 0 && s1_mism == 0 && s1_missing == 0)) || resync_ok=0
 {
-  echo "RESYNC  data set ${SIZE_GIB} GiB ($NFILES x $file_mib MiB, written in ${write_s} s); group $G's secondary $sec_addr stopped while $rewrite_mib MiB were rewritten (${rewrite_s} s)"
+  echo "RESYNC  data set ${SIZE_GIB} GiB ($NFILES x $file_mib MiB, written in ${write_s} s); group $G's secondary $sec_addr stopped while $rewrite_mib MiB were rewritten ($REWRITE_MODE, ${#gfiles[@]} files of the group, ${rewrite_s} s)"
+  if [[ -n $touched ]]; then echo "RESYNC  rewrites touched $touched"; fi
   echo "RESYNC  copied_bytes=$copied rewritten_bytes=$rewrite_bytes ratio=$(python3 -c "print(round($copied/$rewrite_bytes, 3))") limit_bytes=$limit resync_seconds=$resync_s"
   echo "RESYNC  per group: $per_group"
   echo "RESYNC  store logs: ${done_lines:-none}"
