@@ -281,7 +281,7 @@ rewrite_bytes=$((rewrite_mib << 20))
 limit=$((rewrite_bytes * 12 / 10))
 per_group=$(for a in $metrics_addrs; do curl -s --max-time 10 "http://$a/metrics"; done |
   awk '/^strata_mirror_resync_bytes_total\{/ { match($0, /group="[0-9]+"/); s[substr($0, RSTART + 7, RLENGTH - 8)] += $NF }
-       END { for (g in s) printf "group %s %d B; ", g, s[g] }')
+       END { for (g in s) printf "group %s %.0f B; ", g, s[g] }')
 # The stores' own account, from their logs: each finished resync and what it copied.
 done_lines=$(grep -ho 'msg="mirror resync done".*' "$D"/logs/store-*.log | sed 's/msg="mirror resync done" pkg=store //' | tr '\n' ';' || true)
 log "resync copied $copied bytes (limit $limit) in ${resync_s} s: $per_group"
