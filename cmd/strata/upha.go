@@ -35,6 +35,10 @@ import (
 type haLayout struct {
 	Voters []string `json:"voters"` // the voters' --listen addresses
 	Stores []string `json:"stores"` // the storage servers' --listen addresses
+	// StoreMetrics are the storage servers' --metrics-addr (/metrics, for
+	// scripts such as scripts/mirror-bars.sh); a layout saved without them
+	// gets them at the next start.
+	StoreMetrics []string `json:"store_metrics,omitempty"`
 }
 
 // haChild is one supervised child process.
@@ -73,6 +77,14 @@ func haLayoutFor(dataDir, metaListen string, voters, stores int) (haLayout, erro
 			return haLayout{}, fmt.Errorf("%s holds %d voters and %d storage servers, not %d and %d: start it with --meta-voters %d --stores %d, or use a new --data",
 				p, len(l.Voters), len(l.Stores), voters, stores, len(l.Voters), len(l.Stores))
 		}
+		if len(l.StoreMetrics) != len(l.Stores) {
+			if l.StoreMetrics, err = freeLoopbackAddrs(len(l.Stores)); err != nil {
+				return haLayout{}, err
+			}
+			if err := saveHALayout(p, l); err != nil {
+				return haLayout{}, err
+			}
+		}
 		return l, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return haLayout{}, fmt.Errorf("read %s: %w", p, err)
@@ -85,23 +97,46 @@ func haLayoutFor(dataDir, metaListen string, voters, stores int) (haLayout, erro
 		return haLayout{}, err
 	}
 	l := haLayout{Voters: vs}
-	var lns []net.Listener
-	for range stores {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return haLayout{}, fmt.Errorf("free port for a storage server: %w", err)
-		}
-		lns = append(lns, ln)
-		l.Stores = append(l.Stores, ln.Addr().String())
+	// One round of listeners for both lists, so that no address repeats.
+	addrs, err := freeLoopbackAddrs(2 * stores)
+	if err != nil {
+		return haLayout{}, err
 	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	b, _ := json.MarshalIndent(l, "", "  ")
-	if err := os.WriteFile(p, append(b, '\n'), 0o644); err != nil {
-		return haLayout{}, fmt.Errorf("write %s: %w", p, err)
+	l.Stores, l.StoreMetrics = addrs[:stores], addrs[stores:]
+	if err := saveHALayout(p, l); err != nil {
+		return haLayout{}, err
 	}
 	return l, nil
+}
+
+// freeLoopbackAddrs answers n distinct free loopback addresses (free when
+// asked: they are closed again before the answer).
+func freeLoopbackAddrs(n int) ([]string, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	var addrs []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port for a storage server: %w", err)
+		}
+		lns = append(lns, ln)
+		addrs = append(addrs, ln.Addr().String())
+	}
+	return addrs, nil
+}
+
+// saveHALayout writes l to p (DATA/ha.json).
+func saveHALayout(p string, l haLayout) error {
+	b, _ := json.MarshalIndent(l, "", "  ")
+	if err := os.WriteFile(p, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	return nil
 }
 
 // startHA starts the voters and the storage servers of o as child
@@ -138,7 +173,8 @@ func startHA(o upOptions, dataDir, keyFile string) (metaAddrs []string, h *haClu
 		h.children = append(h.children, &haChild{name: fmt.Sprintf("meta-%d", i+1), argv: argv})
 	}
 	for i, addr := range l.Stores {
-		argv := append([]string{"store", "--listen", addr, "--meta", metaList, "--sync-interval", o.syncInterval.String()}, common...)
+		argv := append([]string{"store", "--listen", addr, "--meta", metaList, "--sync-interval", o.syncInterval.String(),
+			"--metrics-addr", l.StoreMetrics[i]}, common...)
 		for t := 0; t < o.targetsPerStore; t++ {
 			dir := filepath.Join(dataDir, fmt.Sprintf("store%d", i), fmt.Sprintf("target%d", t))
 			if err := os.MkdirAll(dir, 0o755); err != nil {
