@@ -180,6 +180,18 @@ func (s *Server) groupMutate(ctx context.Context, m mutation) error {
 	}
 	ord := s.order.lock(a.t, m.id.Ino, m.mask)
 	defer s.order.unlock(a.t, m.id.Ino, ord, m.mask)
+	// The wait for the ordering lock may have been long (the mutations
+	// ahead forwarded to a secondary that stopped answering): if the group
+	// moved on meanwhile, act in its new epoch — degraded with this copy
+	// still primary: the degraded path at once, instead of one more
+	// forward timeout each; anything else: ESTALE, the client re-reads
+	// the group map.
+	if cur, ok := s.groups.entry(group); ok && cur.info.Epoch > a.g.info.Epoch {
+		if !a.g.primary || !cur.primary || cur.info.State != rpc.GroupDegraded || cur.local != a.g.local {
+			return rpc.Errorf(syscall.ESTALE, "mirror group %d moved to epoch %d while this request waited", group, cur.info.Epoch)
+		}
+		a.g = cur
+	}
 	if !a.g.primary {
 		// The secondary applies what its primary forwards, under its own
 		// ordering lock too: a repair of this copy from the primary's

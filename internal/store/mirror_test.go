@@ -761,3 +761,49 @@ func TestHeartbeatEvery(t *testing.T) {
 		}
 	}
 }
+
+// TestMirrorQueuedWritesAfterDegrade: writes of one region queued behind
+// the chunk's ordering lock while the secondary stops answering (its range
+// held) do not each wait a forward timeout of their own: once the first
+// one degrades the group, the others take the degraded path at once, and
+// every write is answered within the bound a client waits (before, six
+// queued writes took six forward timeouts, and the client gave up: EIO).
+func TestMirrorQueuedWritesAfterDegrade(t *testing.T) {
+	// Over TCP, as between processes: an in-process forward waits for
+	// the handler it lent its bytes to, so it would never time out.
+	p := newMirrorPairNet(t, nil, true)
+	unlock, err := p.b.s.lockRange(p.tb, 0x900, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	const writers = 6
+	ctx, cancel := context.WithTimeout(context.Background(), 3*forwardTimeout)
+	defer cancel()
+	epoch := p.epoch()
+	errs := make(chan error, writers)
+	for i := range writers {
+		go func() {
+			req := &rpc.WriteReq{Chunk: gid(0x900, epoch), Off: uint64(i) * 4096, Data: bytes.Repeat([]byte{byte('a' + i)}, 4096)}
+			err := p.a.cl.Call(ctx, rpc.SWrite, req, &rpc.WriteResp{})
+			if rpc.ErrnoOf(err) == syscall.ESTALE { // the client's answer: re-read the map, send again
+				req.Chunk = gid(0x900, p.epoch())
+				err = p.a.cl.Call(ctx, rpc.SWrite, req, &rpc.WriteResp{})
+			}
+			errs <- err
+		}()
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatalf("a write queued while the secondary hung: %v", err)
+		}
+	}
+	if g := p.meta.group(1); g.State != rpc.GroupDegraded {
+		t.Fatalf("group after the secondary hung: %+v", g)
+	}
+	for i := range writers {
+		if got := p.a.mustRead(p.ta, 0x900, uint64(i)*4096, 4096); !bytes.Equal(got, bytes.Repeat([]byte{byte('a' + i)}, 4096)) {
+			t.Fatalf("block %d on the primary: %q…", i, got[:8])
+		}
+	}
+}
