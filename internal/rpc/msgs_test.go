@@ -104,13 +104,15 @@ func messageSamples() map[string][]Message {
 			Data: []byte("block bytes")}},
 		"ChunkID":        {&chunk, &ChunkID{Target: GroupBit | 4, Ino: 9, Epoch: 1 << 33}},
 		"GroupInfo":      {&group},
-		"ListGroupsResp": {&ListGroupsResp{Groups: []GroupInfo{group, {ID: 2, Epoch: 1, Primary: 5, Secondary: 6}}}},
+		"ListGroupsResp": {&ListGroupsResp{Groups: []GroupInfo{group, {ID: 2, Epoch: 1, Primary: 5, Secondary: 6}}},
+			&ListGroupsResp{Groups: []GroupInfo{{ID: 4, Epoch: 3, Primary: 6, Secondary: 5, State: GroupDegraded, FullResync: true}, group}}},
 		"MirrorCreateReq": {&MirrorCreateReq{Hdr: hdr, Auto: true, ByDomain: true},
 			&MirrorCreateReq{Hdr: hdr, Pairs: []uint32{1, 4, 2, 3}}},
 		"MirrorGroupReq":      {&MirrorGroupReq{Hdr: hdr, Group: 3}, &MirrorGroupReq{Hdr: hdr, Group: 3, Epoch: 8}},
 		"MirrorReplaceReq":    {&MirrorReplaceReq{Hdr: hdr, Group: 3, Target: 9}},
 		"MirrorReportReq":     {&MirrorReportReq{ServerID: 2, Group: 3, Epoch: 7, Target: 4, Event: MirrorResyncProgress, Done: 1 << 30, Total: 1 << 33, Detail: "chunk 4/99"}},
-		"ServerHeartbeatResp": {&ServerHeartbeatResp{Groups: []GroupInfo{group}, LeaseMs: 2000, FailoverTimeoutMs: 3000}},
+		"ServerHeartbeatResp": {&ServerHeartbeatResp{Groups: []GroupInfo{group}, LeaseMs: 2000, FailoverTimeoutMs: 3000},
+			&ServerHeartbeatResp{Groups: []GroupInfo{{ID: 4, Epoch: 3, Primary: 6, Secondary: 5, State: GroupResyncing, FullResync: true}}, LeaseMs: 2000}},
 		"WriteReq":            {&WriteReq{Chunk: chunk, Off: 3, Sync: true, Data: []byte("hi")}},
 		"WriteResp":           {&WriteResp{Alloc: 8192, HasAlloc: true}},
 		"ReadReq":             {&ReadReq{Chunk: chunk, Off: 3, Len: 4096}},
@@ -133,9 +135,10 @@ func messageSamples() map[string][]Message {
 // notOnWire are fields that a type's own encoding does not carry:
 // caller-side options, and Attr's Blocks, which the answers holding an Attr
 // append at their end (AttrResp, ChangeResp, ReadDirResp: their samples
-// set it).
+// set it); GroupInfo's FullResync, which ListGroupsResp and
+// ServerHeartbeatResp append at their end (their samples set it).
 var notOnWire = map[string]bool{"ReadResp.Into": true, "ReadResp.Direct": true,
-	"Attr.Blocks": true, "Attr.BlocksKnown": true}
+	"Attr.Blocks": true, "Attr.BlocksKnown": true, "GroupInfo.FullResync": true}
 
 // decodedTypes lists the types of the message files that have a Decode
 // method.
