@@ -82,7 +82,8 @@ func waitMirrorGroup(t *testing.T, c *testutil.ProcCluster, id uint32, what stri
 
 // TestMirrorPrimaryDiskFails: two storage servers of one target each,
 // paired into a mirror group whose primary's target sits on a fault file
-// system. When that disk fails fsync, and later write, the application's
+// system. When that disk fails fsync, later write, and later turns
+// read-only, the application's
 // writes and fsyncs still succeed: the primary reports its own copy
 // failed and the secondary takes over (status shows the new primary and a
 // higher epoch). Once the disk is well again the failed copy is resynced
@@ -160,9 +161,9 @@ func TestMirrorPrimaryDiskFails(t *testing.T) {
 		write("before-"+strconv.Itoa(i), 3<<20+i*4096+17)
 	}
 
-	// eio-fsync, then eio-write, on the primary's disk.
+	// eio-fsync, then eio-write, then read-only, on the primary's disk.
 	prev := g0
-	for round, mode := range []faultfs.Mode{faultfs.EIOFsync, faultfs.EIOWrite} {
+	for round, mode := range []faultfs.Mode{faultfs.EIOFsync, faultfs.EIOWrite, faultfs.ReadOnly} {
 		if round > 0 {
 			// Make the fault disk's copy the primary again (planned).
 			if out, err := strataCLI(t, c, "mirror", "fail-over", strconv.Itoa(gid)); err != nil {
