@@ -22,11 +22,14 @@ import (
 //
 //   - ESTALE: the request's epoch is older than the store's (the group
 //     switched), or the store is not the primary for a mutation, or the
-//     copy may not serve the read (out of sync). The caller re-reads the
+//     copy may not serve the read (out of sync), or the primary's own
+//     copy failed the request with a disk error and its secondary, which
+//     applied it, took over (MirrorPrimaryFailed). The caller re-reads the
 //     group map (MListGroups) and sends the request again.
 //   - EAGAIN: the store cannot serve the group right now (it has not yet
 //     learnt the request's newer epoch, its primary lease expired because
-//     it lost the metadata service, a degrade report is in flight). The
+//     it lost the metadata service, a degrade or primary-failed report is
+//     in flight or failed, a read at a primary whose copy just failed). The
 //     caller waits a little, re-reads the group map and tries again,
 //     within the bounded wait it applies to an unreachable target.
 
