@@ -101,7 +101,10 @@ const (
 //	   Alloc list; ops opReapMany, opRaiseIno, opTmpfile and opSetAtimes;
 //	   then opSetDirLayout's Mirror byte, opRegister's Domain, and the
 //	   mirror-group ops opMirrorCreate … opMirrorResync (whose event
-//	   numbers in Flags are the wire's rpc.Mirror* values).
+//	   numbers in Flags are the wire's rpc.Mirror* values); then
+//	   opMirrorReport's event 5, rpc.MirrorPrimaryFailed (a node that
+//	   does not know it refuses the entry with EINVAL and changes
+//	   nothing: upgrade every voter before the stores).
 //
 // A node refuses an entry of a newer version (errNewerCommand) and stops
 // rather than skip it: a state machine that skipped an entry its peers

@@ -25,7 +25,14 @@ import (
 //	secondary lost      in_sync | resyncing → degraded (the primary's report,
 //	                    or the leader: the secondary's server is silent)
 //	secondary back      degraded → resyncing (its server heartbeats again)
-//	resync done         resyncing → in_sync (the primary's report)
+//	primary's disk      in_sync → degraded, swapped, FullResync set (the
+//	failed              primary's report MirrorPrimaryFailed: its own copy
+//	                    failed a write or sync with a disk error that the
+//	                    secondary's did not; the failed copy, now the
+//	                    secondary, is copied whole by the resync). Not in
+//	                    sync: EIO, the only current copy failed
+//	resync done         resyncing → in_sync (the primary's report; clears
+//	                    FullResync)
 //	replace             degraded | resyncing → degraded with the new target
 //	                    as secondary; its server's next heartbeat starts a
 //	                    full resync (the primary sees a secondary it never
@@ -360,7 +367,7 @@ func (x *opCtx) mirrorCreate(c *command) (*answer, error) {
 // liveness (the handlers add those: Service.groupInfos).
 func groupInfoOf(g *schema.Group) rpc.GroupInfo {
 	return rpc.GroupInfo{ID: g.ID, Epoch: g.Epoch, Primary: g.Primary, Secondary: g.Secondary, State: g.State,
-		SinceMs: g.Since / 1e6, ResyncDone: g.ResyncDone, ResyncTotal: g.ResyncTotal}
+		SinceMs: g.Since / 1e6, ResyncDone: g.ResyncDone, ResyncTotal: g.ResyncTotal, FullResync: g.FullResync}
 }
 
 // groupAnswer answers a change of one group with it.
@@ -437,6 +444,14 @@ func (x *opCtx) mirrorReport(c *command) (*answer, error) {
 			return x.groupAnswer(&g) // it is already
 		}
 		x.enter(&g, schema.GroupDegraded)
+	case rpc.MirrorPrimaryFailed:
+		if g.State != schema.GroupInSync {
+			return nil, rpc.Errorf(syscall.EIO, "mirror group %d is %s: the primary's copy (target %d) failed and the secondary (target %d) lacks writes; nothing to switch to",
+				g.ID, rpc.GroupStateName(g.State), g.Primary, g.Secondary)
+		}
+		g.Primary, g.Secondary = g.Secondary, g.Primary
+		x.enter(&g, schema.GroupDegraded)
+		g.FullResync = true
 	case rpc.MirrorResyncProgress:
 		if g.State != schema.GroupResyncing {
 			return nil, rpc.Errorf(syscall.EINVAL, "mirror group %d is %s, not resyncing", g.ID, rpc.GroupStateName(g.State))
@@ -447,6 +462,7 @@ func (x *opCtx) mirrorReport(c *command) (*answer, error) {
 			return nil, rpc.Errorf(syscall.EINVAL, "mirror group %d is %s, not resyncing", g.ID, rpc.GroupStateName(g.State))
 		}
 		x.enter(&g, schema.GroupInSync)
+		g.FullResync = false
 	default:
 		return nil, rpc.Errorf(syscall.EINVAL, "unknown mirror report event %d", c.Flags)
 	}

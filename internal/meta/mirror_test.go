@@ -443,6 +443,54 @@ func TestMirrorReports(t *testing.T) {
 	}
 }
 
+// TestMirrorPrimaryDiskFailed: the primary's report that its own copy
+// failed (MirrorPrimaryFailed) promotes the in-sync secondary under a new
+// epoch, degraded, with the failed copy as the secondary marked for a full
+// resync (in the heartbeat answers and the list, and it survives the
+// resync's start); a report of the old epoch, or from the secondary, is
+// refused; resync done clears the mark; a group not in sync answers EIO.
+func TestMirrorPrimaryDiskFailed(t *testing.T) {
+	m, g := twoGroups(t)
+	p, s := m.serverOf(g.Primary), m.serverOf(g.Secondary)
+	failed := &rpc.MirrorReportReq{ServerID: p.id, Group: g.ID, Epoch: g.Epoch, Target: g.Primary, Event: rpc.MirrorPrimaryFailed,
+		Detail: "sync data at offset 0: input/output error"}
+	_, err := m.report(&rpc.MirrorReportReq{ServerID: s.id, Group: g.ID, Epoch: g.Epoch, Target: g.Secondary, Event: rpc.MirrorPrimaryFailed})
+	wantErrno(t, err, syscall.EINVAL, "a primary-failed report from the secondary")
+	got, err := m.report(failed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Primary != g.Secondary || got.Secondary != g.Primary || got.State != rpc.GroupDegraded || got.Epoch != g.Epoch+1 {
+		t.Fatalf("after the primary's disk failed: %+v", got)
+	}
+	if n := metricValue(t, m.svc, "strata_mirror_failovers_total", "disk"); n != 1 {
+		t.Fatalf("disk failovers counted: %v, want 1", n)
+	}
+	_, err = m.report(failed) // sent again: of the old epoch
+	wantErrno(t, err, syscall.ESTALE, "a primary-failed report of an older epoch")
+	if l := m.group(g.ID); !l.FullResync || l.Primary != g.Secondary {
+		t.Fatalf("listed after the switch: %+v, want FullResync with primary %d", l, g.Secondary)
+	}
+	// The failed copy's server heartbeats after the timeout: resync, and
+	// the mark stays.
+	m.advance(testFailover, 500*time.Millisecond, s.id)
+	hb := m.beat(p)
+	if len(hb.Groups) != 1 || hb.Groups[0].State != rpc.GroupResyncing || !hb.Groups[0].FullResync || hb.Groups[0].Epoch != g.Epoch+2 {
+		t.Fatalf("the failed copy's heartbeat answer after the timeout: %+v", hb.Groups)
+	}
+	// Resyncing: the new primary's own disk failing has no copy to go to.
+	ep := hb.Groups[0].Epoch
+	_, err = m.report(&rpc.MirrorReportReq{ServerID: s.id, Group: g.ID, Epoch: ep, Target: g.Secondary, Event: rpc.MirrorPrimaryFailed})
+	wantErrno(t, err, syscall.EIO, "a primary-failed report of a resyncing group")
+	got, err = m.report(&rpc.MirrorReportReq{ServerID: s.id, Group: g.ID, Epoch: ep, Target: g.Secondary, Event: rpc.MirrorResyncDone})
+	if err != nil || got.State != rpc.GroupInSync || got.Epoch != ep+1 {
+		t.Fatalf("resync done: %v %+v", err, got)
+	}
+	if l := m.group(g.ID); l.FullResync || l.State != rpc.GroupInSync {
+		t.Fatalf("listed after the resync: %+v, want in sync without FullResync", l)
+	}
+}
+
 // TestMirrorHeartbeatAnswer: a server's heartbeat answer carries the
 // groups with a copy on its targets, its lease (2/3 of the failover
 // timeout) and the timeout.

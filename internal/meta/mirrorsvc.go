@@ -49,7 +49,7 @@ type mirrorMetrics struct {
 func newMirrorMetrics(reg *prometheus.Registry) *mirrorMetrics {
 	m := &mirrorMetrics{
 		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "strata_mirror_failovers_total", Help: "Mirror group switches of primary by this leader: automatic (the primary's server went silent) or planned (strata mirror fail-over).",
+			Name: "strata_mirror_failovers_total", Help: "Mirror group switches of primary by this leader: automatic (the primary's server went silent), disk (the primary reported its own copy failed: EIO, EROFS, ENOSPC) or planned (strata mirror fail-over).",
 		}, []string{"kind"}),
 		groups: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "strata_mirror_groups", Help: "Mirror groups by state (in_sync, degraded, resyncing), as the leader last checked them.",
@@ -270,6 +270,14 @@ func (s *Service) mirrorReport(_ context.Context, r *rpc.MirrorReportReq) (rpc.M
 		}
 		return nil, noGroup(r.Group)
 	}
+	if r.Event == rpc.MirrorPrimaryFailed {
+		// The forward to the secondary just succeeded, but a copy whose
+		// server the service does not hear would be a primary without a
+		// lease: refuse (the store answers its client EAGAIN).
+		if err := s.checkSecondaryAlive(r.Group); err != nil {
+			return nil, err
+		}
+	}
 	gs, err := s.mirrorChange(&command{Op: opMirrorReport, Now: s.now(), Group: r.Group, Epoch: r.Epoch,
 		Target: r.Target, Flags: uint32(r.Event), Done: r.Done, Total: r.Total})
 	if err == nil && len(gs) == 1 {
@@ -277,6 +285,10 @@ func (s *Service) mirrorReport(_ context.Context, r *rpc.MirrorReportReq) (rpc.M
 		switch r.Event {
 		case rpc.MirrorSecondaryLost:
 			s.log.Warn("mirror group degraded", append([]any{"cause", "the primary could not reach the secondary", "detail", r.Detail}, groupLog(g)...)...)
+		case rpc.MirrorPrimaryFailed:
+			s.m.mirror.failovers.WithLabelValues("disk").Inc()
+			s.log.Warn("mirror group failed over", append([]any{"cause", "the primary's disk failed (target " + strconv.FormatUint(uint64(r.Target), 10) +
+				"); its copy is resynced whole", "detail", r.Detail}, groupLog(g)...)...)
 		case rpc.MirrorResyncDone:
 			s.log.Info("mirror group in sync again", groupLog(g)...)
 		case rpc.MirrorResyncProgress:

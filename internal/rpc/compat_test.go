@@ -17,6 +17,8 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&WriteReq{Chunk: ChunkID{Target: 1, Ino: 2}, Off: 3, Sync: true, Data: []byte("hi")},
 		&WriteReq{Chunk: ChunkID{Target: GroupBit | 5, Ino: 2, Epoch: 9}, Off: 3, Data: []byte("mirrored")},
 		&ServerHeartbeatResp{Groups: []GroupInfo{{ID: 5, Epoch: 9, Primary: 1, Secondary: 2, State: GroupDegraded, PrimaryAddr: "a:1"}}, LeaseMs: 2000, FailoverTimeoutMs: 3000},
+		&ServerHeartbeatResp{Groups: []GroupInfo{{ID: 5, Epoch: 9, Primary: 1, Secondary: 2, State: GroupDegraded, FullResync: true}}, LeaseMs: 2000},
+		&ListGroupsResp{Groups: []GroupInfo{{ID: 1, Epoch: 2, Primary: 3, Secondary: 4}, {ID: 5, Epoch: 9, Primary: 1, Secondary: 2, State: GroupResyncing, FullResync: true}}},
 		&MirrorCreateReq{Hdr: ReqHeader{1, 2}, Auto: true, Pairs: []uint32{1, 2}},
 		&MirrorReportReq{ServerID: 1, Group: 5, Epoch: 9, Target: 1, Event: MirrorSecondaryLost, Detail: "x"},
 		&RegisterServerReq{Addr: "a:1", Domain: "rack1"},
@@ -143,7 +145,11 @@ func optionalTails(m Message) []int {
 	case *ServerHeartbeatReq:
 		add(func(e *Enc) { encodeUnsynced(e, x.Unsynced) })
 	case *ServerHeartbeatResp:
+		full := func(e *Enc) { e.U32s(fullResyncIDs(x.Groups)) }
+		add(full)
 		add(func(e *Enc) { x.Encode(e) }) // older services answered Empty
+	case *ListGroupsResp:
+		add(func(e *Enc) { e.U32s(fullResyncIDs(x.Groups)) })
 	case *RegisterServerReq:
 		add(func(e *Enc) { e.String(x.Domain) })
 	case *SetDirLayoutReq:

@@ -99,6 +99,11 @@
 // SScrub (ScrubReq, ScrubResp) and SChunkSums (ChunkSumsReq,
 // ChunkSumsResp) were added at the end of the store methods for
 // self-healing and `strata scrub` (an older store: ENOSYS).
+// MirrorReportReq gained event MirrorPrimaryFailed (5: the primary's own
+// disk failed; an older service answers EINVAL, and the store answers its
+// client EAGAIN as for any failed report), and ListGroupsResp and
+// ServerHeartbeatResp a trailing FullResync list of group ids (absent:
+// none; GroupInfo's own encoding is unchanged, since it sits inside lists).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

@@ -22,11 +22,14 @@ import (
 //
 //   - ESTALE: the request's epoch is older than the store's (the group
 //     switched), or the store is not the primary for a mutation, or the
-//     copy may not serve the read (out of sync). The caller re-reads the
+//     copy may not serve the read (out of sync), or the primary's own
+//     copy failed the request with a disk error and its secondary, which
+//     applied it, took over (MirrorPrimaryFailed). The caller re-reads the
 //     group map (MListGroups) and sends the request again.
 //   - EAGAIN: the store cannot serve the group right now (it has not yet
 //     learnt the request's newer epoch, its primary lease expired because
-//     it lost the metadata service, a degrade report is in flight). The
+//     it lost the metadata service, a degrade or primary-failed report is
+//     in flight or failed, a read at a primary whose copy just failed). The
 //     caller waits a little, re-reads the group map and tries again,
 //     within the bounded wait it applies to an unreachable target.
 
@@ -83,6 +86,43 @@ type GroupInfo struct {
 	// SecondaryAlive: whether those servers heartbeat.
 	PrimaryAddr, SecondaryAddr   string
 	PrimaryAlive, SecondaryAlive bool
+	// FullResync: the secondary's copy cannot be trusted at all (it was
+	// the primary whose disk failed, MirrorPrimaryFailed), so the resync
+	// copies every chunk to it, whatever the primary recorded. Set while
+	// the group is degraded or resyncing after such a switch; cleared
+	// with MirrorResyncDone. Not part of GroupInfo's own encoding (a
+	// field appended inside a list element would shift the rest of the
+	// list for an older decoder): ListGroupsResp and ServerHeartbeatResp
+	// carry the ids of such groups in a trailing list (fullResyncIDs);
+	// a lone GroupInfo (the MMirrorReport answer) does not carry it.
+	FullResync bool
+}
+
+// fullResyncIDs answers the ids of the groups with FullResync set, for a
+// list's trailing FullResync list.
+func fullResyncIDs(gs []GroupInfo) []uint32 {
+	var ids []uint32
+	for i := range gs {
+		if gs[i].FullResync {
+			ids = append(ids, gs[i].ID)
+		}
+	}
+	return ids
+}
+
+// decodeFullResync reads a list's trailing FullResync ids (absent: none,
+// an older service) and sets the flag on those groups.
+func decodeFullResync(d *Dec, gs []GroupInfo) {
+	if d.Err() != nil || d.Len() == 0 {
+		return
+	}
+	for _, id := range d.U32s() {
+		for i := range gs {
+			if gs[i].ID == id {
+				gs[i].FullResync = true
+			}
+		}
+	}
 }
 
 func (g *GroupInfo) Encode(e *Enc) {
@@ -116,7 +156,8 @@ func (g *GroupInfo) Decode(d *Dec) {
 }
 
 // ListGroupsResp answers MListGroups (request Empty) and MMirrorCreate:
-// mirror groups in id order.
+// mirror groups in id order, then (appended) the ids of the groups with
+// FullResync set.
 type ListGroupsResp struct{ Groups []GroupInfo }
 
 func (m *ListGroupsResp) Encode(e *Enc) {
@@ -124,6 +165,7 @@ func (m *ListGroupsResp) Encode(e *Enc) {
 	for i := range m.Groups {
 		m.Groups[i].Encode(e)
 	}
+	e.U32s(fullResyncIDs(m.Groups))
 }
 
 func (m *ListGroupsResp) Decode(d *Dec) {
@@ -131,6 +173,7 @@ func (m *ListGroupsResp) Decode(d *Dec) {
 	for i := range m.Groups {
 		m.Groups[i].Decode(d)
 	}
+	decodeFullResync(d, m.Groups)
 }
 
 // MirrorCreateReq pairs targets into mirror groups. With Auto, every
@@ -211,6 +254,15 @@ const (
 	// repaired from the other (counted and logged by the service; Detail
 	// names the chunk).
 	MirrorCopyBad uint8 = 4
+	// MirrorPrimaryFailed: the primary's own copy (Target) failed a
+	// mutation or a sync with a disk error (EIO, EROFS, ENOSPC) while the
+	// forward to the secondary succeeded. The service promotes the
+	// secondary of an in-sync group (new epoch, degraded, the failed copy
+	// its secondary, FullResync set) and answers the new GroupInfo; the
+	// reporter answers its client ESTALE, and the client sends the request
+	// again to the new primary. A group not in sync has no other current
+	// copy: EIO.
+	MirrorPrimaryFailed uint8 = 5
 )
 
 // MirrorReportReq is a store's report about group Group, made in epoch
@@ -250,7 +302,8 @@ func (m *MirrorReportReq) Decode(d *Dec) {
 }
 
 // ServerHeartbeatResp answers MServerHeartbeat (older services answered
-// Empty, which decodes as no groups and no lease). Groups are the mirror
+// Empty, which decodes as no groups and no lease; appended: the ids of the
+// groups with FullResync set, absent: none). Groups are the mirror
 // groups with a copy on the server's targets. LeaseMs: the server may act
 // as primary of a group (acknowledge writes) until LeaseMs after it SENT
 // the heartbeat this answers; the service fails a primary over only after
@@ -269,6 +322,7 @@ func (m *ServerHeartbeatResp) Encode(e *Enc) {
 	}
 	e.U32(m.LeaseMs)
 	e.U32(m.FailoverTimeoutMs)
+	e.U32s(fullResyncIDs(m.Groups))
 }
 
 func (m *ServerHeartbeatResp) Decode(d *Dec) {
@@ -282,4 +336,5 @@ func (m *ServerHeartbeatResp) Decode(d *Dec) {
 	}
 	m.LeaseMs = d.U32()
 	m.FailoverTimeoutMs = d.U32()
+	decodeFullResync(d, m.Groups)
 }

@@ -102,25 +102,27 @@ func messageSamples() map[string][]Message {
 		"ChunkSumsReq": {&ChunkSumsReq{Chunk: ChunkID{Target: GroupBit | 2, Epoch: 9, Ino: 1 << 40}, Off: 1 << 20, Len: 8 << 20, Data: true, Heal: true}},
 		"ChunkSumsResp": {&ChunkSumsResp{Exists: true, Size: 1<<20 + 5, Sums: []uint32{0, 0xdeadbeef}, Bad: []uint32{1}, Healed: 2,
 			Data: []byte("block bytes")}},
-		"ChunkID":        {&chunk, &ChunkID{Target: GroupBit | 4, Ino: 9, Epoch: 1 << 33}},
-		"GroupInfo":      {&group},
-		"ListGroupsResp": {&ListGroupsResp{Groups: []GroupInfo{group, {ID: 2, Epoch: 1, Primary: 5, Secondary: 6}}}},
+		"ChunkID":   {&chunk, &ChunkID{Target: GroupBit | 4, Ino: 9, Epoch: 1 << 33}},
+		"GroupInfo": {&group},
+		"ListGroupsResp": {&ListGroupsResp{Groups: []GroupInfo{group, {ID: 2, Epoch: 1, Primary: 5, Secondary: 6}}},
+			&ListGroupsResp{Groups: []GroupInfo{{ID: 4, Epoch: 3, Primary: 6, Secondary: 5, State: GroupDegraded, FullResync: true}, group}}},
 		"MirrorCreateReq": {&MirrorCreateReq{Hdr: hdr, Auto: true, ByDomain: true},
 			&MirrorCreateReq{Hdr: hdr, Pairs: []uint32{1, 4, 2, 3}}},
-		"MirrorGroupReq":      {&MirrorGroupReq{Hdr: hdr, Group: 3}, &MirrorGroupReq{Hdr: hdr, Group: 3, Epoch: 8}},
-		"MirrorReplaceReq":    {&MirrorReplaceReq{Hdr: hdr, Group: 3, Target: 9}},
-		"MirrorReportReq":     {&MirrorReportReq{ServerID: 2, Group: 3, Epoch: 7, Target: 4, Event: MirrorResyncProgress, Done: 1 << 30, Total: 1 << 33, Detail: "chunk 4/99"}},
-		"ServerHeartbeatResp": {&ServerHeartbeatResp{Groups: []GroupInfo{group}, LeaseMs: 2000, FailoverTimeoutMs: 3000}},
-		"WriteReq":            {&WriteReq{Chunk: chunk, Off: 3, Sync: true, Data: []byte("hi")}},
-		"WriteResp":           {&WriteResp{Alloc: 8192, HasAlloc: true}},
-		"ReadReq":             {&ReadReq{Chunk: chunk, Off: 3, Len: 4096}},
-		"ReadResp":            {&ReadResp{Data: []byte("read")}},
-		"TruncateReq":         {&TruncateReq{Chunk: chunk, Size: 5}},
-		"PunchReq":            {&PunchReq{Chunk: chunk, Off: 5, Len: 6}},
-		"ChunkReq":            {&ChunkReq{Chunk: chunk}},
-		"ChunkStatResp":       {&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true}},
-		"ChunksReq":           {&ChunksReq{Chunks: []ChunkID{chunk, {Target: 1, Ino: 2}}}},
-		"VoterInfo":           {&voter},
+		"MirrorGroupReq":   {&MirrorGroupReq{Hdr: hdr, Group: 3}, &MirrorGroupReq{Hdr: hdr, Group: 3, Epoch: 8}},
+		"MirrorReplaceReq": {&MirrorReplaceReq{Hdr: hdr, Group: 3, Target: 9}},
+		"MirrorReportReq":  {&MirrorReportReq{ServerID: 2, Group: 3, Epoch: 7, Target: 4, Event: MirrorResyncProgress, Done: 1 << 30, Total: 1 << 33, Detail: "chunk 4/99"}},
+		"ServerHeartbeatResp": {&ServerHeartbeatResp{Groups: []GroupInfo{group}, LeaseMs: 2000, FailoverTimeoutMs: 3000},
+			&ServerHeartbeatResp{Groups: []GroupInfo{{ID: 4, Epoch: 3, Primary: 6, Secondary: 5, State: GroupResyncing, FullResync: true}}, LeaseMs: 2000}},
+		"WriteReq":      {&WriteReq{Chunk: chunk, Off: 3, Sync: true, Data: []byte("hi")}},
+		"WriteResp":     {&WriteResp{Alloc: 8192, HasAlloc: true}},
+		"ReadReq":       {&ReadReq{Chunk: chunk, Off: 3, Len: 4096}},
+		"ReadResp":      {&ReadResp{Data: []byte("read")}},
+		"TruncateReq":   {&TruncateReq{Chunk: chunk, Size: 5}},
+		"PunchReq":      {&PunchReq{Chunk: chunk, Off: 5, Len: 6}},
+		"ChunkReq":      {&ChunkReq{Chunk: chunk}},
+		"ChunkStatResp": {&ChunkStatResp{Size: 5, Exists: true, Alloc: 4096, HasAlloc: true}},
+		"ChunksReq":     {&ChunksReq{Chunks: []ChunkID{chunk, {Target: 1, Ino: 2}}}},
+		"VoterInfo":     {&voter},
 		"MetaInfoResp": {&MetaInfoResp{Addr: "10.0.0.1:7400", ID: "10.0.0.1:7400", RaftAddr: "10.0.0.1:7400", State: "follower", Term: 3,
 			AppliedIndex: 40, CommitIndex: 41, LastIndex: 42, Leader: "10.0.0.2:7400", LeaderID: "10.0.0.2:7400",
 			Voters: []VoterInfo{voter, {ID: "meta-1", RaftAddr: "127.0.0.1:4000"}}, LastContactMs: -1,
@@ -133,9 +135,10 @@ func messageSamples() map[string][]Message {
 // notOnWire are fields that a type's own encoding does not carry:
 // caller-side options, and Attr's Blocks, which the answers holding an Attr
 // append at their end (AttrResp, ChangeResp, ReadDirResp: their samples
-// set it).
+// set it); GroupInfo's FullResync, which ListGroupsResp and
+// ServerHeartbeatResp append at their end (their samples set it).
 var notOnWire = map[string]bool{"ReadResp.Into": true, "ReadResp.Direct": true,
-	"Attr.Blocks": true, "Attr.BlocksKnown": true}
+	"Attr.Blocks": true, "Attr.BlocksKnown": true, "GroupInfo.FullResync": true}
 
 // decodedTypes lists the types of the message files that have a Decode
 // method.

@@ -45,6 +45,19 @@ import (
 //     mirror.log durably and only then answers the client. If the report
 //     fails, the client gets EAGAIN and nothing was acknowledged.
 //
+// The forward succeeded but the local apply failed with a disk error
+// (EIO on write or fsync, EROFS, ENOSPC: diskFailed) in an in-sync group:
+// the secondary holds the change and this copy may have lost writes it
+// acknowledged (a failed fsync may drop dirty pages). The primary stops
+// serving reads of the group at once (groupMap.markFailed), reports
+// MirrorPrimaryFailed — the service promotes the secondary, degraded, and
+// marks the group FullResync — adopts the answer (it is the out-of-sync
+// secondary now, which serves no reads) and answers the client ESTALE, so
+// that it sends the request again to the new primary. Report failed:
+// EAGAIN. The new primary's resync later copies every chunk to this copy
+// (resync.go). A local disk error in a resyncing or degraded group has no
+// current copy to switch to: the client gets the error.
+//
 // While the group is degraded, a mutation records its change (durably)
 // before it touches the local copy, and is not forwarded. The group's gate
 // (an RWMutex per group) is held shared by every mutation from admission
@@ -228,6 +241,11 @@ func (s *Server) groupMutate(ctx context.Context, m mutation) error {
 	ferr := <-fwdErr
 	if ferr == nil {
 		s.mm.forwarded(group, m.bytes)
+		if lerr != nil && diskFailed(lerr) && a.g.info.State == rpc.GroupInSync {
+			// The secondary has the change and this copy's disk failed:
+			// the secondary takes over.
+			return s.primaryFailed(ctx, a, lerr)
+		}
 		return lerr
 	}
 	switch {
@@ -312,12 +330,101 @@ func (s *Server) recordChange(a admitted, recs []mlRec) error {
 	return nil
 }
 
-// degradeFlight is one MirrorSecondaryLost report that concurrent callers
-// share.
-type degradeFlight struct {
+// reportFlight is one report (MirrorSecondaryLost, MirrorPrimaryFailed)
+// of a group that concurrent callers share.
+type reportFlight struct {
 	done chan struct{}
 	a    admitted
 	err  error
+}
+
+// flightKey names a report in flight: the group and the event.
+type flightKey struct {
+	group uint32
+	event uint8
+}
+
+// shareReport runs send for event on group unless a caller runs it
+// already, in which case it waits for that one's outcome.
+func (s *Server) shareReport(ctx context.Context, group uint32, event uint8, send func() (admitted, error)) (admitted, error) {
+	k := flightKey{group, event}
+	s.degrading.Lock()
+	if s.degrading.m == nil {
+		s.degrading.m = map[flightKey]*reportFlight{}
+	}
+	f := s.degrading.m[k]
+	if f == nil {
+		f = &reportFlight{done: make(chan struct{})}
+		s.degrading.m[k] = f
+		s.degrading.Unlock()
+		f.a, f.err = send()
+		s.degrading.Lock()
+		delete(s.degrading.m, k)
+		s.degrading.Unlock()
+		close(f.done)
+	} else {
+		s.degrading.Unlock()
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return admitted{}, ctx.Err()
+		}
+	}
+	return f.a, f.err
+}
+
+// diskFailed reports whether err, the local apply's error of a mutation
+// or sync, says the local disk failed: EIO (a failed write or fsync),
+// EROFS (remounted read-only), ENOSPC or EDQUOT (full though the
+// precheck found room). Errors without an errno are not counted: the
+// disk is not known to be at fault.
+func diskFailed(err error) bool {
+	var re *rpc.Error
+	var en syscall.Errno
+	switch {
+	case errors.As(err, &re):
+		en = re.Errno
+	case errors.As(err, &en):
+	default:
+		return false
+	}
+	return en == syscall.EIO || en == syscall.EROFS || en == syscall.ENOSPC || en == syscall.EDQUOT
+}
+
+// primaryFailed deals with a mutation or sync that the secondary applied
+// and this primary's copy failed with a disk error (lerr), in an in-sync
+// group: this copy serves no more reads in this epoch, and the service is
+// told (MirrorPrimaryFailed; concurrent callers share the report), which
+// promotes the secondary and makes this copy the secondary, out of sync
+// and resynced whole. The client is answered ESTALE and sends the request
+// again to the new primary, which has the change already (requests are
+// idempotent). While the report fails, EAGAIN: nothing was acknowledged,
+// and the client tries again. A service that finds the group no longer in
+// sync (a race with a degrade) answers EIO: the local error stands.
+func (s *Server) primaryFailed(ctx context.Context, a admitted, lerr error) error {
+	group := a.g.info.ID
+	s.groups.markFailed(group, a.g.info.Epoch)
+	_, err := s.shareReport(ctx, group, rpc.MirrorPrimaryFailed, func() (admitted, error) {
+		s.log.Error("mirror primary's own copy failed; asking the metadata service to promote the secondary", "group", group,
+			"epoch", a.g.info.Epoch, "target", a.t.path, "secondary", a.g.peerAddr, "err", lerr)
+		gi, err := s.mirrorReport(&rpc.MirrorReportReq{Group: group, Epoch: a.g.info.Epoch, Target: a.g.local,
+			Event: rpc.MirrorPrimaryFailed, Detail: lerr.Error()})
+		if err == nil {
+			s.log.Warn("mirror group failed over: this copy's disk failed; it is the secondary now and waits for a full resync",
+				"group", group, "epoch", gi.Epoch, "primary_server", gi.PrimaryAddr, "target", a.t.path)
+		}
+		return admitted{}, err
+	})
+	switch errno := rpc.ErrnoOf(err); {
+	case err == nil || errno == syscall.ESTALE:
+		return rpc.Errorf(syscall.ESTALE, "mirror group %d: the primary's copy on %s failed (%v); the secondary took over: read the group map again",
+			group, s.addr, lerr)
+	case errno == syscall.EIO:
+		return lerr
+	default:
+		return rpc.Errorf(syscall.EAGAIN, "mirror group %d: the primary's copy on %s failed (%v) and the metadata service could not be told: %v",
+			group, s.addr, lerr, err)
+	}
 }
 
 // degrade reports a's secondary lost and adopts the answer: a new epoch
@@ -332,29 +439,7 @@ func (s *Server) degrade(ctx context.Context, a admitted, cause error) (admitted
 		}
 		return admitted{}, rpc.Errorf(syscall.ESTALE, "mirror group %d moved to epoch %d", group, cur.info.Epoch)
 	}
-	s.degrading.Lock()
-	if s.degrading.m == nil {
-		s.degrading.m = map[uint32]*degradeFlight{}
-	}
-	f := s.degrading.m[group]
-	if f == nil {
-		f = &degradeFlight{done: make(chan struct{})}
-		s.degrading.m[group] = f
-		s.degrading.Unlock()
-		f.a, f.err = s.reportLost(a, cause)
-		s.degrading.Lock()
-		delete(s.degrading.m, group)
-		s.degrading.Unlock()
-		close(f.done)
-	} else {
-		s.degrading.Unlock()
-		select {
-		case <-f.done:
-		case <-ctx.Done():
-			return admitted{}, ctx.Err()
-		}
-	}
-	return f.a, f.err
+	return s.shareReport(ctx, group, rpc.MirrorSecondaryLost, func() (admitted, error) { return s.reportLost(a, cause) })
 }
 
 // reportTimeout bounds a mirror report to the metadata service.

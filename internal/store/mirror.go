@@ -33,6 +33,7 @@ import (
 //	request epoch > known                       refresh; still newer: EAGAIN
 //	group has no copy here                      ESTALE
 //	primary, lease expired                      EAGAIN (mutations and reads)
+//	primary, read, its copy failed this epoch   EAGAIN (forward.go primaryFailed)
 //	secondary, read, not in sync or no lease    ESTALE
 //	secondary, mutation                         applied (the primary forwards)
 //
@@ -98,6 +99,12 @@ type groupMap struct {
 	// refresh done (or failed) already, and makes none of its own.
 	installs, attempts uint64
 
+	// failed: group → the epoch in which this server's copy, as the
+	// primary, failed a mutation or sync with a disk error
+	// (forward.go primaryFailed). Reads of the group are refused here in
+	// that epoch: the copy may have lost acknowledged writes.
+	failed map[uint32]uint64
+
 	// refreshMu: one MListGroups at a time.
 	refreshMu sync.Mutex
 
@@ -119,6 +126,16 @@ func (m *groupMap) peerOf(group uint32) (p groupPeer, ok bool) {
 	}
 	return groupPeer{Local: g.local, PeerTarget: g.peerTarget, PeerAddr: g.peerAddr, Epoch: g.info.Epoch,
 		Primary: g.primary, InSync: g.info.State == rpc.GroupInSync}, true
+}
+
+// markFailed records that the local copy of group failed in epoch.
+func (m *groupMap) markFailed(group uint32, epoch uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.failed == nil {
+		m.failed = map[uint32]uint64{}
+	}
+	m.failed[group] = max(m.failed[group], epoch)
 }
 
 // entry answers the group's entry.
@@ -174,8 +191,11 @@ func (m *groupMap) install(groups []rpc.GroupInfo, ours func(uint32) bool, full 
 		}
 		if had && old.info.Epoch == gi.Epoch {
 			// Same epoch: keep the role, refresh what is not epoch-bound
-			// (addresses, liveness, progress).
+			// (addresses, liveness, progress). FullResync changes only
+			// with the epoch, and a lone GroupInfo (a report's answer)
+			// does not carry it: keep it.
 			e.ackAfter = old.ackAfter
+			e.info.FullResync = e.info.FullResync || old.info.FullResync
 			m.groups[gi.ID] = e
 			continue
 		}
@@ -307,6 +327,7 @@ func (s *Server) admitGroup(ctx context.Context, id rpc.ChunkID, mutation bool) 
 	s.groups.mu.Lock()
 	g, ok := s.groups.groups[group]
 	seen := mapSeen{s.groups.installs, s.groups.attempts}
+	failedIn, failed := s.groups.failed[group]
 	s.groups.mu.Unlock()
 	if !ok || id.Epoch > g.info.Epoch {
 		if err := s.refreshGroups(ctx, seen); err != nil {
@@ -331,6 +352,9 @@ func (s *Server) admitGroup(ctx context.Context, id rpc.ChunkID, mutation bool) 
 	switch {
 	case g.primary && !lease:
 		return admitted{}, rpc.Errorf(syscall.EAGAIN, "mirror group %d: storage server %s has no valid primary lease (out of touch with the metadata service)", group, s.addr)
+	case g.primary && !mutation && failed && failedIn == g.info.Epoch:
+		return admitted{}, rpc.Errorf(syscall.EAGAIN, "mirror group %d: the primary's copy on %s failed a write or sync in epoch %d and may lack acknowledged data; the secondary is being promoted",
+			group, s.addr, failedIn)
 	case !g.primary && !mutation && (g.info.State != rpc.GroupInSync || !lease):
 		return admitted{}, rpc.Errorf(syscall.ESTALE, "mirror group %d: the secondary copy on %s may not serve reads (state %s, lease %v)",
 			group, s.addr, rpc.GroupStateName(g.info.State), lease)

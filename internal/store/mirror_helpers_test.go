@@ -18,7 +18,8 @@ import (
 // small stand-in (standinMeta) does: it registers servers (target ids),
 // keeps a table of groups, answers MListGroups and MServerHeartbeat from
 // it, and applies MMirrorReport as the design says (secondary lost:
-// degraded, new epoch; resync done: in sync, new epoch). The tests push
+// degraded, new epoch; primary failed: swapped, degraded, FullResync, new
+// epoch; resync done: in sync, new epoch). The tests push
 // the table into the stores through Server.installHeartbeat, the code path
 // of a heartbeat answer, so they do not wait for heartbeat ticks.
 
@@ -149,10 +150,17 @@ func (m *standinMeta) report(ctx context.Context, r *rpc.MirrorReportReq) (*rpc.
 			g.State = rpc.GroupDegraded
 			g.Epoch++
 		}
+	case rpc.MirrorPrimaryFailed:
+		if g.State != rpc.GroupInSync {
+			return nil, rpc.Errorf(syscall.EIO, "group %d is not in sync", r.Group)
+		}
+		g.Primary, g.Secondary = g.Secondary, g.Primary
+		g.State, g.FullResync = rpc.GroupDegraded, true
+		g.Epoch++
 	case rpc.MirrorResyncProgress:
 		g.ResyncDone, g.ResyncTotal = r.Done, r.Total
 	case rpc.MirrorResyncDone:
-		g.State = rpc.GroupInSync
+		g.State, g.FullResync = rpc.GroupInSync, false
 		g.ResyncDone, g.ResyncTotal = r.Done, r.Total
 		g.Epoch++
 	}

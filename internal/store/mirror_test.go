@@ -372,6 +372,38 @@ func TestMirrorResyncFullCopy(t *testing.T) {
 	}
 }
 
+// TestMirrorResyncFullResyncFlag: a group marked FullResync (its
+// secondary was the primary until its disk failed) is copied whole even
+// though the primary holds a begin record for that secondary: bytes the
+// secondary lost that no record names are put right too.
+func TestMirrorResyncFullResyncFlag(t *testing.T) {
+	p := newMirrorPair(t, nil)
+	for ino := uint64(1); ino <= 3; ino++ {
+		if err := p.gwrite(p.a, ino, 0, pattern(int(ino), 300<<10), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := p.meta.group(1)
+	g.State, g.Epoch, g.FullResync = rpc.GroupDegraded, g.Epoch+1, true
+	p.meta.setGroup(g)
+	p.push()
+	if begun, _ := p.a.s.groups0Pending(p.ta); !begun {
+		t.Fatal("the degraded primary recorded no begin for its secondary")
+	}
+	// What the failed disk lost: no record names it.
+	p.b.mustWrite(p.tb, 2, 4096, []byte("lost on the failed disk"), false)
+	g.State, g.Epoch = rpc.GroupResyncing, g.Epoch+1
+	p.meta.setGroup(g)
+	p.push()
+	waitInSync(t, p, 20*time.Second)
+	for ino := uint64(1); ino <= 3; ino++ {
+		p.sameCopies(ino)
+	}
+	if g := p.meta.group(1); g.FullResync {
+		t.Fatalf("FullResync still set in sync: %+v", g)
+	}
+}
+
 // TestMirrorWritesDuringResyncNotOvertaken: a writer rewrites random
 // ranges of recorded regions while the (throttled) resync copies them;
 // after both end the copies are equal.

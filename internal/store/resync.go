@@ -37,8 +37,11 @@ import (
 // takes the record again until a pass finds it empty.
 //
 // Without a begin record for the current secondary (a replaced, empty
-// target, or a record lost) every chunk of the local target is copied
-// whole, and chunks the peer has that are gone here are removed there.
+// target, or a record lost), or when the group is marked FullResync (the
+// secondary was the primary until its disk failed, so its copy may lack
+// writes it acknowledged before the failure: no record names them), every
+// chunk of the local target is copied whole, and chunks the peer has that
+// are gone here are removed there.
 //
 // The copy is throttled (Config.ResyncBytesPerSec, a token bucket), its
 // progress reported every second (MirrorResyncProgress) and its end
@@ -193,9 +196,9 @@ func (s *Server) resyncOnce(ctx context.Context, g groupEntry, t *target) (uint6
 	rs := &resyncer{s: s, g: g, t: t, bucket: newTokenBucket(s.cfg.ResyncBytesPerSec), last: time.Now()}
 	for pass := 0; pass < resyncMaxPasses; pass++ {
 		taken, begun, peer := t.mlog.take(id)
-		if pass == 0 && (!begun || peer != g.peerTarget) {
-			s.log.Info("mirror resync copies every chunk (no record of the changes for this secondary)", "group", id,
-				"secondary_target", g.peerTarget, "recorded_for", peer, "begun", begun)
+		if pass == 0 && (!begun || peer != g.peerTarget || g.info.FullResync) {
+			s.log.Info("mirror resync copies every chunk (no record of the changes for this secondary, or its copy failed as the primary)", "group", id,
+				"secondary_target", g.peerTarget, "recorded_for", peer, "begun", begun, "full_resync", g.info.FullResync)
 			if err := rs.addAll(ctx, taken); err != nil {
 				t.mlog.giveBack(id, taken)
 				return rs.done, err

@@ -52,8 +52,8 @@ type Server struct {
 	// Mirror groups (mirror.go, forward.go, resync.go): the group map,
 	// the metadata service's caller (registration, heartbeats, reports;
 	// nil standalone), pooled clients of other stores, the primary's
-	// per-chunk ordering locks and per-group gates, degrade reports in
-	// flight, resyncs running, and the mirror metrics.
+	// per-chunk ordering locks and per-group gates, degrade and primary-failed
+	// reports in flight, resyncs running, and the mirror metrics.
 	groups *groupMap
 	meta   *transport.Multi
 	peers  struct {
@@ -67,7 +67,7 @@ type Server struct {
 	}
 	degrading struct {
 		sync.Mutex
-		m map[uint32]*degradeFlight
+		m map[flightKey]*reportFlight
 	}
 	resyncs struct {
 		sync.Mutex

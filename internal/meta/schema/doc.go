@@ -62,6 +62,8 @@
 //	                   list if flagged; written only for marked inodes, so
 //	                   every other inode stays version 1
 //	Group     1        initial (mirror groups)
+//	Group     1        + optional trailing FullResync flag (absent: false;
+//	                   written only when true)
 //
 // # Pitfalls
 //

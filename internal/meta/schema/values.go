@@ -583,6 +583,10 @@ type Group struct {
 	// CopyBad counts the blocks a copy failed its checksums and was
 	// repaired from the other (MirrorCopyBad reports).
 	CopyBad uint64
+	// FullResync: the secondary was the primary until its disk failed
+	// (MirrorPrimaryFailed); its resync copies every chunk. Cleared when
+	// the group is in sync again. Appended; written only when set.
+	FullResync bool
 }
 
 func AppendGroup(b []byte, g *Group) []byte {
@@ -596,6 +600,9 @@ func AppendGroup(b []byte, g *Group) []byte {
 	e.U64(g.ResyncDone)
 	e.U64(g.ResyncTotal)
 	e.U64(g.CopyBad)
+	if g.FullResync {
+		e.Bool(true)
+	}
 	return e.B
 }
 
@@ -614,5 +621,8 @@ func DecodeGroup(b []byte) (Group, error) {
 	g.ResyncDone = d.U64()
 	g.ResyncTotal = d.U64()
 	g.CopyBad = d.U64()
+	if d.Err() == nil && d.Len() > 0 {
+		g.FullResync = d.Bool()
+	}
 	return g, finish("group", d)
 }

@@ -90,7 +90,8 @@ var valueCodecs = map[string]valueCodec{
 	},
 	"Group": {
 		samples: []any{Group{ID: 1, Epoch: 7, Primary: 3, Secondary: 5, State: GroupDegraded, Since: 99,
-			ResyncDone: 1, ResyncTotal: 2, CopyBad: 3}, Group{ID: 2}},
+			ResyncDone: 1, ResyncTotal: 2, CopyBad: 3}, Group{ID: 2},
+			Group{ID: 3, Epoch: 2, Primary: 5, Secondary: 3, State: GroupResyncing, FullResync: true}},
 		encode: func(v any) []byte { g := v.(Group); return AppendGroup(nil, &g) },
 		decode: func(b []byte) (any, error) { return DecodeGroup(b) },
 	},
