@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -69,5 +70,78 @@ func TestFollowerSyncsInline(t *testing.T) {
 	defer mu.Unlock()
 	if inline != 0 || background == 0 {
 		t.Errorf("leader append: %d syncs in StoreLogs, %d in the background syncer; want 0 and some", inline, background)
+	}
+}
+
+// TestFollowerAnswersOnlyWhenDurable: a follower answers an AppendEntries
+// that carried entries only once a sync covering them has completed. Both
+// followers' syncs are held; the leader cannot commit the entry (it needs
+// one follower's answer) until they are let go.
+func TestFollowerAnswersOnlyWhenDurable(t *testing.T) {
+	tr := startTrio(t, func(c *Config) { c.DeferSync, c.SyncDelay = true, time.Hour })
+	l := tr.leader(nil)
+	if _, err := l.Apply(u64(1), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var held atomic.Int32
+	var followers []*Node
+	for _, n := range tr.nodes {
+		if n == l {
+			continue
+		}
+		followers = append(followers, n)
+		n.SetLogFault(func(op, _ string) error {
+			if op != "sync" {
+				return nil
+			}
+			held.Add(1)
+			select { // bounded: a test that fails must still end
+			case <-release:
+			case <-time.After(20 * time.Second):
+			}
+			return nil
+		})
+	}
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	idx := l.Stats().CommitIndex + 1
+	done := make(chan error, 1)
+	go func() { _, err := l.Apply(u64(2), 15*time.Second); done <- err }()
+	deadline := time.Now().Add(10 * time.Second)
+	for held.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	if held.Load() < 2 {
+		t.Fatalf("followers' syncs held: %d, want both", held.Load())
+	}
+	time.Sleep(300 * time.Millisecond) // time for a premature answer to arrive
+	if ci := l.Stats().CommitIndex; ci >= idx {
+		t.Fatalf("leader committed %d while both followers' syncs were held: a follower answered before its entries were durable", ci)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("apply answered (%v) while both followers' syncs were held", err)
+	default:
+	}
+	close(release)
+	released = true
+	for _, f := range followers {
+		f.SetLogFault(nil)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("apply after the syncs completed: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("apply not answered after the syncs completed")
+	}
+	if ci := l.Stats().CommitIndex; ci < idx {
+		t.Errorf("commit index %d after the apply, want at least %d", ci, idx)
 	}
 }
