@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -78,7 +79,7 @@ func haLayoutFor(dataDir, metaListen string, voters, stores int) (haLayout, erro
 				p, len(l.Voters), len(l.Stores), voters, stores, len(l.Voters), len(l.Stores))
 		}
 		if len(l.StoreMetrics) != len(l.Stores) {
-			if l.StoreMetrics, err = freeLoopbackAddrs(len(l.Stores)); err != nil {
+			if l.StoreMetrics, err = freeLoopbackAddrs(len(l.Stores), append(slices.Clone(l.Voters), l.Stores...)); err != nil {
 				return haLayout{}, err
 			}
 			if err := saveHALayout(p, l); err != nil {
@@ -98,7 +99,7 @@ func haLayoutFor(dataDir, metaListen string, voters, stores int) (haLayout, erro
 	}
 	l := haLayout{Voters: vs}
 	// One round of listeners for both lists, so that no address repeats.
-	addrs, err := freeLoopbackAddrs(2 * stores)
+	addrs, err := freeLoopbackAddrs(2*stores, vs)
 	if err != nil {
 		return haLayout{}, err
 	}
@@ -110,8 +111,10 @@ func haLayoutFor(dataDir, metaListen string, voters, stores int) (haLayout, erro
 }
 
 // freeLoopbackAddrs answers n distinct free loopback addresses (free when
-// asked: they are closed again before the answer).
-func freeLoopbackAddrs(n int) ([]string, error) {
+// asked: they are closed again before the answer), none of them in
+// taken — the voters' ports, chosen and released before, which the kernel
+// may hand out again.
+func freeLoopbackAddrs(n int, taken []string) ([]string, error) {
 	var lns []net.Listener
 	defer func() {
 		for _, ln := range lns {
@@ -119,13 +122,18 @@ func freeLoopbackAddrs(n int) ([]string, error) {
 		}
 	}()
 	var addrs []string
-	for range n {
+	for try := 0; len(addrs) < n; try++ {
+		if try >= n+100 {
+			return nil, fmt.Errorf("no %d free loopback ports apart from %v", n, taken)
+		}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, fmt.Errorf("free port for a storage server: %w", err)
 		}
-		lns = append(lns, ln)
-		addrs = append(addrs, ln.Addr().String())
+		lns = append(lns, ln) // held until the end: never answered twice
+		if a := ln.Addr().String(); !slices.Contains(taken, a) {
+			addrs = append(addrs, a)
+		}
 	}
 	return addrs, nil
 }
