@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stratafs/strata/internal/admin"
 	"github.com/stratafs/strata/internal/meta"
@@ -26,7 +27,9 @@ func startMeta(t *testing.T) (addr, keyFile string) {
 	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err := meta.Open(meta.Config{DataDir: t.TempDir(), ListenAddr: "127.0.0.1:0", ClusterKey: key})
+	// A long failover timeout: the mirror commands' tests register servers
+	// that never heartbeat, and drive every switch themselves.
+	s, err := meta.Open(meta.Config{DataDir: t.TempDir(), ListenAddr: "127.0.0.1:0", ClusterKey: key, FailoverTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
