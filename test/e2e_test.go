@@ -56,6 +56,24 @@ func newUpRun(t *testing.T) *upRun {
 	return u
 }
 
+// waitRead waits (30 s) until file f of the running strata up reads
+// want, failing early if that strata up exited.
+func (u *upRun) waitRead(f, want string) error {
+	return testutil.WaitFor(30*time.Second, func() error {
+		if u.P.Exited() {
+			return errors.New("strata up exited:\n" + u.P.Tail(20))
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		if string(b) != want {
+			return fmt.Errorf("read %q", b)
+		}
+		return nil
+	})
+}
+
 // TestUpServesAndRestarts drives `strata up` the way the README does: start
 // it, use the mount, stop it with SIGTERM (it must unmount and exit 0), start
 // it again on the same data directory and find the same files.
@@ -388,19 +406,7 @@ func TestUpAfterKillAndTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.P = testutil.StartProc(t, dir, "up-again", nil, bin, "up", "--data", data, "--mount", mnt)
-	if err := testutil.WaitFor(30*time.Second, func() error {
-		if u.P.Exited() {
-			return errors.New("strata up exited:\n" + u.P.Tail(20))
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return err
-		}
-		if string(b) != "before the crash" {
-			return fmt.Errorf("read %q", b)
-		}
-		return nil
-	}); err != nil {
+	if err := u.waitRead(f, "before the crash"); err != nil {
 		t.Fatalf("restart over the stale mount: %v", err)
 	}
 	if log, _ := os.ReadFile(u.P.Log); !bytes.Contains(log, []byte("removed the stale mount")) {
@@ -765,19 +771,7 @@ func TestUpRestartRightAfterKill(t *testing.T) {
 	}
 	u.P.Kill()
 	u.P = testutil.StartProc(t, u.dir, "up-again", nil, u.bin, "up", "--data", u.data, "--mount", u.mnt)
-	if err := testutil.WaitFor(30*time.Second, func() error {
-		if u.P.Exited() {
-			return errors.New("strata up exited:\n" + u.P.Tail(20))
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return err
-		}
-		if string(b) != "before the crash" {
-			return fmt.Errorf("read %q", b)
-		}
-		return nil
-	}); err != nil {
+	if err := u.waitRead(f, "before the crash"); err != nil {
 		t.Fatalf("restart right after kill -9: %v", err)
 	}
 }
