@@ -19,6 +19,18 @@ type Fake struct {
 	pending map[*fakeTimer]struct{}
 	// changed is closed (and replaced) whenever a timer is added.
 	changed chan struct{}
+	// patience, when set (SetPatience), replaces deliverWait.
+	patience time.Duration
+}
+
+// SetPatience sets how long (in real time) Advance waits for a reader to
+// take a due tick before dropping it, instead of 5 s: for a test whose
+// code under test is meant to be held (in a call to a hung server) while
+// its ticker goes on, as a real ticker drops the ticks of a busy reader.
+func (f *Fake) SetPatience(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.patience = d
 }
 
 // NewFake is a Fake clock that reads start until advanced.
@@ -133,7 +145,13 @@ func (t *fakeTimer) fire(at time.Time) {
 		t.c <- at // buffered; a timer fires once
 		return
 	}
-	wait := time.NewTimer(deliverWait)
+	t.f.mu.Lock()
+	patience := t.f.patience
+	t.f.mu.Unlock()
+	if patience <= 0 {
+		patience = deliverWait
+	}
+	wait := time.NewTimer(patience)
 	defer wait.Stop()
 	select {
 	case t.c <- at:

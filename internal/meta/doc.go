@@ -84,9 +84,12 @@
 //   - watchLeadership: owns the leader loop's lifetime; on gaining
 //     leadership it runs a barrier, creates the root on the first start,
 //     loads sessions and marks the service ready.
-//   - leaderLoop (leader only): session expiry and the orphan reaper; owns
-//     the rpc clients to storage servers; once mirror groups exist, the
-//     automatic switch of a silent primary (checkMirrors, mirrorsvc.go).
+//   - leaderLoop (leader only): session expiry; once mirror groups exist,
+//     the automatic switch of a silent primary (checkMirrors,
+//     mirrorsvc.go). It never calls a storage server, so a hung one cannot
+//     delay a switch.
+//   - reapLoop (leader only, started and waited for by leaderLoop): the
+//     orphan reaper; owns the rpc clients to storage servers.
 //   - metrics HTTP server (if MetricsAddr is set).
 //   - the leader watch (membership.go): logs and counts each leader
 //     change with its cause, until Close.

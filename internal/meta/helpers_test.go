@@ -172,6 +172,16 @@ type fakeStore struct {
 	addr string
 	mu   sync.Mutex
 	rm   []rpc.ChunkID
+	// hung, when set (hang), holds every SRemoveMany until the test ends,
+	// as a stopped server would; each held call is first sent on held.
+	hung chan struct{}
+	held chan []rpc.ChunkID
+}
+
+// hang makes f answer no SRemoveMany until the test ends.
+func (f *fakeStore) hang(t testing.TB) {
+	f.hung, f.held = make(chan struct{}), make(chan []rpc.ChunkID, 16)
+	t.Cleanup(func() { close(f.hung) })
 }
 
 func newFakeStore(t testing.TB) *fakeStore {
@@ -182,7 +192,18 @@ func newFakeStore(t testing.TB) *fakeStore {
 		f.mu.Unlock()
 		return &rpc.Empty{}, nil
 	})
-	transport.Handle(f.srv, rpc.SRemoveMany, func(_ context.Context, r *rpc.ChunksReq) (*rpc.Empty, error) {
+	transport.Handle(f.srv, rpc.SRemoveMany, func(ctx context.Context, r *rpc.ChunksReq) (*rpc.Empty, error) {
+		if f.hung != nil {
+			select {
+			case f.held <- r.Chunks:
+			default:
+			}
+			select {
+			case <-f.hung:
+			case <-ctx.Done():
+			}
+			return nil, fmt.Errorf("fake store hung")
+		}
 		f.mu.Lock()
 		f.rm = append(f.rm, r.Chunks...)
 		f.mu.Unlock()

@@ -421,15 +421,24 @@ func (l *liveness) capacityRaw() (total, rawFree, free uint64) {
 	return total, rawFree, free
 }
 
-// leaderLoop runs while this node leads: it expires sessions and reaps
-// orphans. It owns nothing but its timers; state changes go through raft.
+// leaderLoop runs while this node leads: it expires sessions and, once
+// mirror groups exist, makes the automatic switch of a silent primary.
+// It owns nothing but its timers; state changes go through raft. The
+// orphan reaper runs on a goroutine of its own (reapLoop): it calls the
+// storage servers, and a hung one (SIGSTOP, a lost link) held a pass for
+// up to its call timeout — the mirror switch, run on the same loop, came
+// 15–30 s late instead of after the failover timeout.
 func (s *Service) leaderLoop(ctx context.Context) {
+	var reaper sync.WaitGroup
+	reaper.Add(1)
+	go func() {
+		defer reaper.Done()
+		s.reapLoop(ctx)
+	}()
+	defer reaper.Wait()
 	sessTick := clampDur(s.cfg.SessionLease/4, 25*time.Millisecond, time.Second)
-	reapTick := clampDur(s.cfg.OrphanGrace/4, 50*time.Millisecond, time.Second)
 	st := s.cfg.Clock.NewTicker(sessTick)
 	defer st.Stop()
-	rt := s.cfg.Clock.NewTicker(reapTick)
-	defer rt.Stop()
 	// The mirror groups' automatic switch (mirrorsvc.go): checked ten
 	// times per failover timeout, so a switch comes at most a tenth late.
 	// Its ticker exists once there are groups (made at a session tick
@@ -448,6 +457,24 @@ func (s *Service) leaderLoop(ctx context.Context) {
 			ft.Stop()
 		}
 	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-st.C():
+			s.expireSessions()
+			startFailover()
+		case <-ftC:
+			s.checkMirrors()
+		}
+	}
+}
+
+// reapLoop runs the orphan reaper while this node leads (leaderLoop).
+func (s *Service) reapLoop(ctx context.Context) {
+	reapTick := clampDur(s.cfg.OrphanGrace/4, 50*time.Millisecond, time.Second)
+	rt := s.cfg.Clock.NewTicker(reapTick)
+	defer rt.Stop()
 	start := s.cfg.Clock.Now()
 	pace := reapPacer{last: start, at: start, requests: s.requests.Load()}
 	for {
@@ -455,11 +482,6 @@ func (s *Service) leaderLoop(ctx context.Context) {
 		case <-ctx.Done():
 			s.logFreePending()
 			return
-		case <-st.C():
-			s.expireSessions()
-			startFailover()
-		case <-ftC:
-			s.checkMirrors()
 		case now := <-rt.C():
 			if pace.due(now, s.requests.Load(), s.cfg.ReapDeferMax, s.lowOnSpace()) {
 				s.reapOrphans(ctx)

@@ -758,6 +758,65 @@ func TestMirrorReaperThroughPrimary(t *testing.T) {
 	}
 }
 
+// TestMirrorSwitchWhileReaperHangs: the reaper's call to a hung primary
+// (a stopped process: the connection open, no answer for the call's
+// 30 s) does not hold the automatic switch, which comes once the primary
+// has been silent for the failover timeout. Both ran on one loop before:
+// a stopped primary was switched 15–30 s late under a load that removed
+// files.
+func TestMirrorSwitchWhileReaperHangs(t *testing.T) {
+	m := newMirrorClusterWith(t, func(c *Config) { c.OrphanGrace = time.Second })
+	ps, ss := newFakeStore(t), newFakeStore(t)
+	ps.hang(t)
+	p, s := m.addServer(ps.addr, "", 1), m.addServer(ss.addr, "", 1)
+	gs, err := m.create(&rpc.MirrorCreateReq{Pairs: []uint32{p.targets[0], s.targets[0]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := gs[0]
+	m.waitFailoverTicker()
+	d := m.c.mustCreate(1, "d", dirMode)
+	if err := m.c.call(rpc.MSetDirLayout, &rpc.SetDirLayoutReq{Hdr: m.c.hdr(), Dir: d.Ino, Mirror: rpc.DirMirrorOn}, nil); err != nil {
+		t.Fatal(err)
+	}
+	f := m.c.mustCreate(d.Ino, "f", fileMode)
+	if _, err := m.c.unlink(d.Ino, "f"); err != nil {
+		t.Fatal(err)
+	}
+	// Both servers heartbeat until the reaper's call is held at the primary.
+	deadline := time.Now().Add(10 * time.Second)
+	for held := false; !held; {
+		if time.Now().After(deadline) {
+			t.Fatal("the reaper never called the group's primary")
+		}
+		m.advance(250*time.Millisecond, 250*time.Millisecond, p.id, s.id)
+		if err := m.c.heartbeat(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case chunks := <-ps.held:
+			if len(chunks) != 1 || chunks[0].Ino != f.Ino {
+				t.Fatalf("the reaper asked the primary to remove %+v", chunks)
+			}
+			held = true
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// The primary goes silent: switched after the timeout, not after the
+	// reaper's call gives up (measured on the real clock: 30 s before; a
+	// held loop's ticks are dropped after 50 ms, as a real ticker's).
+	m.fc.SetPatience(50 * time.Millisecond)
+	start := time.Now()
+	m.advance(testFailover+250*time.Millisecond, 250*time.Millisecond, s.id)
+	got := m.waitGroup(g.ID, "failed over", func(x rpc.GroupInfo) bool { return x.Primary == g.Secondary })
+	if el := time.Since(start); el > 20*time.Second {
+		t.Fatalf("switched %v after the primary went silent, held by the reaper's call to it", el.Round(time.Second))
+	}
+	if got.Epoch != g.Epoch+1 || got.State != rpc.GroupDegraded {
+		t.Fatalf("after the switch: %+v", got)
+	}
+}
+
 // TestGroupStateValues: the stored states are the wire's.
 func TestGroupStateValues(t *testing.T) {
 	if schema.GroupInSync != rpc.GroupInSync || schema.GroupDegraded != rpc.GroupDegraded || schema.GroupResyncing != rpc.GroupResyncing {
