@@ -71,6 +71,71 @@ const forwardRetryFor = time.Second
 // forwardTimeout bounds one forward.
 const forwardTimeout = 5 * time.Second
 
+// inflightForwards are the forwards under way, by group, each with the
+// epoch it was sent in and the cancel of its context. When the group map
+// says that a group of which this server stays primary is degraded in a
+// newer epoch (the metadata service found the secondary's server silent:
+// stopped, cut off), the forwards of the older epochs are cancelled: their
+// mutations take the degraded path at once (recorded for the resync,
+// acknowledged) instead of each waiting out forwardTimeout on a peer that
+// will not answer.
+type inflightForwards struct {
+	mu sync.Mutex
+	m  map[uint32]map[*inflightForward]struct{}
+}
+
+type inflightForward struct {
+	epoch  uint64
+	cancel context.CancelFunc
+}
+
+// start registers a forward of group in epoch and returns its context
+// (bounded by forwardTimeout) and the function that ends it.
+func (f *inflightForwards) start(group uint32, epoch uint64) (context.Context, func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), forwardTimeout)
+	fw := &inflightForward{epoch: epoch, cancel: cancel}
+	f.mu.Lock()
+	if f.m == nil {
+		f.m = map[uint32]map[*inflightForward]struct{}{}
+	}
+	if f.m[group] == nil {
+		f.m[group] = map[*inflightForward]struct{}{}
+	}
+	f.m[group][fw] = struct{}{}
+	f.mu.Unlock()
+	return ctx, func() {
+		cancel()
+		f.mu.Lock()
+		delete(f.m[group], fw)
+		if len(f.m[group]) == 0 {
+			delete(f.m, group)
+		}
+		f.mu.Unlock()
+	}
+}
+
+// count is the number of group's forwards in flight.
+func (f *inflightForwards) count(group uint32) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.m[group])
+}
+
+// cancelBefore cancels group's forwards sent in an epoch before epoch and
+// returns how many.
+func (f *inflightForwards) cancelBefore(group uint32, epoch uint64) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for fw := range f.m[group] {
+		if fw.epoch < epoch {
+			fw.cancel()
+			n++
+		}
+	}
+	return n
+}
+
 // orderKey names a chunk for the ordering locks.
 type orderKey struct {
 	t   *target
@@ -232,9 +297,9 @@ func (s *Server) groupMutate(ctx context.Context, m mutation) error {
 	// ordering lock. The forward's context is the server's, bounded:
 	// a caller that gives up must not leave the copies different.
 	fwdErr := make(chan error, 1)
+	fctx, done := s.forwards.start(group, a.g.info.Epoch)
 	go func() {
-		fctx, cancel := context.WithTimeout(context.Background(), forwardTimeout)
-		defer cancel()
+		defer done()
 		fwdErr <- s.forwardRetrying(fctx, a.g, m)
 	}()
 	lerr := m.local(a.g.local)

@@ -839,3 +839,48 @@ func TestMirrorQueuedWritesAfterDegrade(t *testing.T) {
 		}
 	}
 }
+
+// TestMirrorDegradeByServiceEndsForwards: a forward waiting on a secondary
+// that does not answer (a stopped process) is given up as soon as the
+// group map says the metadata service degraded the group with this server
+// still primary: the write takes the degraded path (recorded, answered)
+// instead of waiting out forwardTimeout (5 s, longer than the call's 3 s
+// here).
+func TestMirrorDegradeByServiceEndsForwards(t *testing.T) {
+	p := newMirrorPairNet(t, nil, true)
+	unlock, err := p.b.s.lockRange(p.tb, 0x910, 0, 1<<20) // the secondary holds the forward
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), forwardTimeout*3/5)
+	defer cancel()
+	data := bytes.Repeat([]byte("f"), 4096)
+	done := make(chan error, 1)
+	go func() {
+		done <- p.a.cl.Call(ctx, rpc.SWrite, &rpc.WriteReq{Chunk: gid(0x910, p.epoch()), Data: data}, &rpc.WriteResp{})
+	}()
+	for i := 0; p.a.s.forwards.count(1) == 0; i++ {
+		if i == 200 {
+			t.Fatal("the write's forward never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	g := p.meta.group(1)
+	g.Epoch++
+	g.State = rpc.GroupDegraded
+	p.meta.setGroup(g)
+	p.meta.push(60000, p.a.s) // only the primary hears: the secondary is "stopped"
+	if err := <-done; err != nil {
+		t.Fatalf("the write whose forward hung, once the group was degraded: %v", err)
+	}
+	if n := p.a.s.forwards.count(1); n != 0 {
+		t.Fatalf("%d forwards still in flight", n)
+	}
+	if begun, chunks := p.a.s.groups0Pending(p.ta); !begun || chunks != 1 {
+		t.Fatalf("mirror.log after the degrade: begun %v, %d chunks; want a begin and chunk 0x910", begun, chunks)
+	}
+	if got := p.a.mustRead(p.ta, 0x910, 0, 4096); !bytes.Equal(got, data) {
+		t.Fatalf("the primary's copy: %q…", got[:8])
+	}
+}

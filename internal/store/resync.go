@@ -80,6 +80,12 @@ func (s *Server) groupsChanged(changed []groupEntry) {
 					s.log.Error("cannot record the start of a degraded period; the resync will copy every chunk", "group", id, "target", t.path, "err", err)
 				}
 			}
+			// The begin record first: the forwards given up take the
+			// degraded path, which acknowledges what it records.
+			if n := s.forwards.cancelBefore(id, g.info.Epoch); n > 0 {
+				s.log.Info("mirror group degraded by the metadata service: forwards to the old secondary given up", "group", id,
+					"epoch", g.info.Epoch, "forwards", n)
+			}
 		case g.primary && g.info.State == rpc.GroupResyncing:
 			s.startResync(g)
 		default:

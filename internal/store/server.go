@@ -52,16 +52,18 @@ type Server struct {
 	// Mirror groups (mirror.go, forward.go, resync.go): the group map,
 	// the metadata service's caller (registration, heartbeats, reports;
 	// nil standalone), pooled clients of other stores, the primary's
-	// per-chunk ordering locks and per-group gates, degrade and primary-failed
-	// reports in flight, resyncs running, and the mirror metrics.
+	// per-chunk ordering locks and per-group gates, forwards and degrade and
+	// primary-failed reports in flight, resyncs running, and the mirror
+	// metrics.
 	groups *groupMap
 	meta   *transport.Multi
 	peers  struct {
 		sync.Mutex
 		m map[string]*transport.Client
 	}
-	order orderLocks
-	gates struct {
+	order    orderLocks
+	forwards inflightForwards
+	gates    struct {
 		sync.Mutex
 		m map[uint32]*sync.RWMutex
 	}
