@@ -1,0 +1,134 @@
+package chaos
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A process stuck in uninterruptible sleep (state D) on the mount is the
+// failure an HA file system exists to prevent: a job that cannot even be
+// killed. After each trial, once the cluster is whole again, the threads
+// of the chaos process (its load's workers issue the mount's system calls)
+// and of its descendants are sampled; a thread found in state D in every
+// sample over a window is reported stuck. A thread that waits briefly for
+// I/O (an fsync) is in D in some samples, not in all.
+
+// dTask is a thread in state D: its process, thread id, command and where
+// in the kernel it waits (wchan, when readable).
+type dTask struct {
+	pid, tid int
+	comm     string
+	wchan    string
+}
+
+func (t dTask) String() string {
+	s := fmt.Sprintf("pid %d thread %d (%s) in D state", t.pid, t.tid, t.comm)
+	if t.wchan != "" && t.wchan != "0" {
+		s += " at " + t.wchan
+	}
+	return s
+}
+
+// statFields parses a /proc stat line: the command (between the first
+// '(' and the last ')', which may itself hold spaces and parentheses) and
+// the fields after it (state first, then ppid).
+func statFields(line string) (comm string, rest []string, ok bool) {
+	i, j := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
+	if i < 0 || j < i {
+		return "", nil, false
+	}
+	rest = strings.Fields(line[j+1:])
+	return line[i+1 : j], rest, len(rest) >= 2
+}
+
+// descendants lists root and every process below it, from proc (a /proc).
+func descendants(proc string, root int) ([]int, error) {
+	ents, err := os.ReadDir(proc)
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	children := map[int][]int{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(proc, e.Name(), "stat"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		_, rest, ok := statFields(string(b))
+		if !ok {
+			continue
+		}
+		if ppid, err := strconv.Atoi(rest[1]); err == nil {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	out := []int{root}
+	for i := 0; i < len(out); i++ {
+		out = append(out, children[out[i]]...)
+	}
+	return out, nil
+}
+
+// dTasks lists the threads of pids in state D.
+func dTasks(proc string, pids []int) []dTask {
+	var out []dTask
+	for _, pid := range pids {
+		dir := filepath.Join(proc, strconv.Itoa(pid), "task")
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
+			if err != nil {
+				continue
+			}
+			comm, rest, ok := statFields(string(b))
+			if !ok || rest[0] != "D" {
+				continue
+			}
+			w, _ := os.ReadFile(filepath.Join(dir, e.Name(), "wchan"))
+			out = append(out, dTask{pid: pid, tid: tid, comm: comm, wchan: strings.TrimSpace(string(w))})
+		}
+	}
+	return out
+}
+
+// stuckTasks samples the threads of root and its descendants samples
+// times, every apart, and returns those in state D in every sample.
+func stuckTasks(proc string, root, samples int, every time.Duration) ([]dTask, error) {
+	var stuck []dTask
+	for i := range samples {
+		if i > 0 {
+			time.Sleep(every)
+		}
+		pids, err := descendants(proc, root)
+		if err != nil {
+			return nil, err
+		}
+		now := dTasks(proc, pids)
+		if i == 0 {
+			stuck = now
+		} else {
+			stuck = slices.DeleteFunc(stuck, func(t dTask) bool {
+				return !slices.ContainsFunc(now, func(u dTask) bool { return u.pid == t.pid && u.tid == t.tid })
+			})
+		}
+		if len(stuck) == 0 {
+			return nil, nil
+		}
+	}
+	return stuck, nil
+}
