@@ -18,6 +18,12 @@ import (
 // sample over a window is reported stuck. A thread that waits briefly for
 // I/O (an fsync) is in D in some samples, not in all.
 
+// The sampling window after a trial: 5 samples 0.5 s apart.
+const (
+	stuckSamples = 5
+	stuckEvery   = 500 * time.Millisecond
+)
+
 // dTask is a thread in state D: its process, thread id, command and where
 // in the kernel it waits (wchan, when readable).
 type dTask struct {

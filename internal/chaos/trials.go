@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"syscall"
 	"time"
@@ -148,6 +149,10 @@ type Report struct {
 	LostRecords    int      `json:"lost_records"`
 	CorruptReads   int      `json:"corrupt_reads"`
 	Problems       []string `json:"problems"`
+	// StuckThreads: threads of the chaos process (its load) or of its
+	// children found in state D through a whole sampling window after a
+	// trial (dstate.go).
+	StuckThreads []string `json:"stuck_threads"`
 	// MedianResync, MaxResync: the mirror trials' resync_seconds.
 	MedianResync float64 `json:"median_resync_seconds"`
 	MaxResync    float64 `json:"max_resync_seconds"`
@@ -216,7 +221,7 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 			return nil, fmt.Errorf("fault %s needs targets on fault file systems", f)
 		}
 	}
-	rep := &Report{Seed: s.Seed, StaleReads: []string{}, ProbeErrors: []string{}, Problems: []string{}, SplitBrain: []string{}}
+	rep := &Report{Seed: s.Seed, StaleReads: []string{}, ProbeErrors: []string{}, Problems: []string{}, SplitBrain: []string{}, StuckThreads: []string{}}
 	p, err := newProber(c)
 	if err != nil {
 		return nil, err
@@ -246,6 +251,15 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		if err != nil {
 			runErr = fmt.Errorf("trial %d (%s): %w", n, fault, err)
 			break
+		}
+		// No thread may be left in D state once the trial is over.
+		if stuck, err := stuckTasks("/proc", os.Getpid(), stuckSamples, stuckEvery); err != nil {
+			t.Problems = append(t.Problems, fmt.Sprintf("sample threads for D state: %v", err))
+		} else {
+			for _, d := range stuck {
+				rep.StuckThreads = append(rep.StuckThreads, fmt.Sprintf("trial %d (%s): %s", n, fault, d))
+				t.Problems = append(t.Problems, d.String())
+			}
 		}
 		rep.Trials = append(rep.Trials, *t)
 		switch {
@@ -377,8 +391,8 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 	fmt.Fprintf(out, "chaos: %d trials, stall median %.2fs max %.2fs; %d ops, %d errors; %d files expected, %d lost, %d extra, %d ambiguous; %d records checked, %d bad\n",
 		len(rep.Trials), rep.MedianStall, rep.MaxStall, rep.Ops, rep.ErrorCount, chk.Files, len(chk.Lost), len(chk.Extra), chk.Ambiguous, chk.Records, len(chk.Bad))
 	if chk.Reads > 0 || len(resyncs) > 0 {
-		fmt.Fprintf(out, "chaos: totals: %d faults injected, %d stalls ≥ %v, %d errors, %d records lost or bad, %d of %d reads corrupt or stale, resync median %.2fs max %.2fs, %d history segments checked, %d problems\n",
-			rep.FaultsInjected, rep.StallsOverBar, StallBar, rep.ErrorCount, rep.LostRecords, chk.CorruptReads, chk.Reads, rep.MedianResync, rep.MaxResync, rep.HistorySegments, len(rep.Problems))
+		fmt.Fprintf(out, "chaos: totals: %d faults injected, %d stalls ≥ %v, %d errors, %d records lost or bad, %d of %d reads corrupt or stale, resync median %.2fs max %.2fs, %d history segments checked, %d threads stuck in D state, %d problems\n",
+			rep.FaultsInjected, rep.StallsOverBar, StallBar, rep.ErrorCount, rep.LostRecords, chk.CorruptReads, chk.Reads, rep.MedianResync, rep.MaxResync, rep.HistorySegments, len(rep.StuckThreads), len(rep.Problems))
 	}
 	return rep, runErr
 }
