@@ -30,6 +30,7 @@ type dTask struct {
 	pid, tid int
 	comm     string
 	wchan    string
+	switches uint64 // voluntary plus involuntary context switches so far
 }
 
 func (t dTask) String() string {
@@ -106,14 +107,37 @@ func dTasks(proc string, pids []int) []dTask {
 				continue
 			}
 			w, _ := os.ReadFile(filepath.Join(dir, e.Name(), "wchan"))
-			out = append(out, dTask{pid: pid, tid: tid, comm: comm, wchan: strings.TrimSpace(string(w))})
+			st, _ := os.ReadFile(filepath.Join(dir, e.Name(), "status"))
+			out = append(out, dTask{pid: pid, tid: tid, comm: comm, wchan: strings.TrimSpace(string(w)), switches: ctxtSwitches(string(st))})
 		}
 	}
 	return out
 }
 
+// ctxtSwitches sums a /proc status file's context switch counts.
+func ctxtSwitches(status string) uint64 {
+	var n uint64
+	for _, line := range strings.Split(status, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "voluntary_ctxt_switches" || k == "nonvoluntary_ctxt_switches") {
+			x, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			n += x
+		}
+	}
+	return n
+}
+
+// stillStuck keeps the tasks of stuck that are in now, in D state, with
+// no context switch since.
+func stillStuck(stuck, now []dTask) []dTask {
+	return slices.DeleteFunc(stuck, func(t dTask) bool {
+		return !slices.ContainsFunc(now, func(u dTask) bool { return u.pid == t.pid && u.tid == t.tid && u.switches == t.switches })
+	})
+}
+
 // stuckTasks samples the threads of root and its descendants samples
-// times, every apart, and returns those in state D in every sample.
+// times, every apart, and returns those in state D in every sample with
+// no context switch in between.
 func stuckTasks(proc string, root, samples int, every time.Duration) ([]dTask, error) {
 	var stuck []dTask
 	for i := range samples {
@@ -128,9 +152,7 @@ func stuckTasks(proc string, root, samples int, every time.Duration) ([]dTask, e
 		if i == 0 {
 			stuck = now
 		} else {
-			stuck = slices.DeleteFunc(stuck, func(t dTask) bool {
-				return !slices.ContainsFunc(now, func(u dTask) bool { return u.pid == t.pid && u.tid == t.tid })
-			})
+			stuck = stillStuck(stuck, now)
 		}
 		if len(stuck) == 0 {
 			return nil, nil

@@ -33,6 +33,10 @@ func fakeProc(t *testing.T, tasks ...[5]string) string {
 		if err := os.WriteFile(filepath.Join(dir, pid, "task", tid, "wchan"), []byte("fuse_request_wait"), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		status := "Name:\tx\nvoluntary_ctxt_switches:\t40\nnonvoluntary_ctxt_switches:\t2\n"
+		if err := os.WriteFile(filepath.Join(dir, pid, "task", tid, "status"), []byte(status), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return dir
 }
@@ -64,6 +68,21 @@ func TestStuckTasks(t *testing.T) {
 	}
 	if strings.Join(names, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("stuck tasks:\n%s\nwant:\n%s", strings.Join(names, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestStillStuck: a thread that switched between two samples (it went
+// from one FUSE request to the next) is not stuck, nor one that left D
+// state; one that stayed in the same wait is.
+func TestStillStuck(t *testing.T) {
+	first := []dTask{{pid: 1, tid: 1, switches: 10}, {pid: 1, tid: 2, switches: 10}, {pid: 1, tid: 3, switches: 7}}
+	now := []dTask{{pid: 1, tid: 1, switches: 10}, {pid: 1, tid: 2, switches: 11}}
+	got := stillStuck(first, now)
+	if len(got) != 1 || got[0].tid != 1 {
+		t.Fatalf("still stuck: %+v, want thread 1 only", got)
+	}
+	if n := ctxtSwitches("Name:\tx\nvoluntary_ctxt_switches:\t40\nnonvoluntary_ctxt_switches:\t2\n"); n != 42 {
+		t.Fatalf("context switches %d, want 42", n)
 	}
 }
 
