@@ -18,9 +18,11 @@ import (
 // sample over a window is reported stuck. A thread that waits briefly for
 // I/O (an fsync) is in D in some samples, not in all.
 
-// The sampling window after a trial: 5 samples 0.5 s apart.
+// The sampling window after a trial: 9 samples 0.5 s apart (4 s, within
+// the shortest load time between trials, --min-gap's default 3 s... 6 s:
+// the next gap is shortened by the window).
 const (
-	stuckSamples = 5
+	stuckSamples = 9
 	stuckEvery   = 500 * time.Millisecond
 )
 
@@ -29,12 +31,13 @@ const (
 type dTask struct {
 	pid, tid int
 	comm     string
+	state    string // D, or S waiting for a FUSE answer
 	wchan    string
 	switches uint64 // voluntary plus involuntary context switches so far
 }
 
 func (t dTask) String() string {
-	s := fmt.Sprintf("pid %d thread %d (%s) in D state", t.pid, t.tid, t.comm)
+	s := fmt.Sprintf("pid %d thread %d (%s) in %s state", t.pid, t.tid, t.comm, t.state)
 	if t.wchan != "" && t.wchan != "0" {
 		s += " at " + t.wchan
 	}
@@ -84,7 +87,14 @@ func descendants(proc string, root int) ([]int, error) {
 	return out, nil
 }
 
-// dTasks lists the threads of pids in state D.
+// fuseWait reports whether wchan is where a thread waits for a FUSE
+// daemon's answer.
+func fuseWait(wchan string) bool {
+	return wchan == "request_wait_answer" || strings.HasPrefix(wchan, "fuse_")
+}
+
+// dTasks lists the threads of pids in state D or waiting for a FUSE
+// answer.
 func dTasks(proc string, pids []int) []dTask {
 	var out []dTask
 	for _, pid := range pids {
@@ -103,12 +113,16 @@ func dTasks(proc string, pids []int) []dTask {
 				continue
 			}
 			comm, rest, ok := statFields(string(b))
-			if !ok || rest[0] != "D" {
+			if !ok || rest[0] != "D" && rest[0] != "S" {
 				continue
 			}
-			w, _ := os.ReadFile(filepath.Join(dir, e.Name(), "wchan"))
+			wb, _ := os.ReadFile(filepath.Join(dir, e.Name(), "wchan"))
+			w := strings.TrimSpace(string(wb))
+			if rest[0] == "S" && !fuseWait(w) {
+				continue // idle: a futex, a poll
+			}
 			st, _ := os.ReadFile(filepath.Join(dir, e.Name(), "status"))
-			out = append(out, dTask{pid: pid, tid: tid, comm: comm, wchan: strings.TrimSpace(string(w)), switches: ctxtSwitches(string(st))})
+			out = append(out, dTask{pid: pid, tid: tid, comm: comm, state: rest[0], wchan: w, switches: ctxtSwitches(string(st))})
 		}
 	}
 	return out

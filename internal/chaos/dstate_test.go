@@ -10,12 +10,12 @@ import (
 )
 
 // fakeProc writes a /proc-like tree: each task as (pid, tid, ppid, state,
-// comm).
-func fakeProc(t *testing.T, tasks ...[5]string) string {
+// comm, wchan).
+func fakeProc(t *testing.T, tasks ...[6]string) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, x := range tasks {
-		pid, tid, ppid, state, comm := x[0], x[1], x[2], x[3], x[4]
+		pid, tid, ppid, state, comm, wchan := x[0], x[1], x[2], x[3], x[4], x[5]
 		line := fmt.Sprintf("%s (%s) %s %s 1 1 0 -1\n", tid, comm, state, ppid)
 		for _, p := range []string{filepath.Join(dir, pid), filepath.Join(dir, pid, "task", tid)} {
 			if err := os.MkdirAll(p, 0o755); err != nil {
@@ -30,7 +30,7 @@ func fakeProc(t *testing.T, tasks ...[5]string) string {
 		if err := os.WriteFile(filepath.Join(dir, pid, "task", tid, "stat"), []byte(line), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, pid, "task", tid, "wchan"), []byte("fuse_request_wait"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, pid, "task", tid, "wchan"), []byte(wchan), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		status := "Name:\tx\nvoluntary_ctxt_switches:\t40\nnonvoluntary_ctxt_switches:\t2\n"
@@ -41,17 +41,19 @@ func fakeProc(t *testing.T, tasks ...[5]string) string {
 	return dir
 }
 
-// TestStuckTasks: the threads in D state of the root and its descendants
-// are found (a command with spaces and parentheses parsed right); other
-// processes' and running threads are not.
+// TestStuckTasks: the threads of the root and its descendants in D state
+// or waiting for a FUSE answer are found (a command with spaces and
+// parentheses parsed right); other processes', running and idle threads
+// are not.
 func TestStuckTasks(t *testing.T) {
 	proc := fakeProc(t,
-		[5]string{"100", "100", "1", "S", "strata chaos"},
-		[5]string{"100", "101", "1", "D", "strata chaos"},
-		[5]string{"200", "200", "100", "R", "lock (helper) x"},
-		[5]string{"200", "201", "100", "D", "lock (helper) x"},
-		[5]string{"300", "300", "200", "D", "grandchild"},
-		[5]string{"400", "400", "1", "D", "unrelated"},
+		[6]string{"100", "100", "1", "S", "strata chaos", "futex_wait_queue"},
+		[6]string{"100", "101", "1", "D", "strata chaos", "fuse_wait_on_page_writeback"},
+		[6]string{"200", "200", "100", "R", "lock (helper) x", "0"},
+		[6]string{"200", "201", "100", "D", "lock (helper) x", "inode_lock"},
+		[6]string{"200", "202", "100", "S", "lock (helper) x", "request_wait_answer"},
+		[6]string{"300", "300", "200", "D", "grandchild", "0"},
+		[6]string{"400", "400", "1", "D", "unrelated", "0"},
 	)
 	got, err := stuckTasks(proc, 100, 3, time.Millisecond)
 	if err != nil {
@@ -62,9 +64,10 @@ func TestStuckTasks(t *testing.T) {
 		names = append(names, d.String())
 	}
 	want := []string{
-		"pid 100 thread 101 (strata chaos) in D state at fuse_request_wait",
-		"pid 200 thread 201 (lock (helper) x) in D state at fuse_request_wait",
-		"pid 300 thread 300 (grandchild) in D state at fuse_request_wait",
+		"pid 100 thread 101 (strata chaos) in D state at fuse_wait_on_page_writeback",
+		"pid 200 thread 201 (lock (helper) x) in D state at inode_lock",
+		"pid 200 thread 202 (lock (helper) x) in S state at request_wait_answer",
+		"pid 300 thread 300 (grandchild) in D state",
 	}
 	if strings.Join(names, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("stuck tasks:\n%s\nwant:\n%s", strings.Join(names, "\n"), strings.Join(want, "\n"))

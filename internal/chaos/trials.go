@@ -150,8 +150,9 @@ type Report struct {
 	CorruptReads   int      `json:"corrupt_reads"`
 	Problems       []string `json:"problems"`
 	// StuckThreads: threads of the chaos process (its load) or of its
-	// children found in state D through a whole sampling window after a
-	// trial (dstate.go).
+	// children found in state D or waiting for a FUSE answer, without a
+	// context switch, through a whole sampling window after a trial
+	// (dstate.go).
 	StuckThreads []string `json:"stuck_threads"`
 	// MedianResync, MaxResync: the mirror trials' resync_seconds.
 	MedianResync float64 `json:"median_resync_seconds"`
@@ -229,8 +230,12 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 	defer p.close()
 	fmt.Fprintf(out, "chaos: seed %d (replay with --seed %d)\n", s.Seed, s.Seed)
 	var runErr error
+	var checkStart time.Time // the last trial's check for hung threads
 	for n := 1; trials == 0 || n <= trials; n++ {
 		gap := s.MinGap + time.Duration(rng.Int64N(int64(s.MaxGap-s.MinGap)+1))
+		if !checkStart.IsZero() {
+			gap = max(gap-time.Since(checkStart), 0)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(gap):
@@ -252,7 +257,9 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 			runErr = fmt.Errorf("trial %d (%s): %w", n, fault, err)
 			break
 		}
-		// No thread may be left in D state once the trial is over.
+		// No thread may be left hanging once the trial is over (sampled
+		// through the next gap's load time).
+		checkStart = time.Now()
 		if stuck, err := stuckTasks("/proc", os.Getpid(), stuckSamples, stuckEvery); err != nil {
 			t.Problems = append(t.Problems, fmt.Sprintf("sample threads for D state: %v", err))
 		} else {
@@ -391,7 +398,7 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 	fmt.Fprintf(out, "chaos: %d trials, stall median %.2fs max %.2fs; %d ops, %d errors; %d files expected, %d lost, %d extra, %d ambiguous; %d records checked, %d bad\n",
 		len(rep.Trials), rep.MedianStall, rep.MaxStall, rep.Ops, rep.ErrorCount, chk.Files, len(chk.Lost), len(chk.Extra), chk.Ambiguous, chk.Records, len(chk.Bad))
 	if chk.Reads > 0 || len(resyncs) > 0 {
-		fmt.Fprintf(out, "chaos: totals: %d faults injected, %d stalls ≥ %v, %d errors, %d records lost or bad, %d of %d reads corrupt or stale, resync median %.2fs max %.2fs, %d history segments checked, %d threads stuck in D state, %d problems\n",
+		fmt.Fprintf(out, "chaos: totals: %d faults injected, %d stalls ≥ %v, %d errors, %d records lost or bad, %d of %d reads corrupt or stale, resync median %.2fs max %.2fs, %d history segments checked, %d threads hung, %d problems\n",
 			rep.FaultsInjected, rep.StallsOverBar, StallBar, rep.ErrorCount, rep.LostRecords, chk.CorruptReads, chk.Reads, rep.MedianResync, rep.MaxResync, rep.HistorySegments, len(rep.StuckThreads), len(rep.Problems))
 	}
 	return rep, runErr
