@@ -39,8 +39,10 @@ import (
 //
 // A target also holds mirror.log (mirrorlog.go: the changes a mirror
 // group's primary made while its secondary was away), with a history of
-// its own: 1 — initial (issue 21); a target without it gets an empty one
-// at open, and older releases ignore it.
+// its own: 1 — initial (issue 21); 2 — 64-byte records, a region's with
+// the bitmap of its changed 4 KiB blocks (a file without records is still
+// written as 1). A target without it gets an empty one at open, and older
+// releases ignore it.
 const (
 	blockSize      = 4096
 	blockShift     = 12

@@ -328,10 +328,10 @@ func TestMirrorResyncCopiesRecordedRegions(t *testing.T) {
 	if len(done) != 1 {
 		t.Fatalf("%d resync-done reports", len(done))
 	}
-	// Regions 0 and 5 of 0x200 (1 MiB each), nothing of 0x201 (gone),
-	// 0x202 is a hole (punched there): at most 2 MiB of data copied.
-	if done[0].Done > 2<<20 || done[0].Done == 0 {
-		t.Fatalf("resync copied %d bytes, want (0, 2 MiB]", done[0].Done)
+	// Block 0 of regions 0 and 5 of 0x200 (the writes' blocks, not their
+	// 1 MiB regions), nothing of 0x201 (gone) nor of 0x202 (a truncate).
+	if done[0].Done != 2*blockSize {
+		t.Fatalf("resync copied %d bytes, want %d", done[0].Done, 2*blockSize)
 	}
 	if begun, n := p.a.s.groups0Pending(p.ta); begun || n != 0 {
 		t.Fatalf("record after the resync: begun %v, %d chunks", begun, n)
@@ -492,7 +492,7 @@ func TestMirrorLogFormat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs := []mlRec{{kind: mlBegin, group: 2, arg: 7}, {kind: mlRegion, group: 2, ino: 5, arg: 3}, {kind: mlTruncate, group: 2, ino: 6, arg: 4096}}
+	recs := []mlRec{{kind: mlBegin, group: 2, arg: 7}, {kind: mlRegion, group: 2, ino: 5, arg: 3, blocks: allBlocks}, {kind: mlTruncate, group: 2, ino: 6, arg: 4096}}
 	if err := l.record(recs); err != nil {
 		t.Fatal(err)
 	}
@@ -516,7 +516,7 @@ func TestMirrorLogFormat(t *testing.T) {
 	if begun, n := l.pending(2); !begun || n != 2 {
 		t.Fatalf("reopened: begun %v, %d chunks", begun, n)
 	}
-	if err := l.record([]mlRec{{kind: mlRegion, group: 2, ino: 8, arg: 0}}); err != nil {
+	if err := l.record(regionRecs(2, 8, 0, 1)); err != nil {
 		t.Fatal(err)
 	}
 	l.close()

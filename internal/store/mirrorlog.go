@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,12 +19,13 @@ import (
 // Resync).
 //
 // While a group is degraded its primary acknowledges mutations the
-// secondary lacks; each one first puts its change — the chunk and the
-// 1 MiB regions it touched, a truncate's new length, a remove — in the
-// local target's mirror.log and waits until that is durable (one
-// fdatasync shared by the mutations that arrive meanwhile: rounds, as
-// dirty.log). The resync copies just those regions. A change already
-// recorded (same group, chunk and region) costs nothing more.
+// secondary lacks; each one first puts its change — the chunk, the 1 MiB
+// regions it touched and which 4 KiB blocks of each, a truncate's new
+// length, a remove — in the local target's mirror.log and waits until
+// that is durable (one fdatasync shared by the mutations that arrive
+// meanwhile: rounds, as dirty.log). The resync copies just those blocks.
+// A change already recorded (same group, chunk, region, and blocks among
+// those recorded) costs nothing more.
 //
 // A begin record says that from then on every change of the group on this
 // target is recorded, for the secondary it names: the primary writes it
@@ -43,25 +45,38 @@ import (
 // (consumeSuspects, resync.go), a primary copies them to the secondary, a
 // secondary only logs them.
 
-// Format of TARGET/mirror.log, version 1 (integers little-endian):
+// Format of TARGET/mirror.log, version 2 (integers little-endian):
 //
 //	header, 32 bytes
 //	0      8    magic "STRATMLG"
-//	8      2    format version (1)
+//	8      2    format version (2)
 //	10     2    reserved, zero
-//	12     4    record size (32)
+//	12     4    record size (64)
 //	16     12   reserved, zero
 //	28     4    CRC32C of bytes 0..27
 //
-//	records, 32 bytes each, appended from offset 32
+//	records, 64 bytes each, appended from offset 32
 //	0      1    kind: 1 begin, 2 region, 3 truncate, 4 whole chunk
 //	1      3    reserved, zero
 //	4      4    group id (0: a suspect, with kind 4)
 //	8      8    inode number (begin: 0)
 //	16     8    begin: the secondary's target id; region: region number
 //	            (offset >> 20); truncate: the new length; whole: 0
-//	24     4    reserved, zero
-//	28     4    CRC32C of bytes 0..27
+//	24     32   region: the changed 4 KiB blocks of the region, a bitmap
+//	            (bit i of byte j: block 8j+i); other kinds: zero
+//	56     4    reserved, zero
+//	60     4    CRC32C of bytes 0..59
+//
+// Records of one region OR their bitmaps together. A write marks every
+// block it touches (an unaligned edge marks its whole block).
+//
+// Version 1 had 32-byte records: bytes 0..23 as above, 24..27 reserved,
+// CRC32C of 0..27 at 28, and no bitmap — a region record meant the whole
+// region. It is still read (its region records as full bitmaps); the first
+// write after such a file is opened rewrites it whole as version 2. A file
+// without records is written as version 1 (a bare header), so that a
+// release that reads only version 1 still opens a target with nothing
+// recorded (mirror.log is created at every target's open).
 //
 // The records are read up to the first whose CRC or reserved bytes are
 // wrong (a torn append); appends continue there. A damaged header or a
@@ -70,20 +85,27 @@ import (
 // (written, synced, renamed into place).
 //
 // Version history: 1 — initial (target format 4: an older release ignores
-// the file, which is only read while mirror groups are in use).
+// the file, which is only read while mirror groups are in use). 2 — 64-byte
+// records; a region record carries the bitmap of its changed 4 KiB blocks,
+// so a resync after scattered small writes copies those blocks, not whole
+// regions (a release that reads only version 1 refuses the file).
 const (
 	mirrorLogName        = "mirror.log"
-	mirrorLogFormat      = 1
+	mirrorLogFormat      = 2
 	mirrorLogHeaderBytes = 32
-	mirrorLogRecordBytes = 32
+	mirrorLogRecordBytes = 64
+	// mirrorLogRecordBytesV1: a version 1 file's record size.
+	mirrorLogRecordBytesV1 = 32
 
 	mlBegin    = 1
 	mlRegion   = 2
 	mlTruncate = 3
 	mlWhole    = 4
 
-	// mirrorRegionShift: the record's unit of change, 1 MiB.
+	// mirrorRegionShift: the record's unit of change, 1 MiB, made of
+	// regionBlockCount 4 KiB blocks (the bitmap).
 	mirrorRegionShift = 20
+	regionBlockCount  = 1 << (mirrorRegionShift - blockShift)
 	// maxRecordRegions: a change of more regions is recorded as the whole
 	// chunk.
 	maxRecordRegions = 4096
@@ -91,12 +113,78 @@ const (
 
 var mirrorLogMagic = [8]byte{'S', 'T', 'R', 'A', 'T', 'M', 'L', 'G'}
 
+// regionBlocks is the bitmap of a region's changed 4 KiB blocks: block i
+// is bit i%64 of word i/64.
+type regionBlocks [regionBlockCount / 64]uint64
+
+// allBlocks is a whole region.
+var allBlocks = func() (b regionBlocks) {
+	for i := range b {
+		b[i] = ^uint64(0)
+	}
+	return b
+}()
+
+// blockSpan answers the bitmap of blocks [b0, b1).
+func blockSpan(b0, b1 uint64) (b regionBlocks) {
+	for i := b0; i < b1 && i < regionBlockCount; i++ {
+		b[i/64] |= 1 << (i % 64)
+	}
+	return b
+}
+
+// covers reports whether every block of o is in b.
+func (b regionBlocks) covers(o regionBlocks) bool {
+	for i := range b {
+		if o[i]&^b[i] != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (b regionBlocks) or(o regionBlocks) regionBlocks {
+	for i := range b {
+		b[i] |= o[i]
+	}
+	return b
+}
+
+// count answers the number of blocks in b.
+func (b regionBlocks) count() int {
+	n := 0
+	for _, w := range b {
+		n += bits.OnesCount64(w)
+	}
+	return n
+}
+
+// runs answers b's runs of consecutive blocks, as [first, end) pairs in
+// order.
+func (b regionBlocks) runs() [][2]uint64 {
+	var out [][2]uint64
+	for i := uint64(0); i < regionBlockCount; {
+		if b[i/64]&(1<<(i%64)) == 0 {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < regionBlockCount && b[j/64]&(1<<(j%64)) != 0 {
+			j++
+		}
+		out = append(out, [2]uint64{i, j})
+		i = j
+	}
+	return out
+}
+
 // mlRec is one record.
 type mlRec struct {
-	kind  uint8
-	group uint32
-	ino   uint64
-	arg   uint64
+	kind   uint8
+	group  uint32
+	ino    uint64
+	arg    uint64
+	blocks regionBlocks // of a region record
 }
 
 func (r mlRec) encode(b []byte) []byte {
@@ -105,15 +193,54 @@ func (r mlRec) encode(b []byte) []byte {
 	binary.LittleEndian.PutUint32(x[4:], r.group)
 	binary.LittleEndian.PutUint64(x[8:], r.ino)
 	binary.LittleEndian.PutUint64(x[16:], r.arg)
-	binary.LittleEndian.PutUint32(x[28:], crc32.Checksum(x[:28], castagnoli))
+	if r.kind == mlRegion {
+		for i, w := range r.blocks {
+			binary.LittleEndian.PutUint64(x[24+8*i:], w)
+		}
+	}
+	binary.LittleEndian.PutUint32(x[60:], crc32.Checksum(x[:60], castagnoli))
 	return append(b, x[:]...)
 }
 
-func encodeMirrorLogHeader() []byte {
+// decodeRecord parses one record of a file of version v (len(x) its
+// record size); ok is false for a torn or damaged one.
+func decodeRecord(x []byte, v uint16) (r mlRec, ok bool) {
+	crcAt := len(x) - 4
+	if binary.LittleEndian.Uint32(x[crcAt:]) != crc32.Checksum(x[:crcAt], castagnoli) ||
+		x[1]|x[2]|x[3] != 0 || binary.LittleEndian.Uint32(x[crcAt-4:]) != 0 || x[0] < mlBegin || x[0] > mlWhole {
+		return r, false
+	}
+	r = mlRec{kind: x[0], group: binary.LittleEndian.Uint32(x[4:]),
+		ino: binary.LittleEndian.Uint64(x[8:]), arg: binary.LittleEndian.Uint64(x[16:])}
+	switch {
+	case v == 1 && r.kind == mlRegion:
+		r.blocks = allBlocks
+	case v == 1:
+	case r.kind == mlRegion:
+		for i := range r.blocks {
+			r.blocks[i] = binary.LittleEndian.Uint64(x[24+8*i:])
+		}
+	default:
+		for _, c := range x[24:56] {
+			if c != 0 {
+				return mlRec{}, false // the bitmap is reserved for other kinds
+			}
+		}
+	}
+	return r, true
+}
+
+// encodeMirrorLogHeader answers the header of a file of version v (1 or
+// 2).
+func encodeMirrorLogHeader(v uint16) []byte {
+	size := uint32(mirrorLogRecordBytes)
+	if v == 1 {
+		size = mirrorLogRecordBytesV1
+	}
 	b := make([]byte, mirrorLogHeaderBytes)
 	copy(b, mirrorLogMagic[:])
-	binary.LittleEndian.PutUint16(b[8:], mirrorLogFormat)
-	binary.LittleEndian.PutUint32(b[12:], mirrorLogRecordBytes)
+	binary.LittleEndian.PutUint16(b[8:], v)
+	binary.LittleEndian.PutUint32(b[12:], size)
 	binary.LittleEndian.PutUint32(b[28:], crc32.Checksum(b[:28], castagnoli))
 	return b
 }
@@ -131,29 +258,36 @@ func decodeMirrorLog(b []byte) ([]mlRec, int, error) {
 	if got, want := binary.LittleEndian.Uint32(h[28:]), crc32.Checksum(h[:28], castagnoli); got != want {
 		return nil, 0, fmt.Errorf("header checksum %08x, computed %08x", got, want)
 	}
-	if v := binary.LittleEndian.Uint16(h[8:]); v != mirrorLogFormat {
-		return nil, 0, fmt.Errorf("format version %d, this build reads only %d", v, mirrorLogFormat)
+	v := binary.LittleEndian.Uint16(h[8:])
+	size := mirrorLogRecordBytes
+	switch v {
+	case mirrorLogFormat:
+	case 1:
+		size = mirrorLogRecordBytesV1
+	default:
+		return nil, 0, fmt.Errorf("format version %d, this build reads versions 1 to %d (written by a newer release?)", v, mirrorLogFormat)
 	}
-	if rs := binary.LittleEndian.Uint32(h[12:]); rs != mirrorLogRecordBytes {
-		return nil, 0, fmt.Errorf("record size %d, want %d", rs, mirrorLogRecordBytes)
+	if rs := binary.LittleEndian.Uint32(h[12:]); rs != uint32(size) {
+		return nil, 0, fmt.Errorf("record size %d, want %d for version %d", rs, size, v)
 	}
 	var recs []mlRec
 	off := mirrorLogHeaderBytes
-	for ; off+mirrorLogRecordBytes <= len(b); off += mirrorLogRecordBytes {
-		x := b[off : off+mirrorLogRecordBytes]
-		if binary.LittleEndian.Uint32(x[28:]) != crc32.Checksum(x[:28], castagnoli) ||
-			x[1]|x[2]|x[3] != 0 || binary.LittleEndian.Uint32(x[24:]) != 0 || x[0] < mlBegin || x[0] > mlWhole {
+	for ; off+size <= len(b); off += size {
+		r, ok := decodeRecord(b[off:off+size], v)
+		if !ok {
 			break
 		}
-		recs = append(recs, mlRec{kind: x[0], group: binary.LittleEndian.Uint32(x[4:]),
-			ino: binary.LittleEndian.Uint64(x[8:]), arg: binary.LittleEndian.Uint64(x[16:])})
+		recs = append(recs, r)
 	}
 	return recs, off, nil
 }
 
+// mirrorLogVersion answers the format version of a file that decoded.
+func mirrorLogVersion(b []byte) uint16 { return binary.LittleEndian.Uint16(b[8:]) }
+
 // inoChanges is what changed of one chunk.
 type inoChanges struct {
-	regions  map[uint64]struct{}
+	regions  map[uint64]regionBlocks // by region number: its changed blocks
 	whole    bool
 	hasTrunc bool
 	minTrunc uint64 // the smallest length it was truncated to
@@ -180,8 +314,8 @@ func (c *changeSet) has(r mlRec) bool {
 	case ic.whole:
 		return r.kind != mlTruncate || ic.hasTrunc && ic.minTrunc <= r.arg
 	case r.kind == mlRegion:
-		_, ok := ic.regions[r.arg]
-		return ok
+		b, ok := ic.regions[r.arg]
+		return ok && b.covers(r.blocks)
 	case r.kind == mlTruncate:
 		return ic.hasTrunc && ic.minTrunc <= r.arg
 	}
@@ -196,12 +330,12 @@ func (c *changeSet) add(r mlRec) {
 	}
 	ic := c.inos[r.ino]
 	if ic == nil {
-		ic = &inoChanges{regions: map[uint64]struct{}{}}
+		ic = &inoChanges{regions: map[uint64]regionBlocks{}}
 		c.inos[r.ino] = ic
 	}
 	switch r.kind {
 	case mlRegion:
-		ic.regions[r.arg] = struct{}{}
+		ic.regions[r.arg] = ic.regions[r.arg].or(r.blocks)
 	case mlTruncate:
 		if !ic.hasTrunc || r.arg < ic.minTrunc {
 			ic.minTrunc = r.arg
@@ -215,8 +349,8 @@ func (c *changeSet) add(r mlRec) {
 // merge adds o's chunk changes to c.
 func (c *changeSet) merge(o *changeSet) {
 	for ino, oc := range o.inos {
-		for r := range oc.regions {
-			c.add(mlRec{kind: mlRegion, ino: ino, arg: r})
+		for r, b := range oc.regions {
+			c.add(mlRec{kind: mlRegion, ino: ino, arg: r, blocks: b})
 		}
 		if oc.hasTrunc {
 			c.add(mlRec{kind: mlTruncate, ino: ino, arg: oc.minTrunc})
@@ -247,7 +381,7 @@ func (c *changeSet) records(group uint32) []mlRec {
 			out = append(out, mlRec{kind: mlWhole, group: group, ino: ino})
 		}
 		for _, r := range sortedRegions(ic) {
-			out = append(out, mlRec{kind: mlRegion, group: group, ino: ino, arg: r})
+			out = append(out, mlRec{kind: mlRegion, group: group, ino: ino, arg: r, blocks: ic.regions[r]})
 		}
 	}
 	return out
@@ -270,6 +404,7 @@ type mirrorLog struct {
 	fd     int
 	end    int64 // where the next record goes
 	broken bool  // an append failed: the next write rewrites the file
+	old    bool  // the file is of version 1: the next write rewrites it
 
 	mu     sync.Mutex
 	groups map[uint32]*changeSet // durable changes, by group
@@ -304,6 +439,7 @@ func openMirrorLog(dir string) (*mirrorLog, error) {
 		return nil, fmt.Errorf("target %s: open %s: %w", dir, mirrorLogName, err)
 	}
 	l.fd, l.end = fd, int64(end)
+	l.old = mirrorLogVersion(b) != mirrorLogFormat
 	return l, nil
 }
 
@@ -343,7 +479,7 @@ func (l *mirrorLog) write(batches [][]mlRec) error {
 		all = append(all, b...)
 	}
 	var err error
-	if l.broken {
+	if l.broken || l.old {
 		l.mu.Lock()
 		var keep []mlRec
 		for g, c := range l.groups {
@@ -382,8 +518,16 @@ func (l *mirrorLog) rewrite(recs []mlRec) error {
 	return l.rewriteLocked(recs)
 }
 
+// rewriteLocked writes recs as version 2 or, when there are none, an
+// empty file of version 1, which a release that reads only version 1
+// still opens (mirror.log is created at every target's open): the first
+// append then rewrites it as version 2.
 func (l *mirrorLog) rewriteLocked(recs []mlRec) error {
-	b := encodeMirrorLogHeader()
+	v := uint16(mirrorLogFormat)
+	if len(recs) == 0 {
+		v = 1
+	}
+	b := encodeMirrorLogHeader(v)
 	for _, r := range recs {
 		b = r.encode(b)
 	}
@@ -398,7 +542,7 @@ func (l *mirrorLog) rewriteLocked(recs []mlRec) error {
 	if l.fd >= 0 {
 		unix.Close(l.fd)
 	}
-	l.fd, l.end, l.broken = fd, int64(len(b)), false
+	l.fd, l.end, l.broken, l.old = fd, int64(len(b)), false, v != mirrorLogFormat
 	return nil
 }
 
@@ -470,18 +614,23 @@ func (l *mirrorLog) close() {
 }
 
 // regionRecs are the records of a change of [off, off+n) of chunk ino: a
-// region each, or the whole chunk past maxRecordRegions.
+// region each, with the 4 KiB blocks the change touches, or the whole
+// chunk past maxRecordRegions.
 func regionRecs(group uint32, ino uint64, off, n uint64) []mlRec {
 	if n == 0 {
 		return nil
 	}
-	r0, r1 := off>>mirrorRegionShift, (off+n-1)>>mirrorRegionShift
-	if r1-r0 >= maxRecordRegions {
+	end := off + n
+	r0, r1 := off>>mirrorRegionShift, (end-1)>>mirrorRegionShift
+	if end < off || r1-r0 >= maxRecordRegions {
 		return []mlRec{{kind: mlWhole, group: group, ino: ino}}
 	}
 	out := make([]mlRec, 0, r1-r0+1)
 	for r := r0; r <= r1; r++ {
-		out = append(out, mlRec{kind: mlRegion, group: group, ino: ino, arg: r})
+		base := r << mirrorRegionShift
+		b0 := (max(off, base) - base) >> blockShift
+		b1 := (min(end, base+1<<mirrorRegionShift) - base + blockSize - 1) >> blockShift
+		out = append(out, mlRec{kind: mlRegion, group: group, ino: ino, arg: r, blocks: blockSpan(b0, b1)})
 	}
 	return out
 }

@@ -20,15 +20,16 @@ import (
 //  1. under the chunk's whole ordering lock: a chunk gone here is removed
 //     at the peer; else the peer's copy is cut to the smallest length the
 //     chunk was truncated to (or to 0 for a whole-chunk change);
-//  2. each recorded 1 MiB region, under that region's ordering lock: read
-//     here (checksums verified), written to the peer — or punched there
-//     when it reads as zeros;
+//  2. each run of consecutive recorded 4 KiB blocks of a 1 MiB region (a
+//     whole region for a whole-chunk change), under that region's
+//     ordering lock: read here (checksums verified), written to the peer
+//     in one request — or punched there when it reads as zeros;
 //  3. under the whole ordering lock: the peer's copy cut to this one's
 //     length, and synced there (the group may be promoted once in sync).
 //
 // The requests carry the group id and the resyncing epoch, which the
 // secondary accepts as the primary's forwards. Holding the ordering lock
-// while a region is copied means a forwarded write of that region runs
+// while a range is copied means a forwarded write of that region runs
 // wholly before or wholly after the copy, on both copies: the copy never
 // overtakes newer forwarded data, nor the reverse (forward.go). New writes
 // are forwarded meanwhile, so the record does not grow for them; a
@@ -226,7 +227,7 @@ type resyncer struct {
 	g           groupEntry
 	t           *target
 	bucket      *tokenBucket
-	done, total uint64    // progress: bytes of regions dealt with, of all
+	done, total uint64    // progress: bytes of recorded blocks dealt with, of all
 	sent        uint64    // data bytes written to the secondary
 	last        time.Time // of the last progress report
 	// inPlace: copy over the secondary's bytes without cutting them
@@ -308,7 +309,12 @@ func (r *resyncer) list(ctx context.Context, listOne func(*rpc.ListChunksReq, *r
 // copySet copies the changes of set to the peer (see the top).
 func (r *resyncer) copySet(ctx context.Context, set *changeSet) error {
 	for _, ic := range set.inos {
-		r.total += uint64(len(ic.regions)) << mirrorRegionShift
+		if ic.whole {
+			continue // counted by copyChunk, from the chunk's length
+		}
+		for _, b := range ic.regions {
+			r.total += uint64(b.count()) << blockShift
+		}
 	}
 	for ino, ic := range set.inos {
 		if err := ctx.Err(); err != nil {
@@ -321,7 +327,9 @@ func (r *resyncer) copySet(ctx context.Context, set *changeSet) error {
 	return nil
 }
 
-// copyChunk copies one chunk's changes.
+// copyChunk copies one chunk's changes: each run of recorded blocks (or,
+// for a whole-chunk change, each region up to the chunk's length) in one
+// range.
 func (r *resyncer) copyChunk(ctx context.Context, ino uint64, ic *inoChanges) error {
 	size, exists, err := r.head(ctx, ino, ic)
 	if err != nil || !exists {
@@ -333,16 +341,23 @@ func (r *resyncer) copyChunk(ctx context.Context, ino uint64, ic *inoChanges) er
 		for reg := uint64(0); reg<<mirrorRegionShift < uint64(size); reg++ {
 			regions = append(regions, reg)
 		}
-		r.total += uint64(size)
+		r.total += uint64(len(regions)) << mirrorRegionShift
 	}
 	for _, reg := range regions {
-		if err := ctx.Err(); err != nil {
-			return err
+		blocks := allBlocks
+		if !ic.whole {
+			blocks = ic.regions[reg]
 		}
-		if err := r.copyRegion(ctx, ino, reg); err != nil {
-			return err
+		base := int64(reg << mirrorRegionShift)
+		for _, run := range blocks.runs() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := r.copyRange(ctx, ino, base+int64(run[0]<<blockShift), base+int64(run[1]<<blockShift)); err != nil {
+				return err
+			}
+			r.progress()
 		}
-		r.progress()
 	}
 	return r.tail(ctx, ino)
 }
@@ -397,15 +412,17 @@ func (r *resyncer) tail(ctx context.Context, ino uint64) error {
 	return r.call(ctx, rpc.SSync, &rpc.ChunkReq{Chunk: r.chunk(ino)}, &rpc.Empty{})
 }
 
-// copyRegion is step 2 for region reg of chunk ino.
-func (r *resyncer) copyRegion(ctx context.Context, ino, reg uint64) error {
-	off := int64(reg << mirrorRegionShift)
-	end := off + 1<<mirrorRegionShift
+// copyRange is step 2 for [off, end) of chunk ino, a range within one
+// region (so under that region's ordering lock). The part past the
+// chunk's length is not copied (the tail cuts the peer's copy there) and
+// leaves the total.
+func (r *resyncer) copyRange(ctx context.Context, ino uint64, off, end int64) error {
 	mask := stripeMask(off, end)
 	ord := r.s.order.lock(r.t, ino, mask)
 	defer r.s.order.unlock(r.t, ino, ord, mask)
 	c, err := r.s.cache.get(r.t, ino, false)
 	if errors.Is(err, errNotExist) {
+		r.total -= uint64(end - off)
 		return nil // removed meanwhile: the tail removes it there
 	}
 	if err != nil {
@@ -414,9 +431,11 @@ func (r *resyncer) copyRegion(ctx context.Context, ino, reg uint64) error {
 	size := c.size.Load()
 	if off >= size {
 		r.s.cache.release(c)
+		r.total -= uint64(end - off)
 		return nil
 	}
 	n := min(end, size) - off
+	r.total -= uint64(end - off - n)
 	resp, err := c.read(r.s, off, int(n), nil)
 	r.s.cache.release(c)
 	if err != nil {
@@ -426,7 +445,7 @@ func (r *resyncer) copyRegion(ctx context.Context, ino, reg uint64) error {
 	if err := r.bucket.wait(ctx, len(resp.Data)); err != nil {
 		return err
 	}
-	// A region of zeros is punched there: nothing to send, and the
+	// A range of zeros is punched there: nothing to send, and the
 	// secondary keeps the hole.
 	sent := 0
 	if allZero(resp.Data) {
