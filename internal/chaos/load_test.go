@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestLoadVerifyFindsLossDoublesAndCorruption runs the load on a local
@@ -153,5 +155,102 @@ func TestLoadReadersFindCorruptAndStaleReads(t *testing.T) {
 	}
 	if c.OK() || c.CorruptReads == 0 || !stale || !corrupt {
 		t.Fatalf("damaged files: %d reads, %d corrupt: %v", c.Reads, c.CorruptReads, c.Corrupt)
+	}
+}
+
+func TestStampRoundTrip(t *testing.T) {
+	for _, c := range []struct {
+		held bool
+		name string
+		seq  int
+	}{{true, "locker-0", 7}, {false, "holder-12", 1}} {
+		held, name, seq, err := parseStamp(stamp(c.held, c.name, c.seq))
+		if err != nil || held != c.held || name != c.name || seq != c.seq {
+			t.Fatalf("stamp %+v read back as %v %q %d %v", c, held, name, seq, err)
+		}
+	}
+	if held, _, _, err := parseStamp(make([]byte, stampLen)); held || err != nil {
+		t.Fatalf("a hole: held %v, %v; want free", held, err)
+	}
+	torn := stamp(true, "locker-0", 3)
+	copy(torn, "xx")
+	if _, _, _, err := parseStamp(torn); err == nil {
+		t.Fatal("a torn stamp was accepted")
+	}
+}
+
+// ofdLock takes (or, with F_UNLCK, releases) an OFD lock of the stamp's
+// range: it conflicts with the lockers' POSIX locks although they are
+// this process's.
+func ofdLock(t *testing.T, f *os.File, typ int16) {
+	t.Helper()
+	lk := unix.Flock_t{Type: typ, Whence: 0, Start: lockOff, Len: stampLen}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLKW, &lk); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLockersCheckExclusion runs a locker on a local file, takes its lock
+// away as another holder would and leaves the range HELD: by a holder
+// known dead (no violation), then by one not known dead (a violation).
+func TestLockersCheckExclusion(t *testing.T) {
+	dir := t.TempDir()
+	l, err := StartLoad(LoadConfig{Dir: dir, Lockers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	waitGrants := func(what string) time.Duration {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if wait, ok := l.GrantWait(); ok {
+				return wait
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the locker was not granted its lock within 10s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	l.WatchGrants(l.Now())
+	waitGrants("at start")
+	f, err := os.OpenFile(l.LockFiles()[0], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	hold := func(name string, d time.Duration) {
+		ofdLock(t, f, unix.F_WRLCK)
+		if _, err := f.WriteAt(stamp(true, name, 1), lockOff); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d)
+		l.WatchGrants(l.Now())
+		ofdLock(t, f, unix.F_UNLCK) // gone without writing FREE
+	}
+	l.HolderDied("holder-1")
+	hold("holder-1", time.Second)
+	if wait := waitGrants("after the dead holder"); wait > 5*time.Second {
+		t.Fatalf("granted %v after the release", wait)
+	}
+	hold("intruder", 0)
+	waitGrants("after the live holder")
+	l.Stop()
+	c, err := l.Verify()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.LockViolations) != 1 || !strings.Contains(c.LockViolations[0], "intruder") || c.LockGrants < 3 {
+		t.Fatalf("lock grants %d, violations %q: want one, of the intruder", c.LockGrants, c.LockViolations)
+	}
+	var waits int
+	for _, op := range l.Ops() {
+		if op.Kind == "lock" && op.End-op.Start >= 500*time.Millisecond {
+			waits++
+		}
+	}
+	if waits == 0 {
+		t.Fatal("no lock operation recorded the wait for the dead holder")
 	}
 }
