@@ -83,7 +83,9 @@ second mount takes those locks, and the second mount's process is killed with SI
 holder's reads on its dead mount must fail, not hang (no D state); the metadata service must
 release the dead client's locks once its session lease (--session-lease) runs out: every locker
 must hold its lock again within the lease + 5 s of the kill (the trial's lock wait and stall);
-then the second mount starts again on its stale mount point.
+then the second mount starts again on its stale mount point. In every trial a locker's wait is
+held to that bound, not to the 5 s stall bar of the totals (a new leader holds new locks back
+for up to a lease for sessions that do not reclaim theirs, such as a dead mount's).
 partition-primary cuts everything the primary's server exchanges with the voters (heartbeats,
 and also its group map refreshes, mirror reports and the orphan reaper's calls to it), not the
 heartbeats alone: heartbeat-loss-primary is that.

@@ -254,3 +254,25 @@ func TestLockersCheckExclusion(t *testing.T) {
 		t.Fatal("no lock operation recorded the wait for the dead holder")
 	}
 }
+
+// TestMeasureLockWaits: the lockers' waits are a trial's lock stall, not
+// its stall, except in a kill-lock-client trial; a wait that goes on into
+// a later kill-lock-client's hold counts until its holder started.
+func TestMeasureLockWaits(t *testing.T) {
+	s := time.Second
+	ops := []Op{
+		{Kind: "write+fsync", Start: 10 * s, End: 12 * s},
+		{Kind: "lock", Start: 11 * s, End: 40 * s}, // the grace, then the holder of trial 2
+		{Kind: "lock", Start: 41 * s, End: 47 * s},
+	}
+	trials := []Trial{{N: 1, Fault: KillAll, At: 9 * s}, {N: 2, Fault: KillLockClient, At: 30 * s, holderAt: 25 * s}}
+	trials[0].measure(ops, trials[1].At, trials[1:])
+	trials[1].measure(ops, 50*s, nil)
+	if got := trials[0]; got.StallSeconds != 2 || got.StallOp != "write+fsync at 10.0s" || got.LockStallSeconds != 14 || got.OtherStallSeconds != 2 {
+		t.Errorf("kill-all: stall %v (%s), lock stall %v, other %v; want 2 (the write), 14 (until the holder), 2",
+			got.StallSeconds, got.StallOp, got.LockStallSeconds, got.OtherStallSeconds)
+	}
+	if got := trials[1]; got.StallSeconds != 29 || got.LockStallSeconds != 29 || got.OtherStallSeconds != 0 || got.Ops != 2 {
+		t.Errorf("kill-lock-client: stall %v, lock stall %v, other %v over %d ops; want 29, 29, 0 over 2", got.StallSeconds, got.LockStallSeconds, got.OtherStallSeconds, got.Ops)
+	}
+}

@@ -174,6 +174,7 @@ func (c *Cluster) injectLockClient(ctx context.Context, l *Load, n int, s Schedu
 		}
 		files = append(files, filepath.Join(c.LockMount, rel))
 	}
+	t.holderAt = l.Now()
 	h, err := c.startHolder(name, files)
 	if err != nil {
 		return nil, err

@@ -93,14 +93,20 @@ type Trial struct {
 	Leader  string        `json:"new_leader"`
 	Elected float64       `json:"new_leader_seconds"` // from the fault until status named another leader
 	// StallSeconds: the longest operation of the load that was under way
-	// at the fault or began before the trial ended.
+	// at the fault or began before the trial ended (but the lockers' waits
+	// for a lock, except in kill-lock-client trials: see LockStallSeconds).
 	StallSeconds float64 `json:"stall_seconds"`
 	// StallOp: which operation that was, and when it began.
 	StallOp string `json:"stall_op,omitempty"`
-	// OtherStallSeconds (kill-lock-client, whose lock waits are bounded by
-	// the session lease instead): the longest operation other than the
-	// lockers' waits, which is what StallBar applies to.
-	OtherStallSeconds float64 `json:"other_stall_seconds,omitempty"`
+	// OtherStallSeconds: the longest operation other than the lockers'
+	// waits for a lock, which is what StallBar applies to; LockStallSeconds:
+	// the longest of those waits (one going on into a later
+	// kill-lock-client trial's hold counted until its holder started),
+	// bounded by the session lease + lockMargin instead (a dead client's
+	// locks, or a new leader's grace period for sessions that do not
+	// reclaim, last up to a lease).
+	OtherStallSeconds float64 `json:"other_stall_seconds"`
+	LockStallSeconds  float64 `json:"lock_stall_seconds,omitempty"`
 	Ops               int     `json:"ops"`
 	Errors            int     `json:"errors"`
 	// Probe: what the deposed leader answered lookups sent to it alone
@@ -127,6 +133,7 @@ type Trial struct {
 	// a dead client's locks not released within the bound).
 	Problems []string `json:"problems,omitempty"`
 	end      time.Duration
+	holderAt time.Duration // kill-lock-client: when its holder started
 }
 
 // Report is the outcome of Run.
@@ -154,9 +161,9 @@ type Report struct {
 	// SplitBrain: writes a deposed primary acknowledged in its old epoch
 	// (the fence probe).
 	SplitBrain []string `json:"split_brain"`
-	// Totals: faults injected, trials whose stall reached StallBar (of
-	// kill-lock-client, the lockers' waits aside: their bound is the
-	// session lease, and a wait beyond it is one of Problems), fsync'ed
+	// Totals: faults injected, trials whose stall reached StallBar (the
+	// lockers' waits aside: their bound is the session lease, and a wait
+	// beyond it is one of Problems), fsync'ed
 	// records lost or not as written, reads of wrong bytes, the trials'
 	// problems.
 	FaultsInjected int      `json:"faults_injected"`
@@ -335,22 +342,16 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		if i+1 < len(rep.Trials) {
 			end = min(end, rep.Trials[i+1].At)
 		}
-		for _, op := range ops {
-			if op.End < t.At || op.Start > end {
-				continue
-			}
-			t.Ops++
-			if op.Err != nil {
-				t.Errors++
-			}
-			d := (op.End - op.Start).Seconds()
-			if d > t.StallSeconds {
-				t.StallSeconds = d
-				t.StallOp = fmt.Sprintf("%s at %.1fs", op.Kind, op.Start.Seconds())
-			}
-			if op.Kind != "lock" && t.Fault == KillLockClient {
-				t.OtherStallSeconds = max(t.OtherStallSeconds, d)
-			}
+		t.measure(ops, end, rep.Trials[i+1:])
+		// A lock waits for its holder, or for a dead session's locks (a
+		// lease at most, also in a new leader's grace period after a
+		// power loss, for the sessions of mounts that died): its bound is
+		// the lease. (kill-lock-client checks its wait from the kill.)
+		if bound := s.SessionLease + lockMargin; t.LockStallSeconds > bound.Seconds() && t.Fault != KillLockClient {
+			p := fmt.Sprintf("a locker waited %.2fs for its lock, beyond %v (session lease %v + %v)", t.LockStallSeconds, bound, s.SessionLease, lockMargin)
+			t.Problems = append(t.Problems, p)
+			rep.Problems = append(rep.Problems, fmt.Sprintf("trial %d (%s): %s", t.N, t.Fault, p))
+			fmt.Fprintf(out, "chaos: trial %d: PROBLEM: %s\n", t.N, p)
 		}
 	}
 	stalls := make([]float64, 0, len(rep.Trials))
@@ -358,11 +359,7 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 	kinds := map[Fault][4][]float64{} // stalls, elected, switched or lock waits, resynced
 	for _, t := range rep.Trials {
 		stalls = append(stalls, t.StallSeconds)
-		stall := t.StallSeconds
-		if t.Fault == KillLockClient {
-			stall = t.OtherStallSeconds
-		}
-		if stall >= StallBar.Seconds() {
+		if t.OtherStallSeconds >= StallBar.Seconds() {
 			rep.StallsOverBar++
 		}
 		k := kinds[t.Fault]
@@ -435,6 +432,52 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 			rep.FaultsInjected, rep.StallsOverBar, StallBar, rep.ErrorCount, rep.LostRecords, chk.CorruptReads, chk.Reads, rep.MedianResync, rep.MaxResync, len(chk.LockViolations), rep.HistorySegments, len(rep.Problems))
 	}
 	return rep, runErr
+}
+
+// measure sets what the load felt during trial t from the operations under
+// way at its fault or begun before end; later are the trials after it.
+func (t *Trial) measure(ops []Op, end time.Duration, later []Trial) {
+	var longest, other Op
+	for _, op := range ops {
+		if op.End < t.At || op.Start > end {
+			continue
+		}
+		t.Ops++
+		if op.Err != nil {
+			t.Errors++
+		}
+		if op.End-op.Start > longest.End-longest.Start {
+			longest = op
+		}
+		if op.Kind != "lock" {
+			if op.End-op.Start > other.End-other.Start {
+				other = op
+			}
+			continue
+		}
+		// A wait that went on into a later kill-lock-client's hold
+		// counts here until that trial's holder started.
+		waitEnd := op.End
+		for _, u := range later {
+			if u.Fault == KillLockClient && u.holderAt > op.Start {
+				waitEnd = min(waitEnd, u.holderAt)
+				break
+			}
+		}
+		t.LockStallSeconds = max(t.LockStallSeconds, (waitEnd - op.Start).Seconds())
+	}
+	// The stall: the longest operation other than the lockers' waits
+	// (their bound is the session lease, not StallBar); for
+	// kill-lock-client, whose lock wait it is, the longest of all.
+	t.OtherStallSeconds = (other.End - other.Start).Seconds()
+	stallOp := other
+	if t.Fault == KillLockClient {
+		stallOp = longest
+	}
+	t.StallSeconds = (stallOp.End - stallOp.Start).Seconds()
+	if stallOp.Kind != "" {
+		t.StallOp = fmt.Sprintf("%s at %.1fs", stallOp.Kind, stallOp.Start.Seconds())
+	}
 }
 
 // resyncText is ", resync S" for a trial of a mirrored cluster's fault.
