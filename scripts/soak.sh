@@ -6,27 +6,50 @@
 # under a load of creates/stats/removes and fsync'ed 1 MiB records, with the
 # history recorders checked for linearizability. It prints each fault as it
 # injects it and, at the end, the stall figures per fault kind and what the
-# checks found; it exits 1 if an operation failed, a file was lost or
-# doubled, a record was bad or a history was not linearizable. Needs root,
-# FUSE, iproute2, nftables and nsenter (scripts/install-deps.sh).
+# checks found (and the totals line again, last); it exits 1 if an operation
+# failed, a file was lost or doubled, a record was bad, a history was not
+# linearizable, a lock was held twice or a trial found a problem. Needs
+# root, FUSE, iproute2, nftables and nsenter (scripts/install-deps.sh).
 #
 #   DURATION=1h SEED=42 bash scripts/soak.sh [more strata chaos flags]
+#   MIRROR=1 TRIALS=200 SEED=42 bash scripts/soak.sh   # issue 21's soak
 #
-# Environment: DURATION (default 1h), FAULTS (comma-separated, default all),
-# SEED (default: from the clock; printed, replays the schedule), DIR (the
-# work directory, default a fresh one under /tmp, removed unless --keep),
-# JSON (the report, default soak-<seed>.json here), STRATA (the binary,
-# default strata on the PATH, else ./strata built from this checkout).
+# MIRROR=1: the mirrored cluster (strata chaos --mirror: 4 stores of 2
+# targets, each store on a host of its own) and every fault of issue 21's
+# list (kill-primary, kill-secondary, stop-primary, partition-primary,
+# heartbeat-loss-primary, link-down-store, the disk faults,
+# kill-primary-leader, kill-all, kill-lock-client), for TRIALS faults
+# (default 200) unless DURATION is given.
+# Environment: DURATION (default 1h; with MIRROR=1 none), TRIALS (instead of
+# DURATION), FAULTS (comma-separated, default all of the mode's), SEED
+# (default: from the clock; printed, replays the schedule), DIR (the work
+# directory, default a fresh one under /tmp, removed unless --keep), JSON
+# (the report, default soak-<seed>.json here), STRATA (the binary, default
+# strata on the PATH, else ./strata built from this checkout).
 set -euo pipefail
 
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
-	sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
 	exit 0
 fi
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-duration=${DURATION:-1h}
-faults=${FAULTS:-kill-leader,kill-follower,stop-leader,partition-leader,one-way,link-down,delay}
+mirror=${MIRROR:-0}
+if [[ "$mirror" == 1 ]]; then
+	faults=${FAULTS:-kill-primary,kill-secondary,stop-primary,partition-primary,heartbeat-loss-primary,link-down-store,disk-eio-primary,disk-full-secondary,disk-slow-primary,kill-primary-leader,kill-all,kill-lock-client}
+	mode=(--mirror)
+	[[ -z "${DURATION:-}" ]] && TRIALS=${TRIALS:-200}
+else
+	faults=${FAULTS:-kill-leader,kill-follower,stop-leader,partition-leader,one-way,link-down,delay}
+	mode=()
+fi
+if [[ -n "${TRIALS:-}" ]]; then
+	length=(--trials "$TRIALS")
+	what="$TRIALS faults"
+else
+	length=(--duration "${DURATION:-1h}")
+	what="${DURATION:-1h}"
+fi
 seed=${SEED:-$(date +%s%N)}
 strata=${STRATA:-}
 if [[ -z "$strata" ]]; then
@@ -47,12 +70,17 @@ json=${JSON:-$PWD/soak-$seed.json}
 # strata chaos wants an empty directory of its own.
 work=$dir/chaos
 
-echo "soak: $strata chaos for $duration, faults $faults, seed $seed; report $json"
-rc=0
-"$strata" chaos --dir "$work" --hosts netns --duration "$duration" --faults "$faults" \
-	--seed "$seed" --json "$json" "$@" || rc=$?
+log=$(mktemp /tmp/strata-soak-log.XXXXXX)
+echo "soak: $strata chaos ${mode[*]} for $what, faults $faults, seed $seed; report $json"
+set +e
+"$strata" chaos "${mode[@]}" --dir "$work" --hosts netns "${length[@]}" --faults "$faults" \
+	--seed "$seed" --json "$json" "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
 if [[ -n "$made" ]]; then
 	rmdir "$dir" 2>/dev/null || true # left when --keep kept the work directory
 fi
+grep -E '^chaos: (totals|locks):' "$log" || true
+rm -f "$log"
 echo "soak: exit status $rc (seed $seed; report $json)"
 exit $rc

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/stratafs/strata/internal/chaos"
+	"github.com/stratafs/strata/internal/meta"
 )
 
 func init() {
@@ -24,6 +25,8 @@ func init() {
 		seed                                                 uint64
 		duration, minGap, maxGap, hold, delay                time.Duration
 		storeHold, resyncBound, failoverTimeout              time.Duration
+		sessionLease                                         time.Duration
+		lockers                                              int
 		keep, histories, mirror                              bool
 	)
 	cmd := &cobra.Command{
@@ -61,15 +64,34 @@ disk-full-secondary (the target on a fault file system fails with EIO, or is ful
 --store-hold; then the disk heals, and the server restarts if its groups are not back in
 sync 30 s later), disk-slow-primary (for --store-hold every data operation of the target
 waits --delay), kill-primary-leader (kill -9 of a primary's server, and of the metadata
-leader a second later: the next leader switches); and kill-all (any cluster) is a power
+leader a second later: the next leader switches), heartbeat-loss-primary (for --store-hold the
+primary's server sends no heartbeat — a failpoint switched through its STRATA_FAILPOINTS_FILE —
+while everything else it exchanges with the voters, the clients and the other stores goes on);
+and kill-all (any cluster) is a power
 loss: the load paused after acknowledged operations, every process killed with SIGKILL,
 restarted, every acknowledged record read back. Each mirror trial waits for the group's new primary
 (the faults that depose one), restarts or repairs what it broke and waits (--resync-bound)
 for every group to be in sync again: its resync time. A deposed primary that still runs
-(stop-primary, partition-primary) is sent writes in its old epoch directly, from before the
+(stop-primary, partition-primary, heartbeat-loss-primary) is sent writes in its old epoch directly, from before the
 fault is undone until 2 s after: it must refuse them all (no split brain).
+kill-lock-client (any cluster) is a client dying with locks held: the cluster gets a second
+mount (a client of its own) and the load --lockers lockers (default 2), each taking and releasing
+a write lock on a byte range of its file in a loop (F_SETLK polled: bounded waits) and checking
+mutual exclusion (whoever gets the lock must find the range stamped FREE by the last holder,
+stamps it HELD, fsyncs, and finds it unchanged before it lets go); a lock holder process on the
+second mount takes those locks, and the second mount's process is killed with SIGKILL. The
+holder's reads on its dead mount must fail, not hang (no D state); the metadata service must
+release the dead client's locks once its session lease (--session-lease) runs out: every locker
+must hold its lock again within the lease + 5 s of the kill (the trial's lock wait and stall);
+then the second mount starts again on its stale mount point. In every trial a locker's wait is
+held to that bound, not to the 5 s stall bar of the totals (a new leader holds new locks back
+for up to a lease for sessions that do not reclaim theirs, such as a dead mount's).
+partition-primary cuts everything the primary's server exchanges with the voters (heartbeats,
+and also its group map refreshes, mirror reports and the orphan reaper's calls to it), not the
+heartbeats alone: heartbeat-loss-primary is that.
 Exit status 1 when anything was lost, doubled, corrupted, read stale, an operation failed,
-or a trial found a problem (no switch, no resync within the bound).`,
+a lock was held by two at once, or a trial found a problem (no switch, no resync within the
+bound, a dead client's locks not released within the bound).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dir == "" {
@@ -86,7 +108,7 @@ or a trial found a problem (no switch, no resync within the bound).`,
 				return usagef("chaos: --hosts %q: want %s or %s", hosts, chaos.Loopback, chaos.Netns)
 			}
 			var fs []chaos.Fault
-			shaped, disks := false, false
+			shaped, disks, lockClient := false, false, false
 			for _, f := range strings.Split(faults, ",") {
 				ft := chaos.Fault(strings.TrimSpace(f))
 				if !slices.Contains(chaos.Faults, ft) {
@@ -100,6 +122,7 @@ or a trial found a problem (no switch, no resync within the bound).`,
 				}
 				shaped = shaped || ft == chaos.Delay
 				disks = disks || ft.OnDisk()
+				lockClient = lockClient || ft == chaos.KillLockClient
 				fs = append(fs, ft)
 			}
 			if mirror {
@@ -116,9 +139,20 @@ or a trial found a problem (no switch, no resync within the bound).`,
 					readers = 4
 				}
 			}
+			if lockClient && !cmd.Flags().Changed("lockers") {
+				lockers = 2
+			}
+			if lockClient && lockers <= 0 {
+				return usagef("chaos: --faults: %s needs --lockers of at least 1", chaos.KillLockClient)
+			}
 			var metaFlags []string
 			if failoverTimeout > 0 {
 				metaFlags = append(metaFlags, "--failover-timeout", failoverTimeout.String())
+			}
+			if sessionLease > 0 {
+				metaFlags = append(metaFlags, "--session-lease", sessionLease.String())
+			} else {
+				sessionLease = meta.DefaultConfig().SessionLease
 			}
 			if seed == 0 {
 				seed = uint64(time.Now().UnixNano())
@@ -142,7 +176,7 @@ or a trial found a problem (no switch, no resync within the bound).`,
 			fmt.Fprintf(os.Stderr, "chaos: starting %d voters, %d stores%s and a mount under %s\n", voters, stores, what, dir)
 			ccfg := chaos.ClusterConfig{Bin: self, Dir: dir, Voters: voters, Stores: stores, TargetsPerStore: targetsPerStore,
 				MountFlags: []string{"--sync-policy", syncPolicy}, MetaFlags: metaFlags, Hosts: hosts, Shaped: shaped,
-				Mirror: mirror, FaultDisks: disks}
+				Mirror: mirror, FaultDisks: disks, LockClient: lockClient}
 			if mirror {
 				ccfg.MirrorDirs = []string{"chaos/writer", "chaos/read"}
 			}
@@ -156,7 +190,8 @@ or a trial found a problem (no switch, no resync within the bound).`,
 					os.RemoveAll(dir)
 				}
 			}()
-			lcfg := chaos.LoadConfig{Dir: filepath.Join(c.Mount, "chaos"), Workers: workers, RecordBytes: int(rec), Writers: writers, Readers: readers}
+			lcfg := chaos.LoadConfig{Dir: filepath.Join(c.Mount, "chaos"), Workers: workers, RecordBytes: int(rec), Writers: writers, Readers: readers,
+				Lockers: lockers}
 			if mirror {
 				lcfg.MaxWriterBytes = 64 << 20 // 4 writers × 3 files kept × 2 copies
 			}
@@ -178,7 +213,7 @@ or a trial found a problem (no switch, no resync within the bound).`,
 				trials = 0
 			}
 			rep, err := chaos.Run(runCtx, c, l, hist, chaos.Schedule{Seed: seed, Faults: fs, MinGap: minGap, MaxGap: maxGap, Hold: hold, Delay: delay,
-				StoreHold: storeHold, ResyncBound: resyncBound}, trials, os.Stderr)
+				StoreHold: storeHold, ResyncBound: resyncBound, SessionLease: sessionLease}, trials, os.Stderr)
 			if jsonPath != "" && rep != nil {
 				b, _ := json.MarshalIndent(rep, "", "  ")
 				if werr := os.WriteFile(jsonPath, append(b, '\n'), 0o644); werr != nil {
@@ -216,6 +251,9 @@ or a trial found a problem (no switch, no resync within the bound).`,
 			if n := len(rep.SplitBrain); n > 0 {
 				bad = append(bad, fmt.Sprintf("%d writes acknowledged by a deposed primary (first: %s)", n, rep.SplitBrain[0]))
 			}
+			if n := len(rep.Check.LockViolations); n > 0 {
+				bad = append(bad, fmt.Sprintf("%d locks held by two at once (first: %s)", n, rep.Check.LockViolations[0]))
+			}
 			if n := len(rep.Problems); n > 0 {
 				bad = append(bad, fmt.Sprintf("%d problems in the trials (first: %s)", n, rep.Problems[0]))
 			}
@@ -236,14 +274,16 @@ or a trial found a problem (no switch, no resync within the bound).`,
 	f.StringVar(&recordSize, "record-size", "1M", "load: size of the writers' fsync'ed records (0: no writer)")
 	f.IntVar(&writers, "writers", 1, "load: writers appending fsync'ed records (default 4 with --mirror)")
 	f.IntVar(&readers, "readers", 0, "load: readers of random 4 KiB, checking every byte (default 4 with --mirror)")
-	f.DurationVar(&storeHold, "store-hold", 6*time.Second, "how long stop-primary, partition-primary, link-down-store and the disk faults last")
+	f.DurationVar(&storeHold, "store-hold", 6*time.Second, "how long stop-primary, partition-primary, link-down-store, heartbeat-loss-primary and the disk faults last")
 	f.DurationVar(&resyncBound, "resync-bound", 180*time.Second, "how long a mirror trial waits for every group to be in sync again")
 	f.DurationVar(&failoverTimeout, "failover-timeout", 0, "the voters' --failover-timeout (0: their default)")
+	f.DurationVar(&sessionLease, "session-lease", 0, "the voters' --session-lease (0: their default, 15s); kill-lock-client's bound is this + 5s")
+	f.IntVar(&lockers, "lockers", 0, "load: lock files, each with a locker taking a write lock on a range of it in a loop and checking mutual exclusion (default 2 with kill-lock-client)")
 	f.StringVar(&syncPolicy, "sync-policy", "sync", "the mount's --sync-policy")
 	f.IntVar(&trials, "trials", 0, "number of faults to inject")
 	f.DurationVar(&duration, "duration", 0, "inject faults until this much time has passed (the soak; instead of --trials)")
 	f.Uint64Var(&seed, "seed", 0, "seed of the fault schedule (default: from the clock; printed, and replays the schedule)")
-	f.StringVar(&faults, "faults", string(chaos.KillLeader), "faults to draw from: "+faultNames()+" (comma-separated; partition-leader, one-way, link-down, delay, partition-primary and link-down-store need --hosts netns; the faults of a primary, a secondary or a store need --mirror)")
+	f.StringVar(&faults, "faults", string(chaos.KillLeader), "faults to draw from: "+faultNames()+" (comma-separated; partition-leader, one-way, link-down, delay, partition-primary and link-down-store need --hosts netns; the faults of a primary, a secondary or a store need --mirror; kill-lock-client works on any cluster)")
 	f.StringVar(&hosts, "hosts", chaos.Loopback, "where the processes run: loopback, or netns (each voter in a network namespace of its own, the stores and the mount in another)")
 	f.DurationVar(&delay, "delay", 300*time.Millisecond, "what the delay fault adds to each packet the leader's host sends, and disk-slow-primary to each data operation of the target")
 	f.DurationVar(&minGap, "min-gap", 3*time.Second, "shortest load time between trials")
@@ -252,7 +292,30 @@ or a trial found a problem (no switch, no resync within the bound).`,
 	f.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
 	f.BoolVar(&histories, "histories", true, "also run linearizability recorders on the mount (namespace operations, checked with porcupine in 5 s segments)")
 	f.BoolVar(&keep, "keep", false, "keep --dir (data and logs) at the end")
+	cmd.AddCommand(holdLocksCmd())
 	rootCmd.AddCommand(cmd)
+}
+
+// holdLocksCmd is the kill-lock-client fault's lock holder, a process of
+// its own on the cluster's second mount (hidden: chaos runs it).
+func holdLocksCmd() *cobra.Command {
+	var hc chaos.HolderConfig
+	cmd := &cobra.Command{
+		Use:    "hold-locks --name NAME FILE...",
+		Short:  "Take the chaos lockers' write locks on FILEs, stamp them and hold them until killed",
+		Hidden: true,
+		Args:   cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if hc.Name == "" || strings.ContainsAny(hc.Name, " \n") {
+				return usagef("chaos hold-locks: --name NAME (no spaces) is required")
+			}
+			hc.Files = args
+			return chaos.HoldLocks(hc, os.Stdout)
+		},
+	}
+	cmd.Flags().StringVar(&hc.Name, "name", "", "the holder's name in the ranges it stamps")
+	cmd.Flags().DurationVar(&hc.Max, "max", 10*time.Minute, "exit after this long if not killed before")
+	return cmd
 }
 
 // faultNames lists the faults for the help and the errors.

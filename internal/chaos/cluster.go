@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/stratafs/strata/internal/admin"
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/mountinfo"
 	"github.com/stratafs/strata/internal/netns"
 )
@@ -46,6 +47,9 @@ type ClusterConfig struct {
 	// FaultDisks: every target is a `strata faultfs` mount whose mode the
 	// disk faults switch (disks.go).
 	FaultDisks bool
+	// LockClient: a second mount (a client of its own, at LockMount) for
+	// the kill-lock-client fault's lock holder (lockfault.go).
+	LockClient bool
 	// Hosts says where the processes run: Loopback (default) or Netns
 	// (each voter on a host of its own; with Mirror each store too).
 	Hosts string
@@ -62,6 +66,8 @@ type Cluster struct {
 	keyFile   string
 	MetaAddrs []string
 	Mount     string
+	// LockMount: the second mount's point (ClusterConfig.LockClient).
+	LockMount string
 	hosts     *hosts // nil on loopback
 
 	// StoreAddrs are the stores' --listen addresses, by index.
@@ -72,6 +78,7 @@ type Cluster struct {
 	voters []*proc // by index; nil while stopped
 	stores []*proc // by index
 	mount  *proc
+	mount2 *proc   // the lock client's mount
 	faulty []*proc // the faultfs processes (the disks: never killed by a fault)
 }
 
@@ -88,6 +95,11 @@ type proc struct {
 // start runs the binary with argv on host h (nil: in this process's
 // network namespace).
 func (c *Cluster) start(name string, h *netns.Host, argv ...string) (*proc, error) {
+	return c.startEnv(name, h, nil, argv...)
+}
+
+// startEnv is start with env added to this process's environment.
+func (c *Cluster) startEnv(name string, h *netns.Host, env []string, argv ...string) (*proc, error) {
 	lf, err := os.OpenFile(filepath.Join(c.cfg.Dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("log of %s: %w", name, err)
@@ -98,6 +110,9 @@ func (c *Cluster) start(name string, h *netns.Host, argv ...string) (*proc, erro
 		cmd = h.Command(context.Background(), c.cfg.Bin, argv...)
 	}
 	cmd.Stdout, cmd.Stderr = lf, lf
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		lf.Close()
@@ -191,7 +206,13 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (c *Cluster, err error
 		return nil, fmt.Errorf("hosts %q: want %s or %s", cfg.Hosts, Loopback, Netns)
 	}
 	c = &Cluster{cfg: cfg, Mount: filepath.Join(cfg.Dir, "mnt")}
-	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "logs"), c.Mount} {
+	if cfg.LockClient {
+		c.LockMount = filepath.Join(cfg.Dir, "mnt2")
+	}
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "logs"), c.Mount, c.LockMount} {
+		if d == "" {
+			continue
+		}
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
@@ -283,6 +304,11 @@ func (c *Cluster) startServing(ctx context.Context) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if c.cfg.LockClient {
+		if err := c.startLockMount(deadline); err != nil {
+			return err
+		}
+	}
 	// Wait until files can be placed: every store registered.
 	return c.waitTargets(ctx, deadline)
 }
@@ -333,12 +359,29 @@ func (c *Cluster) StartStore(i int) error {
 			return err
 		}
 	}
-	p, err := c.start(fmt.Sprintf("store-%d", i+1), c.storeHost(i), c.StoreArgs(i)...)
+	// Its failpoints file (heartbeat-loss-primary), empty until a fault.
+	env := []string{failpoint.FileEnvVar + "=" + c.failpointsFile(i)}
+	p, err := c.startEnv(fmt.Sprintf("store-%d", i+1), c.storeHost(i), env, c.StoreArgs(i)...)
 	if err != nil {
 		return err
 	}
 	c.stores[i] = p
 	return nil
+}
+
+// failpointsFile is store i's STRATA_FAILPOINTS_FILE.
+func (c *Cluster) failpointsFile(i int) string {
+	return filepath.Join(c.cfg.Dir, "logs", fmt.Sprintf("store-%d.failpoints", i+1))
+}
+
+// setStoreFailpoints arms store i's failpoints as spec says ("": none);
+// the store reads the file within failpoint.FilePoll.
+func (c *Cluster) setStoreFailpoints(i int, spec string) error {
+	tmp := c.failpointsFile(i) + ".new"
+	if err := os.WriteFile(tmp, []byte(spec+"\n"), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, c.failpointsFile(i))
 }
 
 // SignalStore sends sig to store i (SIGKILL waits for it to die).
@@ -541,8 +584,11 @@ func (c *Cluster) Stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.mount.stop(30 * time.Second)
-	if c.Mount != "" && onStrata(c.Mount) {
-		syscall.Unmount(c.Mount, syscall.MNT_DETACH)
+	c.mount2.stop(30 * time.Second)
+	for _, m := range []string{c.Mount, c.LockMount} {
+		if m != "" && onStrata(m) {
+			syscall.Unmount(m, syscall.MNT_DETACH)
+		}
 	}
 	for _, p := range c.stores {
 		p.stop(30 * time.Second)

@@ -62,6 +62,23 @@
 // targets on fault file systems (ClusterConfig.FaultDisks): one `strata
 // faultfs` process per target, never killed by a fault.
 //
+// heartbeat-loss-primary drops a primary's heartbeats alone: every store
+// is started with STRATA_FAILPOINTS_FILE naming a file of its own
+// (logs/store-N.failpoints), and the fault writes
+// "store/before-heartbeat=error" there for the hold. partition-primary is
+// not that: it drops everything between the primary's host and the voters
+// (heartbeats, and also the store's group map refreshes and mirror
+// reports, and the orphan reaper's calls to the store).
+//
+// Locks (locks.go, lockfault.go): with LoadConfig.Lockers the load has
+// lockers that take and release a write lock on a byte range of their
+// files in a loop, timing each wait and checking mutual exclusion by
+// stamping the range (HELD/FREE, fsync'ed). kill-lock-client needs
+// ClusterConfig.LockClient, a second mount: a holder process on it takes
+// the lockers' locks, its mount is killed with SIGKILL, and the lockers
+// must be granted the locks again within the session lease + lockMargin,
+// and not before the dead session could have expired.
+//
 // Cleanup: Stop deletes the namespaces (and with them the nftables rules
 // of the packet faults); a run that dies without it (kill -9) leaves them
 // named strata-chaos-PID-…, and the next netns run removes them, the

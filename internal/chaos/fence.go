@@ -19,7 +19,8 @@ import (
 // new primary it hardly ever asks the deposed one anything, and the load
 // cannot tell whether that one would still acknowledge writes (split
 // brain). For the faults that depose a primary that keeps running
-// (stop-primary, partition-primary), the probe asks it directly, on a
+// (stop-primary, partition-primary, heartbeat-loss-primary), the probe
+// asks it directly, on a
 // connection of its own from the client host made before the fault: once
 // status names the new primary, it sends writes of a chunk of the group in
 // the epoch before the fault — while the fault lasts, one queued just

@@ -40,12 +40,16 @@ type LoadConfig struct {
 	// whose fsync was acknowledged before the read began.
 	Readers, ReadFiles, ReadBytes int
 	ReadFileBytes                 int64
+	// Lockers: lock files in Dir/locks, each with a locker taking and
+	// releasing a write lock on a byte range of it in a loop and checking
+	// mutual exclusion (locks.go).
+	Lockers int
 }
 
 // Op is one timed operation of the load.
 type Op struct {
-	Kind       string // create, stat, remove, write+fsync, read
-	Worker     int    // -1-i: writer i; -100-i: reader i
+	Kind       string // create, stat, remove, write+fsync, read, lock (the wait), locked-io
+	Worker     int    // -1-i: writer i; -100-i: reader i; -200-i: locker i
 	Start, End time.Duration
 	Err        error
 }
@@ -69,6 +73,8 @@ type Load struct {
 	workers []*worker
 	writers []*writer
 	readers []*reader
+	lockers []*locker
+	dead    deadHolders
 
 	// acked: the writers' files (name → file id and records acknowledged
 	// by fsync) the readers may read; rmMu is held shared by a reader
@@ -205,6 +211,9 @@ func StartLoad(cfg LoadConfig) (*Load, error) {
 	for range cfg.Readers {
 		l.readers = append(l.readers, &reader{})
 	}
+	if err := l.makeLockFiles(); err != nil {
+		return nil, err
+	}
 	for i, w := range l.workers {
 		l.wg.Add(1)
 		go func() {
@@ -224,6 +233,13 @@ func StartLoad(cfg LoadConfig) (*Load, error) {
 		go func() {
 			defer l.wg.Done()
 			l.runReader(i, r)
+		}()
+	}
+	for _, k := range l.lockers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			l.runLocker(k)
 		}()
 	}
 	return l, nil
@@ -256,11 +272,15 @@ func (l *Load) stopped() bool {
 func (l *Load) timed(kind string, worker int, f func() error) error {
 	start := l.Now()
 	err := f()
-	end := l.Now()
-	l.mu.Lock()
-	l.ops = append(l.ops, Op{Kind: kind, Worker: worker, Start: start, End: end, Err: err})
-	l.mu.Unlock()
+	l.record(Op{Kind: kind, Worker: worker, Start: start, End: l.Now(), Err: err})
 	return err
+}
+
+// record adds a finished operation.
+func (l *Load) record(op Op) {
+	l.mu.Lock()
+	l.ops = append(l.ops, op)
+	l.mu.Unlock()
 }
 
 func (l *Load) runWorker(id int, w *worker) {
@@ -449,11 +469,17 @@ type Check struct {
 	Reads        int      `json:"reads"`
 	CorruptReads int      `json:"corrupt_reads"`
 	Corrupt      []string `json:"corrupt"`
+	// LockGrants: the lockers' critical sections; LockViolations: ranges
+	// found held by a live holder when granted, or changed while held
+	// (mutual exclusion broken), the first few of each locker.
+	LockGrants     int      `json:"lock_grants"`
+	LockViolations []string `json:"lock_violations"`
 }
 
-// OK reports whether nothing was lost, doubled or corrupted.
+// OK reports whether nothing was lost, doubled or corrupted, and no lock
+// was held by two at once.
 func (c Check) OK() bool {
-	return len(c.Lost) == 0 && len(c.Extra) == 0 && len(c.Bad) == 0 && c.CorruptReads == 0
+	return len(c.Lost) == 0 && len(c.Extra) == 0 && len(c.Bad) == 0 && c.CorruptReads == 0 && len(c.LockViolations) == 0
 }
 
 // Verify compares the directories with what the load was told (after Stop).
@@ -503,6 +529,14 @@ func (l *Load) Verify() (Check, error) {
 		c.CorruptReads += r.bad
 		c.Corrupt = append(c.Corrupt, r.corrupt...)
 	}
+	c.LockViolations = []string{}
+	for _, k := range l.lockers {
+		c.LockGrants += k.grants
+		c.LockViolations = append(c.LockViolations, k.violations...)
+	}
+	l.dead.mu.Lock()
+	c.LockViolations = append(c.LockViolations, l.dead.seen...)
+	l.dead.mu.Unlock()
 	sort.Strings(c.Lost)
 	sort.Strings(c.Extra)
 	return c, nil

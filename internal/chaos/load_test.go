@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestLoadVerifyFindsLossDoublesAndCorruption runs the load on a local
@@ -90,15 +92,19 @@ func TestLoadReadersFindCorruptAndStaleReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Stop()
+	count := func(kind string) int {
+		c := 0
+		for _, op := range l.Ops() {
+			if op.Kind == kind && op.Err == nil {
+				c++
+			}
+		}
+		return c
+	}
 	waitOps := func(kind string, n int) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); ; {
-			c := 0
-			for _, op := range l.Ops() {
-				if op.Kind == kind && op.Err == nil {
-					c++
-				}
-			}
+			c := count(kind)
 			if c >= n {
 				return
 			}
@@ -139,8 +145,12 @@ func TestLoadReadersFindCorruptAndStaleReads(t *testing.T) {
 		}
 		f.Close()
 	}
+	// 200 reads after the damage (a loaded machine ran many more than
+	// 200 before it: counting all of them, the check stopped the load
+	// before a damaged record was read).
+	damaged := count("read")
 	l.Resume()
-	waitOps("read", 200)
+	waitOps("read", damaged+200)
 	l.Stop()
 	c, err := l.Verify()
 	if err != nil {
@@ -153,5 +163,124 @@ func TestLoadReadersFindCorruptAndStaleReads(t *testing.T) {
 	}
 	if c.OK() || c.CorruptReads == 0 || !stale || !corrupt {
 		t.Fatalf("damaged files: %d reads, %d corrupt: %v", c.Reads, c.CorruptReads, c.Corrupt)
+	}
+}
+
+func TestStampRoundTrip(t *testing.T) {
+	for _, c := range []struct {
+		held bool
+		name string
+		seq  int
+	}{{true, "locker-0", 7}, {false, "holder-12", 1}} {
+		held, name, seq, err := parseStamp(stamp(c.held, c.name, c.seq))
+		if err != nil || held != c.held || name != c.name || seq != c.seq {
+			t.Fatalf("stamp %+v read back as %v %q %d %v", c, held, name, seq, err)
+		}
+	}
+	if held, _, _, err := parseStamp(make([]byte, stampLen)); held || err != nil {
+		t.Fatalf("a hole: held %v, %v; want free", held, err)
+	}
+	torn := stamp(true, "locker-0", 3)
+	copy(torn, "xx")
+	if _, _, _, err := parseStamp(torn); err == nil {
+		t.Fatal("a torn stamp was accepted")
+	}
+}
+
+// ofdLock takes (or, with F_UNLCK, releases) an OFD lock of the stamp's
+// range: it conflicts with the lockers' POSIX locks although they are
+// this process's.
+func ofdLock(t *testing.T, f *os.File, typ int16) {
+	t.Helper()
+	lk := unix.Flock_t{Type: typ, Whence: 0, Start: lockOff, Len: stampLen}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLKW, &lk); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLockersCheckExclusion runs a locker on a local file, takes its lock
+// away as another holder would and leaves the range HELD: by a holder
+// known dead (no violation), then by one not known dead (a violation).
+func TestLockersCheckExclusion(t *testing.T) {
+	dir := t.TempDir()
+	l, err := StartLoad(LoadConfig{Dir: dir, Lockers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	waitGrants := func(what string) time.Duration {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if wait, ok := l.GrantWait(); ok {
+				return wait
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the locker was not granted its lock within 10s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	l.WatchGrants(l.Now())
+	waitGrants("at start")
+	f, err := os.OpenFile(l.LockFiles()[0], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	hold := func(name string, d time.Duration) {
+		ofdLock(t, f, unix.F_WRLCK)
+		if _, err := f.WriteAt(stamp(true, name, 1), lockOff); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d)
+		l.WatchGrants(l.Now())
+		ofdLock(t, f, unix.F_UNLCK) // gone without writing FREE
+	}
+	l.HolderDied("holder-1")
+	hold("holder-1", time.Second)
+	if wait := waitGrants("after the dead holder"); wait > 5*time.Second {
+		t.Fatalf("granted %v after the release", wait)
+	}
+	hold("intruder", 0)
+	waitGrants("after the live holder")
+	l.Stop()
+	c, err := l.Verify()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.LockViolations) != 1 || !strings.Contains(c.LockViolations[0], "intruder") || c.LockGrants < 3 {
+		t.Fatalf("lock grants %d, violations %q: want one, of the intruder", c.LockGrants, c.LockViolations)
+	}
+	var waits int
+	for _, op := range l.Ops() {
+		if op.Kind == "lock" && op.End-op.Start >= 500*time.Millisecond {
+			waits++
+		}
+	}
+	if waits == 0 {
+		t.Fatal("no lock operation recorded the wait for the dead holder")
+	}
+}
+
+// TestMeasureLockWaits: the lockers' waits are a trial's lock stall, not
+// its stall, except in a kill-lock-client trial; a wait that goes on into
+// a later kill-lock-client's hold counts until its holder started.
+func TestMeasureLockWaits(t *testing.T) {
+	s := time.Second
+	ops := []Op{
+		{Kind: "write+fsync", Start: 10 * s, End: 12 * s},
+		{Kind: "lock", Start: 11 * s, End: 40 * s}, // the grace, then the holder of trial 2
+		{Kind: "lock", Start: 41 * s, End: 47 * s},
+	}
+	trials := []Trial{{N: 1, Fault: KillAll, At: 9 * s}, {N: 2, Fault: KillLockClient, At: 30 * s, holderAt: 25 * s}}
+	trials[0].measure(ops, trials[1].At, trials[1:])
+	trials[1].measure(ops, 50*s, nil)
+	if got := trials[0]; got.StallSeconds != 2 || got.StallOp != "write+fsync at 10.0s" || got.LockStallSeconds != 14 || got.OtherStallSeconds != 2 {
+		t.Errorf("kill-all: stall %v (%s), lock stall %v, other %v; want 2 (the write), 14 (until the holder), 2",
+			got.StallSeconds, got.StallOp, got.LockStallSeconds, got.OtherStallSeconds)
+	}
+	if got := trials[1]; got.StallSeconds != 29 || got.LockStallSeconds != 29 || got.OtherStallSeconds != 0 || got.Ops != 2 {
+		t.Errorf("kill-lock-client: stall %v, lock stall %v, other %v over %d ops; want 29, 29, 0 over 2", got.StallSeconds, got.LockStallSeconds, got.OtherStallSeconds, got.Ops)
 	}
 }

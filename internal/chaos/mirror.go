@@ -124,11 +124,11 @@ func (c *Cluster) WaitInSync(ctx context.Context, n int, d time.Duration) ([]Mir
 	}
 }
 
-// KillAll is a power loss: kill -9 of the mount, every store and every
+// KillAll is a power loss: kill -9 of the mounts, every store and every
 // voter, at once (the fault file systems, the disks, stay).
 func (c *Cluster) KillAll() error {
 	c.mu.Lock()
-	ps := append([]*proc{c.mount}, c.stores...)
+	ps := append([]*proc{c.mount, c.mount2}, c.stores...)
 	ps = append(ps, c.voters...)
 	c.mu.Unlock()
 	for _, p := range ps {
@@ -156,9 +156,11 @@ func (c *Cluster) RestartAll(ctx context.Context) error {
 	// successor's own check — a stat of the mount point failing with
 	// ENOTCONN — can be answered from the attributes the kernel cached,
 	// and then refuses the mount point as a live Strata mount.)
-	if fuseMounted(c.Mount) {
-		if err := syscall.Unmount(c.Mount, syscall.MNT_DETACH); err != nil {
-			return fmt.Errorf("detach the dead mount at %s: %w", c.Mount, err)
+	for _, m := range []string{c.Mount, c.LockMount} {
+		if m != "" && fuseMounted(m) {
+			if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil {
+				return fmt.Errorf("detach the dead mount at %s: %w", m, err)
+			}
 		}
 	}
 	for i := range c.MetaAddrs {

@@ -30,6 +30,14 @@ const (
 	// them works); the mount and the other stores still reach it. Split
 	// brain must not happen.
 	PartitionPrimary Fault = "partition-primary"
+	// HeartbeatLossPrimary: a primary's server sends no heartbeat for
+	// StoreHold (its failpoint store/before-heartbeat, switched through
+	// its STRATA_FAILPOINTS_FILE) and nothing else changes: it still
+	// reaches the voters for its group map and reports, they reach it,
+	// and the clients and the other stores reach it. Its lease lapses and
+	// the group switches; split brain must not happen. (partition-primary
+	// cuts all of that, not the heartbeats alone.)
+	HeartbeatLossPrimary Fault = "heartbeat-loss-primary"
 	// LinkDownStore (netns): a primary's host loses its link for StoreHold.
 	LinkDownStore Fault = "link-down-store"
 	// DiskEIOPrimary: every read, write and fsync of a primary's target
@@ -57,7 +65,7 @@ const (
 func (f Fault) Mirrored() bool {
 	switch f {
 	case KillPrimary, KillSecondary, StopPrimary, PartitionPrimary, LinkDownStore, DiskEIOPrimary, DiskFullSecondary,
-		KillPrimaryLeader, DiskSlowPrimary:
+		KillPrimaryLeader, DiskSlowPrimary, HeartbeatLossPrimary:
 		return true
 	}
 	return false
@@ -73,7 +81,8 @@ func (f Fault) onSecondary() bool { return f == KillSecondary || f == DiskFullSe
 
 // switches: the group must get another primary.
 func (f Fault) switches() bool {
-	return f == KillPrimary || f == StopPrimary || f == PartitionPrimary || f == LinkDownStore || f == KillPrimaryLeader
+	return f == KillPrimary || f == StopPrimary || f == PartitionPrimary || f == LinkDownStore || f == KillPrimaryLeader ||
+		f == HeartbeatLossPrimary
 }
 
 // Bounds of a mirror trial's waits.
@@ -114,7 +123,7 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 		return nil, fmt.Errorf("status names server %q for group %d, not one of %v", t.Victim, g.ID, c.StoreAddrs)
 	}
 	var fence *fenceProbe
-	if fault == StopPrimary || fault == PartitionPrimary {
+	if fault == StopPrimary || fault == PartitionPrimary || fault == HeartbeatLossPrimary {
 		if fence, err = p.prepareFence(l, t.Victim, g.ID, g.Epoch); err != nil {
 			t.Problems = append(t.Problems, err.Error())
 		}
@@ -142,6 +151,9 @@ func (c *Cluster) injectMirror(ctx context.Context, l *Load, h *Histories, p *pr
 	case PartitionPrimary:
 		err = c.hosts.cutFromVoters(c.storeHost(i))
 		undo = c.hosts.net.Heal
+	case HeartbeatLossPrimary:
+		err = c.setStoreFailpoints(i, "store/before-heartbeat=error")
+		undo = func() error { return c.setStoreFailpoints(i, "") }
 	case LinkDownStore:
 		err = c.storeHost(i).LinkDown()
 		undo = c.storeHost(i).LinkUp

@@ -41,10 +41,10 @@ const (
 
 // Faults lists every fault, in the order of the help texts: the voters'
 // (trials.go), then the mirrored cluster's and the power loss
-// (mirrorfaults.go).
+// (mirrorfaults.go), then the lock client's (lockfault.go).
 var Faults = []Fault{KillLeader, KillFollower, StopLeader, PartitionLeader, OneWay, LinkDown, Delay,
 	KillPrimary, KillSecondary, StopPrimary, PartitionPrimary, LinkDownStore, DiskEIOPrimary, DiskFullSecondary,
-	KillPrimaryLeader, DiskSlowPrimary, KillAll}
+	KillPrimaryLeader, DiskSlowPrimary, HeartbeatLossPrimary, KillAll, KillLockClient}
 
 // OnNetwork reports whether f needs hosts in network namespaces.
 func (f Fault) OnNetwork() bool {
@@ -78,6 +78,9 @@ type Schedule struct {
 	// ResyncBound: how long a mirror trial waits for every group to be in
 	// sync again (default 180 s).
 	ResyncBound time.Duration
+	// SessionLease: the voters' client session lease (default 15 s, the
+	// metadata service's): kill-lock-client's bound is this + lockMargin.
+	SessionLease time.Duration
 }
 
 // Trial is one injected fault and what the load felt.
@@ -91,10 +94,22 @@ type Trial struct {
 	Leader  string        `json:"new_leader"`
 	Elected float64       `json:"new_leader_seconds"` // from the fault until status named another leader
 	// StallSeconds: the longest operation of the load that was under way
-	// at the fault or began before the trial ended.
+	// at the fault or began before the trial ended (but the lockers' waits
+	// for a lock, except in kill-lock-client trials: see LockStallSeconds).
 	StallSeconds float64 `json:"stall_seconds"`
-	Ops          int     `json:"ops"`
-	Errors       int     `json:"errors"`
+	// StallOp: which operation that was, and when it began.
+	StallOp string `json:"stall_op,omitempty"`
+	// OtherStallSeconds: the longest operation other than the lockers'
+	// waits for a lock, which is what StallBar applies to; LockStallSeconds:
+	// the longest of those waits (one going on into a later
+	// kill-lock-client trial's hold counted until its holder started),
+	// bounded by the session lease + lockMargin instead (a dead client's
+	// locks, or a new leader's grace period for sessions that do not
+	// reclaim, last up to a lease).
+	OtherStallSeconds float64 `json:"other_stall_seconds"`
+	LockStallSeconds  float64 `json:"lock_stall_seconds,omitempty"`
+	Ops               int     `json:"ops"`
+	Errors            int     `json:"errors"`
 	// Probe: what the deposed leader answered lookups sent to it alone
 	// (probe.go); nil for the faults that kill it or do not depose it.
 	Probe *Probe `json:"probe,omitempty"`
@@ -108,12 +123,18 @@ type Trial struct {
 	SwitchSeconds float64 `json:"switch_seconds,omitempty"`
 	ResyncSeconds float64 `json:"resync_seconds,omitempty"`
 	// Fence: what the deposed primary answered writes sent to it alone in
-	// its old epoch (fence.go: stop-primary, partition-primary).
+	// its old epoch (fence.go: stop-primary, partition-primary,
+	// heartbeat-loss-primary).
 	Fence *Fence `json:"fence,omitempty"`
+	// LockWaitSeconds (kill-lock-client): from the lock client's kill
+	// until every locker held its lock again.
+	LockWaitSeconds float64 `json:"lock_wait_seconds,omitempty"`
 	// Problems: what went wrong in the trial without ending the run (no
-	// switch, no resync within the bound, records bad after a power loss).
+	// switch, no resync within the bound, records bad after a power loss,
+	// a dead client's locks not released within the bound).
 	Problems []string `json:"problems,omitempty"`
 	end      time.Duration
+	holderAt time.Duration // kill-lock-client: when its holder started
 }
 
 // Report is the outcome of Run.
@@ -141,7 +162,9 @@ type Report struct {
 	// SplitBrain: writes a deposed primary acknowledged in its old epoch
 	// (the fence probe).
 	SplitBrain []string `json:"split_brain"`
-	// Totals: faults injected, trials whose stall reached StallBar, fsync'ed
+	// Totals: faults injected, trials whose stall reached StallBar (the
+	// lockers' waits aside: their bound is the session lease, and a wait
+	// beyond it is one of Problems), fsync'ed
 	// records lost or not as written, reads of wrong bytes, the trials'
 	// problems.
 	FaultsInjected int      `json:"faults_injected"`
@@ -174,6 +197,10 @@ type Stalls struct {
 	MedianSwitch float64 `json:"median_switch_seconds,omitempty"`
 	MedianResync float64 `json:"median_resync_seconds,omitempty"`
 	MaxResync    float64 `json:"max_resync_seconds,omitempty"`
+	// MedianLockWait, MaxLockWait (kill-lock-client): from the kill until
+	// the lockers held the dead client's locks.
+	MedianLockWait float64 `json:"median_lock_wait_seconds,omitempty"`
+	MaxLockWait    float64 `json:"max_lock_wait_seconds,omitempty"`
 }
 
 // median of xs (sorted in place); 0 for none.
@@ -211,6 +238,9 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 	if s.ResyncBound <= 0 {
 		s.ResyncBound = 180 * time.Second
 	}
+	if s.SessionLease <= 0 {
+		s.SessionLease = 15 * time.Second
+	}
 	for _, f := range s.Faults {
 		if f.OnNetwork() && c.hosts == nil {
 			return nil, fmt.Errorf("fault %s needs hosts in network namespaces (--hosts %s)", f, Netns)
@@ -220,6 +250,9 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		}
 		if f.OnDisk() && c.disks == nil {
 			return nil, fmt.Errorf("fault %s needs targets on fault file systems", f)
+		}
+		if f == KillLockClient && (!c.cfg.LockClient || len(l.lockers) == 0) {
+			return nil, fmt.Errorf("fault %s needs a second mount (ClusterConfig.LockClient) and lockers in the load", f)
 		}
 	}
 	rep := &Report{Seed: s.Seed, StaleReads: []string{}, ProbeErrors: []string{}, Problems: []string{}, SplitBrain: []string{}, StuckThreads: []string{}}
@@ -248,9 +281,12 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		// waits are bounded): a voter is never left killed or stopped.
 		var t *Trial
 		var err error
-		if fault.Mirrored() || fault == KillAll {
+		switch {
+		case fault == KillLockClient:
+			t, err = c.injectLockClient(context.WithoutCancel(ctx), l, n, s)
+		case fault.Mirrored() || fault == KillAll:
 			t, err = c.injectMirror(context.WithoutCancel(ctx), l, h, p, rng, n, fault, s)
-		} else {
+		default:
 			t, err = c.inject(context.WithoutCancel(ctx), l, p, rng, n, fault, s)
 		}
 		if err != nil {
@@ -270,6 +306,8 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		}
 		rep.Trials = append(rep.Trials, *t)
 		switch {
+		case fault == KillLockClient:
+			fmt.Fprintf(out, "chaos: trial %d: %s at %.1fs; the locks granted again %.2fs after the kill; %s\n", n, fault, t.AtSec, t.LockWaitSeconds, t.Detail)
 		case fault == KillAll:
 			fmt.Fprintf(out, "chaos: trial %d: %s at %.1fs; leader %s after %.2fs%s; %s\n", n, fault, t.AtSec, t.Leader, t.Elected, resyncText(c.cfg.Mirror, t), t.Detail)
 		case fault.switches():
@@ -325,23 +363,24 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		if i+1 < len(rep.Trials) {
 			end = min(end, rep.Trials[i+1].At)
 		}
-		for _, op := range ops {
-			if op.End < t.At || op.Start > end {
-				continue
-			}
-			t.Ops++
-			if op.Err != nil {
-				t.Errors++
-			}
-			t.StallSeconds = max(t.StallSeconds, (op.End - op.Start).Seconds())
+		t.measure(ops, end, rep.Trials[i+1:])
+		// A lock waits for its holder, or for a dead session's locks (a
+		// lease at most, also in a new leader's grace period after a
+		// power loss, for the sessions of mounts that died): its bound is
+		// the lease. (kill-lock-client checks its wait from the kill.)
+		if bound := s.SessionLease + lockMargin; t.LockStallSeconds > bound.Seconds() && t.Fault != KillLockClient {
+			p := fmt.Sprintf("a locker waited %.2fs for its lock, beyond %v (session lease %v + %v)", t.LockStallSeconds, bound, s.SessionLease, lockMargin)
+			t.Problems = append(t.Problems, p)
+			rep.Problems = append(rep.Problems, fmt.Sprintf("trial %d (%s): %s", t.N, t.Fault, p))
+			fmt.Fprintf(out, "chaos: trial %d: PROBLEM: %s\n", t.N, p)
 		}
 	}
 	stalls := make([]float64, 0, len(rep.Trials))
 	var resyncs []float64
-	kinds := map[Fault][4][]float64{} // stalls, elected, switched, resynced
+	kinds := map[Fault][4][]float64{} // stalls, elected, switched or lock waits, resynced
 	for _, t := range rep.Trials {
 		stalls = append(stalls, t.StallSeconds)
-		if t.StallSeconds >= StallBar.Seconds() {
+		if t.OtherStallSeconds >= StallBar.Seconds() {
 			rep.StallsOverBar++
 		}
 		k := kinds[t.Fault]
@@ -349,12 +388,15 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 		if t.SwitchSeconds > 0 {
 			k[2] = append(k[2], t.SwitchSeconds)
 		}
+		if t.LockWaitSeconds > 0 {
+			k[2] = append(k[2], t.LockWaitSeconds)
+		}
 		if t.ResyncSeconds > 0 {
 			k[3] = append(k[3], t.ResyncSeconds)
 			resyncs = append(resyncs, t.ResyncSeconds)
 		}
 		kinds[t.Fault] = k
-		fmt.Fprintf(out, "chaos: trial %d (%s%s): longest operation %.2fs over %d ops, %d errors%s\n", t.N, t.Fault, detail(t.Detail), t.StallSeconds, t.Ops, t.Errors,
+		fmt.Fprintf(out, "chaos: trial %d (%s%s): longest operation %.2fs (%s) over %d ops, %d errors%s\n", t.N, t.Fault, detail(t.Detail), t.StallSeconds, t.StallOp, t.Ops, t.Errors,
 			resyncText(c.cfg.Mirror && (t.Fault.Mirrored() || t.Fault == KillAll), &t))
 	}
 	rep.FaultsInjected = len(rep.Trials)
@@ -378,7 +420,13 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 			st.MaxResync = k[3][len(k[3])-1]
 		}
 		rep.ByFault[f] = st
-		if f.Mirrored() {
+		if f == KillLockClient {
+			st.MedianSwitch, st.MedianLockWait = 0, st.MedianSwitch
+			st.MaxLockWait = k[2][len(k[2])-1] // sorted by median
+			rep.ByFault[f] = st
+			fmt.Fprintf(out, "chaos: %s: %d trials, stall median %.2fs max %.2fs, locks granted again after %.2fs (median) max %.2fs (bound: session lease %v + %v)\n",
+				f, st.Trials, st.MedianStall, st.MaxStall, st.MedianLockWait, st.MaxLockWait, s.SessionLease, lockMargin)
+		} else if f.Mirrored() {
 			switched := ""
 			if f.switches() {
 				switched = fmt.Sprintf(", new primary after %.2fs (median)", st.MedianSwitch)
@@ -397,11 +445,60 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 	rep.LostRecords, rep.CorruptReads = len(chk.Bad), chk.CorruptReads
 	fmt.Fprintf(out, "chaos: %d trials, stall median %.2fs max %.2fs; %d ops, %d errors; %d files expected, %d lost, %d extra, %d ambiguous; %d records checked, %d bad\n",
 		len(rep.Trials), rep.MedianStall, rep.MaxStall, rep.Ops, rep.ErrorCount, chk.Files, len(chk.Lost), len(chk.Extra), chk.Ambiguous, chk.Records, len(chk.Bad))
-	if chk.Reads > 0 || len(resyncs) > 0 {
-		fmt.Fprintf(out, "chaos: totals: %d faults injected, %d stalls ≥ %v, %d errors, %d records lost or bad, %d of %d reads corrupt or stale, resync median %.2fs max %.2fs, %d history segments checked, %d threads hung, %d problems\n",
-			rep.FaultsInjected, rep.StallsOverBar, StallBar, rep.ErrorCount, rep.LostRecords, chk.CorruptReads, chk.Reads, rep.MedianResync, rep.MaxResync, rep.HistorySegments, len(rep.StuckThreads), len(rep.Problems))
+	if chk.LockGrants > 0 {
+		fmt.Fprintf(out, "chaos: locks: %d critical sections of the lockers, %d mutual-exclusion violations\n", chk.LockGrants, len(chk.LockViolations))
+	}
+	if chk.Reads > 0 || len(resyncs) > 0 || chk.LockGrants > 0 {
+		fmt.Fprintf(out, "chaos: totals: %d faults injected, %d stalls ≥ %v, %d errors, %d records lost or bad, %d of %d reads corrupt or stale, resync median %.2fs max %.2fs, %d lock violations, %d history segments checked, %d threads hung, %d problems\n",
+			rep.FaultsInjected, rep.StallsOverBar, StallBar, rep.ErrorCount, rep.LostRecords, chk.CorruptReads, chk.Reads, rep.MedianResync, rep.MaxResync, len(chk.LockViolations), rep.HistorySegments, len(rep.StuckThreads), len(rep.Problems))
 	}
 	return rep, runErr
+}
+
+// measure sets what the load felt during trial t from the operations under
+// way at its fault or begun before end; later are the trials after it.
+func (t *Trial) measure(ops []Op, end time.Duration, later []Trial) {
+	var longest, other Op
+	for _, op := range ops {
+		if op.End < t.At || op.Start > end {
+			continue
+		}
+		t.Ops++
+		if op.Err != nil {
+			t.Errors++
+		}
+		if op.End-op.Start > longest.End-longest.Start {
+			longest = op
+		}
+		if op.Kind != "lock" {
+			if op.End-op.Start > other.End-other.Start {
+				other = op
+			}
+			continue
+		}
+		// A wait that went on into a later kill-lock-client's hold
+		// counts here until that trial's holder started.
+		waitEnd := op.End
+		for _, u := range later {
+			if u.Fault == KillLockClient && u.holderAt > op.Start {
+				waitEnd = min(waitEnd, u.holderAt)
+				break
+			}
+		}
+		t.LockStallSeconds = max(t.LockStallSeconds, (waitEnd - op.Start).Seconds())
+	}
+	// The stall: the longest operation other than the lockers' waits
+	// (their bound is the session lease, not StallBar); for
+	// kill-lock-client, whose lock wait it is, the longest of all.
+	t.OtherStallSeconds = (other.End - other.Start).Seconds()
+	stallOp := other
+	if t.Fault == KillLockClient {
+		stallOp = longest
+	}
+	t.StallSeconds = (stallOp.End - stallOp.Start).Seconds()
+	if stallOp.Kind != "" {
+		t.StallOp = fmt.Sprintf("%s at %.1fs", stallOp.Kind, stallOp.Start.Seconds())
+	}
 }
 
 // resyncText is ", resync S" for a trial of a mirrored cluster's fault.

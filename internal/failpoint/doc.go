@@ -18,6 +18,12 @@
 //
 //	STRATA_FAILPOINTS="meta/after-apply=1*exit,consensus/after-log-sync=sleep(200ms)"
 //
+// or, to switch points on and off while a real process runs (a fault held
+// for a while), by a file named in STRATA_FAILPOINTS_FILE, which holds a
+// specification of the same form and is read every 100 ms: each change
+// disarms what the file armed before and arms what it says now (empty or
+// missing: nothing). `strata chaos` drops a store's heartbeats this way.
+//
 // # Actions
 //
 //	panic         panic at the point
@@ -57,6 +63,10 @@
 //	client/after-truncate-chunks  a client's truncate (SetAttr of the
 //	                           size), after the chunks were cut and before
 //	                           the size is set in metadata
+//	store/before-heartbeat     a storage server's heartbeat loop, before
+//	                           each heartbeat (error: it is not sent, as
+//	                           if lost; registration, group map refreshes
+//	                           and mirror reports still go)
 //	meta/before-reply[/OP]     the metadata service's propose, once the
 //	                           state machine's answer is known (and durable
 //	                           when the reply waits for that), before it is

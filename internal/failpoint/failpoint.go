@@ -15,6 +15,16 @@ import (
 // EnvVar names the environment variable read at process start.
 const EnvVar = "STRATA_FAILPOINTS"
 
+// FileEnvVar names a file whose content, a specification as in EnvVar,
+// arms points while the process runs (a test harness switching a fault
+// on and off in a real process): it is read every FilePoll, and whenever
+// it changes, the points it armed before are disarmed and what it says
+// now is armed. A missing file arms nothing.
+const FileEnvVar = "STRATA_FAILPOINTS_FILE"
+
+// FilePoll is how often the FileEnvVar file is read.
+const FilePoll = 100 * time.Millisecond
+
 // ErrInjected is wrapped by every error an armed point returns.
 var ErrInjected = errors.New("injected failure")
 
@@ -50,6 +60,51 @@ func init() {
 			fmt.Fprintf(os.Stderr, "strata: ignoring %s: %v\n", EnvVar, err)
 		}
 	}
+	if path := os.Getenv(FileEnvVar); path != "" {
+		go watchFile(path, nil)
+	}
+}
+
+// watchFile applies the file at path every FilePoll until stop is closed
+// (nil: for the life of the process).
+func watchFile(path string, stop <-chan struct{}) {
+	var last string
+	var names []string // what the file armed
+	for {
+		b, err := os.ReadFile(path)
+		if err != nil && !os.IsNotExist(err) {
+			b = []byte(last) // unreadable for now: keep what is armed
+		}
+		if spec := strings.TrimSpace(string(b)); spec != last {
+			for _, n := range names {
+				Disarm(n)
+			}
+			names = nil
+			if err := ArmSpec(spec); err != nil {
+				fmt.Fprintf(os.Stderr, "strata: ignoring %s %s: %v\n", FileEnvVar, path, err)
+			} else {
+				names = specNames(spec)
+				fmt.Fprintf(os.Stderr, "strata: failpoints from %s now: %q\n", path, spec)
+			}
+			last = spec
+		}
+		select {
+		case <-stop:
+			return
+		case <-time.After(FilePoll):
+		}
+	}
+}
+
+// specNames lists the point names of a well-formed specification.
+func specNames(spec string) []string {
+	var out []string
+	for item := range strings.SplitSeq(spec, ",") {
+		if name, _, ok := strings.Cut(strings.TrimSpace(item), "="); ok {
+			out = append(out, strings.TrimSpace(name))
+		}
+	}
+	return out
 }
 
 // Hit runs the action armed at name, if any. An error action panics: use

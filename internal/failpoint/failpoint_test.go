@@ -148,3 +148,52 @@ func TestExitKillsTheProcessFromTheEnvironment(t *testing.T) {
 		t.Fatalf("child output %q: want killed at the second hit", out)
 	}
 }
+
+// TestFileArmsAndDisarms: the file's points follow its content; a point
+// armed otherwise is left alone.
+func TestFileArmsAndDisarms(t *testing.T) {
+	t.Cleanup(DisarmAll)
+	if err := Arm("other", "error"); err != nil {
+		t.Fatal(err)
+	}
+	path := t.TempDir() + "/failpoints"
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		watchFile(path, stop)
+		close(done)
+	}()
+	defer func() {
+		close(stop)
+		<-done
+	}()
+	waitFor := func(what string, failing bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for (Eval("store/x") != nil) != failing {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: store/x failing is not %v after 5s", what, failing)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if err := os.WriteFile(path, []byte("store/x=error\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("armed by the file", true)
+	if err := os.WriteFile(path, []byte("store/x=bogus"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("a malformed file", false)
+	if err := os.WriteFile(path, []byte("store/x=2+error"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("armed again", true)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the file removed", false)
+	if Eval("other") == nil {
+		t.Fatal("a point the file never named was disarmed")
+	}
+}

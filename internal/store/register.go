@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/transport"
 )
@@ -165,7 +166,12 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Multi) {
 		// receipt, which is later (mirror.go).
 		sent := time.Now()
 		var resp rpc.ServerHeartbeatResp
-		err := cl.Call(cctx, rpc.MServerHeartbeat, req, &resp)
+		// The fault harness's "heartbeat loss alone": this heartbeat is
+		// not sent, everything else still reaches the service.
+		err := failpoint.Eval("store/before-heartbeat")
+		if err == nil {
+			err = cl.Call(cctx, rpc.MServerHeartbeat, req, &resp)
+		}
 		cancel()
 		switch {
 		case err == nil:
