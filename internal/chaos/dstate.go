@@ -89,8 +89,11 @@ func descendants(proc string, root int) ([]int, error) {
 
 // fuseWait reports whether wchan is where a thread waits for a FUSE
 // daemon's answer.
+// (fuse_dev_do_read, a FUSE daemon's wait for requests, is not: the
+// mounts are children of the chaos process.) The kernel's other waits on
+// FUSE (page writeback, locks) are uninterruptible: state D.
 func fuseWait(wchan string) bool {
-	return wchan == "request_wait_answer" || strings.HasPrefix(wchan, "fuse_")
+	return wchan == "request_wait_answer"
 }
 
 // dTasks lists the threads of pids in state D or waiting for a FUSE

@@ -44,7 +44,7 @@ func fakeProc(t *testing.T, tasks ...[6]string) string {
 // TestStuckTasks: the threads of the root and its descendants in D state
 // or waiting for a FUSE answer are found (a command with spaces and
 // parentheses parsed right); other processes', running and idle threads
-// are not.
+// (a FUSE daemon waiting for requests) are not.
 func TestStuckTasks(t *testing.T) {
 	proc := fakeProc(t,
 		[6]string{"100", "100", "1", "S", "strata chaos", "futex_wait_queue"},
@@ -54,6 +54,7 @@ func TestStuckTasks(t *testing.T) {
 		[6]string{"200", "202", "100", "S", "lock (helper) x", "request_wait_answer"},
 		[6]string{"300", "300", "200", "D", "grandchild", "0"},
 		[6]string{"400", "400", "1", "D", "unrelated", "0"},
+		[6]string{"500", "500", "100", "S", "strata mount", "fuse_dev_do_read"},
 	)
 	got, err := stuckTasks(proc, 100, 3, time.Millisecond)
 	if err != nil {

@@ -49,7 +49,12 @@ type fileLocks struct {
 type lockTable struct {
 	log   *slog.Logger
 	clock clock.Clock // the grace period's and lock waits' time
-	mu    struct {
+	// verify, when set, confirms that this node still leads (raft's read
+	// lease): a request that waited (a conflict, the grace period) asks
+	// it again before it is granted, since the handler's check is as old
+	// as the request.
+	verify func() error
+	mu     struct {
 		sync.Mutex
 		files    map[uint64]*fileLocks          // by inode
 		byClient map[uint64]map[uint64]struct{} // client → inodes it holds locks on
@@ -58,7 +63,17 @@ type lockTable struct {
 		// closed when the grace period ends (pending empty or time up).
 		pending   map[uint64]struct{}
 		graceOver chan struct{}
+		// deposed: leadership was lost (reset) and no term of office has
+		// started since (startGrace). The waiters that reset wakes find the
+		// table empty: they must answer "not the leader", not grant.
+		deposed bool
 	}
+}
+
+// notLeaderErr is a lock request's answer on a node that stopped leading
+// while the request waited.
+func notLeaderErr() error {
+	return rpc.NotLeader("", "this metadata voter stopped leading while the lock request waited; ask the new leader")
 }
 
 func newLockTable(log *slog.Logger, clk clock.Clock) *lockTable {
@@ -87,6 +102,7 @@ func (t *lockTable) startGrace(clients []uint64, d time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.resetLocked()
+	t.mu.deposed = false
 	t.mu.epoch = newLockEpoch()
 	t.mu.pending = map[uint64]struct{}{}
 	for _, c := range clients {
@@ -223,6 +239,9 @@ func (t *lockTable) get(ctx context.Context, r *rpc.LockReq) (*rpc.LockResp, err
 	want := reqLock(r)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.mu.deposed {
+		return nil, notLeaderErr()
+	}
 	if fl := t.mu.files[r.Ino]; fl != nil && r.Type != rpc.LockUnlock {
 		list := fl.records
 		if r.Flock {
@@ -260,13 +279,22 @@ func (t *lockTable) set(ctx context.Context, r *rpc.LockReq) (uint64, error) {
 			deadline.Stop()
 		}
 	}()
-	for {
+	for waited := false; ; waited = true {
 		if !r.Reclaim && want.Type != rpc.LockUnlock {
 			if err := t.waitGrace(ctx, r.ClientID); err != nil {
 				return 0, err
 			}
 		}
+		if waited && t.verify != nil {
+			if err := t.verify(); err != nil {
+				return 0, notLeaderErr()
+			}
+		}
 		t.mu.Lock()
+		if t.mu.deposed {
+			t.mu.Unlock()
+			return 0, notLeaderErr()
+		}
 		if _, in := t.inGraceLocked(); in && !r.Reclaim && want.Type != rpc.LockUnlock {
 			t.mu.Unlock()
 			continue // a new grace period began meanwhile
@@ -404,12 +432,14 @@ func (t *lockTable) releaseClient(client uint64) int {
 	return n
 }
 
-// reset drops all locks (leadership lost), waking every waiter; the next
-// term of office starts a new epoch (startGrace).
+// reset drops all locks (leadership lost), waking every waiter, which
+// answers "not the leader" (deposed) until the next term of office starts
+// a new epoch (startGrace).
 func (t *lockTable) reset() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.resetLocked()
+	t.mu.deposed = true
 	t.endGraceLocked()
 }
 

@@ -236,3 +236,76 @@ func TestLockCloseHandle(t *testing.T) {
 		t.Fatalf("closing handle 0: %v, want EINVAL", err)
 	}
 }
+
+// TestLockResetAnswersNotLeader: requests waiting when this node stops
+// leading (reset) — on a conflicting lock, or for the grace period — are
+// answered "not the leader" (ENOTCONN), never granted from the emptied
+// table; so are requests until the next term of office (startGrace), and a
+// waiter whose leadership check fails is not granted either.
+func TestLockResetAnswersNotLeader(t *testing.T) {
+	ctx := context.Background()
+	fc := clock.NewFake(time.Now())
+	tb := newLockTable(slog.Default(), fc)
+	w := func(client uint64, wait bool) *rpc.LockReq {
+		return &rpc.LockReq{ClientID: client, Ino: 7, Owner: 1, Start: 0, End: 99, Type: rpc.LockWrite, Pid: uint32(client), Wait: wait}
+	}
+	if _, err := tb.set(ctx, w(1, false)); err != nil {
+		t.Fatal(err)
+	}
+	conflict := make(chan error, 1)
+	go func() {
+		_, err := tb.set(ctx, w(2, true)) // waits on client 1's lock
+		conflict <- err
+	}()
+	if !fc.WaitPending(1, 10*time.Second) {
+		t.Fatal("the conflicting request never waited")
+	}
+	tb.reset()
+	if err := returns(t, "a waiter when leadership is lost", conflict); lockErrno(err) != syscall.ENOTCONN {
+		t.Fatalf("waiter on a conflict after reset: %v, want ENOTCONN (not the leader)", err)
+	}
+	if _, err := tb.set(ctx, w(3, false)); lockErrno(err) != syscall.ENOTCONN {
+		t.Fatalf("new lock on a deposed node: %v, want ENOTCONN", err)
+	}
+	if _, err := tb.get(ctx, w(3, false)); lockErrno(err) != syscall.ENOTCONN {
+		t.Fatalf("getlk on a deposed node: %v, want ENOTCONN", err)
+	}
+
+	// The next term: a grace period for session 1; session 2 waits for it.
+	tb.startGrace([]uint64{1}, time.Hour)
+	grace := make(chan error, 1)
+	go func() {
+		_, err := tb.set(ctx, w(2, true))
+		grace <- err
+	}()
+	if !fc.WaitPending(2, 10*time.Second) {
+		t.Fatal("the request never waited for the grace period")
+	}
+	tb.reset()
+	if err := returns(t, "a grace waiter when leadership is lost", grace); lockErrno(err) != syscall.ENOTCONN {
+		t.Fatalf("grace waiter after reset: %v, want ENOTCONN", err)
+	}
+
+	// A term without grace; a waiter whose leadership check fails when
+	// the conflict goes is not granted.
+	tb.startGrace(nil, 0)
+	if _, err := tb.set(ctx, w(1, false)); err != nil {
+		t.Fatalf("lock in the new term: %v", err)
+	}
+	tb.verify = func() error { return errors.New("lease lost") }
+	go func() {
+		_, err := tb.set(ctx, w(2, true))
+		conflict <- err
+	}()
+	if !fc.WaitPending(1, 10*time.Second) {
+		t.Fatal("the conflicting request never waited")
+	}
+	un := w(1, false)
+	un.Type = rpc.LockUnlock
+	if _, err := tb.set(ctx, un); err != nil {
+		t.Fatal(err)
+	}
+	if err := returns(t, "a waiter whose leadership check fails", conflict); lockErrno(err) != syscall.ENOTCONN {
+		t.Fatalf("waiter after a failed leadership check: %v, want ENOTCONN", err)
+	}
+}

@@ -133,6 +133,7 @@ func Open(cfg Config) (s *Service, err error) {
 		m:     newMetrics(),
 	}
 	s.peers.m = map[string]*transport.Client{}
+	s.locks.verify = func() error { return s.node.VerifyRead(readVerifyTimeout) }
 	defer func() {
 		if err != nil {
 			s.Close()
