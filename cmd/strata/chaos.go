@@ -178,7 +178,11 @@ bound, a dead client's locks not released within the bound).`,
 				MountFlags: []string{"--sync-policy", syncPolicy}, MetaFlags: metaFlags, Hosts: hosts, Shaped: shaped,
 				Mirror: mirror, FaultDisks: disks, LockClient: lockClient}
 			if mirror {
-				ccfg.MirrorDirs = []string{"chaos/writer", "chaos/read"}
+				// The whole namespace: the writers' and readers' files, the
+				// lockers' lock files and the histories' files all stay
+				// reachable through a disk's failure (with only the data
+				// directories mirrored, a failed disk gave the lockers EIO).
+				ccfg.MirrorDirs = []string{"."}
 			}
 			c, err := chaos.StartCluster(ctx, ccfg)
 			if err != nil {

@@ -60,6 +60,8 @@ type Load struct {
 	epoch time.Time
 	stop  chan struct{}
 	wg    sync.WaitGroup
+	// lockerThreads: the OS threads (tid → true) the lockers run on.
+	lockerThreads sync.Map
 
 	mu  sync.Mutex
 	ops []Op

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -201,6 +202,16 @@ func (l *Load) GrantWait() (wait time.Duration, ok bool) {
 }
 
 func (l *Load) runLocker(k *locker) {
+	// On a thread of its own, known to the hung-thread check (dstate.go),
+	// which leaves it out: a lock request waits in the mount for as long
+	// as the service holds new locks back (a grace period of up to the
+	// session lease after a restart), and lockers' waits have their own
+	// bound (Trial.LockWaitSeconds).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := unix.Gettid()
+	l.lockerThreads.Store(tid, true)
+	defer l.lockerThreads.Delete(tid)
 	rng := rand.New(rand.NewPCG(uint64(k.id), uint64(time.Now().UnixNano())))
 	defer func() {
 		if k.f != nil {

@@ -300,6 +300,9 @@ func Run(ctx context.Context, c *Cluster, l *Load, h *Histories, s Schedule, tri
 			t.Problems = append(t.Problems, fmt.Sprintf("sample threads for D state: %v", err))
 		} else {
 			for _, d := range stuck {
+				if _, locker := l.lockerThreads.Load(d.tid); locker && d.pid == os.Getpid() {
+					continue
+				}
 				rep.StuckThreads = append(rep.StuckThreads, fmt.Sprintf("trial %d (%s): %s", n, fault, d))
 				t.Problems = append(t.Problems, d.String())
 			}
