@@ -293,11 +293,12 @@ func TestLockResetAnswersNotLeader(t *testing.T) {
 		t.Fatalf("lock in the new term: %v", err)
 	}
 	tb.verify = func() error { return errors.New("lease lost") }
+	pending := fc.Pending() // the second grace period's timer is still there
 	go func() {
 		_, err := tb.set(ctx, w(2, true))
 		conflict <- err
 	}()
-	if !fc.WaitPending(1, 10*time.Second) {
+	if !fc.WaitPending(pending+1, 10*time.Second) {
 		t.Fatal("the conflicting request never waited")
 	}
 	un := w(1, false)
