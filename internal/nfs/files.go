@@ -93,6 +93,22 @@ func (o *openFiles) committed(of *openFile) {
 	o.mu.Unlock()
 }
 
+// forget releases ino's file now if no call uses it (it was removed).
+func (o *openFiles) forget(ino uint64) {
+	o.mu.Lock()
+	of := o.mu.m[ino]
+	if of != nil && of.refs == 0 {
+		delete(o.mu.m, ino)
+	} else {
+		of = nil
+	}
+	o.mu.Unlock()
+	if of != nil {
+		of.unstable = false // nothing to make durable of a removed file
+		o.release(of)
+	}
+}
+
 // reaper releases idle files, and the oldest beyond maxFiles.
 func (o *openFiles) reaper() {
 	defer close(o.done)

@@ -42,11 +42,16 @@ func (s *Server) nfsProgram() *oncrpc.Program {
 }
 
 // attr reads ino's attributes; a missing inode is NFS3ERR_STALE (the
-// handle outlived its file).
+// handle outlived its file), and so is a removed file some client still
+// holds open (an orphan, Nlink 0): NFS clients keep their open files alive
+// themselves by renaming them (silly rename), not through the server.
 func (s *Server) attr(ctx context.Context, ino uint64) (*rpc.Attr, error) {
 	a, err := s.c.GetAttr(ctx, ino)
 	if err != nil {
 		return nil, staleIfGone(err)
+	}
+	if a.Nlink == 0 {
+		return nil, errStatus(xdr.NFS3ERR_STALE)
 	}
 	return &a, nil
 }

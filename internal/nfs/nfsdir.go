@@ -302,7 +302,10 @@ func (s *Server) removeEntry(ctx context.Context, call *oncrpc.Call, d *xdr.Diro
 func (s *Server) remove3(ctx context.Context, call *oncrpc.Call, a *xdr.REMOVE3args) *xdr.REMOVE3res {
 	res := &xdr.REMOVE3res{}
 	t, after, err := s.removeEntry(ctx, call, &a.Object, func(t target) error {
-		_, err := s.c.Unlink(ctx, t.ino, a.Object.Name)
+		victim, err := s.c.Unlink(ctx, t.ino, a.Object.Name)
+		if err == nil && victim.Nlink == 0 {
+			s.files.forget(victim.Ino) // else the gateway would keep it alive
+		}
 		return err
 	})
 	if res.Status = s.status("remove", t.ino, err); res.Status == xdr.NFS3_OK {
