@@ -78,7 +78,7 @@ func (e *Export) allows(addr netip.AddrPort) bool {
 // ExportSyntax is the help text of --export.
 const ExportSyntax = `PATH=OPTIONS, OPTIONS comma-separated: rw|ro (default ro), sync|async (default sync), ` +
 	`root_squash (default)|no_root_squash|all_squash, anonuid=N, anongid=N (default 65534), secure|insecure (default insecure), ` +
-	`clients=LIST (required): addresses and CIDRs separated by '+' (or by ',' when the next item is itself an address or CIDR), or * for every client`
+	`clients=LIST (required): addresses and CIDRs separated by '+' or ',' (the items after clients= that are not options), or * for every client; no host names`
 
 // ParseExport parses one --export value. Every problem is reported at
 // once.
