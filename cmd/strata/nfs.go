@@ -19,6 +19,10 @@ import (
 
 func init() {
 	ccfg := client.DefaultConfig()
+	// NFS clients read ahead themselves, and a gateway's read-ahead would
+	// keep bytes another client may overwrite before the file is released
+	// (the gateway has no close-to-open point to drop them at).
+	ccfg.ReadAheadBytes = 0
 	ncfg := nfs.DefaultConfig()
 	var keyFile, metaList, listen string
 	var exports []string
@@ -91,6 +95,7 @@ func init() {
 	tf.register(f)
 	f.DurationVar(&ccfg.IOTimeout, "io-timeout", ccfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
 	f.Int64Var(&ccfg.WriteBehindBytes, "write-behind-bytes", ccfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
+	f.Int64Var(&ccfg.ReadAheadBytes, "read-ahead-bytes", ccfg.ReadAheadBytes, "the gateway's own read-ahead per file (0 = off: clients read ahead, and prefetched bytes could be stale for another client's writes)")
 	f.DurationVar(&ncfg.IdleFileTimeout, "idle-file-timeout", ncfg.IdleFileTimeout, "release a file READ/WRITE has not touched for this long")
 	metricsFlag(f, &ccfg.MetricsAddr)
 	rootCmd.AddCommand(cmd)
