@@ -84,6 +84,8 @@ func init() {
 			if err := ncfg.Validate(); err != nil {
 				return usagef("nfs: %v", err)
 			}
+			ncfg.Log = slog.Default() // as --log-level set it
+			ncfg.RPC.Log = ncfg.Log
 			return runNFS(ccfg, ncfg, listen)
 		},
 	}

@@ -21,10 +21,11 @@ import (
 // cluster is a real metadata service and one storage server with two
 // targets, in this process on loopback, and a client library on them.
 type cluster struct {
-	t   *testing.T
-	key []byte
-	c   *client.Client
-	cfg client.Config
+	t        *testing.T
+	key      []byte
+	metaAddr string
+	c        *client.Client
+	cfg      client.Config
 }
 
 func startCluster(t *testing.T) *cluster {
@@ -52,7 +53,7 @@ func startCluster(t *testing.T) *cluster {
 	}
 	t.Cleanup(func() { s.Close() })
 	waitTargets(t, m.Addr(), key, len(scfg.Targets))
-	cl := &cluster{t: t, key: key}
+	cl := &cluster{t: t, key: key, metaAddr: m.Addr()}
 	cl.cfg = client.DefaultConfig()
 	cl.cfg.MetaAddr, cl.cfg.ClusterKey, cl.cfg.IOTimeout = m.Addr(), key, 10*time.Second
 	cl.c = cl.newClient()

@@ -15,9 +15,9 @@ import (
 	"github.com/stratafs/strata/internal/nfs/xdr"
 )
 
-// TestWriteStability: a sync export answers every WRITE FILE_SYNC (after
-// the client library's fsync); an async export answers UNSTABLE writes
-// UNSTABLE, and COMMIT makes them durable. The write verifier changes when
+// TestWriteStability: a FILE_SYNC write is answered FILE_SYNC (after the
+// client library's fsync); UNSTABLE writes are answered UNSTABLE, on sync
+// and async exports, and COMMIT makes them durable. The write verifier changes when
 // the gateway restarts, so that a client following RFC 1813 resends its
 // uncommitted writes and loses nothing.
 func TestWriteStability(t *testing.T) {
@@ -32,17 +32,26 @@ func TestWriteStability(t *testing.T) {
 		t.Fatalf("mkdir as 1000 in root's directory: %v", st)
 	}
 
-	// sync: UNSTABLE asked, FILE_SYNC answered. (The file is in the
-	// directory /scratch exports too, reached here through the sync
-	// export /: its handle names the export.)
+	// sync: FILE_SYNC asked, FILE_SYNC answered; UNSTABLE asked, UNSTABLE
+	// answered. (The file is in the directory /scratch exports too,
+	// reached here through the sync export /: its handle names the
+	// export.)
 	st, scratchViaRoot := f.lookup(root, "scratch")
 	want(t, "lookup scratch", st, xdr.NFS3_OK)
 	st, syncFile := f.create(scratchViaRoot, "s", xdr.GUARDED, 0o644, 0)
 	want(t, "create", st, xdr.NFS3_OK)
-	st, w := f.write(syncFile, 0, []byte("sync data"), xdr.UNSTABLE)
-	want(t, "unstable write on the sync export", st, xdr.NFS3_OK)
+	st, w := f.write(syncFile, 0, []byte("sync data"), xdr.FILE_SYNC)
+	want(t, "file_sync write on the sync export", st, xdr.NFS3_OK)
 	if w.Committed != xdr.FILE_SYNC {
-		t.Fatalf("sync export answered an UNSTABLE write %v, want FILE_SYNC", w.Committed)
+		t.Fatalf("sync export answered a FILE_SYNC write %v", w.Committed)
+	}
+	st, w = f.write(syncFile, 9, []byte("more"), xdr.UNSTABLE)
+	want(t, "unstable write on the sync export", st, xdr.NFS3_OK)
+	if w.Committed != xdr.UNSTABLE {
+		t.Fatalf("sync export answered an UNSTABLE write %v", w.Committed)
+	}
+	if st, cv := f.commit(syncFile); st != xdr.NFS3_OK || cv != w.Verf {
+		t.Fatalf("commit on the sync export: %v", st)
 	}
 
 	// async: UNSTABLE answered UNSTABLE, with the verifier COMMIT gives.

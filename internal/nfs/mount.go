@@ -26,13 +26,34 @@ func (s *Server) mountProgram() *oncrpc.Program {
 	}}
 }
 
+// exportOf finds the export a MNT path is in: the export of that path, or
+// of its nearest ancestor (a client may mount a directory inside an
+// export, as with knfsd). The path must be absolute: libnfs sends "" for
+// nfs://HOST/FILE, and treating it as "/" makes libnfs take "/" for an
+// export nested in "" (MNT3ERR_NOENT, as knfsd answers; nfs://HOST//FILE
+// works).
+func (s *Server) exportOf(p string) (*Export, string) {
+	if !strings.HasPrefix(p, "/") {
+		return nil, ""
+	}
+	p = path.Clean(p)
+	for dir := p; ; dir = path.Dir(dir) {
+		if e := s.byPath[dir]; e != nil {
+			return e, p
+		}
+		if dir == "/" {
+			return nil, ""
+		}
+	}
+}
+
 // mnt checks the caller against the export's allow-list and answers the
-// root handle of the exported directory. A caller not on the list gets
+// handle of the directory asked for. A caller not on the list gets
 // MNT3ERR_ACCES and nothing else.
 func (s *Server) mnt(ctx context.Context, call *oncrpc.Call, p *xdr.Dirpath) *xdr.Mountres3 {
 	res := &xdr.Mountres3{}
-	e := s.byPath[path.Clean(*p)]
-	if e == nil || !strings.HasPrefix(*p, "/") {
+	e, dir := s.exportOf(*p)
+	if e == nil {
 		res.Fhs_status = xdr.MNT3ERR_NOENT
 		return res
 	}
@@ -41,10 +62,10 @@ func (s *Server) mnt(ctx context.Context, call *oncrpc.Call, p *xdr.Dirpath) *xd
 		res.Fhs_status = xdr.MNT3ERR_ACCES
 		return res
 	}
-	a, err := s.c.ResolvePath(ctx, e.Path)
+	a, err := s.c.ResolvePath(ctx, dir)
 	if err != nil {
 		res.Fhs_status = mountStatus(err)
-		s.log.Warn("nfs: mount: resolving the export", "export", e.Path, "err", err)
+		s.log.Warn("nfs: mount: resolving the path", "path", dir, "export", e.Path, "err", err)
 		return res
 	}
 	if a.Mode&syscall.S_IFMT != syscall.S_IFDIR {
@@ -52,14 +73,16 @@ func (s *Server) mnt(ctx context.Context, call *oncrpc.Call, p *xdr.Dirpath) *xd
 		return res
 	}
 	s.mu.Lock()
-	s.mu.mounts[mountKey{host: call.Remote.Addr().String(), path: e.Path}] = struct{}{}
-	s.mu.roots[e.id()] = a.Ino
+	s.mu.mounts[mountKey{host: call.Remote.Addr().String(), path: dir}] = struct{}{}
+	if dir == e.Path {
+		s.mu.roots[e.id()] = a.Ino
+	}
 	s.mu.Unlock()
 	res.Fhs_status = xdr.MNT3_OK
 	ok := res.Mountinfo()
 	ok.Fhandle = s.handleOf(e, a.Ino)
 	ok.Auth_flavors = []int32{int32(xdr.AUTH_SYS)}
-	s.log.Info("nfs: mounted", "client", call.Remote, "export", e.Path)
+	s.log.Info("nfs: mounted", "client", call.Remote, "path", dir, "export", e.Path)
 	return res
 }
 

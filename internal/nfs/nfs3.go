@@ -315,12 +315,15 @@ func (s *Server) read(ctx context.Context, ino uint64, off int64, n int) ([]byte
 	return buf[:got], nil
 }
 
-// write3 writes through the file's client.File. On a sync export, and for
-// a DATA_SYNC or FILE_SYNC write on any export, the data and the file's
-// size are made durable (File.Fsync) before the FILE_SYNC answer. An
-// UNSTABLE write on an async export is answered once the client library
-// holds it (its write-behind memory or the stores'), UNSTABLE, with the
-// gateway's verifier; COMMIT makes it durable.
+// write3 writes through the file's client.File. A DATA_SYNC or FILE_SYNC
+// write is made durable — data and the file's size, File.Fsync — before
+// its FILE_SYNC answer, on every export. An UNSTABLE write is answered once
+// the client library holds it (its write-behind memory or the stores'),
+// UNSTABLE, with the gateway's verifier; COMMIT makes it durable, and a
+// restart changes the verifier so that the client sends it again (RFC
+// 1813 3.3.7). Both sync and async exports honour UNSTABLE, as knfsd's
+// do: sync and async differ in namespace changes (durable before the
+// answer, or not), and neither claims FILE_SYNC for what is not durable.
 func (s *Server) write3(ctx context.Context, call *oncrpc.Call, a *xdr.WRITE3args) *xdr.WRITE3res {
 	res := &xdr.WRITE3res{}
 	var n int
@@ -336,7 +339,7 @@ func (s *Server) write3(ctx context.Context, call *oncrpc.Call, a *xdr.WRITE3arg
 		err = errInval
 	}
 	if err == nil {
-		unstable := t.exp.Async && a.Stable == xdr.UNSTABLE
+		unstable := a.Stable == xdr.UNSTABLE
 		if unstable {
 			committed = xdr.UNSTABLE
 		}

@@ -1,6 +1,7 @@
 package nfs_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"testing"
@@ -132,7 +133,21 @@ func TestAllowList(t *testing.T) {
 	want(t, "getattr from 127.0.0.2", res.Status, xdr.NFS3ERR_ACCES)
 	_, st, _ = allowed.Mnt("/nonexistent")
 	if st != xdr.MNT3ERR_NOENT {
-		t.Fatalf("MNT of a path not exported: %v", st)
+		t.Fatalf("MNT of a path that does not exist: %v", st)
+	}
+	// A directory inside an export mounts too; a relative path does not.
+	if _, err := cl.c.Mkdir(context.Background(), 1, "sub", 0o755, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	f := fs{t, allowed}
+	_, subFH := f.lookup(root, "sub")
+	if h := mount(t, allowed, "/sub/"); !bytes.Equal(h, subFH) {
+		t.Fatal("MNT /sub/ gave another handle than LOOKUP")
+	}
+	for _, p := range []string{"", "sub"} {
+		if _, st, err := allowed.Mnt(p); err != nil || st != xdr.MNT3ERR_NOENT {
+			t.Fatalf("MNT %q: %v %v, want MNT3ERR_NOENT", p, st, err)
+		}
 	}
 	var ex xdr.Exports
 	if err := other.Call(nfstest.Mount, 3, nfstest.MountProcExport, nil, xdr.XDR_Exports(&ex)); err != nil || ex != nil {
@@ -143,18 +158,22 @@ func TestAllowList(t *testing.T) {
 		t.Fatalf("EXPORT from 127.0.0.1: %+v %v", ex, err)
 	}
 	var dump xdr.Mountlist
-	if err := allowed.Call(nfstest.Mount, 3, nfstest.MountProcDump, nil, xdr.XDR_Mountlist(&dump)); err != nil || dump == nil || dump.Ml_hostname != "127.0.0.1" || dump.Ml_directory != "/" {
+	if err := allowed.Call(nfstest.Mount, 3, nfstest.MountProcDump, nil, xdr.XDR_Mountlist(&dump)); err != nil || dump == nil ||
+		dump.Ml_hostname != "127.0.0.1" || dump.Ml_directory != "/" || dump.Ml_next == nil || dump.Ml_next.Ml_directory != "/sub" {
 		t.Fatalf("DUMP: %+v %v", dump, err)
 	}
 	p := xdr.Dirpath("/")
 	if err := allowed.Call(nfstest.Mount, 3, nfstest.MountProcUmnt, xdr.XDR_Dirpath(&p), nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := allowed.Call(nfstest.Mount, 3, nfstest.MountProcDump, nil, xdr.XDR_Mountlist(&dump)); err != nil || dump != nil {
-		t.Fatalf("DUMP after UMNT: %+v %v", dump, err)
+	if err := allowed.Call(nfstest.Mount, 3, nfstest.MountProcDump, nil, xdr.XDR_Mountlist(&dump)); err != nil || dump == nil || dump.Ml_directory != "/sub" || dump.Ml_next != nil {
+		t.Fatalf("DUMP after UMNT /: %+v %v", dump, err)
 	}
 	if err := allowed.Call(nfstest.Mount, 3, nfstest.MountProcUmntall, nil, nil); err != nil {
 		t.Fatal(err)
+	}
+	if err := allowed.Call(nfstest.Mount, 3, nfstest.MountProcDump, nil, xdr.XDR_Mountlist(&dump)); err != nil || dump != nil {
+		t.Fatalf("DUMP after UMNTALL: %+v %v", dump, err)
 	}
 }
 

@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/stratafs/strata/internal/nfs/xdr"
@@ -209,7 +211,11 @@ func (s *Server) serveConn(c net.Conn) {
 		rec, err := ReadRecord(r, nil, s.cfg.MaxRecordBytes)
 		if err != nil {
 			<-cn.slots
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			switch {
+			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
+			case errors.Is(err, syscall.ECONNRESET), errors.Is(err, os.ErrDeadlineExceeded):
+				s.cfg.Log.Debug("oncrpc: connection ended", "remote", cn.remote, "err", err)
+			default:
 				s.cfg.Log.Warn("oncrpc: closing connection", "remote", cn.remote, "err", err)
 			}
 			return
@@ -304,6 +310,9 @@ func (s *Server) dispatch(ctx context.Context, call *Call, args io.Reader, out *
 	writeAccepted(out, call.Xid, xdr.SUCCESS, nil)
 	err := prog.Procs[call.Proc](ctx, call, args, out)
 	if err == nil {
+		if s.cfg.Log.Enabled(ctx, slog.LevelDebug) {
+			s.cfg.Log.Debug("oncrpc: call", "remote", call.Remote, "prog", prog.Name, "proc", call.Proc, "xid", call.Xid, "uid", call.Cred.UID, "reply_bytes", out.Len()-mark)
+		}
 		return
 	}
 	out.Truncate(mark)
