@@ -98,25 +98,11 @@ func ParseExport(s string) (Export, error) {
 	for i := 0; i < len(items); i++ {
 		opt := strings.TrimSpace(items[i])
 		key, val, hasVal := strings.Cut(opt, "=")
+		if set := flagOptions[opt]; set != nil {
+			set(&e)
+			continue
+		}
 		switch {
-		case opt == "rw":
-			e.ReadOnly = false
-		case opt == "ro":
-			e.ReadOnly = true
-		case opt == "sync":
-			e.Async = false
-		case opt == "async":
-			e.Async = true
-		case opt == "root_squash":
-			e.Squash = SquashRoot
-		case opt == "no_root_squash":
-			e.Squash = SquashNone
-		case opt == "all_squash":
-			e.Squash = SquashAll
-		case opt == "secure":
-			e.Secure = true
-		case opt == "insecure":
-			e.Secure = false
 		case hasVal && (key == "anonuid" || key == "anongid"):
 			n, err := strconv.ParseUint(val, 10, 32)
 			if err != nil {
@@ -165,14 +151,21 @@ func ParseExport(s string) (Export, error) {
 	return e, nil
 }
 
-// isOption: s is an export option (a keyword, or KEY=VALUE), not a client.
-func isOption(s string) bool {
-	switch s {
-	case "rw", "ro", "sync", "async", "root_squash", "no_root_squash", "all_squash", "secure", "insecure":
-		return true
-	}
-	return strings.Contains(s, "=")
+// flagOptions are the options without a value.
+var flagOptions = map[string]func(*Export){
+	"rw":             func(e *Export) { e.ReadOnly = false },
+	"ro":             func(e *Export) { e.ReadOnly = true },
+	"sync":           func(e *Export) { e.Async = false },
+	"async":          func(e *Export) { e.Async = true },
+	"root_squash":    func(e *Export) { e.Squash = SquashRoot },
+	"no_root_squash": func(e *Export) { e.Squash = SquashNone },
+	"all_squash":     func(e *Export) { e.Squash = SquashAll },
+	"secure":         func(e *Export) { e.Secure = true },
+	"insecure":       func(e *Export) { e.Secure = false },
 }
+
+// isOption: s is an export option (a keyword, or KEY=VALUE), not a client.
+func isOption(s string) bool { return flagOptions[s] != nil || strings.Contains(s, "=") }
 
 // parseClient reads an address (a /32 or /128) or a CIDR.
 func parseClient(s string) (netip.Prefix, error) {

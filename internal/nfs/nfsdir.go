@@ -144,12 +144,19 @@ func modeOr(sa *xdr.Sattr3, def uint32) uint32 {
 	return def
 }
 
-// fillNew fills the common part of a creation's answer.
-func (s *Server) fillNew(c created, fh *xdr.Post_op_fh3, attrs *xdr.Post_op_attr, dirWcc *xdr.Wcc_data) {
-	fh.Handle_follows = true
-	fh.Handle().Data = s.handleOf(c.t.exp, c.obj.Ino)
-	s.postOp(attrs, c.obj)
-	s.wcc(dirWcc, nil, c.dirAfter)
+// answerNew sets a creation's status and fills its answer. The four
+// creations' arms have CREATE3's fields, so ok and fail give them as
+// CREATE3's (a conversion of the pointer).
+func (s *Server) answerNew(op string, c created, err error, status *xdr.Nfsstat3, ok func() *xdr.CREATE3resok, fail func() *xdr.CREATE3resfail) {
+	if *status = s.status(op, c.t.ino, err); *status != xdr.NFS3_OK {
+		s.wcc(&fail().Dir_wcc, nil, c.dirAfter)
+		return
+	}
+	r := ok()
+	r.Obj.Handle_follows = true
+	r.Obj.Handle().Data = s.handleOf(c.t.exp, c.obj.Ino)
+	s.postOp(&r.Obj_attributes, c.obj)
+	s.wcc(&r.Dir_wcc, nil, c.dirAfter)
 }
 
 // exclusiveStamp is where an EXCLUSIVE create keeps the client's verifier:
@@ -169,6 +176,9 @@ func (s *Server) create3(ctx context.Context, call *oncrpc.Call, a *xdr.CREATE3a
 	}
 	c, err := s.makeNode(ctx, call, &a.Where, sa, func(t target) (rpc.Attr, error) {
 		attr, err := s.c.Create(ctx, t.ino, a.Where.Name, mode, t.cred.uid, t.cred.gid)
+		if err == nil && sa != nil && sa.Size.Set_it && *sa.Size.Size() == 0 {
+			sa.Size.Set_it = false // a new file is empty: no truncation to send
+		}
 		switch {
 		case err == nil && a.How.Mode == xdr.EXCLUSIVE:
 			req := rpc.SetAttrReq{Valid: rpc.SetAtime, Atime: exclusiveStamp(*a.How.Verf())}
@@ -191,12 +201,7 @@ func (s *Server) create3(ctx context.Context, call *oncrpc.Call, a *xdr.CREATE3a
 		}
 		return old, nil
 	})
-	if res.Status = s.status("create", c.t.ino, err); res.Status == xdr.NFS3_OK {
-		ok := res.Resok()
-		s.fillNew(c, &ok.Obj, &ok.Obj_attributes, &ok.Dir_wcc)
-	} else {
-		s.wcc(&res.Resfail().Dir_wcc, nil, c.dirAfter)
-	}
+	s.answerNew("create", c, err, &res.Status, res.Resok, res.Resfail)
 	return res
 }
 
@@ -205,12 +210,9 @@ func (s *Server) mkdir3(ctx context.Context, call *oncrpc.Call, a *xdr.MKDIR3arg
 	c, err := s.makeNode(ctx, call, &a.Where, &a.Attributes, func(t target) (rpc.Attr, error) {
 		return s.c.Mkdir(ctx, t.ino, a.Where.Name, modeOr(&a.Attributes, 0o755), t.cred.uid, t.cred.gid)
 	})
-	if res.Status = s.status("mkdir", c.t.ino, err); res.Status == xdr.NFS3_OK {
-		ok := res.Resok()
-		s.fillNew(c, &ok.Obj, &ok.Obj_attributes, &ok.Dir_wcc)
-	} else {
-		s.wcc(&res.Resfail().Dir_wcc, nil, c.dirAfter)
-	}
+	s.answerNew("mkdir", c, err, &res.Status,
+		func() *xdr.CREATE3resok { return (*xdr.CREATE3resok)(res.Resok()) },
+		func() *xdr.CREATE3resfail { return (*xdr.CREATE3resfail)(res.Resfail()) })
 	return res
 }
 
@@ -221,12 +223,9 @@ func (s *Server) symlink3(ctx context.Context, call *oncrpc.Call, a *xdr.SYMLINK
 	c, err := s.makeNode(ctx, call, &a.Where, &sa, func(t target) (rpc.Attr, error) {
 		return s.c.Symlink(ctx, t.ino, a.Where.Name, a.Symlink.Symlink_data, t.cred.uid, t.cred.gid)
 	})
-	if res.Status = s.status("symlink", c.t.ino, err); res.Status == xdr.NFS3_OK {
-		ok := res.Resok()
-		s.fillNew(c, &ok.Obj, &ok.Obj_attributes, &ok.Dir_wcc)
-	} else {
-		s.wcc(&res.Resfail().Dir_wcc, nil, c.dirAfter)
-	}
+	s.answerNew("symlink", c, err, &res.Status,
+		func() *xdr.CREATE3resok { return (*xdr.CREATE3resok)(res.Resok()) },
+		func() *xdr.CREATE3resfail { return (*xdr.CREATE3resfail)(res.Resfail()) })
 	return res
 }
 
@@ -259,12 +258,9 @@ func (s *Server) mknod3(ctx context.Context, call *oncrpc.Call, a *xdr.MKNOD3arg
 			return s.c.Mknod(ctx, t.ino, a.Where.Name, kind|modeOr(sa, 0o644), rdev, t.cred.uid, t.cred.gid)
 		})
 	}
-	if res.Status = s.status("mknod", c.t.ino, err); res.Status == xdr.NFS3_OK {
-		ok := res.Resok()
-		s.fillNew(c, &ok.Obj, &ok.Obj_attributes, &ok.Dir_wcc)
-	} else {
-		s.wcc(&res.Resfail().Dir_wcc, nil, c.dirAfter)
-	}
+	s.answerNew("mknod", c, err, &res.Status,
+		func() *xdr.CREATE3resok { return (*xdr.CREATE3resok)(res.Resok()) },
+		func() *xdr.CREATE3resfail { return (*xdr.CREATE3resfail)(res.Resfail()) })
 	return res
 }
 

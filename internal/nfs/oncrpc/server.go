@@ -126,18 +126,10 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Unlock()
 	for {
 		c, err := ln.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			return nil // Close
+		}
 		if err != nil {
-			s.mu.Lock()
-			closed := s.mu.closed
-			s.mu.Unlock()
-			if closed {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
 			return fmt.Errorf("oncrpc: accept: %w", err)
 		}
 		select {
@@ -342,27 +334,28 @@ func parseCred(a *xdr.Opaque_auth) (Cred, xdr.Auth_stat) {
 	}
 }
 
-func writeAccepted(out *bytes.Buffer, xid uint32, stat xdr.Accept_stat, mismatch *xdr.Mismatch_info) {
-	var m xdr.Rpc_msg
-	m.Xid = xid
+// reply is a reply header of xid with status stat.
+func reply(xid uint32, stat xdr.Reply_stat) (*xdr.Rpc_msg, *xdr.Reply_body) {
+	m := &xdr.Rpc_msg{Xid: xid}
 	m.Body.Mtype = xdr.REPLY
 	rb := m.Body.Rbody()
-	rb.Stat = xdr.MSG_ACCEPTED
+	rb.Stat = stat
+	return m, rb
+}
+
+func writeAccepted(out *bytes.Buffer, xid uint32, stat xdr.Accept_stat, mismatch *xdr.Mismatch_info) {
+	m, rb := reply(xid, xdr.MSG_ACCEPTED)
 	ar := rb.Areply()
 	ar.Verf.Flavor = uint32(xdr.AUTH_NONE)
 	ar.Reply_data.Stat = stat
 	if stat == xdr.PROG_MISMATCH {
 		*ar.Reply_data.Mismatch() = *mismatch
 	}
-	mustEncode(out, &m)
+	mustEncode(out, m)
 }
 
 func writeDenied(out *bytes.Buffer, xid uint32, stat xdr.Reject_stat, auth xdr.Auth_stat) {
-	var m xdr.Rpc_msg
-	m.Xid = xid
-	m.Body.Mtype = xdr.REPLY
-	rb := m.Body.Rbody()
-	rb.Stat = xdr.MSG_DENIED
+	m, rb := reply(xid, xdr.MSG_DENIED)
 	rr := rb.Rreply()
 	rr.Stat = stat
 	if stat == xdr.RPC_MISMATCH {
@@ -370,7 +363,7 @@ func writeDenied(out *bytes.Buffer, xid uint32, stat xdr.Reject_stat, auth xdr.A
 	} else {
 		*rr.Auth() = auth
 	}
-	mustEncode(out, &m)
+	mustEncode(out, m)
 }
 
 // mustEncode encodes a value this package built: within its bounds by
