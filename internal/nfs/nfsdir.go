@@ -280,8 +280,11 @@ func (s *Server) mayRemove(ctx context.Context, t target, dir *rpc.Attr, name st
 	return nil
 }
 
-// removeEntry is REMOVE and RMDIR: rm removes name from the directory.
-func (s *Server) removeEntry(ctx context.Context, call *oncrpc.Call, d *xdr.Diropargs3, rm func(t target) error) (target, *rpc.Attr, error) {
+// removeEntry is REMOVE and RMDIR: rm removes name from the directory;
+// the answer is filled through ok and fail (RMDIR's arms have REMOVE's
+// fields).
+func (s *Server) removeEntry(ctx context.Context, call *oncrpc.Call, op string, d *xdr.Diropargs3, status *xdr.Nfsstat3,
+	ok func() *xdr.REMOVE3resok, fail func() *xdr.REMOVE3resfail, rm func(t target) error) {
 	t, dir, err := s.dirForChange(ctx, call, &d.Dir)
 	if err == nil {
 		err = s.mayRemove(ctx, t, dir, d.Name)
@@ -292,36 +295,32 @@ func (s *Server) removeEntry(ctx context.Context, call *oncrpc.Call, d *xdr.Diro
 	if err == nil {
 		err = s.durable(ctx, t)
 	}
-	return t, s.attrOrNil(ctx, t.ino), err
+	after := s.attrOrNil(ctx, t.ino)
+	if *status = s.status(op, t.ino, err); *status == xdr.NFS3_OK {
+		s.wcc(&ok().Dir_wcc, nil, after)
+	} else {
+		s.wcc(&fail().Dir_wcc, nil, after)
+	}
 }
 
 func (s *Server) remove3(ctx context.Context, call *oncrpc.Call, a *xdr.REMOVE3args) *xdr.REMOVE3res {
 	res := &xdr.REMOVE3res{}
-	t, after, err := s.removeEntry(ctx, call, &a.Object, func(t target) error {
+	s.removeEntry(ctx, call, "remove", &a.Object, &res.Status, res.Resok, res.Resfail, func(t target) error {
 		victim, err := s.c.Unlink(ctx, t.ino, a.Object.Name)
 		if err == nil && victim.Nlink == 0 {
 			s.files.forget(victim.Ino) // else the gateway would keep it alive
 		}
 		return err
 	})
-	if res.Status = s.status("remove", t.ino, err); res.Status == xdr.NFS3_OK {
-		s.wcc(&res.Resok().Dir_wcc, nil, after)
-	} else {
-		s.wcc(&res.Resfail().Dir_wcc, nil, after)
-	}
 	return res
 }
 
 func (s *Server) rmdir3(ctx context.Context, call *oncrpc.Call, a *xdr.RMDIR3args) *xdr.RMDIR3res {
 	res := &xdr.RMDIR3res{}
-	t, after, err := s.removeEntry(ctx, call, &a.Object, func(t target) error {
-		return s.c.Rmdir(ctx, t.ino, a.Object.Name)
-	})
-	if res.Status = s.status("rmdir", t.ino, err); res.Status == xdr.NFS3_OK {
-		s.wcc(&res.Resok().Dir_wcc, nil, after)
-	} else {
-		s.wcc(&res.Resfail().Dir_wcc, nil, after)
-	}
+	s.removeEntry(ctx, call, "rmdir", &a.Object, &res.Status,
+		func() *xdr.REMOVE3resok { return (*xdr.REMOVE3resok)(res.Resok()) },
+		func() *xdr.REMOVE3resfail { return (*xdr.REMOVE3resfail)(res.Resfail()) },
+		func(t target) error { return s.c.Rmdir(ctx, t.ino, a.Object.Name) })
 	return res
 }
 
