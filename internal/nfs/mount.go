@@ -3,7 +3,6 @@ package nfs
 import (
 	"bytes"
 	"context"
-	"io"
 	"path"
 	"slices"
 	"strings"
@@ -108,7 +107,7 @@ func (s *Server) umnt(ctx context.Context, call *oncrpc.Call, p *xdr.Dirpath) {
 	s.mu.Unlock()
 }
 
-func (s *Server) umntall(ctx context.Context, call *oncrpc.Call, args io.Reader, res *bytes.Buffer) error {
+func (s *Server) umntall(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 	host := call.Remote.Addr().String()
 	s.mu.Lock()
 	for k := range s.mu.mounts {
@@ -122,7 +121,7 @@ func (s *Server) umntall(ctx context.Context, call *oncrpc.Call, args io.Reader,
 
 // dump lists the mounts MNT recorded (and UMNT has not removed) since this
 // gateway started.
-func (s *Server) dump(ctx context.Context, call *oncrpc.Call, args io.Reader, res *bytes.Buffer) error {
+func (s *Server) dump(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 	s.mu.Lock()
 	keys := make([]mountKey, 0, len(s.mu.mounts))
 	for k := range s.mu.mounts {
@@ -137,12 +136,18 @@ func (s *Server) dump(ctx context.Context, call *oncrpc.Call, args io.Reader, re
 	return xdr.Encode(res, xdr.XDR_Mountlist(&list))
 }
 
-// export lists the exports the caller may mount, with their clients.
-func (s *Server) export(ctx context.Context, call *oncrpc.Call, args io.Reader, res *bytes.Buffer) error {
+// export lists the exports the caller may mount, with their clients. An
+// export whose directory does not exist (yet) is left out: libnfs mounts
+// the exports nested in the one it mounts, and fails on one it cannot.
+func (s *Server) export(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 	var list xdr.Exports
 	for i := len(s.cfg.Exports) - 1; i >= 0; i-- {
 		e := &s.cfg.Exports[i]
 		if !e.allows(call.Remote) {
+			continue
+		}
+		if a, err := s.c.ResolvePath(ctx, e.Path); err != nil || a.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			s.log.Debug("nfs: EXPORT leaves out an export without its directory", "export", e.Path, "err", err)
 			continue
 		}
 		var groups xdr.Groups

@@ -118,7 +118,7 @@ func TestPermissions(t *testing.T) {
 // EXPORT does not show it the export.
 func TestAllowList(t *testing.T) {
 	cl := startCluster(t)
-	g := cl.startGateway("/=rw,clients=127.0.0.1+10.0.0.0/8")
+	g := cl.startGateway("/=rw,clients=127.0.0.1+10.0.0.0/8", "/missing=rw,clients=*")
 	allowed := g.dial(t, "127.0.0.1:0", 1000, 1000)
 	other := g.dial(t, "127.0.0.2:0", 1000, 1000)
 	root := mount(t, allowed, "/")
@@ -151,9 +151,9 @@ func TestAllowList(t *testing.T) {
 	}
 	var ex xdr.Exports
 	if err := other.Call(nfstest.Mount, 3, nfstest.MountProcExport, nil, xdr.XDR_Exports(&ex)); err != nil || ex != nil {
-		t.Fatalf("EXPORT from 127.0.0.2: %v %v, want an empty list", ex, err)
+		t.Fatalf("EXPORT from 127.0.0.2: %v %v, want an empty list (/missing does not exist)", ex, err)
 	}
-	if err := allowed.Call(nfstest.Mount, 3, nfstest.MountProcExport, nil, xdr.XDR_Exports(&ex)); err != nil || ex == nil || ex.Ex_dir != "/" ||
+	if err := allowed.Call(nfstest.Mount, 3, nfstest.MountProcExport, nil, xdr.XDR_Exports(&ex)); err != nil || ex == nil || ex.Ex_dir != "/" || ex.Ex_next != nil ||
 		ex.Ex_groups == nil || ex.Ex_groups.Gr_name != "127.0.0.1" || ex.Ex_groups.Gr_next == nil || ex.Ex_groups.Gr_next.Gr_name != "10.0.0.0/8" {
 		t.Fatalf("EXPORT from 127.0.0.1: %+v %v", ex, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -149,20 +148,24 @@ func (s *Server) Verifier() [8]byte { return s.verifier }
 // serve adapts a typed procedure to oncrpc: decode the arguments (garbage
 // is GARBAGE_ARGS), run fn, encode its results.
 func serve[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) PR, fn func(context.Context, *oncrpc.Call, *A) *R) oncrpc.Proc {
-	return func(ctx context.Context, call *oncrpc.Call, args io.Reader, res *bytes.Buffer) error {
+	return func(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 		var a A
-		if err := xdr.Decode(args, argx(&a)); err != nil {
+		if _, err := xdr.Decode(args, argx(&a)); err != nil {
 			return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
 		}
-		return xdr.Encode(res, resx(fn(ctx, call, &a)))
+		r := fn(ctx, call, &a)
+		if h, ok := any(r).(interface{ SizeHint() int }); ok {
+			res.Grow(h.SizeHint())
+		}
+		return xdr.Encode(res, resx(r))
 	}
 }
 
 // serveVoid adapts a procedure without results.
 func serveVoid[A any, PA xdr.XdrType](argx func(*A) PA, fn func(context.Context, *oncrpc.Call, *A)) oncrpc.Proc {
-	return func(ctx context.Context, call *oncrpc.Call, args io.Reader, res *bytes.Buffer) error {
+	return func(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 		var a A
-		if err := xdr.Decode(args, argx(&a)); err != nil {
+		if _, err := xdr.Decode(args, argx(&a)); err != nil {
 			return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
 		}
 		fn(ctx, call, &a)
@@ -171,7 +174,7 @@ func serveVoid[A any, PA xdr.XdrType](argx func(*A) PA, fn func(context.Context,
 }
 
 // nullProc answers a NULL procedure (no arguments, no results).
-func nullProc(context.Context, *oncrpc.Call, io.Reader, *bytes.Buffer) error { return nil }
+func nullProc(context.Context, *oncrpc.Call, []byte, *bytes.Buffer) error { return nil }
 
 // target is what a handle names, checked for the caller.
 type target struct {

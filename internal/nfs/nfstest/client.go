@@ -148,9 +148,9 @@ func (c *Client) Call(prog, vers, proc uint32, args, res xdr.XdrType) error {
 	if err != nil {
 		return fmt.Errorf("nfstest: reply: %w", err)
 	}
-	r := bytes.NewReader(rec)
 	var reply xdr.Rpc_msg
-	if err := xdr.Decode(r, &reply); err != nil {
+	rest, err := xdr.Decode(rec, &reply)
+	if err != nil {
 		return err
 	}
 	if reply.Xid != c.xid || reply.Body.Mtype != xdr.REPLY {
@@ -164,11 +164,11 @@ func (c *Client) Call(prog, vers, proc uint32, args, res xdr.XdrType) error {
 		return &AcceptError{Stat: st}
 	}
 	if res != nil {
-		if err := xdr.Decode(r, res); err != nil {
+		if rest, err = xdr.Decode(rest, res); err != nil {
 			return err
 		}
 	}
-	if r.Len() != 0 {
+	if len(rest) != 0 {
 		return errors.New("nfstest: bytes after the results")
 	}
 	return nil

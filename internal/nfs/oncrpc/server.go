@@ -47,7 +47,7 @@ var ErrGarbageArgs = errors.New("oncrpc: garbage arguments")
 // an error wrapping ErrGarbageArgs when they do not decode) and appends its
 // results to res. Any other error is answered SYSTEM_ERR and logged. Procs
 // run concurrently, on a goroutine per call.
-type Proc func(ctx context.Context, call *Call, args io.Reader, res *bytes.Buffer) error
+type Proc func(ctx context.Context, call *Call, args []byte, res *bytes.Buffer) error
 
 // Program is one version of an RPC program: Procs indexed by procedure
 // number, nil for a procedure it does not serve (PROC_UNAVAIL).
@@ -226,17 +226,18 @@ func (s *Server) serveConn(c net.Conn) {
 	}
 }
 
-// header is a decoded call: the message and where its arguments start.
+// header is a decoded call: the message and the arguments after it.
 type header struct {
 	msg  xdr.Rpc_msg
-	args *bytes.Reader
+	args []byte
 }
 
 // decodeCall decodes a record's call header. A REPLY or an undecodable
 // header is an error (there is nobody to answer).
-func decodeCall(rec []byte) (*header, *bytes.Reader, error) {
-	h := &header{args: bytes.NewReader(rec)}
-	if err := xdr.Decode(h.args, &h.msg); err != nil {
+func decodeCall(rec []byte) (*header, []byte, error) {
+	h := &header{}
+	var err error
+	if h.args, err = xdr.Decode(rec, &h.msg); err != nil {
 		return nil, nil, err
 	}
 	if h.msg.Body.Mtype != xdr.CALL {
@@ -247,7 +248,7 @@ func decodeCall(rec []byte) (*header, *bytes.Reader, error) {
 
 // serveCall answers one call: version, program, procedure and credential
 // checks, then the procedure.
-func (cn *conn) serveCall(ctx context.Context, h *header, args *bytes.Reader) {
+func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 	cb := h.msg.Body.Cbody()
 	call := &Call{Xid: h.msg.Xid, Prog: cb.Prog, Vers: cb.Vers, Proc: cb.Proc, Remote: cn.remote}
 	var out bytes.Buffer
@@ -276,7 +277,7 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args *bytes.Reader) {
 }
 
 // dispatch finds the procedure and runs it, writing the accepted reply.
-func (s *Server) dispatch(ctx context.Context, call *Call, args io.Reader, out *bytes.Buffer) {
+func (s *Server) dispatch(ctx context.Context, call *Call, args []byte, out *bytes.Buffer) {
 	versions := s.progs[call.Prog]
 	if len(versions) == 0 {
 		writeAccepted(out, call.Xid, xdr.PROG_UNAVAIL, nil)
@@ -324,8 +325,7 @@ func parseCred(a *xdr.Opaque_auth) (Cred, xdr.Auth_stat) {
 		return Cred{Flavor: xdr.AUTH_NONE}, xdr.AUTH_OK
 	case xdr.AUTH_SYS:
 		var p xdr.Authsys_parms
-		r := bytes.NewReader(a.Body)
-		if err := xdr.Decode(r, &p); err != nil || r.Len() != 0 {
+		if rest, err := xdr.Decode(a.Body, &p); err != nil || len(rest) != 0 {
 			return Cred{}, xdr.AUTH_BADCRED
 		}
 		return Cred{Flavor: xdr.AUTH_SYS, UID: p.Uid, GID: p.Gid, GIDs: p.Gids, Machine: p.Machinename}, xdr.AUTH_OK
