@@ -5,7 +5,8 @@ import "sync"
 // Readdir cookies. The metadata service pages a directory by name (the
 // entries after a given name); NFS pages by a 64-bit cookie per entry. The
 // gateway keeps the names of the pages it answered in a ring of
-// cookieBatches pages:
+// cookieBatches pages (each of at most as many names as its READDIR's
+// count could take: tens of megabytes at the most):
 //
 //	cookie = page id << 12 | (index in the page + 1)
 //
@@ -15,7 +16,7 @@ import "sync"
 // NFS3ERR_BAD_COOKIE: the client starts the listing again. Pages hold at
 // most maxDirEntries (< 4096) entries.
 const (
-	cookieBatches   = 8192
+	cookieBatches   = 4096
 	cookieIndexBits = 12
 )
 

@@ -430,7 +430,11 @@ type listing struct {
 
 // list reads the entries after cookie that fit: fits says whether the
 // entries so far, with one more of the given name, fit the client's count.
-func (s *Server) list(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, cookie uint64, verf xdr.Cookieverf3, plus bool, fits func(n int, name string) bool) (listing, error) {
+//
+// fetch is how many entries to ask the metadata service for: about as many
+// as the client's count can take, so that a large directory listed in
+// small pages is not read a thousand entries at a time for each page.
+func (s *Server) list(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, cookie uint64, verf xdr.Cookieverf3, plus bool, fetch int, fits func(n int, name string) bool) (listing, error) {
 	var l listing
 	t, dir, err := s.dir(ctx, call, fh)
 	l.t, l.dir = t, dir
@@ -451,7 +455,7 @@ func (s *Server) list(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, c
 		}
 		after = name
 	}
-	entries, eof, err := s.c.ReadDir(ctx, t.ino, after, maxDirEntries, plus)
+	entries, eof, err := s.c.ReadDir(ctx, t.ino, after, min(max(fetch, 1), maxDirEntries), plus)
 	if err != nil {
 		return l, staleIfGone(err)
 	}
@@ -475,7 +479,8 @@ func (s *Server) list(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, c
 func (s *Server) readdir3(ctx context.Context, call *oncrpc.Call, a *xdr.READDIR3args) *xdr.READDIR3res {
 	res := &xdr.READDIR3res{}
 	used := readdirHeadBytes
-	l, err := s.list(ctx, call, &a.Dir, a.Cookie, a.Cookieverf, false, func(n int, name string) bool {
+	fetch := (int(a.Count) - readdirHeadBytes) / (entryBytes + 4)
+	l, err := s.list(ctx, call, &a.Dir, a.Cookie, a.Cookieverf, false, fetch, func(n int, name string) bool {
 		used += entryBytes + pad4(len(name))
 		return used <= int(a.Count)
 	})
@@ -497,7 +502,8 @@ func (s *Server) readdir3(ctx context.Context, call *oncrpc.Call, a *xdr.READDIR
 func (s *Server) readdirplus3(ctx context.Context, call *oncrpc.Call, a *xdr.READDIRPLUS3args) *xdr.READDIRPLUS3res {
 	res := &xdr.READDIRPLUS3res{}
 	used, dirUsed := readdirHeadBytes, 0
-	l, err := s.list(ctx, call, &a.Dir, a.Cookie, a.Cookieverf, true, func(n int, name string) bool {
+	fetch := min((int(a.Maxcount)-readdirHeadBytes)/(entryPlusBytes+4), int(a.Dircount)/(entryBytes+4))
+	l, err := s.list(ctx, call, &a.Dir, a.Cookie, a.Cookieverf, true, fetch, func(n int, name string) bool {
 		used += entryPlusBytes + pad4(len(name))
 		dirUsed += entryBytes + pad4(len(name))
 		return used <= int(a.Maxcount) && dirUsed <= int(a.Dircount)

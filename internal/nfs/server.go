@@ -73,6 +73,9 @@ func (c *Config) Validate() error {
 	if c.IdleFileTimeout <= 0 {
 		errs = append(errs, errors.New("IdleFileTimeout must be positive"))
 	}
+	if c.RPC.MaxInFlight < 1 || c.RPC.MaxCalls < 1 || c.RPC.MaxConns < 1 {
+		errs = append(errs, fmt.Errorf("RPC.MaxInFlight %d, MaxCalls %d, MaxConns %d: each must be at least 1", c.RPC.MaxInFlight, c.RPC.MaxCalls, c.RPC.MaxConns))
+	}
 	if c.RPC.MaxRecordBytes < maxIOBytes+4096 {
 		errs = append(errs, fmt.Errorf("RPC.MaxRecordBytes %d: must hold a WRITE of %d bytes and its headers", c.RPC.MaxRecordBytes, maxIOBytes))
 	}

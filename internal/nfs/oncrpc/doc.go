@@ -14,7 +14,8 @@
 //
 // # Goroutines
 //
-// Serve's accept loop; a reader per connection; a goroutine per call
-// (at most Config.MaxInFlight per connection), which writes its own reply
-// under the connection's write lock. Close waits for all of them.
+// Serve's accept loop; a reader per connection; a goroutine per call (at
+// most Config.MaxInFlight per connection, Config.MaxCalls in all: a reader
+// reads its next record only with a slot of both), which writes its own
+// reply under the connection's write lock. Close waits for all of them.
 package oncrpc

@@ -67,6 +67,11 @@ type Config struct {
 	// connection's reader waits for a free slot before reading the next
 	// record, so a connection holds at most this many records in memory.
 	MaxInFlight int
+	// MaxCalls bounds the calls of all connections served at once (each
+	// holds a record and builds a reply, up to about a megabyte each for
+	// the NFS gateway), so that memory is bounded whatever the number of
+	// connections.
+	MaxCalls int
 	// MaxConns bounds the open connections; more are closed at accept.
 	MaxConns int
 	// IdleTimeout closes a connection that sent nothing for this long.
@@ -79,6 +84,7 @@ func DefaultConfig() Config {
 	return Config{
 		MaxRecordBytes: 1<<20 + 64<<10,
 		MaxInFlight:    32,
+		MaxCalls:       256,
 		MaxConns:       1024,
 		IdleTimeout:    15 * time.Minute,
 		Log:            slog.Default(),
@@ -95,6 +101,8 @@ type Server struct {
 	cfg   Config
 	progs map[uint32][]*Program // by program number, each version
 	conns chan struct{}         // semaphore of MaxConns
+	calls chan struct{}         // semaphore of MaxCalls
+	done  chan struct{}         // closed by Close
 	mu    struct {
 		sync.Mutex
 		ln     net.Listener
@@ -106,7 +114,8 @@ type Server struct {
 
 // NewServer returns a server of progs.
 func NewServer(cfg Config, progs ...*Program) *Server {
-	s := &Server{cfg: cfg, progs: map[uint32][]*Program{}, conns: make(chan struct{}, cfg.MaxConns)}
+	s := &Server{cfg: cfg, progs: map[uint32][]*Program{}, conns: make(chan struct{}, cfg.MaxConns),
+		calls: make(chan struct{}, cfg.MaxCalls), done: make(chan struct{})}
 	for _, p := range progs {
 		s.progs[p.Prog] = append(s.progs[p.Prog], p)
 	}
@@ -156,6 +165,9 @@ func (s *Server) Serve(ln net.Listener) error {
 // calls to end.
 func (s *Server) Close() error {
 	s.mu.Lock()
+	if !s.mu.closed {
+		close(s.done)
+	}
 	s.mu.closed = true
 	if s.mu.ln != nil {
 		s.mu.ln.Close()
@@ -195,14 +207,23 @@ func (s *Server) serveConn(c net.Conn) {
 		s.wg.Done()
 	}()
 	r := bufio.NewReaderSize(c, 64<<10)
+	release := func() { <-s.calls; <-cn.slots }
 	for {
-		cn.slots <- struct{}{} // bounded: at most MaxInFlight records held
+		// Bounded: at most MaxInFlight records held by this connection,
+		// MaxCalls by all.
+		cn.slots <- struct{}{}
+		select {
+		case s.calls <- struct{}{}:
+		case <-s.done:
+			<-cn.slots
+			return
+		}
 		if s.cfg.IdleTimeout > 0 {
 			c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
 		}
 		rec, err := ReadRecord(r, nil, s.cfg.MaxRecordBytes)
 		if err != nil {
-			<-cn.slots
+			release()
 			switch {
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
 			case errors.Is(err, syscall.ECONNRESET), errors.Is(err, os.ErrDeadlineExceeded):
@@ -214,13 +235,13 @@ func (s *Server) serveConn(c net.Conn) {
 		}
 		call, args, err := decodeCall(rec)
 		if err != nil {
-			<-cn.slots
+			release()
 			s.cfg.Log.Warn("oncrpc: undecodable call header, closing connection", "remote", cn.remote, "bytes", len(rec), "err", err)
 			return
 		}
 		cn.calls.Add(1)
 		go func() {
-			defer func() { <-cn.slots; cn.calls.Done() }()
+			defer func() { release(); cn.calls.Done() }()
 			cn.serveCall(ctx, call, args)
 		}()
 	}
