@@ -21,14 +21,14 @@ import (
 // cluster is a real metadata service and one storage server with two
 // targets, in this process on loopback, and a client library on them.
 type cluster struct {
-	t        *testing.T
+	t        testing.TB
 	key      []byte
 	metaAddr string
 	c        *client.Client
 	cfg      client.Config
 }
 
-func startCluster(t *testing.T) *cluster {
+func startCluster(t testing.TB) *cluster {
 	t.Helper()
 	dir := t.TempDir()
 	key := []byte("nfs-test-cluster-key")
@@ -60,7 +60,7 @@ func startCluster(t *testing.T) *cluster {
 	return cl
 }
 
-func waitTargets(t *testing.T, addr string, key []byte, n int) {
+func waitTargets(t testing.TB, addr string, key []byte, n int) {
 	t.Helper()
 	tc := transport.NewClient(addr, transport.ClientConfig{Key: key})
 	defer tc.Close()
@@ -137,7 +137,7 @@ func (g *gateway) stop() {
 }
 
 // dial connects a test client as uid/gid, from local ("" for any).
-func (g *gateway) dial(t *testing.T, local string, uid, gid uint32) *nfstest.Client {
+func (g *gateway) dial(t testing.TB, local string, uid, gid uint32) *nfstest.Client {
 	t.Helper()
 	c, err := nfstest.Dial(g.addr, local)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 // fs wraps a test client with typed calls that fail the test on an RPC
 // error and return the NFS status.
 type fs struct {
-	t *testing.T
+	t testing.TB
 	c *nfstest.Client
 }
 
@@ -144,7 +144,7 @@ func (f fs) readdir(dir []byte, count uint32) []string {
 	return nil
 }
 
-func mount(t *testing.T, c *nfstest.Client, path string) []byte {
+func mount(t testing.TB, c *nfstest.Client, path string) []byte {
 	t.Helper()
 	h, st, err := c.Mnt(path)
 	if err != nil || st != xdr.MNT3_OK {
@@ -153,14 +153,14 @@ func mount(t *testing.T, c *nfstest.Client, path string) []byte {
 	return h
 }
 
-func want(t *testing.T, what string, got, exp xdr.Nfsstat3) {
+func want(t testing.TB, what string, got, exp xdr.Nfsstat3) {
 	t.Helper()
 	if got != exp {
 		t.Fatalf("%s: status %v, want %v", what, got, exp)
 	}
 }
 
-func randomBytes(t *testing.T, n int) []byte {
+func randomBytes(t testing.TB, n int) []byte {
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
@@ -338,6 +338,8 @@ func TestProcedures(t *testing.T) {
 	var bad xdr.READDIR3res
 	f.call(nfstest.ProcReaddir, &xdr.READDIR3args{Dir: fh(dir), Cookie: 12345, Count: 4096}, &bad)
 	want(t, "readdir with an unknown cookie", bad.Status, xdr.NFS3ERR_BAD_COOKIE)
+	f.call(nfstest.ProcReaddir, &xdr.READDIR3args{Dir: fh(dir), Count: 100}, &bad)
+	want(t, "readdir with a count too small for one entry", bad.Status, xdr.NFS3ERR_TOOSMALL)
 
 	// RENAME, COMMIT, REMOVE, RMDIR; a removed file's handle is stale.
 	var rn xdr.RENAME3res
