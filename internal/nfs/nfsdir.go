@@ -476,6 +476,20 @@ func (s *Server) list(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, c
 	return l, nil
 }
 
+// listAnswer sets a READDIR(PLUS)'s status and what both answers carry:
+// the directory's attributes, the cookie verifier and the end mark. It
+// reports whether the listing succeeded.
+func (s *Server) listAnswer(op string, l listing, err error, status *xdr.Nfsstat3, fail func() *xdr.Post_op_attr, ok func() (*xdr.Post_op_attr, *xdr.Cookieverf3, *bool)) bool {
+	if *status = s.status(op, l.t.ino, err); *status != xdr.NFS3_OK {
+		s.postOp(fail(), l.dir)
+		return false
+	}
+	attrs, verf, eof := ok()
+	s.postOp(attrs, l.dir)
+	*verf, *eof = s.verifier, l.eof
+	return true
+}
+
 func (s *Server) readdir3(ctx context.Context, call *oncrpc.Call, a *xdr.READDIR3args) *xdr.READDIR3res {
 	res := &xdr.READDIR3res{}
 	used := readdirHeadBytes
@@ -484,14 +498,14 @@ func (s *Server) readdir3(ctx context.Context, call *oncrpc.Call, a *xdr.READDIR
 		used += entryBytes + pad4(len(name))
 		return used <= int(a.Count)
 	})
-	if res.Status = s.status("readdir", l.t.ino, err); res.Status != xdr.NFS3_OK {
-		s.postOp(&res.Resfail().Dir_attributes, l.dir)
+	if !s.listAnswer("readdir", l, err, &res.Status, func() *xdr.Post_op_attr { return &res.Resfail().Dir_attributes },
+		func() (*xdr.Post_op_attr, *xdr.Cookieverf3, *bool) {
+			ok := res.Resok()
+			return &ok.Dir_attributes, &ok.Cookieverf, &ok.Reply.Eof
+		}) {
 		return res
 	}
 	ok := res.Resok()
-	s.postOp(&ok.Dir_attributes, l.dir)
-	ok.Cookieverf = s.verifier
-	ok.Reply.Eof = l.eof
 	for i := len(l.entries) - 1; i >= 0; i-- {
 		e := &l.entries[i]
 		ok.Reply.Entries = &xdr.Entry3{Fileid: e.Ino, Name: e.Name, Cookie: l.cookies[i], Nextentry: ok.Reply.Entries}
@@ -508,14 +522,14 @@ func (s *Server) readdirplus3(ctx context.Context, call *oncrpc.Call, a *xdr.REA
 		dirUsed += entryBytes + pad4(len(name))
 		return used <= int(a.Maxcount) && dirUsed <= int(a.Dircount)
 	})
-	if res.Status = s.status("readdirplus", l.t.ino, err); res.Status != xdr.NFS3_OK {
-		s.postOp(&res.Resfail().Dir_attributes, l.dir)
+	if !s.listAnswer("readdirplus", l, err, &res.Status, func() *xdr.Post_op_attr { return &res.Resfail().Dir_attributes },
+		func() (*xdr.Post_op_attr, *xdr.Cookieverf3, *bool) {
+			ok := res.Resok()
+			return &ok.Dir_attributes, &ok.Cookieverf, &ok.Reply.Eof
+		}) {
 		return res
 	}
 	ok := res.Resok()
-	s.postOp(&ok.Dir_attributes, l.dir)
-	ok.Cookieverf = s.verifier
-	ok.Reply.Eof = l.eof
 	for i := len(l.entries) - 1; i >= 0; i-- {
 		e := &l.entries[i]
 		ent := &xdr.Entryplus3{Fileid: e.Ino, Name: e.Name, Cookie: l.cookies[i], Nextentry: ok.Reply.Entries}
