@@ -144,19 +144,33 @@ func modeOr(sa *xdr.Sattr3, def uint32) uint32 {
 	return def
 }
 
-// answerNew sets a creation's status and fills its answer. The four
-// creations' arms have CREATE3's fields, so ok and fail give them as
-// CREATE3's (a conversion of the pointer).
-func (s *Server) answerNew(op string, c created, err error, status *xdr.Nfsstat3, ok func() *xdr.CREATE3resok, fail func() *xdr.CREATE3resfail) {
+// newOK is the success arm of the four creations' answers (CREATE, MKDIR,
+// SYMLINK, MKNOD), which have the same fields; dirWcc is their failure arm
+// and both arms of REMOVE's and RMDIR's.
+type (
+	newOK = struct {
+		Obj            xdr.Post_op_fh3
+		Obj_attributes xdr.Post_op_attr
+		Dir_wcc        xdr.Wcc_data
+	}
+	dirWcc = struct{ Dir_wcc xdr.Wcc_data }
+)
+
+// answerNew sets a creation's status and fills its answer through its
+// arms' accessors.
+func answerNew[OK ~newOK, F ~dirWcc](s *Server, op string, c created, err error, status *xdr.Nfsstat3, ok func() *OK, fail func() *F) {
 	if *status = s.status(op, c.t.ino, err); *status != xdr.NFS3_OK {
-		s.wcc(&fail().Dir_wcc, nil, c.dirAfter)
+		var f dirWcc
+		s.wcc(&f.Dir_wcc, nil, c.dirAfter)
+		*fail() = F(f)
 		return
 	}
-	r := ok()
+	var r newOK
 	r.Obj.Handle_follows = true
 	r.Obj.Handle().Data = s.handleOf(c.t.exp, c.obj.Ino)
 	s.postOp(&r.Obj_attributes, c.obj)
 	s.wcc(&r.Dir_wcc, nil, c.dirAfter)
+	*ok() = OK(r)
 }
 
 // exclusiveStamp is where an EXCLUSIVE create keeps the client's verifier:
@@ -201,7 +215,7 @@ func (s *Server) create3(ctx context.Context, call *oncrpc.Call, a *xdr.CREATE3a
 		}
 		return old, nil
 	})
-	s.answerNew("create", c, err, &res.Status, res.Resok, res.Resfail)
+	answerNew(s, "create", c, err, &res.Status, res.Resok, res.Resfail)
 	return res
 }
 
@@ -210,9 +224,7 @@ func (s *Server) mkdir3(ctx context.Context, call *oncrpc.Call, a *xdr.MKDIR3arg
 	c, err := s.makeNode(ctx, call, &a.Where, &a.Attributes, func(t target) (rpc.Attr, error) {
 		return s.c.Mkdir(ctx, t.ino, a.Where.Name, modeOr(&a.Attributes, 0o755), t.cred.uid, t.cred.gid)
 	})
-	s.answerNew("mkdir", c, err, &res.Status,
-		func() *xdr.CREATE3resok { return (*xdr.CREATE3resok)(res.Resok()) },
-		func() *xdr.CREATE3resfail { return (*xdr.CREATE3resfail)(res.Resfail()) })
+	answerNew(s, "mkdir", c, err, &res.Status, res.Resok, res.Resfail)
 	return res
 }
 
@@ -223,9 +235,7 @@ func (s *Server) symlink3(ctx context.Context, call *oncrpc.Call, a *xdr.SYMLINK
 	c, err := s.makeNode(ctx, call, &a.Where, &sa, func(t target) (rpc.Attr, error) {
 		return s.c.Symlink(ctx, t.ino, a.Where.Name, a.Symlink.Symlink_data, t.cred.uid, t.cred.gid)
 	})
-	s.answerNew("symlink", c, err, &res.Status,
-		func() *xdr.CREATE3resok { return (*xdr.CREATE3resok)(res.Resok()) },
-		func() *xdr.CREATE3resfail { return (*xdr.CREATE3resfail)(res.Resfail()) })
+	answerNew(s, "symlink", c, err, &res.Status, res.Resok, res.Resfail)
 	return res
 }
 
@@ -258,9 +268,7 @@ func (s *Server) mknod3(ctx context.Context, call *oncrpc.Call, a *xdr.MKNOD3arg
 			return s.c.Mknod(ctx, t.ino, a.Where.Name, kind|modeOr(sa, 0o644), rdev, t.cred.uid, t.cred.gid)
 		})
 	}
-	s.answerNew("mknod", c, err, &res.Status,
-		func() *xdr.CREATE3resok { return (*xdr.CREATE3resok)(res.Resok()) },
-		func() *xdr.CREATE3resfail { return (*xdr.CREATE3resfail)(res.Resfail()) })
+	answerNew(s, "mknod", c, err, &res.Status, res.Resok, res.Resfail)
 	return res
 }
 
@@ -281,10 +289,9 @@ func (s *Server) mayRemove(ctx context.Context, t target, dir *rpc.Attr, name st
 }
 
 // removeEntry is REMOVE and RMDIR: rm removes name from the directory;
-// the answer is filled through ok and fail (RMDIR's arms have REMOVE's
-// fields).
-func (s *Server) removeEntry(ctx context.Context, call *oncrpc.Call, op string, d *xdr.Diropargs3, status *xdr.Nfsstat3,
-	ok func() *xdr.REMOVE3resok, fail func() *xdr.REMOVE3resfail, rm func(t target) error) {
+// the answer is filled through its arms' accessors.
+func removeEntry[OK, F ~dirWcc](s *Server, ctx context.Context, call *oncrpc.Call, op string, d *xdr.Diropargs3, status *xdr.Nfsstat3,
+	ok func() *OK, fail func() *F, rm func(t target) error) {
 	t, dir, err := s.dirForChange(ctx, call, &d.Dir)
 	if err == nil {
 		err = s.mayRemove(ctx, t, dir, d.Name)
@@ -295,17 +302,18 @@ func (s *Server) removeEntry(ctx context.Context, call *oncrpc.Call, op string, 
 	if err == nil {
 		err = s.durable(ctx, t)
 	}
-	after := s.attrOrNil(ctx, t.ino)
+	var w dirWcc
+	s.wcc(&w.Dir_wcc, nil, s.attrOrNil(ctx, t.ino))
 	if *status = s.status(op, t.ino, err); *status == xdr.NFS3_OK {
-		s.wcc(&ok().Dir_wcc, nil, after)
+		*ok() = OK(w)
 	} else {
-		s.wcc(&fail().Dir_wcc, nil, after)
+		*fail() = F(w)
 	}
 }
 
 func (s *Server) remove3(ctx context.Context, call *oncrpc.Call, a *xdr.REMOVE3args) *xdr.REMOVE3res {
 	res := &xdr.REMOVE3res{}
-	s.removeEntry(ctx, call, "remove", &a.Object, &res.Status, res.Resok, res.Resfail, func(t target) error {
+	removeEntry(s, ctx, call, "remove", &a.Object, &res.Status, res.Resok, res.Resfail, func(t target) error {
 		victim, err := s.c.Unlink(ctx, t.ino, a.Object.Name)
 		if err == nil && victim.Nlink == 0 {
 			s.files.forget(victim.Ino) // else the gateway would keep it alive
@@ -317,9 +325,7 @@ func (s *Server) remove3(ctx context.Context, call *oncrpc.Call, a *xdr.REMOVE3a
 
 func (s *Server) rmdir3(ctx context.Context, call *oncrpc.Call, a *xdr.RMDIR3args) *xdr.RMDIR3res {
 	res := &xdr.RMDIR3res{}
-	s.removeEntry(ctx, call, "rmdir", &a.Object, &res.Status,
-		func() *xdr.REMOVE3resok { return (*xdr.REMOVE3resok)(res.Resok()) },
-		func() *xdr.REMOVE3resfail { return (*xdr.REMOVE3resfail)(res.Resfail()) },
+	removeEntry(s, ctx, call, "rmdir", &a.Object, &res.Status, res.Resok, res.Resfail,
 		func(t target) error { return s.c.Rmdir(ctx, t.ino, a.Object.Name) })
 	return res
 }
@@ -476,18 +482,11 @@ func (s *Server) list(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, c
 	return l, nil
 }
 
-// listAnswer sets a READDIR(PLUS)'s status and what both answers carry:
-// the directory's attributes, the cookie verifier and the end mark. It
-// reports whether the listing succeeded.
-func (s *Server) listAnswer(op string, l listing, err error, status *xdr.Nfsstat3, fail func() *xdr.Post_op_attr, ok func() (*xdr.Post_op_attr, *xdr.Cookieverf3, *bool)) bool {
-	if *status = s.status(op, l.t.ino, err); *status != xdr.NFS3_OK {
-		s.postOp(fail(), l.dir)
-		return false
-	}
-	attrs, verf, eof := ok()
+// listHead fills what READDIR and READDIRPLUS answers both carry: the
+// directory's attributes, the cookie verifier and the end mark.
+func (s *Server) listHead(l *listing, attrs *xdr.Post_op_attr, verf *xdr.Cookieverf3, eof *bool) {
 	s.postOp(attrs, l.dir)
 	*verf, *eof = s.verifier, l.eof
-	return true
 }
 
 func (s *Server) readdir3(ctx context.Context, call *oncrpc.Call, a *xdr.READDIR3args) *xdr.READDIR3res {
@@ -498,14 +497,12 @@ func (s *Server) readdir3(ctx context.Context, call *oncrpc.Call, a *xdr.READDIR
 		used += entryBytes + pad4(len(name))
 		return used <= int(a.Count)
 	})
-	if !s.listAnswer("readdir", l, err, &res.Status, func() *xdr.Post_op_attr { return &res.Resfail().Dir_attributes },
-		func() (*xdr.Post_op_attr, *xdr.Cookieverf3, *bool) {
-			ok := res.Resok()
-			return &ok.Dir_attributes, &ok.Cookieverf, &ok.Reply.Eof
-		}) {
+	if res.Status = s.status("readdir", l.t.ino, err); res.Status != xdr.NFS3_OK {
+		s.postOp(&res.Resfail().Dir_attributes, l.dir)
 		return res
 	}
 	ok := res.Resok()
+	s.listHead(&l, &ok.Dir_attributes, &ok.Cookieverf, &ok.Reply.Eof)
 	for i := len(l.entries) - 1; i >= 0; i-- {
 		e := &l.entries[i]
 		ok.Reply.Entries = &xdr.Entry3{Fileid: e.Ino, Name: e.Name, Cookie: l.cookies[i], Nextentry: ok.Reply.Entries}
@@ -522,14 +519,12 @@ func (s *Server) readdirplus3(ctx context.Context, call *oncrpc.Call, a *xdr.REA
 		dirUsed += entryBytes + pad4(len(name))
 		return used <= int(a.Maxcount) && dirUsed <= int(a.Dircount)
 	})
-	if !s.listAnswer("readdirplus", l, err, &res.Status, func() *xdr.Post_op_attr { return &res.Resfail().Dir_attributes },
-		func() (*xdr.Post_op_attr, *xdr.Cookieverf3, *bool) {
-			ok := res.Resok()
-			return &ok.Dir_attributes, &ok.Cookieverf, &ok.Reply.Eof
-		}) {
+	if res.Status = s.status("readdirplus", l.t.ino, err); res.Status != xdr.NFS3_OK {
+		s.postOp(&res.Resfail().Dir_attributes, l.dir)
 		return res
 	}
 	ok := res.Resok()
+	s.listHead(&l, &ok.Dir_attributes, &ok.Cookieverf, &ok.Reply.Eof)
 	for i := len(l.entries) - 1; i >= 0; i-- {
 		e := &l.entries[i]
 		ent := &xdr.Entryplus3{Fileid: e.Ino, Name: e.Name, Cookie: l.cookies[i], Nextentry: ok.Reply.Entries}
