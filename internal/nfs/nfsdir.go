@@ -482,6 +482,18 @@ func (s *Server) list(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, c
 	return l, nil
 }
 
+// listFailed sets a READDIR(PLUS)'s status and, when it is an error, its
+// failure arm (the same fields in both); it reports the failure.
+func listFailed[F ~struct{ Dir_attributes xdr.Post_op_attr }](s *Server, op string, l listing, err error, status *xdr.Nfsstat3, fail func() *F) bool {
+	if *status = s.status(op, l.t.ino, err); *status == xdr.NFS3_OK {
+		return false
+	}
+	var f struct{ Dir_attributes xdr.Post_op_attr }
+	s.postOp(&f.Dir_attributes, l.dir)
+	*fail() = F(f)
+	return true
+}
+
 // listHead fills what READDIR and READDIRPLUS answers both carry: the
 // directory's attributes, the cookie verifier and the end mark.
 func (s *Server) listHead(l *listing, attrs *xdr.Post_op_attr, verf *xdr.Cookieverf3, eof *bool) {
@@ -497,8 +509,7 @@ func (s *Server) readdir3(ctx context.Context, call *oncrpc.Call, a *xdr.READDIR
 		used += entryBytes + pad4(len(name))
 		return used <= int(a.Count)
 	})
-	if res.Status = s.status("readdir", l.t.ino, err); res.Status != xdr.NFS3_OK {
-		s.postOp(&res.Resfail().Dir_attributes, l.dir)
+	if listFailed(s, "readdir", l, err, &res.Status, res.Resfail) {
 		return res
 	}
 	ok := res.Resok()
@@ -519,8 +530,7 @@ func (s *Server) readdirplus3(ctx context.Context, call *oncrpc.Call, a *xdr.REA
 		dirUsed += entryBytes + pad4(len(name))
 		return used <= int(a.Maxcount) && dirUsed <= int(a.Dircount)
 	})
-	if res.Status = s.status("readdirplus", l.t.ino, err); res.Status != xdr.NFS3_OK {
-		s.postOp(&res.Resfail().Dir_attributes, l.dir)
+	if listFailed(s, "readdirplus", l, err, &res.Status, res.Resfail) {
 		return res
 	}
 	ok := res.Resok()
