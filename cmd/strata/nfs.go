@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/stratafs/strata/internal/client"
+	"github.com/stratafs/strata/internal/nfs"
+	"github.com/stratafs/strata/internal/transport"
+)
+
+func init() {
+	ccfg := client.DefaultConfig()
+	// NFS clients read ahead themselves, and a gateway's read-ahead would
+	// keep bytes another client may overwrite before the file is released
+	// (the gateway has no close-to-open point to drop them at).
+	ccfg.ReadAheadBytes = 0
+	ncfg := nfs.DefaultConfig()
+	var keyFile, metaList, listen string
+	var exports []string
+	var tf tlsFlags
+	cmd := &cobra.Command{
+		Use:   "nfs --meta ADDRS --key-file K --listen ADDR --export 'PATH=OPTIONS' [--export ...]",
+		Short: "Serve the namespace over NFSv3 and MOUNT v3 (one TCP port) until SIGINT/SIGTERM",
+		Long: "Serve the namespace over NFSv3 (RFC 1813) and MOUNT v3 on the one TCP port of --listen, through the client library.\n" +
+			"No rpcbind registration yet: give clients the port for both (libnfs: nfs://HOST/PATH?nfsport=P&mountport=P&version=3).\n" +
+			"--export " + nfs.ExportSyntax,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if metaList == "" {
+				metaList = os.Getenv("STRATA_META")
+			}
+			if keyFile == "" {
+				keyFile = os.Getenv("STRATA_KEY_FILE")
+			}
+			var problems []error
+			if metaList == "" {
+				problems = append(problems, errors.New("--meta ADDR[,ADDR...] is required (or set STRATA_META)"))
+			} else if addrs, err := transport.ParseAddrList(metaList); err != nil {
+				problems = append(problems, fmt.Errorf("--meta %v", err))
+			} else {
+				ccfg.MetaAddrs = addrs
+			}
+			if keyFile == "" {
+				problems = append(problems, errors.New("--key-file FILE is required (or set STRATA_KEY_FILE)"))
+			} else if key, err := readKeyFile(keyFile); err != nil {
+				problems = append(problems, err)
+			} else {
+				ccfg.ClusterKey, ncfg.ClusterKey = key, key
+			}
+			if listen == "" {
+				problems = append(problems, errors.New("--listen ADDR is required (e.g. 0.0.0.0:2049)"))
+			}
+			if len(exports) == 0 {
+				problems = append(problems, errors.New("--export 'PATH=OPTIONS' is required (repeatable)"))
+			}
+			for _, x := range exports {
+				e, err := nfs.ParseExport(x)
+				if err != nil {
+					problems = append(problems, fmt.Errorf("--export: %w", err))
+					continue
+				}
+				ncfg.Exports = append(ncfg.Exports, e)
+			}
+			if err := errors.Join(problems...); err != nil {
+				return usagef("nfs: %v\n--export %s", err, nfs.ExportSyntax)
+			}
+			var err error
+			if ccfg.TLS, err = tf.load(); err != nil {
+				return err
+			}
+			ccfg.MountPoint = "nfs://" + listen
+			if err := ccfg.Validate(); err != nil {
+				return usagef("nfs: %v", err)
+			}
+			if err := ncfg.Validate(); err != nil {
+				return usagef("nfs: %v", err)
+			}
+			ncfg.Log = slog.Default() // as --log-level set it
+			ncfg.RPC.Log = ncfg.Log
+			return runNFS(ccfg, ncfg, listen)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&metaList, "meta", "", metaFlagUsage+" (default $STRATA_META)")
+	f.StringVar(&keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE)")
+	f.StringVar(&listen, "listen", "", "TCP address serving both NFS (100003 v3) and MOUNT (100005 v3), e.g. 0.0.0.0:2049")
+	f.StringArrayVar(&exports, "export", nil, "an exported directory: "+nfs.ExportSyntax+" (repeatable)")
+	tf.register(f)
+	f.DurationVar(&ccfg.IOTimeout, "io-timeout", ccfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
+	f.Int64Var(&ccfg.WriteBehindBytes, "write-behind-bytes", ccfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
+	f.Int64Var(&ccfg.ReadAheadBytes, "read-ahead-bytes", ccfg.ReadAheadBytes, "the gateway's own read-ahead per file (0 = off: clients read ahead, and prefetched bytes could be stale for another client's writes)")
+	f.DurationVar(&ncfg.IdleFileTimeout, "idle-file-timeout", ncfg.IdleFileTimeout, "release a file READ/WRITE has not touched for this long")
+	metricsFlag(f, &ccfg.MetricsAddr)
+	rootCmd.AddCommand(cmd)
+}
+
+// runNFS serves until a signal.
+func runNFS(ccfg client.Config, ncfg nfs.Config, listen string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), ccfg.IOTimeout)
+	c, err := client.New(ctx, ccfg)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	s, err := nfs.New(c, ncfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("nfs: listen: %w", err)
+	}
+	for _, e := range ncfg.Exports {
+		slog.Info("nfs: exporting", "path", e.Path, "read_only", e.ReadOnly, "async", e.Async, "clients", e.ClientsText)
+	}
+	slog.Info("nfs: serving NFSv3 and MOUNT v3", "addr", ln.Addr().String())
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(ln) }()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	select {
+	case sig := <-sigs:
+		slog.Info("nfs: stopping", "signal", sig)
+		return s.Close()
+	case err := <-errc:
+		s.Close()
+		return err
+	}
+}

@@ -1,0 +1,396 @@
+package oncrpc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stratafs/strata/internal/nfs/xdr"
+)
+
+// Cred is a call's credential as the program sees it: AUTH_SYS's uid, gid
+// and supplementary groups, or, for AUTH_NONE, Flavor AUTH_NONE and the
+// ids left to the program (the NFS gateway maps it to the anonymous user).
+type Cred struct {
+	Flavor  xdr.Auth_flavor
+	UID     uint32
+	GID     uint32
+	GIDs    []uint32
+	Machine string
+}
+
+// Call is one decoded call header.
+type Call struct {
+	Xid              uint32
+	Prog, Vers, Proc uint32
+	Cred             Cred
+	// Remote is the caller's address (port included: `secure` exports
+	// want a privileged one).
+	Remote netip.AddrPort
+}
+
+// ErrGarbageArgs: a procedure could not decode its arguments; the caller
+// gets GARBAGE_ARGS.
+var ErrGarbageArgs = errors.New("oncrpc: garbage arguments")
+
+// Proc serves one procedure: it decodes its arguments from args (returning
+// an error wrapping ErrGarbageArgs when they do not decode) and appends its
+// results to res. Any other error is answered SYSTEM_ERR and logged. Procs
+// run concurrently, on a goroutine per call.
+type Proc func(ctx context.Context, call *Call, args []byte, res *bytes.Buffer) error
+
+// Program is one version of an RPC program: Procs indexed by procedure
+// number, nil for a procedure it does not serve (PROC_UNAVAIL).
+type Program struct {
+	Prog, Vers uint32
+	Name       string
+	Procs      []Proc
+}
+
+// Config configures a Server.
+type Config struct {
+	// MaxRecordBytes bounds a call's record (arguments and header); a
+	// larger one closes the connection. The NFS gateway allows 1 MiB of
+	// WRITE data plus headers.
+	MaxRecordBytes int
+	// MaxInFlight bounds the calls of one connection served at once; the
+	// connection's reader waits for a free slot before reading the next
+	// record, so a connection holds at most this many records in memory.
+	MaxInFlight int
+	// MaxCalls bounds the calls of all connections served at once (each
+	// holds a record and builds a reply, up to about a megabyte each for
+	// the NFS gateway), so that memory is bounded whatever the number of
+	// connections.
+	MaxCalls int
+	// MaxConns bounds the open connections; more are closed at accept.
+	MaxConns int
+	// IdleTimeout closes a connection that sent nothing for this long.
+	IdleTimeout time.Duration
+	Log         *slog.Logger
+}
+
+// DefaultConfig returns a Config for the NFS gateway.
+func DefaultConfig() Config {
+	return Config{
+		MaxRecordBytes: 1<<20 + 64<<10,
+		MaxInFlight:    32,
+		MaxCalls:       256,
+		MaxConns:       1024,
+		IdleTimeout:    15 * time.Minute,
+		Log:            slog.Default(),
+	}
+}
+
+// Server serves RPC programs on a TCP listener.
+//
+// Goroutines: Serve's accept loop; per connection a reader (reads records,
+// decodes call headers, starts one goroutine per call, bounded by
+// MaxInFlight); each call's goroutine writes its reply under the
+// connection's write lock.
+type Server struct {
+	cfg   Config
+	progs map[uint32][]*Program // by program number, each version
+	conns chan struct{}         // semaphore of MaxConns
+	calls chan struct{}         // semaphore of MaxCalls
+	done  chan struct{}         // closed by Close
+	mu    struct {
+		sync.Mutex
+		ln     net.Listener
+		open   map[net.Conn]struct{}
+		closed bool
+	}
+	wg sync.WaitGroup
+}
+
+// NewServer returns a server of progs.
+func NewServer(cfg Config, progs ...*Program) *Server {
+	s := &Server{cfg: cfg, progs: map[uint32][]*Program{}, conns: make(chan struct{}, cfg.MaxConns),
+		calls: make(chan struct{}, cfg.MaxCalls), done: make(chan struct{})}
+	for _, p := range progs {
+		s.progs[p.Prog] = append(s.progs[p.Prog], p)
+	}
+	s.mu.open = map[net.Conn]struct{}{}
+	return s
+}
+
+// Serve accepts connections on ln until Close. It returns nil after Close.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		ln.Close()
+		return nil
+	}
+	s.mu.ln = ln
+	s.mu.Unlock()
+	for {
+		c, err := ln.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			return nil // Close
+		}
+		if err != nil {
+			return fmt.Errorf("oncrpc: accept: %w", err)
+		}
+		select {
+		case s.conns <- struct{}{}:
+		default:
+			s.cfg.Log.Warn("oncrpc: too many connections, closing a new one", "remote", c.RemoteAddr(), "max", s.cfg.MaxConns)
+			c.Close()
+			continue
+		}
+		s.mu.Lock()
+		if s.mu.closed {
+			s.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		s.mu.open[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serveConn(c)
+	}
+}
+
+// Close stops accepting, closes every connection and waits for their
+// calls to end.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if !s.mu.closed {
+		close(s.done)
+	}
+	s.mu.closed = true
+	if s.mu.ln != nil {
+		s.mu.ln.Close()
+	}
+	for c := range s.mu.open {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+// conn is one client connection.
+type conn struct {
+	s      *Server
+	c      net.Conn
+	remote netip.AddrPort
+	wmu    sync.Mutex // serialises replies
+	slots  chan struct{}
+	calls  sync.WaitGroup
+}
+
+func (s *Server) serveConn(c net.Conn) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cn := &conn{s: s, c: c, slots: make(chan struct{}, s.cfg.MaxInFlight)}
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		cn.remote = ta.AddrPort()
+	}
+	defer func() {
+		cancel()
+		cn.calls.Wait()
+		c.Close()
+		s.mu.Lock()
+		delete(s.mu.open, c)
+		s.mu.Unlock()
+		<-s.conns
+		s.wg.Done()
+	}()
+	r := bufio.NewReaderSize(c, 64<<10)
+	release := func() { <-s.calls; <-cn.slots }
+	for {
+		// Bounded: at most MaxInFlight records held by this connection,
+		// MaxCalls by all.
+		cn.slots <- struct{}{}
+		select {
+		case s.calls <- struct{}{}:
+		case <-s.done:
+			<-cn.slots
+			return
+		}
+		if s.cfg.IdleTimeout > 0 {
+			c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		}
+		rec, err := ReadRecord(r, nil, s.cfg.MaxRecordBytes)
+		if err != nil {
+			release()
+			switch {
+			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
+			case errors.Is(err, syscall.ECONNRESET), errors.Is(err, os.ErrDeadlineExceeded):
+				s.cfg.Log.Debug("oncrpc: connection ended", "remote", cn.remote, "err", err)
+			default:
+				s.cfg.Log.Warn("oncrpc: closing connection", "remote", cn.remote, "err", err)
+			}
+			return
+		}
+		call, args, err := decodeCall(rec)
+		if err != nil {
+			release()
+			s.cfg.Log.Warn("oncrpc: undecodable call header, closing connection", "remote", cn.remote, "bytes", len(rec), "err", err)
+			return
+		}
+		cn.calls.Add(1)
+		go func() {
+			defer func() { release(); cn.calls.Done() }()
+			cn.serveCall(ctx, call, args)
+		}()
+	}
+}
+
+// header is a decoded call: the message and the arguments after it.
+type header struct {
+	msg  xdr.Rpc_msg
+	args []byte
+}
+
+// decodeCall decodes a record's call header. A REPLY or an undecodable
+// header is an error (there is nobody to answer).
+func decodeCall(rec []byte) (*header, []byte, error) {
+	h := &header{}
+	var err error
+	if h.args, err = xdr.Decode(rec, &h.msg); err != nil {
+		return nil, nil, err
+	}
+	if h.msg.Body.Mtype != xdr.CALL {
+		return nil, nil, fmt.Errorf("oncrpc: a %v message where a call was expected", h.msg.Body.Mtype)
+	}
+	return h, h.args, nil
+}
+
+// serveCall answers one call: version, program, procedure and credential
+// checks, then the procedure.
+func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
+	cb := h.msg.Body.Cbody()
+	call := &Call{Xid: h.msg.Xid, Prog: cb.Prog, Vers: cb.Vers, Proc: cb.Proc, Remote: cn.remote}
+	var out bytes.Buffer
+	out.Write([]byte{0, 0, 0, 0}) // the record mark, FinishRecord fills it
+	switch {
+	case cb.Rpcvers != 2:
+		writeDenied(&out, call.Xid, xdr.RPC_MISMATCH, 0)
+	default:
+		cred, stat := parseCred(&cb.Cred)
+		if stat != xdr.AUTH_OK {
+			cn.s.cfg.Log.Warn("oncrpc: credential refused", "remote", cn.remote, "flavor", cb.Cred.Flavor, "stat", stat)
+			writeDenied(&out, call.Xid, xdr.AUTH_ERROR, stat)
+			break
+		}
+		call.Cred = cred
+		cn.s.dispatch(ctx, call, args, &out)
+	}
+	b := out.Bytes()
+	FinishRecord(b)
+	cn.wmu.Lock()
+	defer cn.wmu.Unlock()
+	cn.c.SetWriteDeadline(time.Now().Add(time.Minute))
+	if _, err := cn.c.Write(b); err != nil && !errors.Is(err, net.ErrClosed) {
+		cn.s.cfg.Log.Debug("oncrpc: writing a reply", "remote", cn.remote, "err", err)
+	}
+}
+
+// dispatch finds the procedure and runs it, writing the accepted reply.
+func (s *Server) dispatch(ctx context.Context, call *Call, args []byte, out *bytes.Buffer) {
+	versions := s.progs[call.Prog]
+	if len(versions) == 0 {
+		writeAccepted(out, call.Xid, xdr.PROG_UNAVAIL, nil)
+		return
+	}
+	var prog *Program
+	lo, hi := ^uint32(0), uint32(0)
+	for _, p := range versions {
+		lo, hi = min(lo, p.Vers), max(hi, p.Vers)
+		if p.Vers == call.Vers {
+			prog = p
+		}
+	}
+	if prog == nil {
+		writeAccepted(out, call.Xid, xdr.PROG_MISMATCH, &xdr.Mismatch_info{Low: lo, High: hi})
+		return
+	}
+	if int64(call.Proc) >= int64(len(prog.Procs)) || prog.Procs[call.Proc] == nil {
+		writeAccepted(out, call.Xid, xdr.PROC_UNAVAIL, nil)
+		return
+	}
+	mark := out.Len()
+	writeAccepted(out, call.Xid, xdr.SUCCESS, nil)
+	err := prog.Procs[call.Proc](ctx, call, args, out)
+	if err == nil {
+		if s.cfg.Log.Enabled(ctx, slog.LevelDebug) {
+			s.cfg.Log.Debug("oncrpc: call", "remote", call.Remote, "prog", prog.Name, "proc", call.Proc, "xid", call.Xid, "uid", call.Cred.UID, "reply_bytes", out.Len()-mark)
+		}
+		return
+	}
+	out.Truncate(mark)
+	if errors.Is(err, ErrGarbageArgs) {
+		s.cfg.Log.Warn("oncrpc: garbage arguments", "remote", call.Remote, "prog", prog.Name, "proc", call.Proc, "err", err)
+		writeAccepted(out, call.Xid, xdr.GARBAGE_ARGS, nil)
+		return
+	}
+	s.cfg.Log.Error("oncrpc: procedure failed", "remote", call.Remote, "prog", prog.Name, "proc", call.Proc, "err", err)
+	writeAccepted(out, call.Xid, xdr.SYSTEM_ERR, nil)
+}
+
+// parseCred reads an AUTH_NONE or AUTH_SYS credential.
+func parseCred(a *xdr.Opaque_auth) (Cred, xdr.Auth_stat) {
+	switch xdr.Auth_flavor(a.Flavor) {
+	case xdr.AUTH_NONE:
+		return Cred{Flavor: xdr.AUTH_NONE}, xdr.AUTH_OK
+	case xdr.AUTH_SYS:
+		var p xdr.Authsys_parms
+		if rest, err := xdr.Decode(a.Body, &p); err != nil || len(rest) != 0 {
+			return Cred{}, xdr.AUTH_BADCRED
+		}
+		return Cred{Flavor: xdr.AUTH_SYS, UID: p.Uid, GID: p.Gid, GIDs: p.Gids, Machine: p.Machinename}, xdr.AUTH_OK
+	default:
+		return Cred{}, xdr.AUTH_REJECTEDCRED
+	}
+}
+
+// reply is a reply header of xid with status stat.
+func reply(xid uint32, stat xdr.Reply_stat) (*xdr.Rpc_msg, *xdr.Reply_body) {
+	m := &xdr.Rpc_msg{Xid: xid}
+	m.Body.Mtype = xdr.REPLY
+	rb := m.Body.Rbody()
+	rb.Stat = stat
+	return m, rb
+}
+
+func writeAccepted(out *bytes.Buffer, xid uint32, stat xdr.Accept_stat, mismatch *xdr.Mismatch_info) {
+	m, rb := reply(xid, xdr.MSG_ACCEPTED)
+	ar := rb.Areply()
+	ar.Verf.Flavor = uint32(xdr.AUTH_NONE)
+	ar.Reply_data.Stat = stat
+	if stat == xdr.PROG_MISMATCH {
+		*ar.Reply_data.Mismatch() = *mismatch
+	}
+	mustEncode(out, m)
+}
+
+func writeDenied(out *bytes.Buffer, xid uint32, stat xdr.Reject_stat, auth xdr.Auth_stat) {
+	m, rb := reply(xid, xdr.MSG_DENIED)
+	rr := rb.Rreply()
+	rr.Stat = stat
+	if stat == xdr.RPC_MISMATCH {
+		*rr.Mismatch() = xdr.Mismatch_info{Low: 2, High: 2}
+	} else {
+		*rr.Auth() = auth
+	}
+	mustEncode(out, m)
+}
+
+// mustEncode encodes a value this package built: within its bounds by
+// construction, so a failure is a broken invariant.
+func mustEncode(out *bytes.Buffer, v xdr.XdrType) {
+	if err := xdr.Encode(out, v); err != nil {
+		panic(err)
+	}
+}

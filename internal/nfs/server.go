@@ -1,0 +1,211 @@
+package nfs
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/stratafs/strata/internal/client"
+	"github.com/stratafs/strata/internal/nfs/oncrpc"
+	"github.com/stratafs/strata/internal/nfs/xdr"
+)
+
+// Program numbers and versions served (RFC 1813).
+const (
+	nfsProgram   = 100003
+	nfsVersion   = 3
+	mountProgram = 100005
+	mountVersion = 3
+)
+
+// maxIOBytes is rtmax and wtmax (FSINFO): the most one READ or WRITE moves.
+const maxIOBytes = 1 << 20
+
+// Config configures a Server.
+type Config struct {
+	// Exports are the exported directories; MNT names one by its Path.
+	Exports []Export
+	// ClusterKey is the cluster's key: handles carry an id derived from it.
+	ClusterKey []byte
+	// IdleFileTimeout: a file READ or WRITE has not touched for this long
+	// is released (its writes flushed, its size committed).
+	IdleFileTimeout time.Duration
+	// MaxOpenFiles bounds the files kept open between calls.
+	MaxOpenFiles int
+	// RPC configures the ONC RPC layer (record size, connections).
+	RPC oncrpc.Config
+	Log *slog.Logger
+}
+
+// DefaultConfig returns the defaults; Exports and ClusterKey must be set.
+func DefaultConfig() Config {
+	return Config{
+		IdleFileTimeout: 5 * time.Second,
+		MaxOpenFiles:    4096,
+		RPC:             oncrpc.DefaultConfig(),
+		Log:             slog.Default(),
+	}
+}
+
+// Validate reports every problem of c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if len(c.Exports) == 0 {
+		errs = append(errs, errors.New("no export"))
+	}
+	seen := map[uint64]string{}
+	for _, e := range c.Exports {
+		if other, dup := seen[e.id()]; dup {
+			errs = append(errs, fmt.Errorf("export %s given twice (or its id collides with %s)", e.Path, other))
+		}
+		seen[e.id()] = e.Path
+	}
+	if len(c.ClusterKey) == 0 {
+		errs = append(errs, errors.New("no cluster key"))
+	}
+	if c.IdleFileTimeout <= 0 {
+		errs = append(errs, errors.New("IdleFileTimeout must be positive"))
+	}
+	if c.RPC.MaxInFlight < 1 || c.RPC.MaxCalls < 1 || c.RPC.MaxConns < 1 {
+		errs = append(errs, fmt.Errorf("RPC.MaxInFlight %d, MaxCalls %d, MaxConns %d: each must be at least 1", c.RPC.MaxInFlight, c.RPC.MaxCalls, c.RPC.MaxConns))
+	}
+	if c.RPC.MaxRecordBytes < maxIOBytes+4096 {
+		errs = append(errs, fmt.Errorf("RPC.MaxRecordBytes %d: must hold a WRITE of %d bytes and its headers", c.RPC.MaxRecordBytes, maxIOBytes))
+	}
+	return errors.Join(errs...)
+}
+
+// Server is the NFS gateway: NFS v3 and MOUNT v3 on one port, every
+// operation through a client.Client as the caller's (squashed) identity.
+type Server struct {
+	cfg       Config
+	c         *client.Client
+	log       *slog.Logger
+	clusterID uint64
+	exports   map[uint64]*Export // by Export.id
+	byPath    map[string]*Export
+	// verifier is the write verifier (WRITE, COMMIT) and the readdir
+	// cookie verifier: new at every start, so that a client resends the
+	// UNSTABLE writes a restarted gateway may have lost (RFC 1813 3.3.7).
+	verifier [8]byte
+	files    *openFiles
+	cookies  *cookieTable
+	rpc      *oncrpc.Server
+	mu       struct {
+		sync.Mutex
+		mounts map[mountKey]struct{} // MNT'ed (host, path) pairs: DUMP
+		roots  map[uint64]uint64     // export id -> its root inode, once MNT'ed
+	}
+}
+
+type mountKey struct{ host, path string }
+
+// New returns a gateway serving cfg.Exports through c (which the caller
+// keeps and closes after Close).
+func New(c *client.Client, cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("nfs: %w", err)
+	}
+	s := &Server{cfg: cfg, c: c, log: cfg.Log, clusterID: clusterIDOf(cfg.ClusterKey),
+		exports: map[uint64]*Export{}, byPath: map[string]*Export{}}
+	for i := range cfg.Exports {
+		e := &cfg.Exports[i]
+		s.exports[e.id()] = e
+		s.byPath[e.Path] = e
+	}
+	binary.BigEndian.PutUint64(s.verifier[:], uint64(time.Now().UnixNano()))
+	if _, err := rand.Read(s.verifier[4:]); err != nil {
+		return nil, fmt.Errorf("nfs: write verifier: %w", err)
+	}
+	s.mu.mounts = map[mountKey]struct{}{}
+	s.mu.roots = map[uint64]uint64{}
+	s.files = newOpenFiles(c, s.log, cfg.IdleFileTimeout, cfg.MaxOpenFiles)
+	s.cookies = newCookieTable(cookieBatches)
+	rpcCfg := cfg.RPC
+	rpcCfg.Log = s.log
+	s.rpc = oncrpc.NewServer(rpcCfg, s.nfsProgram(), s.mountProgram())
+	return s, nil
+}
+
+// Serve answers calls on ln until Close.
+func (s *Server) Serve(ln net.Listener) error { return s.rpc.Serve(ln) }
+
+// Close stops serving, then releases the open files (flushing their
+// writes, fsyncing those with UNSTABLE writes).
+func (s *Server) Close() error {
+	s.rpc.Close()
+	s.files.close()
+	return nil
+}
+
+// Verifier is the current write verifier.
+func (s *Server) Verifier() [8]byte { return s.verifier }
+
+// serve adapts a typed procedure to oncrpc: decode the arguments (garbage
+// is GARBAGE_ARGS), run fn, encode its results.
+func serve[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) PR, fn func(context.Context, *oncrpc.Call, *A) *R) oncrpc.Proc {
+	return func(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
+		var a A
+		if _, err := xdr.Decode(args, argx(&a)); err != nil {
+			return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
+		}
+		r := fn(ctx, call, &a)
+		if h, ok := any(r).(interface{ SizeHint() int }); ok {
+			res.Grow(h.SizeHint())
+		}
+		return xdr.Encode(res, resx(r))
+	}
+}
+
+// serveVoid adapts a procedure without results.
+func serveVoid[A any, PA xdr.XdrType](argx func(*A) PA, fn func(context.Context, *oncrpc.Call, *A)) oncrpc.Proc {
+	return func(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
+		var a A
+		if _, err := xdr.Decode(args, argx(&a)); err != nil {
+			return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
+		}
+		fn(ctx, call, &a)
+		return nil
+	}
+}
+
+// nullProc answers a NULL procedure (no arguments, no results).
+func nullProc(context.Context, *oncrpc.Call, []byte, *bytes.Buffer) error { return nil }
+
+// target is what a handle names, checked for the caller.
+type target struct {
+	ino  uint64
+	exp  *Export
+	cred cred
+}
+
+// resolve checks a handle and the caller's right to use its export, and
+// returns the inode and the caller's identity for it.
+func (s *Server) resolve(call *oncrpc.Call, fh *xdr.Nfs_fh3) (target, error) {
+	h, ok := decodeHandle(fh.Data)
+	if !ok {
+		return target{}, errStatus(xdr.NFS3ERR_BADHANDLE)
+	}
+	if h.cluster != s.clusterID {
+		return target{}, errStatus(xdr.NFS3ERR_STALE)
+	}
+	e := s.exports[h.export]
+	if e == nil {
+		return target{}, errStatus(xdr.NFS3ERR_STALE)
+	}
+	if !e.allows(call.Remote) {
+		return target{}, errStatus(xdr.NFS3ERR_ACCES)
+	}
+	return target{ino: h.ino, exp: e, cred: e.credOf(&call.Cred)}, nil
+}
+
+func (s *Server) handleOf(e *Export, ino uint64) []byte {
+	return handle{cluster: s.clusterID, export: e.id(), ino: ino}.encode()
+}
