@@ -392,14 +392,8 @@ func TestGroupRouting(t *testing.T) {
 					t.Fatalf("no call of method %d reached a primary: %v", m, mutations)
 				}
 			}
-			f2, err := c.Open(bg, f.Ino(), syscall.O_RDONLY)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkRead(t, f2, data)
-			f2.Release(bg)
 			// Each group's chunk is read from the one copy spreadKey picks.
-			reads := readsByServer(r, f.Ino())
+			reads := readBackCounted(t, c, r, f.Ino(), data)
 			for g := uint32(1); g <= 2; g++ {
 				want := 0
 				if (spreadKey(f.Ino(), g)&1 == 1) == (primary[g] == 0) {
@@ -437,9 +431,17 @@ func TestGroupRouting(t *testing.T) {
 	}
 }
 
-// readsByServer counts the reads each rig server answered of inode ino's
-// chunks, by group, and forgets every call the servers saw.
-func readsByServer(r *groupRig, ino uint64) [2]map[uint32]int {
+// readBackCounted reads inode ino sequentially through a new handle,
+// checks that it holds want, and counts the reads each rig server answered
+// of its chunks, by group; every call the servers saw is forgotten.
+func readBackCounted(t *testing.T, c *Client, r *groupRig, ino uint64, want []byte) [2]map[uint32]int {
+	t.Helper()
+	f, err := c.Open(bg, ino, syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRead(t, f, want)
+	f.Release(bg)
 	reads := [2]map[uint32]int{{}, {}}
 	for i := range r.srv {
 		for _, cl := range r.calls(i) {
@@ -477,13 +479,7 @@ func TestGroupReadsSpreadByChunk(t *testing.T) {
 		writeSync(t, f, data)
 		r.calls(0)
 		r.calls(1)
-		g, err := c.Open(bg, f.Ino(), syscall.O_RDONLY)
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkRead(t, g, data)
-		g.Release(bg)
-		reads := readsByServer(r, f.Ino())
+		reads := readBackCounted(t, c, r, f.Ino(), data)
 		for grp := uint32(1); grp <= 2; grp++ {
 			if reads[0][grp] != 0 && reads[1][grp] != 0 {
 				t.Fatalf("inode %d: group %d's chunk read from both copies (%d at server 0, %d at server 1)", f.Ino(), grp, reads[0][grp], reads[1][grp])
