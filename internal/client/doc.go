@@ -72,7 +72,7 @@
 // error is a *TargetError naming target and server, logged once. A slot
 // of a mirror group (layout id with rpc.GroupBit; groups.go) is sent to
 // the group's primary (reads of an in-sync group: to either copy, by
-// inode and stripe row) with the group's epoch; ESTALE, EAGAIN or an
+// inode and group: a chunk from one copy) with the group's epoch; ESTALE, EAGAIN or an
 // unreachable server make the client re-read the group map and send
 // again within the same IOTimeout, and a read answered EIO by one in-sync
 // copy goes to the other; the final error is EIO (never ESTALE or EAGAIN)

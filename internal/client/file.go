@@ -338,8 +338,9 @@ func (c *Client) readRange(ctx context.Context, in *inode, p []byte, off int64, 
 // starts at file offset base).
 func (c *Client) readSlot(ctx context.Context, in *inode, r *slotRange, p []byte, base int64, owned bool) error {
 	target := in.layout.Targets[r.slot]
-	// A mirror group's copies share the reads by inode, slot and stripe row.
-	spread := spreadKey(in.ino, r.slot, r.chunkOff/int64(in.layout.StripeSize))
+	// A mirror group's copies share the reads by inode and group: a chunk
+	// is read from one copy (spreadKey).
+	spread := spreadKey(in.ino, target)
 	var resp rpc.ReadResp
 	// The answer is copied once, by the transport, into Into: straight
 	// into p when the slot's part is contiguous there, else into a
@@ -594,7 +595,7 @@ func (f *File) Seek(ctx context.Context, off int64, data bool) (int64, error) {
 	in.eachSlot(slots, func(slot int, target uint32) {
 		var resp rpc.SeekResp
 		req := &rpc.SeekReq{Chunk: rpc.ChunkID{Target: target, Ino: in.ino}, Off: uint64(l.ChunkFrom(off, slot)), Data: data}
-		err := f.c.chunkCall(ctx, "seek", &req.Chunk, spreadKey(in.ino, slot, 0), rpc.SSeek, req, &resp)
+		err := f.c.chunkCall(ctx, "seek", &req.Chunk, spreadKey(in.ino, target), rpc.SSeek, req, &resp)
 		answers[slot] = answer{off: l.FileOff(slot, int64(resp.Off)), found: resp.Found, err: err}
 	})
 	best := size // a hole starts at the end

@@ -187,8 +187,8 @@ type groupRoute struct {
 // route picks the copy of group id (a layout id with GroupBit) for a
 // request: mutations, and every request while the group is not in sync,
 // go to the primary; a read of an in-sync group goes to the copy that
-// spread picks (its lowest bit: by inode and stripe row, so that a
-// mirrored file's reads keep both copies' disks busy), or to the other one
+// spread picks (its lowest bit: by inode and group, spreadKey, so that the
+// reads of mirrored files keep both copies' disks busy), or to the other one
 // when that is avoid (the copy that just failed) or was found unreachable
 // lately (noteUnreachable). false: the group is not in the map.
 func (g *groupMap) route(id uint32, read bool, spread uint64, avoid uint32) (groupRoute, bool) {
@@ -245,13 +245,19 @@ func (g *groupMap) noteUnreachable(target uint32) {
 }
 
 // spreadKey is the key route uses to choose among in-sync copies: the
-// parity of inode + slot + stripe row. A sequential reader's blocks (one
-// slot and row each) so alternate between the copies along a slot and
-// across the slots of a row: every window of two rows asks each copy of
-// each group once, as many disks as an unmirrored file of twice the
-// stripe count would use.
-func spreadKey(ino uint64, slot int, row int64) uint64 {
-	return ino + uint64(slot) + uint64(row)
+// parity of inode + group number. A whole chunk is read from one copy, so
+// that each copy's chunk file is read front to back — a copy asked for
+// every other stripe row (the first design) had the kernel's read-ahead on
+// its store read the rows the other copy serves too: with the 8 MiB
+// read-ahead of a common disk, a sequential read of a mirrored file read
+// 1.4-1.6 times its size from disk, in twice the I/Os of an unmirrored one.
+// Copies alternate along a file's groups (its slots), and a group's chunks
+// alternate between its copies over consecutive inodes (files created one
+// after the other): the layouts of such files rotate over the groups, and a
+// key of inode + slot would then give each group the same copy in every
+// file.
+func spreadKey(ino uint64, group uint32) uint64 {
+	return ino + uint64(group&^rpc.GroupBit)
 }
 
 // readMethod reports whether a storage method only reads a chunk, so

@@ -65,6 +65,7 @@ type rigCopy struct {
 type rigCall struct {
 	m     rpc.Method
 	group uint32
+	ino   uint64
 	epoch uint64
 	errno syscall.Errno
 }
@@ -221,7 +222,7 @@ func (s *rigServer) check(m rpc.Method, ch rpc.ChunkID) error {
 	case m == rpc.SRead && s.readEIO:
 		err = rpc.Errorf(syscall.EIO, "checksum mismatch")
 	}
-	s.calls = append(s.calls, rigCall{m: m, group: g, epoch: ch.Epoch, errno: rpc.ErrnoOf(err)})
+	s.calls = append(s.calls, rigCall{m: m, group: g, ino: ch.Ino, epoch: ch.Epoch, errno: rpc.ErrnoOf(err)})
 	if err == nil {
 		s.calls[len(s.calls)-1].errno = 0
 	}
@@ -391,28 +392,22 @@ func TestGroupRouting(t *testing.T) {
 					t.Fatalf("no call of method %d reached a primary: %v", m, mutations)
 				}
 			}
-			f2, err := c.Open(bg, f.Ino(), syscall.O_RDONLY)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkRead(t, f2, data)
-			f2.Release(bg)
-			reads := [2]map[uint32]int{{}, {}}
-			for i := range r.srv {
-				for _, cl := range r.calls(i) {
-					if cl.m == rpc.SRead {
-						reads[i][cl.group]++
-					}
-				}
-			}
+			// Each group's chunk is read from the one copy spreadKey picks.
+			reads := readBackCounted(t, c, r, f.Ino(), data)
 			for g := uint32(1); g <= 2; g++ {
-				if n := reads[0][g] + reads[1][g]; reads[0][g]*3 < n || reads[1][g]*3 < n {
-					t.Fatalf("reads of in-sync group %d: %d at server 0, %d at server 1; want both copies used about evenly", g, reads[0][g], reads[1][g])
+				want := 0
+				if (spreadKey(f.Ino(), g)&1 == 1) == (primary[g] == 0) {
+					want = 1 // the secondary's server
+				}
+				if reads[want][g] == 0 || reads[1-want][g] != 0 {
+					t.Fatalf("reads of in-sync group %d: %d at server 0, %d at server 1; want all at server %d", g, reads[0][g], reads[1][g], want)
 				}
 			}
 			if off, err := f.Seek(bg, 0, true); err != nil || off != 0 {
 				t.Fatalf("seek data: %d, %v", off, err)
 			}
+			r.calls(0) // the seek's, at either copy of the in-sync groups
+			r.calls(1)
 			// Group 1 degrades (its secondary is away): only the primary
 			// serves its reads, in the new epoch.
 			r.setState(1, rpc.GroupDegraded)
@@ -433,6 +428,73 @@ func TestGroupRouting(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// readBackCounted reads inode ino sequentially through a new handle,
+// checks that it holds want, and counts the reads each rig server answered
+// of its chunks, by group; every call the servers saw is forgotten.
+func readBackCounted(t *testing.T, c *Client, r *groupRig, ino uint64, want []byte) [2]map[uint32]int {
+	t.Helper()
+	f, err := c.Open(bg, ino, syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRead(t, f, want)
+	f.Release(bg)
+	reads := [2]map[uint32]int{{}, {}}
+	for i := range r.srv {
+		for _, cl := range r.calls(i) {
+			if cl.m == rpc.SRead && cl.ino == ino && cl.errno == 0 {
+				reads[i][cl.group]++
+			}
+		}
+	}
+	return reads
+}
+
+// TestGroupReadsSpreadByChunk: a sequential read of a mirrored file reads
+// each chunk from one copy (so that each copy's store reads its chunk file
+// front to back, never the rows the other copy serves), and files of
+// consecutive inodes use the other copy of each group: over two files
+// every copy serves reads.
+func TestGroupReadsSpreadByChunk(t *testing.T) {
+	c, r := groupCluster(t, false, 10*time.Second)
+	var files []*File
+	parity := map[uint64]bool{}
+	for i := 0; i < 8 && len(parity) < 2; i++ {
+		f := mirroredFile(t, c, fmt.Sprintf("s%d", i))
+		defer f.Release(bg)
+		if !parity[f.Ino()&1] {
+			parity[f.Ino()&1] = true
+			files = append(files, f)
+		}
+	}
+	if len(files) != 2 {
+		t.Fatalf("8 creates gave no two inodes of different parity")
+	}
+	used := map[[2]uint32]int{} // (server, group) → reads, over both files
+	for _, f := range files {
+		data := pattern(byte(f.Ino()), 0, 12<<20) // 6 rows of 2 slots
+		writeSync(t, f, data)
+		r.calls(0)
+		r.calls(1)
+		reads := readBackCounted(t, c, r, f.Ino(), data)
+		for grp := uint32(1); grp <= 2; grp++ {
+			if reads[0][grp] != 0 && reads[1][grp] != 0 {
+				t.Fatalf("inode %d: group %d's chunk read from both copies (%d at server 0, %d at server 1)", f.Ino(), grp, reads[0][grp], reads[1][grp])
+			}
+			for i := range reads {
+				used[[2]uint32{uint32(i), grp}] += reads[i][grp]
+			}
+		}
+	}
+	for i := uint32(0); i < 2; i++ {
+		for grp := uint32(1); grp <= 2; grp++ {
+			if used[[2]uint32{i, grp}] == 0 {
+				t.Fatalf("no read of group %d at server %d over two files: %v", grp, i, used)
+			}
+		}
 	}
 }
 
@@ -540,8 +602,14 @@ func TestGroupReadOtherCopyOnEIO(t *testing.T) {
 	defer f.Release(bg)
 	data := pattern(11, 0, 8<<20)
 	writeSync(t, f, data)
+	// The bad copy is the server this file's reads of group 1 go to first.
+	rt, _ := c.groups.route(rpc.GroupBit|1, true, spreadKey(f.Ino(), 1), 0)
+	bad := 0
+	if rt.copy == 12 {
+		bad = 1
+	}
 	r.mu.Lock()
-	r.srv[0].readEIO = true
+	r.srv[bad].readEIO = true
 	r.mu.Unlock()
 	f2, err := c.Open(bg, f.Ino(), syscall.O_RDONLY)
 	if err != nil {
@@ -550,7 +618,7 @@ func TestGroupReadOtherCopyOnEIO(t *testing.T) {
 	checkRead(t, f2, data)
 	f2.Release(bg)
 	eio := 0
-	for _, cl := range r.calls(0) {
+	for _, cl := range r.calls(bad) {
 		if cl.errno == syscall.EIO {
 			eio++
 		}
@@ -559,7 +627,7 @@ func TestGroupReadOtherCopyOnEIO(t *testing.T) {
 		t.Fatal("no read reached the bad copy: the retry was not exercised")
 	}
 	r.mu.Lock()
-	r.srv[1].readEIO = true
+	r.srv[1-bad].readEIO = true
 	r.mu.Unlock()
 	f3, err := c.Open(bg, f.Ino(), syscall.O_RDONLY|syscall.O_DIRECT)
 	if err != nil {
@@ -671,21 +739,21 @@ func TestGroupRefreshCoalesces(t *testing.T) {
 }
 
 // TestGroupRouteSpread: reads of an in-sync group split about evenly
-// between the copies over inodes and rows; a copy to avoid is avoided;
+// between the copies over inodes; a copy to avoid is avoided;
 // mutations and reads of a group not in sync go to the primary.
 func TestGroupRouteSpread(t *testing.T) {
 	c, r := groupCluster(t, false, 10*time.Second)
 	var sec int
 	const n = 4096
 	for i := 0; i < n; i++ {
-		rt, ok := c.groups.route(rpc.GroupBit|1, true, spreadKey(uint64(1000+i/16), i%2, int64(i%16)), 0)
+		rt, ok := c.groups.route(rpc.GroupBit|1, true, spreadKey(uint64(1000+i), 1), 0)
 		if !ok || !rt.both || rt.epoch != 5 {
 			t.Fatalf("route: %+v %v", rt, ok)
 		}
 		if rt.copy == 12 {
 			sec++
 		}
-		if rt2, _ := c.groups.route(rpc.GroupBit|1, true, spreadKey(uint64(1000+i/16), i%2, int64(i%16)), rt.copy); rt2.copy == rt.copy {
+		if rt2, _ := c.groups.route(rpc.GroupBit|1, true, spreadKey(uint64(1000+i), 1), rt.copy); rt2.copy == rt.copy {
 			t.Fatalf("route avoiding %d chose it", rt.copy)
 		}
 	}
@@ -695,7 +763,7 @@ func TestGroupRouteSpread(t *testing.T) {
 	// A copy a read found unreachable is asked last for a while.
 	c.groups.noteUnreachable(12)
 	for i := 0; i < 64; i++ {
-		if rt, _ := c.groups.route(rpc.GroupBit|1, true, spreadKey(7, 0, int64(i)), 0); rt.copy != 11 {
+		if rt, _ := c.groups.route(rpc.GroupBit|1, true, spreadKey(uint64(i), 1), 0); rt.copy != 11 {
 			t.Fatalf("read routed to %d, found unreachable", rt.copy)
 		}
 	}
@@ -713,7 +781,7 @@ func TestGroupRouteSpread(t *testing.T) {
 			}
 		}
 		for i := 0; i < 64; i++ {
-			rt, _ := c.groups.route(rpc.GroupBit|1, read, spreadKey(7, 0, int64(i)), 0)
+			rt, _ := c.groups.route(rpc.GroupBit|1, read, spreadKey(uint64(i), 1), 0)
 			if rt.copy != 11 || rt.addr != r.srv[0].addr {
 				t.Fatalf("read=%v: routed to %+v, want the primary", read, rt)
 			}

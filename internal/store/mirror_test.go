@@ -773,6 +773,43 @@ func TestMirrorLockRangeHoldsForwards(t *testing.T) {
 	p.sameCopies(0x800)
 }
 
+// TestMirrorReadsNotBehindForwards: a read of a group chunk takes no
+// ordering lock — at the primary and at the in-sync secondary it is served
+// while a mutation of the same chunk waits for its range (held here as a
+// forward or a resync copy holds it), and returns the bytes acknowledged
+// before.
+func TestMirrorReadsNotBehindForwards(t *testing.T) {
+	p := newMirrorPair(t, nil)
+	if err := p.gwrite(p.a, 0x900, 0, []byte("acknowledged"), false); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := p.a.s.lockRange(p.ta, 0x900, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan error, 1)
+	go func() { held <- p.gwrite(p.a, 0x900, 0, []byte("later write!"), false) }()
+	for _, e := range []*env{p.a, p.b} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var rr rpc.ReadResp
+		err := e.cl.Call(ctx, rpc.SRead, &rpc.ReadReq{Chunk: gid(0x900, p.epoch()), Len: 12}, &rr)
+		cancel()
+		if err != nil || string(rr.Data) != "acknowledged" {
+			t.Fatalf("read at %s while the chunk's range is held: %q, %v; want the acknowledged bytes at once", e.s.Addr(), rr.Data, err)
+		}
+	}
+	select {
+	case err := <-held:
+		t.Fatalf("the write of the held range answered while held: %v", err)
+	default:
+	}
+	unlock()
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	p.sameCopies(0x900)
+}
+
 // TestHeartbeatEvery: a server with mirror groups heartbeats every third
 // of its lease when that is shorter than its configured period (never
 // under 100 ms); without a lease, at its period.
