@@ -524,6 +524,40 @@ func TestOrphanReapingMany(t *testing.T) {
 	}
 }
 
+// TestOrphanReapingInParts: a round's chunks go to a server in calls of
+// at most reapCallChunks; a failed call leaves its chunks (and the rest of
+// that server's) to a later round, and everything is removed in the end.
+func TestOrphanReapingInParts(t *testing.T) {
+	store, c, _ := reapingSetup(t, 100*time.Millisecond, nil)
+	store.mu.Lock()
+	store.failCall = 2
+	store.mu.Unlock()
+	const n = 300 // × 2 targets: 600 chunks on one server in one round
+	for i := 0; i < n; i++ {
+		c.mustCreate(1, fmt.Sprintf("f%d", i), fileMode)
+	}
+	for i := 0; i < n; i++ {
+		c.unlink(1, fmt.Sprintf("f%d", i))
+	}
+	waitFor(t, "all chunks removed", func() bool {
+		if err := c.heartbeat(); err != nil {
+			t.Fatal(err)
+		}
+		return len(store.removed()) >= 2*n
+	})
+	store.mu.Lock()
+	sizes := append([]int(nil), store.sizes...)
+	store.mu.Unlock()
+	if len(sizes) < 4 {
+		t.Fatalf("calls of %v chunks: want the round split in parts and the failed part sent again", sizes)
+	}
+	for _, n := range sizes {
+		if n > reapCallChunks {
+			t.Fatalf("a call of %d chunks (calls %v), at most %d", n, sizes, reapCallChunks)
+		}
+	}
+}
+
 // TestCloseWhileReaping: Close stops the reaper before raft, so a reaper
 // that is proposing when Close starts cannot leave Close waiting for an
 // answer raft will never give (hashicorp/raft does not answer a proposal

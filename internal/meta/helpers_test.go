@@ -176,6 +176,11 @@ type fakeStore struct {
 	// as a stopped server would; each held call is first sent on held.
 	hung chan struct{}
 	held chan []rpc.ChunkID
+	// calls counts SRemoveMany calls, sizes their chunk counts; the call
+	// numbered failCall (from 1; 0: none) fails without removing.
+	calls    int
+	sizes    []int
+	failCall int
 }
 
 // hang makes f answer no SRemoveMany until the test ends.
@@ -205,8 +210,13 @@ func newFakeStore(t testing.TB) *fakeStore {
 			return nil, fmt.Errorf("fake store hung")
 		}
 		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.calls++
+		f.sizes = append(f.sizes, len(r.Chunks))
+		if f.calls == f.failCall {
+			return nil, rpc.Errorf(syscall.EIO, "fake store: call %d fails", f.calls)
+		}
 		f.rm = append(f.rm, r.Chunks...)
-		f.mu.Unlock()
 		return &rpc.Empty{}, nil
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

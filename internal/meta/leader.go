@@ -576,6 +576,8 @@ func (s *Service) closeSession(id uint64) error {
 const (
 	reapBatch    = 4096
 	reapPassTime = 500 * time.Millisecond
+	// reapCallChunks bounds the chunks of one SRemoveMany call.
+	reapCallChunks = 256
 )
 
 // reapOrphans deletes the chunks of unlinked files that no session holds
@@ -702,7 +704,6 @@ const reapCommand = 1024
 func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 	type job struct {
 		chunks []rpc.ChunkID
-		inos   map[uint64]bool
 	}
 	jobs := map[string]*job{}
 	failed := map[uint64]bool{}
@@ -754,11 +755,10 @@ func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 			}
 			j := jobs[addr]
 			if j == nil {
-				j = &job{inos: map[uint64]bool{}}
+				j = &job{}
 				jobs[addr] = j
 			}
 			j.chunks = append(j.chunks, rpc.ChunkID{Target: tid, Ino: ino, Epoch: r.epoch})
-			j.inos[ino] = true
 		}
 	}
 	var mu sync.Mutex
@@ -769,19 +769,31 @@ func (s *Service) removeChunks(ctx context.Context, inos []uint64) []uint64 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			err := s.peer(addr).Call(cctx, rpc.SRemoveMany, &rpc.ChunksReq{Chunks: j.chunks}, nil)
-			if err != nil {
+			// In calls of at most reapCallChunks chunks, each bounded: a
+			// store removes a call's chunks one after the other (a mirrored
+			// one forwarding each removal), and one call of a whole round's
+			// 4,096 took longer than its timeout on a loaded server, failed
+			// whole, and was sent again next round — the orphans, and the
+			// space they hold, piled up. After a failed call the rest of
+			// the server's chunks wait for the next round.
+			for start := 0; start < len(j.chunks); start += reapCallChunks {
+				part := j.chunks[start:min(start+reapCallChunks, len(j.chunks))]
+				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				err := s.peer(addr).Call(cctx, rpc.SRemoveMany, &rpc.ChunksReq{Chunks: part}, nil)
+				cancel()
+				if err == nil {
+					continue
+				}
 				mu.Lock()
 				down = append(down, addr)
 				if firstErr == nil {
 					firstErr = err
 				}
-				for ino := range j.inos {
-					failed[ino] = true
+				for _, ch := range j.chunks[start:] {
+					failed[ch.Ino] = true
 				}
 				mu.Unlock()
+				return
 			}
 		}()
 	}
