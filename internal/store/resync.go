@@ -638,6 +638,13 @@ func (s *Server) sendSuspects(t *target, group uint32) {
 		err := s.peerCall(cctx, g.peerAddr, rpc.SMirrorSuspects,
 			&rpc.MirrorSuspectsReq{Group: group, Epoch: g.info.Epoch, Target: g.local, Inos: inos[:n]}, &gi)
 		ccancel()
+		if rpc.ErrnoOf(err) == syscall.ENOSYS {
+			// An older primary: nobody can take them. Reads of them
+			// refused for ever would fail; as before, log and drop.
+			s.log.Error("the mirror group's primary does not take suspect chunks (an older release): this copy may differ from it in them until strata scrub --repair",
+				"group", group, "primary", g.peerAddr, "target", t.path, "chunks", total, "first", inos[:min(8, len(inos))])
+			break
+		}
 		if err != nil {
 			if rpc.ErrnoOf(err) == syscall.ESTALE {
 				_ = s.refreshGroups(ctx, s.groups.seen())
@@ -651,8 +658,10 @@ func (s *Server) sendSuspects(t *target, group uint32) {
 	}
 	t.mlog.take(suspectGroup)
 	s.dropSuspects(t)
-	s.log.Warn("chunks written before an unclean stop handed to the mirror group's primary; its resync copies them here whole",
-		"group", group, "target", t.path, "chunks", total)
+	if len(inos) == 0 {
+		s.log.Warn("chunks written before an unclean stop handed to the mirror group's primary; its resync copies them here whole",
+			"group", group, "target", t.path, "chunks", total)
+	}
 }
 
 // handleMirrorSuspects is SMirrorSuspects at a group's primary: the
