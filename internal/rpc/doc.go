@@ -104,6 +104,10 @@
 // client EAGAIN as for any failed report), and ListGroupsResp and
 // ServerHeartbeatResp a trailing FullResync list of group ids (absent:
 // none; GroupInfo's own encoding is unchanged, since it sits inside lists).
+// SMirrorSuspects (MirrorSuspectsReq, GroupInfo) was added at the end of
+// the store methods: a secondary restarted after an unclean stop hands
+// its suspect chunks to its primary (an older primary answers ENOSYS; the
+// secondary then keeps refusing reads of those chunks and logs it).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

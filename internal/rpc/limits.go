@@ -37,7 +37,7 @@ func RequestLimit(m Method) int {
 	switch m {
 	case SWrite:
 		return maxDataFrameBytes
-	case MInodesKnown, MSessionHeartbeat, MRegisterServer, MServerHeartbeat, SRemoveMany, MMirrorCreate:
+	case MInodesKnown, MSessionHeartbeat, MRegisterServer, MServerHeartbeat, SRemoveMany, MMirrorCreate, SMirrorSuspects:
 		return maxListFrameBytes
 	}
 	return maxSmallFrameBytes

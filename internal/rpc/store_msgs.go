@@ -36,7 +36,43 @@ const (
 	// It never heals from the asker unless told (Heal), so two copies
 	// never ask each other in a loop.
 	SChunkSums
+	// SMirrorSuspects (MirrorSuspectsReq, GroupInfo) is sent by a mirror
+	// group's secondary that an unclean stop left with chunks it may
+	// have lost writes of (its intent log's suspects) to the group's
+	// primary, which records them to be copied whole by the group's
+	// resync and degrades the group first if it is not degraded yet (so
+	// the unsure copy is neither read nor promoted); the answer is the
+	// group after. A server without it answers ENOSYS.
+	SMirrorSuspects
 )
+
+// MirrorSuspectsReq names the chunks (inode numbers) of mirror group
+// Group (a number, without GroupBit) that its secondary's copy on Target
+// is unsure of, in the epoch Epoch the secondary knows.
+type MirrorSuspectsReq struct {
+	Group  uint32
+	Epoch  uint64
+	Target uint32
+	Inos   []uint64
+}
+
+func (m *MirrorSuspectsReq) Encode(e *Enc) {
+	e.U32(m.Group)
+	e.U64(m.Epoch)
+	e.U32(m.Target)
+	e.U64s(m.Inos)
+}
+
+func (m *MirrorSuspectsReq) Decode(d *Dec) {
+	m.Group = d.U32()
+	m.Epoch = d.U64()
+	m.Target = d.U32()
+	m.Inos = d.U64s()
+}
+
+// MaxSuspectsPerCall bounds the inode numbers of one MirrorSuspectsReq
+// (a sender splits a longer list).
+const MaxSuspectsPerCall = 1 << 16
 
 // SeekReq asks for the first data (Data) or hole (!Data) at or after Off
 // in a chunk file.

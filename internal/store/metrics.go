@@ -84,6 +84,7 @@ var methodNames = map[rpc.Method]string{
 	rpc.SWrite: "write", rpc.SRead: "read", rpc.STruncate: "truncate", rpc.SPunch: "punch",
 	rpc.SSync: "sync", rpc.SRemove: "remove", rpc.SChunkStat: "chunk_stat",
 	rpc.SSyncStat: "sync_stat", rpc.SSeek: "seek", rpc.SScrub: "scrub", rpc.SChunkSums: "chunk_sums",
+	rpc.SMirrorSuspects: "mirror_suspects",
 }
 
 // observe is the rpc server's per-request hook.

@@ -35,6 +35,7 @@ import (
 //	primary, lease expired                      EAGAIN (mutations and reads)
 //	primary, read, its copy failed this epoch   EAGAIN (forward.go primaryFailed)
 //	secondary, read, not in sync or no lease    ESTALE
+//	secondary, read of a suspect chunk          EAGAIN (resync.go sendSuspects)
 //	secondary, mutation                         applied (the primary forwards)
 //
 // Why the lease is checked at admission only: an admitted mutation of an
@@ -58,12 +59,14 @@ import (
 //     the copies may differ in that unacknowledged change. A restarted
 //     primary finds such chunks in its intent log (suspects, mirrorlog.go)
 //     and copies them itself if it is still the primary; a restarted copy
-//     that is now the secondary only logs them (it cannot make its
-//     primary copy them without a message for it), and a chunk created
-//     since its last sync is not among them.
+//     that is now the secondary hands them to its primary
+//     (SMirrorSuspects), which degrades the group and has its resync copy
+//     them whole. A chunk created since its last sync is not among them.
 //   - A secondary that loses its page cache (power loss, not kill -9)
-//     loses forwarded writes not yet synced there; the primary does not
-//     know which, so its resync does not copy them.
+//     loses forwarded writes not yet synced there: the same suspects and
+//     the same hand-over. If the primary dies before the secondary
+//     handed them over, the service (which saw the group in sync)
+//     promotes a copy that may be stale in those chunks: logged loudly.
 
 // groupPeer is what the scrub and heal code needs of a group with a copy
 // on this server.
@@ -358,6 +361,9 @@ func (s *Server) admitGroup(ctx context.Context, id rpc.ChunkID, mutation bool) 
 	case !g.primary && !mutation && (g.info.State != rpc.GroupInSync || !lease):
 		return admitted{}, rpc.Errorf(syscall.ESTALE, "mirror group %d: the secondary copy on %s may not serve reads (state %s, lease %v)",
 			group, s.addr, rpc.GroupStateName(g.info.State), lease)
+	case !g.primary && !mutation && t.mlog.suspect(id.Ino):
+		return admitted{}, rpc.Errorf(syscall.EAGAIN, "mirror group %d chunk %x: the secondary copy on %s may lack writes since an unclean stop (resync.go sendSuspects); read the primary",
+			group, id.Ino, s.addr)
 	}
 	return admitted{g: g, t: t}, nil
 }

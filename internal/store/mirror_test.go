@@ -600,7 +600,8 @@ func until(t *testing.T, deadline time.Time, what string, f func() (bool, error)
 // write it did not forward (here: written to its target directly) finds
 // the chunk in its intent log when it opens again; once the map says it
 // is the primary of an in-sync group it copies that chunk to the
-// secondary. A secondary in the same position only drops them.
+// secondary. A secondary in the same position hands its suspects to the
+// primary, which degrades the group; its resync makes the copies equal.
 func TestMirrorSuspectsAfterUncleanStop(t *testing.T) {
 	p := newMirrorPair(t, nil)
 	const ino = 0x500
@@ -620,19 +621,147 @@ func TestMirrorSuspectsAfterUncleanStop(t *testing.T) {
 	p.a.start()
 	p.b.start()
 	p.push()
-	until(t, time.Now().Add(20*time.Second), "copy of the suspect chunk", func() (bool, error) {
-		p.push() // a heartbeat answer: a copy that failed is tried again
-		_, n := p.a.s.groups0PendingOf(p.ta, suspectGroup)
-		return n == 0 && !(*p.a.s.byID.Load())[p.ta].suspectPush.Load(), nil
+	until(t, time.Now().Add(20*time.Second), "suspects dealt with on both copies", func() (bool, error) {
+		p.push() // a heartbeat answer: a hand-over or copy that failed is tried again
+		_, na := p.a.s.groups0PendingOf(p.ta, suspectGroup)
+		_, nb := p.b.s.groups0PendingOf(p.tb, suspectGroup)
+		return na == 0 && nb == 0 && !(*p.a.s.byID.Load())[p.ta].suspectPush.Load() &&
+			!(*p.b.s.byID.Load())[p.tb].suspectPush.Load(), nil
 	})
-	p.sameCopies(ino)
-	if _, n := p.b.s.groups0PendingOf(p.tb, suspectGroup); n != 0 {
-		t.Fatalf("secondary kept %d suspects", n)
+	// The secondary's hand-over degraded the group: its resync.
+	if g := p.meta.group(1); g.State != rpc.GroupDegraded {
+		t.Fatalf("group after the secondary handed its suspects over: %+v", g)
 	}
+	startResync(p)
+	waitInSync(t, p, 20*time.Second)
+	p.sameCopies(ino)
 	recs, _, err := decodeMirrorLog(mustReadFile(t, filepath.Join(p.a.dirs[0], mirrorLogName)))
 	if err != nil || len(recs) != 0 {
 		t.Fatalf("primary's mirror.log after the copy: %+v, %v", recs, err)
 	}
+}
+
+// startResync marks the stand-in's degraded group 1 resyncing (as the
+// service does when the secondary's server heartbeats) and tells the
+// stores.
+func startResync(p *mirrorPair) {
+	g := p.meta.group(1)
+	g.State, g.Epoch = rpc.GroupResyncing, g.Epoch+1
+	p.meta.setGroup(g)
+	p.push()
+}
+
+// TestMirrorSecondarySuspectsRecopied: a secondary that applied a
+// forwarded write without syncing it and lost it in a crash (the write
+// put back to the old bytes on its copy before the crash: a page cache
+// cannot be lost here) refuses reads of the chunk once it is back — while
+// the primary cannot take the hand-over, the group stays in sync and the
+// read gets EAGAIN, never the old bytes —, then hands the chunk to the
+// primary, which degrades the group; after the resync both copies are
+// the written bytes.
+func TestMirrorSecondarySuspectsRecopied(t *testing.T) {
+	p := newMirrorPair(t, nil)
+	const ino, other = 0x510, 0x511
+	old := pattern(2, 2<<20)
+	if err := p.gwrite(p.a, ino, 0, old, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.gwrite(p.a, other, 0, []byte("untouched since its sync"), true); err != nil {
+		t.Fatal(err)
+	}
+	// Acknowledged, not synced (the client did not fsync); the primary's
+	// background sync would make it durable there.
+	fresh := pattern(3, 64<<10)
+	if err := p.gwrite(p.a, ino, 1<<20+4096, fresh, false); err != nil {
+		t.Fatal(err)
+	}
+	// The secondary loses it.
+	p.b.mustWrite(p.tb, ino, 1<<20+4096, old[1<<20+4096:1<<20+4096+len(fresh)], false)
+	p.b.crash()
+	p.meta.mu.Lock()
+	p.meta.failReport = true // the primary cannot degrade the group: the hand-over fails
+	p.meta.mu.Unlock()
+	p.b.start()
+	p.push()
+	// The heartbeat answer started the hand-over: wait for it to end.
+	until(t, time.Now().Add(10*time.Second), "the end of the hand-over", func() (bool, error) {
+		return !(*p.b.s.byID.Load())[p.tb].suspectPush.Load(), nil
+	})
+	read := func(ino uint64) ([]byte, error) {
+		var resp rpc.ReadResp
+		err := p.b.cl.Call(context.Background(), rpc.SRead, &rpc.ReadReq{Chunk: gid(ino, p.epoch()), Off: 1 << 20, Len: 128 << 10}, &resp)
+		return resp.Data, err
+	}
+	if got, err := read(ino); !errors.Is(err, syscall.EAGAIN) {
+		stale := len(got) >= 4096+len(fresh) && bytes.Equal(got[4096:4096+len(fresh)], old[1<<20+4096:1<<20+4096+len(fresh)])
+		t.Fatalf("read of the suspect chunk at the secondary: %v (%d bytes, the lost write's old bytes: %v), want EAGAIN", err, len(got), stale)
+	}
+	var resp rpc.ReadResp
+	if err := p.b.cl.Call(context.Background(), rpc.SRead, &rpc.ReadReq{Chunk: gid(other, p.epoch()), Len: 8}, &resp); err != nil {
+		t.Fatalf("read of a chunk that is no suspect at the in-sync secondary: %v", err)
+	}
+	if g := p.meta.group(1); g.State != rpc.GroupInSync || len(p.meta.reported(rpc.MirrorSecondaryLost)) == 0 {
+		t.Fatalf("group after a failed degrade: %+v (reports %+v)", g, p.meta.reported(rpc.MirrorSecondaryLost))
+	}
+	p.meta.mu.Lock()
+	p.meta.failReport = false
+	p.meta.mu.Unlock()
+	until(t, time.Now().Add(10*time.Second), "the hand-over", func() (bool, error) {
+		p.push()
+		_, n := p.b.s.groups0PendingOf(p.tb, suspectGroup)
+		return n == 0 && !(*p.b.s.byID.Load())[p.tb].suspectPush.Load(), nil
+	})
+	if g := p.meta.group(1); g.State != rpc.GroupDegraded {
+		t.Fatalf("group after the hand-over: %+v", g)
+	}
+	if _, err := read(ino); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("read at the secondary of a degraded group: %v", err)
+	}
+	startResync(p)
+	waitInSync(t, p, 20*time.Second)
+	got := p.sameCopies(ino)
+	if !bytes.Equal(got[1<<20+4096:1<<20+4096+len(fresh)], fresh) {
+		t.Fatal("the copies are equal but lack the acknowledged write")
+	}
+	p.sameCopies(other)
+}
+
+// TestMirrorReturningPrimarySuspectsRecopied: a primary killed with a
+// local change it never forwarded comes back as the secondary (its group
+// failed over meanwhile); it hands the chunk to the new primary, whose
+// resync copies it whole as well as what it recorded itself: both copies
+// equal after.
+func TestMirrorReturningPrimarySuspectsRecopied(t *testing.T) {
+	p := newMirrorPair(t, nil)
+	const ino, ino2 = 0x520, 0x521
+	if err := p.gwrite(p.a, ino, 0, pattern(4, 3<<20), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.gwrite(p.a, ino2, 0, pattern(5, 1<<20), true); err != nil {
+		t.Fatal(err)
+	}
+	// Applied at the primary, never forwarded, no client answered.
+	p.a.mustWrite(p.ta, ino, 2<<20+100, []byte("the old primary's own change"), false)
+	p.a.crash()
+	// The service promotes the secondary.
+	g := p.meta.group(1)
+	g.Primary, g.Secondary, g.State, g.Epoch = p.tb, p.ta, rpc.GroupDegraded, g.Epoch+1
+	p.meta.setGroup(g)
+	p.meta.push(60000, p.b.s)
+	if err := p.gwrite(p.b, ino2, 4096, []byte("written while the old primary was away"), false); err != nil {
+		t.Fatal(err)
+	}
+	p.a.start()
+	p.push()
+	until(t, time.Now().Add(10*time.Second), "the hand-over", func() (bool, error) {
+		p.push()
+		_, n := p.a.s.groups0PendingOf(p.ta, suspectGroup)
+		return n == 0 && !(*p.a.s.byID.Load())[p.ta].suspectPush.Load(), nil
+	})
+	startResync(p)
+	waitInSync(t, p, 20*time.Second)
+	p.sameCopies(ino)
+	p.sameCopies(ino2)
 }
 
 // groups0PendingOf answers what target tgt's mirror.log holds for group.

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -42,8 +43,9 @@ import (
 // as whole-chunk records of group 0, before the intent log forgets them. A
 // primary may have applied changes of those chunks that it never
 // forwarded; once the group map says which group the target serves
-// (consumeSuspects, resync.go), a primary copies them to the secondary, a
-// secondary only logs them.
+// (consumeSuspects, resync.go), a primary copies them to the secondary; a
+// secondary hands them to its primary (SMirrorSuspects), which records
+// them for the group's resync, and refuses reads of them until then.
 
 // Format of TARGET/mirror.log, version 2 (integers little-endian):
 //
@@ -409,6 +411,10 @@ type mirrorLog struct {
 	mu     sync.Mutex
 	groups map[uint32]*changeSet // durable changes, by group
 
+	// suspectsLeft: group 0 may hold suspects (the fast path of
+	// suspect, asked by every read at a secondary).
+	suspectsLeft atomic.Bool
+
 	rounds rounds[[]mlRec]
 }
 
@@ -434,6 +440,7 @@ func openMirrorLog(dir string) (*mirrorLog, error) {
 	for _, r := range recs {
 		l.set(r.group).add(r)
 	}
+	l.suspectsLeft.Store(len(l.set(suspectGroup).inos) > 0)
 	fd, err := openRetry(l.path, unix.O_RDWR, 0)
 	if err != nil {
 		return nil, fmt.Errorf("target %s: open %s: %w", dir, mirrorLogName, err)
@@ -506,6 +513,9 @@ func (l *mirrorLog) write(batches [][]mlRec) error {
 	l.mu.Lock()
 	for _, r := range all {
 		l.set(r.group).add(r)
+		if r.group == suspectGroup {
+			l.suspectsLeft.Store(true)
+		}
 	}
 	l.mu.Unlock()
 	return nil
@@ -563,6 +573,9 @@ func (l *mirrorLog) giveBack(group uint32, taken *changeSet) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.set(group).merge(taken)
+	if group == suspectGroup {
+		l.suspectsLeft.Store(true)
+	}
 }
 
 // done drops the changes a finished resync took (they are no longer in
@@ -577,6 +590,9 @@ func (l *mirrorLog) done(group uint32) error {
 	var keep []mlRec
 	for g, c := range l.groups {
 		keep = append(keep, c.records(g)...)
+	}
+	if group == suspectGroup && len(c.inos) == 0 {
+		l.suspectsLeft.Store(false)
 	}
 	l.mu.Unlock()
 	return l.rewriteLocked(keep)
@@ -593,6 +609,32 @@ func (l *mirrorLog) recordSuspects(inos map[uint64]bool) error {
 
 // suspectGroup is the group of the suspects' records.
 const suspectGroup = 0
+
+// suspect reports whether chunk ino is among the suspects not yet dealt
+// with (a secondary refuses reads of it meanwhile: resync.go).
+func (l *mirrorLog) suspect(ino uint64) bool {
+	if !l.suspectsLeft.Load() {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.groups[suspectGroup]
+	return c != nil && c.inos[ino] != nil
+}
+
+// suspectInos answers the suspects' inode numbers, in order, leaving
+// them recorded.
+func (l *mirrorLog) suspectInos() []uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.set(suspectGroup)
+	out := make([]uint64, 0, len(c.inos))
+	for ino := range c.inos {
+		out = append(out, ino)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
 
 // pending answers how many chunks of group have recorded changes (tests,
 // status).

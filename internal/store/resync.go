@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"syscall"
 	"time"
 
@@ -528,12 +529,12 @@ func (b *tokenBucket) wait(ctx context.Context, n int) error {
 
 // consumeSuspects deals with the suspects of each target (mirrorlog.go)
 // once the group map is known (after a heartbeat answer): a target in no
-// group, or the secondary of one, drops them (a secondary's copy is caught
-// up by its primary; those chunks are logged, for strata scrub); the
-// primary of a degraded or resyncing group adds them to the group's
-// record as whole chunks; the primary of an in-sync group copies them to
-// the secondary now, region by region over the old bytes (the secondary
-// serves reads meanwhile).
+// group drops them (logged, for strata scrub); the secondary of a group
+// hands them to its primary (sendSuspects) and refuses reads of them
+// until the primary has them; the primary of a degraded or resyncing
+// group adds them to the group's record as whole chunks; the primary of
+// an in-sync group copies them to the secondary now, region by region
+// over the old bytes (the secondary serves reads meanwhile).
 func (s *Server) consumeSuspects() {
 	for _, t := range s.targets {
 		if _, n := t.mlog.pending(suspectGroup); n == 0 || t.suspectPush.Load() {
@@ -546,11 +547,32 @@ func (s *Server) consumeSuspects() {
 				g, found = e, true
 			}
 		}
+		if found && !g.primary {
+			t.suspectPush.Store(true)
+			t.suspectsAsSecondary.Store(true)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer t.suspectPush.Store(false)
+				s.sendSuspects(t, g.info.ID)
+			}()
+			continue
+		}
 		taken, _, _ := t.mlog.take(suspectGroup)
+		if found && t.suspectsAsSecondary.Load() {
+			// Promoted (its primary died) before the primary took the
+			// suspects: these chunks may lack writes that were
+			// acknowledged, and this copy is now the group's only
+			// current one. The resync makes the returning copy equal to
+			// it; what this copy lost is lost unless scrub or a person
+			// finds it there first.
+			s.log.Error("mirror group's secondary was promoted before the chunks an unclean stop left unsure were copied from the old primary: they may be stale; the returning copy is made equal to them by the resync — compare with strata scrub before it returns if the data matters",
+				"target", t.path, "group", g.info.ID, "epoch", g.info.Epoch, "chunks", len(taken.inos), "first", firstInos(taken, 8))
+		}
 		switch {
-		case !found || !g.primary:
-			s.log.Warn("chunks written before an unclean stop: this copy is not a mirror group's primary; a primary's resync or strata scrub catches them up",
-				"target", t.path, "chunks", len(taken.inos), "group", g.info.ID)
+		case !found:
+			s.log.Warn("chunks written before an unclean stop: this target is in no mirror group; strata scrub checks them",
+				"target", t.path, "chunks", len(taken.inos))
 			s.dropSuspects(t)
 		case g.info.State != rpc.GroupInSync:
 			recs := taken.records(g.info.ID)
@@ -570,6 +592,121 @@ func (s *Server) consumeSuspects() {
 			}()
 		}
 	}
+}
+
+// firstInos answers up to n of set's chunks, in order (for log lines).
+func firstInos(set *changeSet, n int) []uint64 {
+	out := make([]uint64, 0, len(set.inos))
+	for ino := range set.inos {
+		out = append(out, ino)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out[:min(n, len(out))]
+}
+
+// suspectsCallTimeout bounds one SMirrorSuspects call: the primary
+// records the chunks durably and may report a degrade to the service.
+const suspectsCallTimeout = 2*reportTimeout + forwardTimeout
+
+// sendSuspects hands t's suspects to the primary of group, of which t is
+// the secondary (SMirrorSuspects, at most rpc.MaxSuspectsPerCall a call),
+// adopts the answered group (degraded: this copy serves no reads and is
+// never promoted until the resync that copies them ended), and drops
+// them here. On failure they stay (reads of them refused) and the next
+// heartbeat answer tries again.
+func (s *Server) sendSuspects(t *target, group uint32) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	inos := t.mlog.suspectInos()
+	total := len(inos)
+	for len(inos) > 0 {
+		g, ok := s.groups.entry(group)
+		if !ok || g.primary || g.local != t.id.Load() {
+			s.log.Info("mirror group changed before the suspect chunks were handed to the primary; the next heartbeat decides", "group", group, "target", t.path)
+			return
+		}
+		n := min(len(inos), rpc.MaxSuspectsPerCall)
+		var gi rpc.GroupInfo
+		cctx, ccancel := context.WithTimeout(ctx, suspectsCallTimeout)
+		err := s.peerCall(cctx, g.peerAddr, rpc.SMirrorSuspects,
+			&rpc.MirrorSuspectsReq{Group: group, Epoch: g.info.Epoch, Target: g.local, Inos: inos[:n]}, &gi)
+		ccancel()
+		if rpc.ErrnoOf(err) == syscall.ENOSYS {
+			// An older primary: nobody can take them. Reads of them
+			// refused for ever would fail; as before, log and drop.
+			s.log.Error("the mirror group's primary does not take suspect chunks (an older release): this copy may differ from it in them until strata scrub --repair",
+				"group", group, "primary", g.peerAddr, "target", t.path, "chunks", total, "first", inos[:min(8, len(inos))])
+			break
+		}
+		if err != nil {
+			if rpc.ErrnoOf(err) == syscall.ESTALE {
+				_ = s.refreshGroups(ctx, s.groups.seen())
+			}
+			s.log.Warn("cannot hand the chunks written before an unclean stop to the mirror group's primary; reads of them stay refused here, retried after the next heartbeat",
+				"group", group, "primary", g.peerAddr, "target", t.path, "chunks", total, "err", err)
+			return
+		}
+		s.installGroups([]rpc.GroupInfo{gi}, false)
+		inos = inos[n:]
+	}
+	t.mlog.take(suspectGroup)
+	s.dropSuspects(t)
+	if len(inos) == 0 {
+		s.log.Warn("chunks written before an unclean stop handed to the mirror group's primary; its resync copies them here whole",
+			"group", group, "target", t.path, "chunks", total)
+	}
+}
+
+// handleMirrorSuspects is SMirrorSuspects at a group's primary: the
+// secondary's copy of r.Inos may lack writes (it stopped uncleanly). The
+// chunks are recorded durably in mirror.log as whole-chunk changes of the
+// group, and a group not degraded yet is degraded (MirrorSecondaryLost,
+// as for an unreachable secondary): from then on the secondary serves no
+// reads and cannot be promoted, and the resync that follows when the
+// service sees the secondary alive copies those chunks whole. Answers the
+// group after.
+func (s *Server) handleMirrorSuspects(ctx context.Context, r *rpc.MirrorSuspectsReq) (*rpc.GroupInfo, error) {
+	if len(r.Inos) > rpc.MaxSuspectsPerCall {
+		return nil, rpc.Errorf(syscall.EINVAL, "mirror group %d: %d suspect chunks in one call, at most %d", r.Group, len(r.Inos), rpc.MaxSuspectsPerCall)
+	}
+	// As a mutation: a resync starting waits for the record.
+	gate := s.gate(r.Group)
+	gate.RLock()
+	defer gate.RUnlock()
+	a, err := s.admitGroup(ctx, rpc.ChunkID{Target: rpc.GroupBit | r.Group, Epoch: r.Epoch}, true)
+	if err != nil {
+		return nil, err
+	}
+	if !a.g.primary || a.g.peerTarget != r.Target {
+		return nil, rpc.Errorf(syscall.EINVAL, "mirror group %d: storage server %s is not the primary of target %d's copy in epoch %d",
+			r.Group, s.addr, r.Target, r.Epoch)
+	}
+	recs := make([]mlRec, 0, len(r.Inos))
+	for _, ino := range r.Inos {
+		recs = append(recs, mlRec{kind: mlWhole, group: r.Group, ino: ino})
+	}
+	if err := s.recordChange(a, recs); err != nil {
+		return nil, err
+	}
+	if a.g.info.State != rpc.GroupDegraded {
+		cause := fmt.Errorf("the secondary (target %d) restarted after an unclean stop unsure of %d chunks", r.Target, len(r.Inos))
+		na, err := s.degrade(ctx, a, cause)
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EAGAIN, "mirror group %d: %v, and the metadata service could not be told: %v", r.Group, cause, err)
+		}
+		a = na
+	}
+	s.log.Warn("mirror group's secondary restarted unsure of chunks; recorded for its resync", "group", r.Group,
+		"epoch", a.g.info.Epoch, "secondary", a.g.peerAddr, "chunks", len(r.Inos))
+	gi := a.g.info
+	return &gi, nil
 }
 
 // dropSuspects rewrites t's mirror log without the suspects taken.

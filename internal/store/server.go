@@ -355,6 +355,7 @@ func (s *Server) register() {
 	transport.Handle(s.rpc, rpc.SSyncStat, s.handleSyncStat)
 	transport.Handle(s.rpc, rpc.SScrub, s.handleScrub)
 	transport.Handle(s.rpc, rpc.SChunkSums, s.handleChunkSums)
+	transport.Handle(s.rpc, rpc.SMirrorSuspects, s.handleMirrorSuspects)
 }
 
 // target resolves a target id.

@@ -212,6 +212,10 @@ type target struct {
 	// suspectPush: a copy of the suspects to the secondary runs
 	// (consumeSuspects).
 	suspectPush atomic.Bool
+	// suspectsAsSecondary: this process found the target a mirror
+	// group's secondary with suspects (consumeSuspects): promoted before
+	// they were handed over, it says so loudly.
+	suspectsAsSecondary atomic.Bool
 
 	m *targetMetrics
 
