@@ -360,6 +360,13 @@ func (c *Client) groupCall(ctx context.Context, op string, chunk *rpc.ChunkID, s
 				continue // at once
 			}
 		}
+		if read && rt.both && errno == syscall.EAGAIN {
+			// This copy cannot serve the read now (a secondary's chunk
+			// left unsure by an unclean stop until its primary has it
+			// re-copied; a primary between leases): the next attempt
+			// asks the other copy, whose own admission decides.
+			avoid = rt.copy
+		}
 		if errno == syscall.ESTALE && ok {
 			// A newer epoch than ours exists: fetch it, and go at once
 			// if it came.
