@@ -52,9 +52,9 @@ type rigServer struct {
 	// readEAGAIN: reads answer EAGAIN (a secondary's chunk left unsure by
 	// an unclean stop, until its primary has it re-copied).
 	readEAGAIN bool
-	hang    chan struct{}      // not nil: requests wait until it is closed
-	calls   []rigCall
-	down    bool
+	hang       chan struct{} // not nil: requests wait until it is closed
+	calls      []rigCall
+	down       bool
 }
 
 // rigCopy is a server's view of a group it holds a copy of.
