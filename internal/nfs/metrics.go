@@ -35,7 +35,7 @@ type metrics struct {
 	reg        prometheus.Registerer
 	collectors []prometheus.Collector
 	ops        *prometheus.CounterVec
-	mu  struct {
+	mu         struct {
 		sync.Mutex
 		seen map[netip.Addr]time.Time
 	}
