@@ -181,7 +181,7 @@ func printStatus(out io.Writer, st *rpc.ClusterStatusResp, capa admin.Capacity, 
 // printNFSGateways lists the sessions that are NFS gateways (strata nfs
 // and strata up --nfs open theirs with MountPoint nfs://ADDR). Their
 // exports, NFS clients and call counts are not in the session: each
-// gateway's --metrics serves them.
+// gateway's --metrics-addr serves them.
 func printNFSGateways(out io.Writer, clients []rpc.ClientInfo) {
 	var gws []string
 	for _, c := range clients {
@@ -193,7 +193,7 @@ func printNFSGateways(out io.Writer, clients []rpc.ClientInfo) {
 		return
 	}
 	fmt.Fprintf(out, "nfs gateways: %s\n", strings.Join(gws, ", "))
-	fmt.Fprintln(out, "(exports, NFS clients and calls: each gateway's --metrics, strata_nfs_ops_total{proc} and strata_nfs_clients)")
+	fmt.Fprintln(out, "(exports, NFS clients and calls: each gateway's --metrics-addr, strata_nfs_ops_total{proc} and strata_nfs_clients)")
 	fmt.Fprintln(out)
 }
 

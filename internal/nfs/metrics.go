@@ -42,7 +42,7 @@ type metrics struct {
 }
 
 // newMetrics registers the gateway's metrics in reg (the client
-// library's registry, which --metrics serves) until close.
+// library's registry, which --metrics-addr serves) until close.
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{reg: reg, ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "strata_nfs_ops_total", Help: "NFS v3 and MOUNT v3 calls answered, by procedure (mount_ prefix: MOUNT).",

@@ -8,7 +8,7 @@ import (
 )
 
 // The gateway counts its calls per procedure and the client addresses
-// it serves, in the client library's registry (--metrics).
+// it serves, in the client library's registry (--metrics-addr).
 func TestMetrics(t *testing.T) {
 	cl := startCluster(t)
 	g := cl.startGateway("/=rw,no_root_squash,clients=127.0.0.1+127.0.0.2")
