@@ -31,7 +31,9 @@ func startUpNFS(ctx context.Context, base client.Config, port int, portSet bool,
 		return "", err
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	fallback := false
 	if err != nil && !portSet {
+		fallback = true
 		slog.Info("nfs: default port taken, using the fallback", "port", port, "fallback", upNFSFallbackPort, "err", err)
 		ln, err = net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(upNFSFallbackPort)))
 	}
@@ -59,7 +61,14 @@ func startUpNFS(ctx context.Context, base client.Config, port int, portSet bool,
 	}
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ln) }()
-	reg := nfs.RegisterLogged(slog.Default(), ln.Addr())
+	// On the fallback port another server holds 2049 and, likely, the
+	// rpcbind mappings, which registering would replace.
+	var reg *nfs.Registration
+	if fallback {
+		slog.Info("nfs: not registering with rpcbind: another server holds the default port (and its mappings)")
+	} else {
+		reg = nfs.RegisterLogged(slog.Default(), ln.Addr())
+	}
 	*stops = append(*stops, func() error {
 		var errs []error
 		if reg != nil {
