@@ -2,6 +2,7 @@
 # Installs what building, running and testing Strata needs on a Debian machine:
 # fuse3 (fusermount3, /etc/fuse.conf), fio (benchmarks), iproute2 (multi-host tests),
 # nftables (the network fault tests' one-way partitions and packet loss)
+# rpcbind (the NFS gateway registers with it; its test starts one),
 # and a Go toolchain at least as new as go.mod asks for (from the Go module proxy,
 # which serves toolchains as modules, when the machine has none or an old one).
 # Idempotent: does nothing that is already done. Run as root.
@@ -16,6 +17,7 @@ command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v nft >/dev/null 2>&1 || need_pkgs+=(nftables)
 command -v curl >/dev/null 2>&1 || need_pkgs+=(curl ca-certificates)
 command -v unzip >/dev/null 2>&1 || need_pkgs+=(unzip)
+command -v rpcbind >/dev/null 2>&1 || [ -x /usr/sbin/rpcbind ] || need_pkgs+=(rpcbind)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "install-deps: apt-get install ${need_pkgs[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

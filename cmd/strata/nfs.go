@@ -26,12 +26,14 @@ func init() {
 	ncfg := nfs.DefaultConfig()
 	var keyFile, metaList, listen string
 	var exports []string
+	rpcbind := true
 	var tf tlsFlags
 	cmd := &cobra.Command{
 		Use:   "nfs --meta ADDRS --key-file K --listen ADDR --export 'PATH=OPTIONS' [--export ...]",
 		Short: "Serve the namespace over NFSv3 and MOUNT v3 (one TCP port) until SIGINT/SIGTERM",
 		Long: "Serve the namespace over NFSv3 (RFC 1813) and MOUNT v3 on the one TCP port of --listen, through the client library.\n" +
-			"No rpcbind registration yet: give clients the port for both (libnfs: nfs://HOST/PATH?nfsport=P&mountport=P&version=3).\n" +
+			"Both are registered with the local rpcbind when one runs (and unregistered at a clean stop); without one, give clients the port for both\n" +
+			"(libnfs: nfs://HOST/PATH?nfsport=P&mountport=P&version=3).\n" +
 			"--export " + nfs.ExportSyntax,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -86,7 +88,7 @@ func init() {
 			}
 			ncfg.Log = slog.Default() // as --log-level set it
 			ncfg.RPC.Log = ncfg.Log
-			return runNFS(ccfg, ncfg, listen)
+			return runNFS(ccfg, ncfg, listen, rpcbind)
 		},
 	}
 	f := cmd.Flags()
@@ -94,6 +96,7 @@ func init() {
 	f.StringVar(&keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE)")
 	f.StringVar(&listen, "listen", "", "TCP address serving both NFS (100003 v3) and MOUNT (100005 v3), e.g. 0.0.0.0:2049")
 	f.StringArrayVar(&exports, "export", nil, "an exported directory: "+nfs.ExportSyntax+" (repeatable)")
+	f.BoolVar(&rpcbind, "rpcbind", rpcbind, "register NFS v3 and MOUNT v3 with the local rpcbind/portmapper when one runs")
 	tf.register(f)
 	f.DurationVar(&ccfg.IOTimeout, "io-timeout", ccfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
 	f.Int64Var(&ccfg.WriteBehindBytes, "write-behind-bytes", ccfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
@@ -104,7 +107,7 @@ func init() {
 }
 
 // runNFS serves until a signal.
-func runNFS(ccfg client.Config, ncfg nfs.Config, listen string) error {
+func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), ccfg.IOTimeout)
 	c, err := client.New(ctx, ccfg)
 	cancel()
@@ -124,6 +127,10 @@ func runNFS(ccfg client.Config, ncfg nfs.Config, listen string) error {
 		slog.Info("nfs: exporting", "path", e.Path, "read_only", e.ReadOnly, "async", e.Async, "clients", e.ClientsText)
 	}
 	slog.Info("nfs: serving NFSv3 and MOUNT v3", "addr", ln.Addr().String())
+	var reg *nfs.Registration
+	if rpcbind {
+		reg = nfs.RegisterLogged(slog.Default(), ln.Addr())
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(ln) }()
 	sigs := make(chan os.Signal, 2)
@@ -132,6 +139,11 @@ func runNFS(ccfg client.Config, ncfg nfs.Config, listen string) error {
 	select {
 	case sig := <-sigs:
 		slog.Info("nfs: stopping", "signal", sig)
+		if reg != nil {
+			if err := reg.Unregister(); err != nil {
+				slog.Warn("nfs: rpcbind unregistration failed", "err", err)
+			}
+		}
 		return s.Close()
 	case err := <-errc:
 		s.Close()

@@ -178,6 +178,25 @@ func printStatus(out io.Writer, st *rpc.ClusterStatusResp, capa admin.Capacity, 
 	printClients(out, st, showLocks)
 }
 
+// printNFSGateways lists the sessions that are NFS gateways (strata nfs
+// and strata up --nfs open theirs with MountPoint nfs://ADDR). Their
+// exports, NFS clients and call counts are not in the session: each
+// gateway's --metrics-addr serves them.
+func printNFSGateways(out io.Writer, clients []rpc.ClientInfo) {
+	var gws []string
+	for _, c := range clients {
+		if addr, ok := strings.CutPrefix(c.MountPoint, "nfs://"); ok {
+			gws = append(gws, fmt.Sprintf("%s (client %d on %s)", addr, c.ID, c.Host))
+		}
+	}
+	if len(gws) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "nfs gateways: %s\n", strings.Join(gws, ", "))
+	fmt.Fprintln(out, "(exports, NFS clients and calls: each gateway's --metrics-addr, strata_nfs_ops_total{proc} and strata_nfs_clients)")
+	fmt.Fprintln(out)
+}
+
 // printClients shows the mounts, the lock summary and, with showLocks, the
 // locks themselves.
 func printClients(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {
@@ -194,6 +213,7 @@ func printClients(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {
 	}
 	w.Flush()
 	fmt.Fprintln(out)
+	printNFSGateways(out, st.Clients)
 	switch {
 	case st.LockGrace:
 		fmt.Fprintf(out, "locks: %d held; grace period after a metadata restart: new locks wait until %d client(s) have reclaimed theirs\n", st.LocksTotal, st.LockGracePending)

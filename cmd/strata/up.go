@@ -36,7 +36,8 @@ func init() {
 		writeThrough, kernelReadAhead             int64
 		pprofAddr, metaDiskReserve                string
 		syncInterval                              time.Duration
-		debugFuse, ha, mirrorRoot                 bool
+		debugFuse, ha, mirrorRoot, serveNFS       bool
+		nfsPort                                   int
 		haRestartDelay, failoverTimeout           time.Duration
 		tf                                        tlsFlags
 	)
@@ -103,6 +104,7 @@ on the same --data it serves the same files.`,
 				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
 				tls: tc, syncInterval: syncInterval, pprof: pprofAddr != "", debugFuse: debugFuse,
 				ha: ha, haRestartDelay: haRestartDelay, failoverTimeout: failoverTimeout, tlsFiles: tf, mirrorRoot: mirrorRoot,
+				nfs: serveNFS, nfsPort: nfsPort, nfsPortSet: cmd.Flags().Changed("nfs-port"),
 			})
 			if err == nil {
 				fmt.Fprintln(os.Stderr, "strata: stopped cleanly: unmounted, every service closed")
@@ -128,6 +130,8 @@ on the same --data it serves the same files.`,
 	cmd.Flags().BoolVar(&mirrorRoot, "mirror-root", true, "with --ha: at the first start, mark the root directory mirrored (strata stripe set --mirror), so that every new file is; false leaves files unmirrored until a directory is marked")
 	cmd.Flags().DurationVar(&haRestartDelay, "ha-restart-delay", 10*time.Second, "with --ha: start a voter or storage server that died again after this long (0: leave it dead)")
 	cmd.Flags().DurationVar(&failoverTimeout, "failover-timeout", 0, "a mirror group primary's server silent this long is replaced by its secondary (0: the metadata service's default, 3s)")
+	cmd.Flags().BoolVar(&serveNFS, "nfs", false, "also serve the namespace over NFSv3 and MOUNT v3 on 127.0.0.1 (export "+upNFSExport+"; registered with rpcbind when one runs)")
+	cmd.Flags().IntVar(&nfsPort, "nfs-port", 2049, fmt.Sprintf("with --nfs: the TCP port for NFS and MOUNT (if the default is taken: %d)", upNFSFallbackPort))
 	cmd.Flags().BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request (very verbose)")
 	_ = cmd.Flags().MarkHidden("debug-fuse")
 	tf.register(cmd.Flags())
@@ -153,6 +157,10 @@ type upOptions struct {
 	ha, mirrorRoot                  bool
 	haRestartDelay, failoverTimeout time.Duration
 	tlsFiles                        tlsFlags
+	// nfs: also serve NFS on loopback (upnfs.go), on nfsPort (when not
+	// nfsPortSet and taken: upNFSFallbackPort).
+	nfs, nfsPortSet bool
+	nfsPort         int
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -251,6 +259,11 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	})
 
 	info := admin.UpInfo{Meta: metaList, KeyFile: keyFile, Mount: mountDir, Pid: os.Getpid()}
+	if o.nfs {
+		if info.NFS, err = startUpNFS(ctx, ccfg, o.nfsPort, o.nfsPortSet, &stops); err != nil {
+			return err
+		}
+	}
 	b, _ := json.MarshalIndent(info, "", "  ")
 	if err := os.WriteFile(filepath.Join(dataDir, "cluster.json"), append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write cluster.json: %w", err)

@@ -31,6 +31,7 @@ type UpInfo struct {
 	KeyFile string `json:"key_file"`
 	Mount   string `json:"mount"`
 	Pid     int    `json:"pid"`
+	NFS     string `json:"nfs,omitempty"` // strata up --nfs: the gateway's address (NFS and MOUNT on one port)
 }
 
 // Query is what the user gave to find a cluster.

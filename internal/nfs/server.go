@@ -98,6 +98,7 @@ type Server struct {
 	files    *openFiles
 	cookies  *cookieTable
 	rpc      *oncrpc.Server
+	metrics  *metrics
 	mu       struct {
 		sync.Mutex
 		mounts map[mountKey]struct{} // MNT'ed (host, path) pairs: DUMP
@@ -130,7 +131,12 @@ func New(c *client.Client, cfg Config) (*Server, error) {
 	s.cookies = newCookieTable(cookieBatches)
 	rpcCfg := cfg.RPC
 	rpcCfg.Log = s.log
-	s.rpc = oncrpc.NewServer(rpcCfg, s.nfsProgram(), s.mountProgram())
+	m, err := newMetrics(c.Registry())
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	s.rpc = oncrpc.NewServer(rpcCfg, m.count(s.nfsProgram(), "", nfsProcNames[:]), m.count(s.mountProgram(), "mount_", mountProcNames[:]))
 	return s, nil
 }
 
@@ -142,6 +148,7 @@ func (s *Server) Serve(ln net.Listener) error { return s.rpc.Serve(ln) }
 func (s *Server) Close() error {
 	s.rpc.Close()
 	s.files.close()
+	s.metrics.close()
 	return nil
 }
 

@@ -7,6 +7,13 @@
 //	moosefs      mfsmaster + 2 mfschunkservers, mfsmount
 //	strata       `strata up` (meta + stores + FUSE mount, fuse.strata), shared dir striped over all live targets
 //
+// and, when named (Optional), the NFS row: strata-nfs (`strata up --nfs`)
+// and ganesha (NFS-Ganesha with its VFS FSAL on a directory of the work
+// directory, on 127.0.0.1, rpcbind started if none runs). There is no
+// kernel NFS client here, so both are driven by driveNFS (nfsdrive.go),
+// one Go NFSv3 client on internal/nfs/nfstest, with their own workloads
+// (NFSWorkloads), after the suite's.
+//
 // When the suite includes smallfile without --smallfile-fsync, the local
 // directory also runs it as the series local-fsync, with an fsync before
 // each close: the durable baseline of a small-file create.

@@ -23,7 +23,11 @@ var Systems = []string{"local", "passthrough", "glusterfs", "moosefs", "strata"}
 // `strata up --ha` (every daemon a process, new files mirrored) and
 // "strata-ha" the same cluster with unmirrored files, its baseline for the
 // cost of mirroring.
-var Optional = []string{"strata-meta3", "strata-ha", "strata-mirror"}
+// "strata-nfs" (`strata up --nfs`) and "ganesha" (NFS-Ganesha on a local
+// directory) are the NFS row: driven over NFSv3 by one user-space client
+// (nfsdrive.go), their workloads are NFSWorkloads whatever --workloads
+// says.
+var Optional = []string{"strata-meta3", "strata-ha", "strata-mirror", "strata-nfs", "ganesha"}
 
 // Config is one peers run.
 type Config struct {
@@ -85,6 +89,8 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		"strata-meta3":  &strataFS{env: e, sys: "strata-meta3", flags: []string{"--meta-voters", "3"}},
 		"strata-ha":     &strataFS{env: e, sys: "strata-ha", flags: []string{"--ha", "--mirror-root=false"}},
 		"strata-mirror": &strataFS{env: e, sys: "strata-mirror", flags: []string{"--ha"}},
+		"strata-nfs":    newStrataNFS(e),
+		"ganesha":       &ganeshaNFS{env: e},
 	}
 	rep = &bench.Report{Machine: bench.CurrentMachine(dir)}
 	var started []system
@@ -107,6 +113,7 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		only   string // the one workload this series runs ("" = all)
 	}
 	var peers []peer
+	var nfsPeers []nfsSystem
 	for _, name := range cfg.Systems {
 		s, ok := all[name]
 		if !ok {
@@ -134,6 +141,11 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 			started = started[:len(started)-1]
 			continue
 		}
+		if ns, ok := s.(nfsSystem); ok {
+			nfsPeers = append(nfsPeers, ns)
+			logf("%s ready at %s", name, path)
+			continue
+		}
 		bc := cfg.Bench
 		bc.Path, bc.System, bc.Fio = path, name, false
 		// The repeats are turns of their own (below); the random files
@@ -159,7 +171,7 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 			logf("%s: smallfile also on %s with an fsync before each close", fc.System, path)
 		}
 	}
-	if len(peers) == 0 {
+	if len(peers) == 0 && len(nfsPeers) == 0 {
 		return rep, errors.New("no system could be set up")
 	}
 
@@ -230,6 +242,9 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 			}
 		}
 	}
+	if err := runNFSRow(ctx, nfsPeers, repeat, logf, rep, &results); err != nil {
+		return rep, err
+	}
 	for _, p := range peers {
 		for _, n := range p.runner.Notes() {
 			rep.Notes = append(rep.Notes, p.name+": "+n)
@@ -270,6 +285,9 @@ func fsyncBaseline(name string, bc bench.Config) (bench.Config, bool) {
 // always land on the same next one, as it would in a fixed or merely
 // rotated order.
 func turnOrder(n, turn int) []int {
+	if n == 0 {
+		return nil // only NFS systems (their own row)
+	}
 	period := n
 	if n%2 == 1 {
 		period = 2 * n
@@ -315,7 +333,8 @@ func Cleanup(dir string, logf func(string, ...any)) {
 	os.RemoveAll("/var/lib/glusterd/vols/" + glusterVolume)
 	// Data of the systems (not the logs or reports).
 	for _, sub := range []string{"local", "passthrough-src", "passthrough-mnt", "gluster", "moosefs", "strata-data", "strata-mnt", "strata-meta3-data", "strata-meta3-mnt",
-		"strata-ha-data", "strata-ha-mnt", "strata-mirror-data", "strata-mirror-mnt"} {
+		"strata-ha-data", "strata-ha-mnt", "strata-mirror-data", "strata-mirror-mnt",
+		"strata-nfs-data", "strata-nfs-mnt", "ganesha"} {
 		p := filepath.Join(dir, sub)
 		if mountFSType(p) == "" {
 			os.RemoveAll(p)

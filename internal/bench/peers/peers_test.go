@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -284,5 +285,30 @@ func TestFsyncBaseline(t *testing.T) {
 	bc.Workloads, bc.SmallFileFsync = []string{"smallfile"}, true
 	if _, ok := fsyncBaseline("local", bc); ok {
 		t.Error("fsync series although every file is fsynced already")
+	}
+}
+
+// Ganesha's configuration exports the directory on the ports the driver
+// dials, NFSv3 over TCP only, to 127.0.0.1 read-write without root squash
+// (the options of strata-nfs's export).
+func TestGaneshaConfig(t *testing.T) {
+	s := &ganeshaNFS{dir: "/var/tmp/x/ganesha/export"}
+	conf := ganeshaConfig(s.dir, ganeshaPort)
+	tg := s.target()
+	for _, want := range []string{
+		"NFS_Port = " + strconv.Itoa(ganeshaPort) + ";", "MNT_Port = " + strconv.Itoa(ganeshaPort+1) + ";",
+		"Path = /var/tmp/x/ganesha/export;", "Protocols = 3;", "Transports = TCP;",
+		"Clients = 127.0.0.1;", "Access_Type = RW;", "Squash = No_Root_Squash;", "Name = VFS;",
+		"Bind_addr = 127.0.0.1;",
+	} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("ganesha.conf lacks %q:\n%s", want, conf)
+		}
+	}
+	if tg.nfsAddr != "127.0.0.1:"+strconv.Itoa(ganeshaPort) || tg.mountAddr != "127.0.0.1:"+strconv.Itoa(ganeshaPort+1) || tg.export != s.dir {
+		t.Errorf("target %+v does not match the configuration", tg)
+	}
+	if strings.Count(conf, "{") != strings.Count(conf, "}") {
+		t.Errorf("unbalanced braces:\n%s", conf)
 	}
 }

@@ -4,7 +4,8 @@
 //
 //   - rpc.x: the ONC RPC message header and AUTH_SYS credential (RFC 5531),
 //   - mount.x: MOUNT version 3 (RFC 1813 appendix I),
-//   - nfs.x: NFS version 3 (RFC 1813).
+//   - nfs.x: NFS version 3 (RFC 1813),
+//   - portmap.x: port mapper v2 and rpcbind v4 registration (RFC 1833).
 //
 // Nothing here is written by hand except this file and the .x files: edit a
 // .x file and run `go generate ./internal/nfs/xdr`. The generated
@@ -16,5 +17,5 @@ package xdr
 // package needs nothing of goxdr at run time; one line of that boilerplate
 // passes an error's text as a format string, which go vet refuses: the
 // second step gives it a constant format.
-//go:generate go run github.com/xdrpp/goxdr/cmd/goxdr -B -fmt -enum-comments -p xdr -o xdr_gen.go rpc.x mount.x nfs.x
+//go:generate go run github.com/xdrpp/goxdr/cmd/goxdr -B -fmt -enum-comments -p xdr -o xdr_gen.go rpc.x mount.x nfs.x portmap.x
 //go:generate sed -i "s/XdrPanic(err.Error())/XdrPanic(\"%s\", err.Error())/" xdr_gen.go

@@ -1,0 +1,80 @@
+package test
+
+import (
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/nfs/nfstest"
+	"github.com/stratafs/strata/internal/nfs/xdr"
+	"github.com/stratafs/strata/internal/testutil"
+)
+
+// TestUpNFS: strata up --nfs serves the mount's namespace over NFS on the
+// port asked for, records it in cluster.json, and strata status lists the
+// gateway; a file written on the FUSE mount reads the same over NFS.
+func TestUpNFS(t *testing.T) {
+	testutil.RequireFUSE(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	u := &upRun{bin: testutil.Binary(t), dir: t.TempDir()}
+	u.data, u.mnt = filepath.Join(u.dir, "data"), filepath.Join(u.dir, "mnt")
+	u.P = startUp(t, u.bin, u.dir, u.data, u.mnt, "--nfs", "--nfs-port", strconv.Itoa(port))
+	t.Cleanup(func() { u.P.Kill(); testutil.ForceUnmount(u.mnt) })
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+
+	var info struct{ NFS string }
+	if err := testutil.WaitFor(10*time.Second, func() error {
+		b, err := os.ReadFile(filepath.Join(u.data, "cluster.json"))
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(b, &info); err != nil || info.NFS == "" {
+			return errors.New("no nfs address in cluster.json: " + string(b))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if info.NFS != addr {
+		t.Fatalf("cluster.json nfs %q, want %q", info.NFS, addr)
+	}
+	const body = "written on the FUSE mount\n"
+	if err := os.WriteFile(filepath.Join(u.mnt, "f"), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := nfstest.Dial(addr, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	root, st, err := c.Mnt("/")
+	if err != nil || st != xdr.MNT3_OK {
+		t.Fatalf("MNT /: %v %v", st, err)
+	}
+	var lk xdr.LOOKUP3res
+	if err := c.NFS(nfstest.ProcLookup, &xdr.LOOKUP3args{What: xdr.Diropargs3{Dir: xdr.Nfs_fh3{Data: root}, Name: "f"}}, &lk); err != nil || lk.Status != xdr.NFS3_OK {
+		t.Fatalf("LOOKUP f: %v %v", lk.Status, err)
+	}
+	var rd xdr.READ3res
+	if err := c.NFS(nfstest.ProcRead, &xdr.READ3args{File: lk.Resok().Object, Count: 4096}, &rd); err != nil || rd.Status != xdr.NFS3_OK {
+		t.Fatalf("READ f: %v %v", rd.Status, err)
+	}
+	if got := string(rd.Resok().Data); got != body {
+		t.Fatalf("READ over NFS %q, want %q", got, body)
+	}
+	out, code := run(t, u.bin, u.dir, "status", "--data", u.data)
+	if code != 0 || !strings.Contains(out, "nfs gateways: "+addr) {
+		t.Fatalf("strata status: exit %d, no gateway %s:\n%s", code, addr, out)
+	}
+}
