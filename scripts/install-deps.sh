@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing Strata needs on a Debian machine:
 # fuse3 (fusermount3, /etc/fuse.conf), fio (benchmarks), iproute2 (multi-host tests),
-# nftables (the network fault tests' one-way partitions and packet loss)
+# nftables (the network fault tests' one-way partitions and packet loss),
 # rpcbind (the NFS gateway registers with it; its test starts one),
 # and a Go toolchain at least as new as go.mod asks for (from the Go module proxy,
 # which serves toolchains as modules, when the machine has none or an old one).
