@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stratafs/strata/internal/client"
 )
 
 // TestDirChangesAnswerParentAttrs: after each kind of change in a
@@ -20,7 +22,11 @@ import (
 func TestDirChangesAnswerParentAttrs(t *testing.T) {
 	requireFUSE(t)
 	tc := startCluster(t, 1, 2)
-	a, _ := tc.mount(nil)
+	// The attributes a change answered serve the next GETATTR for
+	// DirAttrTTL (1 s by default): under the race detector on a loaded
+	// machine a change and the stat after it were more than 1 s apart
+	// (CI). Nothing else changes the directory: an hour.
+	a, _ := tc.mount(func(c *client.Config) { c.DirAttrTTL = time.Hour })
 	const attrTimeout = 100 * time.Millisecond
 	b, _ := tc.mountWith(nil, Options{AttrTimeout: attrTimeout, EntryTimeout: attrTimeout})
 	d := filepath.Join(a, "d")
