@@ -289,6 +289,19 @@ func (r *groupRig) calls(i int) []rigCall {
 	return out
 }
 
+// answered reports whether server i answered a call with errno (without
+// taking its calls, as calls does).
+func (r *groupRig) answered(i int, errno syscall.Errno) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, cl := range r.srv[i].calls {
+		if cl.errno == errno {
+			return true
+		}
+	}
+	return false
+}
+
 // attach points c's group map at the rig (holding the refresh lock, which
 // every refresh takes before it reads list) and fetches it.
 func (r *groupRig) attach(c *Client) {
@@ -520,8 +533,23 @@ func TestGroupSwitchWhileWriting(t *testing.T) {
 	}
 	r.failOver(1)
 	r.learn(0, 1) // the old primary knows it is deposed
-	time.AfterFunc(300*time.Millisecond, func() { r.learn(1, 1) })
+	// The new primary learns its epoch once it has answered a write of it
+	// EAGAIN (or after 5 s): not after a fixed 300 ms, which a loaded
+	// machine's writes could take to arrive (CI at load 40).
+	learnt := make(chan struct{})
+	go func() {
+		defer close(learnt)
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			if r.answered(1, syscall.EAGAIN) {
+				r.learn(1, 1)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		r.learn(1, 1)
+	}()
 	writeSync(t, f, data)
+	<-learnt
 	checkRead(t, f, data)
 	var stale, again, newEpoch int
 	for i := range r.srv {
