@@ -382,6 +382,91 @@ func TestMirrorResyncFullCopy(t *testing.T) {
 	}
 }
 
+// TestMirrorResyncChunkBornDuringListing is the loss the third soak run
+// found: during a full resync, a chunk created after the primary listed
+// its own chunks and forwarded to the secondary before the secondary's
+// listing looked like a stale chunk of the secondary's ("gone here"). By
+// the time the resync reached it, the chunk existed at the primary, so
+// the head cut the secondary's copy to 0 — and with it every write
+// forwarded so far — and copied nothing: the tail then extended it to the
+// primary's length, all zeros, and the group went in sync with it.
+func TestMirrorResyncChunkBornDuringListing(t *testing.T) {
+	p := newMirrorPair(t, nil)
+	for ino := uint64(1); ino <= 3; ino++ {
+		if err := p.gwrite(p.a, ino, 0, pattern(int(ino), 100<<10), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const born = 0x909d0
+	data := pattern(7, 3<<20)
+	var once sync.Once
+	listed := func() {
+		once.Do(func() {
+			// Resyncing: forwarded to the secondary, not recorded.
+			for off := 0; off < len(data); off += 1 << 20 {
+				if err := p.gwrite(p.a, born, uint64(off), data[off:off+1<<20], false); err != nil {
+					t.Errorf("write between the listings: %v", err)
+				}
+			}
+		})
+	}
+	testHookResyncListed.Store(&listed)
+	t.Cleanup(func() { testHookResyncListed.Store(nil) })
+	g := p.meta.group(1)
+	g.State, g.Epoch = rpc.GroupResyncing, g.Epoch+1
+	p.meta.setGroup(g)
+	p.push()
+	waitInSync(t, p, 20*time.Second)
+	for ino := uint64(1); ino <= 3; ino++ {
+		p.sameCopies(ino)
+	}
+	if got := p.sameCopies(born); !bytes.Equal(got, data) {
+		t.Fatalf("chunk %x after the resync: %d bytes, first difference from the written at %d", born, len(got), firstDiff(got, data))
+	}
+}
+
+// TestMirrorResyncTruncateKeepsForwardedWrites: a chunk truncated while
+// the secondary was away has its secondary's copy cut at the resync's
+// head; writes forwarded past the cut between the taking of the record
+// and the head (resyncing: forwarded, never recorded) must come back with
+// the copy, not be cut with it.
+func TestMirrorResyncTruncateKeepsForwardedWrites(t *testing.T) {
+	p := newMirrorPair(t, nil)
+	const ino = 0x500
+	if err := p.gwrite(p.a, ino, 0, pattern(1, 4<<20), false); err != nil {
+		t.Fatal(err)
+	}
+	p.b.stop()
+	if err := p.a.call(rpc.STruncate, &rpc.TruncateReq{Chunk: gid(ino, p.epoch()), Size: 1<<20 + 100}); err != nil {
+		t.Fatalf("truncate with the secondary down: %v", err)
+	}
+	if g := p.meta.group(1); g.State != rpc.GroupDegraded {
+		t.Fatalf("group after the truncate: %+v", g)
+	}
+	late := pattern(2, 2<<20)
+	var once sync.Once
+	head := func(got uint64) {
+		if got != ino {
+			return
+		}
+		once.Do(func() {
+			if err := p.gwrite(p.a, ino, 2<<20, late, false); err != nil {
+				t.Errorf("write before the head: %v", err)
+			}
+		})
+	}
+	testHookResyncChunk.Store(&head)
+	t.Cleanup(func() { testHookResyncChunk.Store(nil) })
+	resyncPair(t, p)
+	waitInSync(t, p, 20*time.Second)
+	got := p.sameCopies(ino)
+	want := append(pattern(1, 4<<20)[:1<<20+100], make([]byte, 2<<20-(1<<20+100))...)
+	want = append(want, late...)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("chunk after the resync: %d bytes, first difference from the expected at %d", len(got), firstDiff(got, want))
+	}
+}
+
 // TestMirrorResyncFullResyncFlag: a group marked FullResync (its
 // secondary was the primary until its disk failed) is copied whole even
 // though the primary holds a begin record for that secondary: bytes the

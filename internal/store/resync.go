@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -59,6 +60,14 @@ const (
 	resyncMaxAttempts   = 600
 	resyncMaxPasses     = 64
 	resyncProgressEvery = time.Second
+)
+
+// Test hooks: testHookResyncListed runs in addAll between the listing of
+// the local target and the peer's; testHookResyncChunk runs before each
+// chunk's head.
+var (
+	testHookResyncListed atomic.Pointer[func()]
+	testHookResyncChunk  atomic.Pointer[func(ino uint64)]
 )
 
 // resyncRun is a resync running for one group in one epoch.
@@ -271,6 +280,9 @@ func (r *resyncer) addAll(ctx context.Context, set *changeSet) error {
 	if err != nil {
 		return err
 	}
+	if h := testHookResyncListed.Load(); h != nil {
+		(*h)()
+	}
 	return r.list(ctx, func(req *rpc.ListChunksReq, resp *rpc.ListChunksResp) error {
 		req.Target = r.g.peerTarget
 		return r.call(ctx, rpc.SListChunks, req, resp)
@@ -332,23 +344,33 @@ func (r *resyncer) copySet(ctx context.Context, set *changeSet) error {
 // for a whole-chunk change, each region up to the chunk's length) in one
 // range.
 func (r *resyncer) copyChunk(ctx context.Context, ino uint64, ic *inoChanges) error {
+	if h := testHookResyncChunk.Load(); h != nil {
+		(*h)(ino)
+	}
 	size, exists, err := r.head(ctx, ino, ic)
 	if err != nil || !exists {
 		return err
 	}
+	blocksOf := func(reg uint64) regionBlocks { return ic.regions[reg] }
 	regions := sortedRegions(ic)
-	if ic.whole {
+	switch {
+	case ic.whole:
 		regions = regions[:0]
 		for reg := uint64(0); reg<<mirrorRegionShift < uint64(size); reg++ {
 			regions = append(regions, reg)
 		}
 		r.total += uint64(len(regions)) << mirrorRegionShift
+		blocksOf = func(uint64) regionBlocks { return allBlocks }
+	case ic.hasTrunc && uint64(size) > ic.minTrunc:
+		// The head cut the peer's copy to minTrunc, and with it whatever
+		// was forwarded there past minTrunc since the record was taken
+		// (new writes are forwarded, not recorded): everything from
+		// minTrunc's block to the chunk's length is copied, besides the
+		// recorded blocks below it (the third soak run lost a chunk so).
+		regions, blocksOf = r.pastTruncate(ic, size)
 	}
 	for _, reg := range regions {
-		blocks := allBlocks
-		if !ic.whole {
-			blocks = ic.regions[reg]
-		}
+		blocks := blocksOf(reg)
 		base := int64(reg << mirrorRegionShift)
 		for _, run := range blocks.runs() {
 			if err := ctx.Err(); err != nil {
@@ -361,6 +383,38 @@ func (r *resyncer) copyChunk(ctx context.Context, ino uint64, ic *inoChanges) er
 		}
 	}
 	return r.tail(ctx, ino)
+}
+
+// pastTruncate answers the regions to copy of a chunk of length size
+// whose record has a truncate to ic.minTrunc (and no whole-chunk change),
+// and their blocks: the recorded ones, and every block from the one
+// holding minTrunc on. The blocks added join the total.
+func (r *resyncer) pastTruncate(ic *inoChanges, size int64) ([]uint64, func(uint64) regionBlocks) {
+	from := ic.minTrunc >> blockShift // the first block the head's cut changed
+	extra := map[uint64]regionBlocks{}
+	for reg := from >> (mirrorRegionShift - blockShift); reg<<mirrorRegionShift < uint64(size); reg++ {
+		b0 := uint64(0)
+		if base := reg << (mirrorRegionShift - blockShift); from > base {
+			b0 = from - base
+		}
+		add := blockSpan(b0, regionBlockCount)
+		old := ic.regions[reg]
+		extra[reg] = old.or(add)
+		r.total += uint64(extra[reg].count()-old.count()) << blockShift
+	}
+	regions := sortedRegions(ic)
+	for reg := range extra {
+		if _, ok := ic.regions[reg]; !ok {
+			regions = append(regions, reg)
+		}
+	}
+	sort.Slice(regions, func(i, j int) bool { return regions[i] < regions[j] })
+	return regions, func(reg uint64) regionBlocks {
+		if b, ok := extra[reg]; ok {
+			return b
+		}
+		return ic.regions[reg]
+	}
 }
 
 // localSize answers the local chunk's length and whether it exists.
