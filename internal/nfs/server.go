@@ -10,11 +10,13 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/stratafs/strata/internal/client"
 	"github.com/stratafs/strata/internal/nfs/oncrpc"
 	"github.com/stratafs/strata/internal/nfs/xdr"
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // Program numbers and versions served (RFC 1813).
@@ -99,6 +101,8 @@ type Server struct {
 	cookies  *cookieTable
 	rpc      *oncrpc.Server
 	metrics  *metrics
+	reporter reporter
+	addr     atomic.Pointer[string] // where Serve listens (the heartbeat's report)
 	mu       struct {
 		sync.Mutex
 		mounts map[mountKey]struct{} // MNT'ed (host, path) pairs: DUMP
@@ -137,15 +141,23 @@ func New(c *client.Client, cfg Config) (*Server, error) {
 	}
 	s.metrics = m
 	s.rpc = oncrpc.NewServer(rpcCfg, m.count(s.nfsProgram(), "", nfsProcNames[:]), m.count(s.mountProgram(), "mount_", mountProcNames[:]))
+	// The session's heartbeats carry the gateway's exports, clients and
+	// calls to the metadata service, for strata status.
+	c.SetGatewayReport(func() *rpc.GatewayReport { return s.report(time.Now()) })
 	return s, nil
 }
 
 // Serve answers calls on ln until Close.
-func (s *Server) Serve(ln net.Listener) error { return s.rpc.Serve(ln) }
+func (s *Server) Serve(ln net.Listener) error {
+	a := ln.Addr().String()
+	s.addr.Store(&a)
+	return s.rpc.Serve(ln)
+}
 
 // Close stops serving, then releases the open files (flushing their
 // writes, fsyncing those with UNSTABLE writes).
 func (s *Server) Close() error {
+	s.c.SetGatewayReport(nil)
 	s.rpc.Close()
 	s.files.close()
 	s.metrics.close()
