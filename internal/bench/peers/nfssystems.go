@@ -29,11 +29,20 @@ const (
 // ---- Strata over NFS: strata up --nfs ----
 
 // strataNFS is `strata up --nfs` on strataNFSPort: the cluster and its
-// gateway exporting / rw,sync,no_root_squash to 127.0.0.1.
+// gateway exporting / rw,sync,no_root_squash to 127.0.0.1 (strata-nfs-async:
+// rw,async).
 type strataNFS struct{ strataFS }
 
 func newStrataNFS(e *env) *strataNFS {
 	return &strataNFS{strataFS{env: e, sys: "strata-nfs", flags: []string{"--nfs", "--nfs-port", strconv.Itoa(strataNFSPort)}}}
+}
+
+// newStrataNFSAsync is strata-nfs with the export async: UNSTABLE writes
+// answered from the gateway's memory, namespace changes before the
+// metadata log's sync (COMMIT still flushes).
+func newStrataNFSAsync(e *env) *strataNFS {
+	return &strataNFS{strataFS{env: e, sys: "strata-nfs-async", flags: []string{"--nfs", "--nfs-port", strconv.Itoa(strataNFSPort),
+		"--nfs-export", "/=rw,async,no_root_squash,clients=127.0.0.1"}}}
 }
 
 func (s *strataNFS) setup(ctx context.Context) (string, error) {
