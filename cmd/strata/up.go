@@ -20,10 +20,10 @@ import (
 
 	"github.com/stratafs/strata/internal/admin"
 	"github.com/stratafs/strata/internal/client"
-	"github.com/stratafs/strata/internal/nfs"
 	"github.com/stratafs/strata/internal/fuse"
 	"github.com/stratafs/strata/internal/meta"
 	"github.com/stratafs/strata/internal/mountinfo"
+	"github.com/stratafs/strata/internal/nfs"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/store"
 	"github.com/stratafs/strata/internal/transport"
