@@ -415,6 +415,9 @@ func (s *Service) getAttr(ino uint64) (rpc.Attr, error) {
 var errNoEntry = &rpc.Error{Errno: syscall.ENOENT, Msg: "no such entry"}
 
 func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, error) {
+	if r.Name == ".." {
+		return s.lookupParent(r.Parent)
+	}
 	if err := checkName(r.Name); err != nil {
 		return nil, err
 	}
@@ -447,6 +450,25 @@ func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, erro
 	if err != nil {
 		// The entry was removed between the two reads.
 		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", r.Name, r.Parent)
+	}
+	return &rpc.AttrResp{Attr: a}, nil
+}
+
+// lookupParent answers the directory containing directory dir (the
+// root's is itself): an NFS client asks the gateway for "..", and a
+// directory's inode keeps its parent. Older services answer EINVAL.
+func (s *Service) lookupParent(dir uint64) (rpc.Message, error) {
+	in, err := s.readInode(dir)
+	if err != nil {
+		return nil, err
+	}
+	if in.Mode&modeType != modeDir {
+		return nil, rpc.Errorf(syscall.ENOTDIR, "inode %d is not a directory", dir)
+	}
+	a, err := s.getAttr(in.Parent)
+	if err != nil {
+		// The parent was removed meanwhile (dir with it, or moved).
+		return nil, rpc.Errorf(syscall.ENOENT, "the parent %d of directory %d: %v", in.Parent, dir, err)
 	}
 	return &rpc.AttrResp{Attr: a}, nil
 }
