@@ -113,6 +113,8 @@
 // GatewayReport — the gateway's address, exports, clients and calls;
 // absent: not a gateway; an older service refuses a gateway's heartbeat) and ClusterStatusResp a trailing Gateways list
 // (absent: none), for strata status.
+// MLookup of the name ".." answers the directory's parent (the NFS
+// gateway's LOOKUP ".."); an older service refuses the name (EINVAL).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //
