@@ -345,6 +345,9 @@ func (s *Server) write3(ctx context.Context, call *oncrpc.Call, a *xdr.WRITE3arg
 		err = errInval
 	}
 	if err == nil {
+		err = s.killPriv(ctx, t, attr)
+	}
+	if err == nil {
 		unstable := a.Stable == xdr.UNSTABLE
 		if unstable {
 			committed = xdr.UNSTABLE
@@ -362,6 +365,25 @@ func (s *Server) write3(ctx context.Context, call *oncrpc.Call, a *xdr.WRITE3arg
 		s.wcc(&res.Resfail().File_wcc, nil, after)
 	}
 	return res
+}
+
+// killPriv clears setuid, and setgid with group execute, before a write by
+// anybody but root, as a local write does (knfsd: file_remove_privs). A
+// FILE_SYNC write's fsync, or the COMMIT of UNSTABLE ones, makes it
+// durable with the data.
+func (s *Server) killPriv(ctx context.Context, t target, a *rpc.Attr) error {
+	if t.cred.uid == 0 {
+		return nil
+	}
+	kill := a.Mode & syscall.S_ISUID
+	if a.Mode&(syscall.S_ISGID|syscall.S_IXGRP) == syscall.S_ISGID|syscall.S_IXGRP {
+		kill |= syscall.S_ISGID
+	}
+	if kill == 0 {
+		return nil
+	}
+	_, err := s.c.SetAttr(ctx, t.ino, rpc.SetAttrReq{Valid: rpc.SetMode, Mode: a.Mode & 0o7777 &^ kill})
+	return staleIfGone(err)
 }
 
 func (s *Server) write(ctx context.Context, ino uint64, off int64, p []byte, unstable bool) (int, error) {
