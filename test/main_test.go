@@ -22,6 +22,8 @@ func TestMain(m *testing.M) {
 		os.Exit(lockCountWorker())
 	case "tmpfile":
 		os.Exit(tmpfileWorker())
+	case "nfsfuse":
+		os.Exit(nfsFUSEWorker())
 	case "history":
 		os.Exit(history.Worker())
 	}

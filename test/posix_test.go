@@ -585,18 +585,7 @@ func runPOSIXSuiteSkipping(t *testing.T, root, other, dataDir string, skip map[s
 				t.Errorf("%s: %d blocks of 512 bytes", what, b)
 			}
 		}
-		sparse := filepath.Join(dir, "sparse")
-		f, err := os.Create(sparse)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.WriteAt(bytes.Repeat([]byte("s"), 10000), 5*M); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Truncate(100 * M); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
+		sparse := makeSparse(t, dir)
 		checkBlocks(sparse, func(b int64) bool { return b*512 >= 10000 && b*512 < M }, "10,000 bytes in a 100 MiB file")
 		dense := filepath.Join(dir, "dense")
 		if err := os.WriteFile(dense, bytes.Repeat([]byte("d"), 8*M), 0o644); err != nil {
@@ -616,18 +605,7 @@ func runPOSIXSuiteSkipping(t *testing.T, root, other, dataDir string, skip map[s
 		if err != nil {
 			t.Skip("no cp")
 		}
-		sparse := filepath.Join(dir, "sparse")
-		f, err := os.Create(sparse)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.WriteAt(bytes.Repeat([]byte("s"), 10000), 5*M); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Truncate(100 * M); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
+		sparse := makeSparse(t, dir)
 		cp2 := filepath.Join(dir, "copy")
 		if out, err := exec.Command(cp, "--sparse=auto", sparse, cp2).CombinedOutput(); err != nil {
 			t.Fatalf("cp: %v %s", err, out)
@@ -870,6 +848,28 @@ func chunkFiles(t *testing.T, dir string, ino uint64) int {
 		t.Fatalf("walk %s: %v", dir, err)
 	}
 	return n
+}
+
+// makeSparse makes dir/sparse: 10,000 bytes at 5 MiB in a 100 MiB file.
+func makeSparse(t *testing.T, dir string) string {
+	t.Helper()
+	const M = 1 << 20
+	p := filepath.Join(dir, "sparse")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(bytes.Repeat([]byte("s"), 10000), 5*M); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(100 * M); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func asNobody(name string, args ...string) ([]byte, error) {
