@@ -24,6 +24,8 @@ func TestMain(m *testing.M) {
 		os.Exit(tmpfileWorker())
 	case "nfsfuse":
 		os.Exit(nfsFUSEWorker())
+	case "nfswrite":
+		os.Exit(nfsWriteWorker())
 	case "history":
 		os.Exit(history.Worker())
 	}

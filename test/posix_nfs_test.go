@@ -1,10 +1,12 @@
 package test
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -177,6 +179,90 @@ func TestNFSCrossProtocol(t *testing.T) {
 	})
 }
 
+// TestNFSFUSEGatewayRestart: writes through the NFS client mount are
+// UNSTABLE; the gateway is killed (-9) and restarted before the close, so
+// it lost what it held in memory. The close's COMMIT gets another
+// verifier, the client sends the writes again and commits them (RFC 1813
+// 3.3.7), and the file reads complete on a FUSE mount of the cluster. The
+// writer is a process of its own: a process holding a file open on the
+// mount must not fork (the child's copy of the descriptor is closed at
+// its exec, a FLUSH — a COMMIT to the dead gateway, retried).
+func TestNFSFUSEGatewayRestart(t *testing.T) {
+	c := testutil.StartProcCluster(t, testutil.ProcOptions{Stores: 2, TargetsPerStore: 2, Mounts: 1})
+	g := newNFSGateway(t, c)
+	m := mountNFS(t, c, g.addr, "nfs0")
+	w := exec.Command(os.Args[0])
+	w.Env = append(os.Environ(), "STRATA_TEST_WORKER=nfswrite", "NFSWRITE_FILE="+filepath.Join(m, "f"))
+	stdin, err := w.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := w.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Stderr = os.Stderr
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Process.Kill()
+	out := bufio.NewReader(stdout)
+	if line, err := out.ReadString('\n'); line != "written\n" {
+		t.Fatalf("writer: %q %v", line, err)
+	}
+	g.p.Kill()
+	g.start()
+	fmt.Fprintln(stdin, "close")
+	if line, err := out.ReadString('\n'); line != "closed\n" {
+		t.Fatalf("writer's close (its COMMIT after the gateway's restart): %q %v", line, err)
+	}
+	_ = w.Wait()
+	data := nfsWriteData()
+	got, err := os.ReadFile(filepath.Join(c.Mount(0), "f"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("FUSE mount reads %d bytes (%v), want the %d written; first difference at %d", len(got), err, len(data), firstDiff(got, data))
+	}
+}
+
+// nfsWriteData is what the nfswrite worker writes.
+func nfsWriteData() []byte {
+	data := make([]byte, 3<<20+7)
+	rng := rand.New(rand.NewPCG(3, 7))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	return data
+}
+
+// nfsWriteWorker writes nfsWriteData to NFSWRITE_FILE in 1 MiB writes,
+// says "written", and closes the file when a line comes on stdin, then
+// says "closed" (or the error).
+func nfsWriteWorker() int {
+	data := nfsWriteData()
+	f, err := os.OpenFile(os.Getenv("NFSWRITE_FILE"), os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	for off := 0; off < len(data); off += 1 << 20 {
+		if _, err := f.WriteAt(data[off:min(off+1<<20, len(data))], int64(off)); err != nil {
+			fmt.Println(err)
+			return 1
+		}
+	}
+	fmt.Println("written")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	if err := f.Close(); err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	fmt.Println("closed")
+	return 0
+}
+
 func firstDiff(a, b []byte) int {
 	for i := range min(len(a), len(b)) {
 		if a[i] != b[i] {
@@ -212,24 +298,44 @@ func readAllNFS(c *nfstest.Client, h []byte) ([]byte, error) {
 	return nil, fmt.Errorf("READ: no end after %d bytes", len(out))
 }
 
-// startNFSGateway starts `strata nfs` on c exporting / to 127.0.0.1 (rw,
-// sync, no_root_squash) and returns its address once it answers.
+// nfsGateway is a `strata nfs` process on a ProcCluster, exporting / to
+// 127.0.0.1 (rw, sync, no_root_squash).
+type nfsGateway struct {
+	t    *testing.T
+	c    *testutil.ProcCluster
+	addr string
+	p    *testutil.Proc
+}
+
+// startNFSGateway starts the gateway on a free port and returns its
+// address once it answers MNT.
 func startNFSGateway(t *testing.T, c *testutil.ProcCluster) string {
+	return newNFSGateway(t, c).addr
+}
+
+func newNFSGateway(t *testing.T, c *testutil.ProcCluster) *nfsGateway {
 	t.Helper()
-	addr := testutil.FreePort(t)
-	p := testutil.StartProc(t, c.Dir, "nfs", nil, c.Bin, "nfs", "--meta", c.MetaAddr, "--key-file", c.KeyFile,
-		"--listen", addr, "--rpcbind=false", "--export", "/=rw,sync,no_root_squash,clients=127.0.0.1")
+	g := &nfsGateway{t: t, c: c, addr: testutil.FreePort(t)}
+	g.start()
 	t.Cleanup(func() {
-		_ = p.Stop(10 * time.Second)
+		_ = g.p.Stop(10 * time.Second)
 		if t.Failed() {
-			t.Logf("nfs log:\n%s", p.Tail(40))
+			t.Logf("nfs log:\n%s", g.p.Tail(40))
 		}
 	})
+	return g
+}
+
+// start (re)starts the gateway on its address.
+func (g *nfsGateway) start() {
+	g.t.Helper()
+	g.p = testutil.StartProc(g.t, g.c.Dir, "nfs", nil, g.c.Bin, "nfs", "--meta", g.c.MetaAddr, "--key-file", g.c.KeyFile,
+		"--listen", g.addr, "--rpcbind=false", "--export", "/=rw,sync,no_root_squash,clients=127.0.0.1")
 	if err := testutil.WaitFor(20*time.Second, func() error {
-		if p.Exited() {
-			return fmt.Errorf("strata nfs exited:\n%s", p.Tail(20))
+		if g.p.Exited() {
+			return fmt.Errorf("strata nfs exited:\n%s", g.p.Tail(20))
 		}
-		nc, err := nfstest.Dial(addr, "")
+		nc, err := nfstest.Dial(g.addr, "")
 		if err != nil {
 			return err
 		}
@@ -237,9 +343,8 @@ func startNFSGateway(t *testing.T, c *testutil.ProcCluster) string {
 		_, err = nc.MountRoot("/")
 		return err
 	}); err != nil {
-		t.Fatalf("gateway: %v", err)
+		g.t.Fatalf("gateway: %v", err)
 	}
-	return addr
 }
 
 // mountNFS mounts the gateway's / with nfstest.MountFUSE in a process of

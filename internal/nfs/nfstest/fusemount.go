@@ -207,29 +207,41 @@ func (fs *nfsFS) close() {
 	}
 }
 
+// retryFor bounds how long a call is sent again over new connections
+// while the gateway does not answer (a hard mount retries forever).
+const retryFor = 30 * time.Second
+
 // call makes one NFS call as cred over a pooled connection. A connection
-// that failed below RPC (no reply) is closed and dialled again by the next
-// caller; the call is not retried (a test sees the error).
+// that failed below RPC (no reply: the gateway died or restarted) is
+// closed, and the call sent again over a new one for up to retryFor, as a
+// hard mount retransmits; a non-idempotent call may then be done twice, as
+// over any NFSv3 without a duplicate request cache.
 func (fs *nfsFS) call(cred *xdr.Authsys_parms, proc uint32, args, res xdr.XdrType) error {
-	c := <-fs.pool
-	if c == nil {
+	deadline := time.Now().Add(retryFor)
+	for attempt := 1; ; attempt++ {
+		c := <-fs.pool
 		var err error
-		if c, err = Dial(fs.o.Addr, ""); err != nil {
-			fs.pool <- nil
-			return fmt.Errorf("nfs dial %s: %w", fs.o.Addr, err)
+		if c == nil {
+			c, err = Dial(fs.o.Addr, "")
 		}
+		if err == nil {
+			c.Client.Cred = cred // the connection is this caller's until put back
+			err = c.NFS(proc, args, res)
+			var ae *AcceptError
+			var de *DeniedError
+			if err == nil || errors.As(err, &ae) || errors.As(err, &de) {
+				fs.pool <- c
+				return err
+			}
+			c.Close()
+		}
+		fs.pool <- nil
+		if time.Now().After(deadline) || attempt >= 1000 {
+			return fmt.Errorf("nfs %s, %d attempts: %w", fs.o.Addr, attempt, err)
+		}
+		slog.Warn("nfs-fuse: no answer, sending again", "proc", proc, "attempt", attempt, "err", err)
+		time.Sleep(100 * time.Millisecond)
 	}
-	c.Client.Cred = cred // the connection is this caller's until put back
-	err := c.NFS(proc, args, res)
-	var ae *AcceptError
-	var de *DeniedError
-	if err != nil && !errors.As(err, &ae) && !errors.As(err, &de) {
-		slog.Warn("nfs-fuse: connection dropped", "proc", proc, "err", err)
-		c.Close()
-		c = nil
-	}
-	fs.pool <- c
-	return err
 }
 
 // credOf is the AUTH_SYS credential of the process that made a request:
