@@ -368,10 +368,12 @@ func (fs *nfsFS) Forget(id, nlookup uint64) {
 	}
 }
 
+// fileTypes are the mode bits of each NFS file type.
+var fileTypes = map[xdr.Ftype3]uint32{xdr.NF3REG: syscall.S_IFREG, xdr.NF3DIR: syscall.S_IFDIR, xdr.NF3LNK: syscall.S_IFLNK,
+	xdr.NF3BLK: syscall.S_IFBLK, xdr.NF3CHR: syscall.S_IFCHR, xdr.NF3SOCK: syscall.S_IFSOCK, xdr.NF3FIFO: syscall.S_IFIFO}
+
 // attrOf converts NFS attributes to FUSE's.
 func attrOf(a *xdr.Fattr3, out *gofuse.Attr, blksize uint32) {
-	types := map[xdr.Ftype3]uint32{xdr.NF3REG: syscall.S_IFREG, xdr.NF3DIR: syscall.S_IFDIR, xdr.NF3LNK: syscall.S_IFLNK,
-		xdr.NF3BLK: syscall.S_IFBLK, xdr.NF3CHR: syscall.S_IFCHR, xdr.NF3SOCK: syscall.S_IFSOCK, xdr.NF3FIFO: syscall.S_IFIFO}
 	major, minor := a.Rdev.Specdata1, a.Rdev.Specdata2
 	*out = gofuse.Attr{
 		Ino:       uint64(a.Fileid),
@@ -383,7 +385,7 @@ func attrOf(a *xdr.Fattr3, out *gofuse.Attr, blksize uint32) {
 		Mtimensec: a.Mtime.Nseconds,
 		Ctime:     uint64(a.Ctime.Seconds),
 		Ctimensec: a.Ctime.Nseconds,
-		Mode:      types[a.Type] | a.Mode&0o7777,
+		Mode:      fileTypes[a.Type] | a.Mode&0o7777,
 		Nlink:     a.Nlink,
 		Owner:     gofuse.Owner{Uid: a.Uid, Gid: a.Gid},
 		Rdev:      (minor & 0xff) | (major&0xfff)<<8 | (minor&^0xff)<<12,
