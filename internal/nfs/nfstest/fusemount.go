@@ -213,11 +213,14 @@ const retryFor = 30 * time.Second
 
 // call makes one NFS call as cred over a pooled connection. A connection
 // that failed below RPC (no reply: the gateway died or restarted) is
-// closed, and the call sent again over a new one for up to retryFor, as a
-// hard mount retransmits; a non-idempotent call may then be done twice, as
-// over any NFSv3 without a duplicate request cache.
+// closed, and the call sent again with the same xid over a new one for up
+// to retryFor, as a hard mount retransmits: the gateway's duplicate
+// request cache answers a non-idempotent call it already ran (one a
+// restarted gateway ran before it died may run twice, as with knfsd).
 func (fs *nfsFS) call(cred *xdr.Authsys_parms, proc uint32, args, res xdr.XdrType) error {
 	deadline := time.Now().Add(retryFor)
+	var xid uint32
+	sent := false
 	for attempt := 1; ; attempt++ {
 		c := <-fs.pool
 		var err error
@@ -226,7 +229,12 @@ func (fs *nfsFS) call(cred *xdr.Authsys_parms, proc uint32, args, res xdr.XdrTyp
 		}
 		if err == nil {
 			c.Client.Cred = cred // the connection is this caller's until put back
-			err = c.NFS(proc, args, res)
+			if !sent {
+				err = c.NFS(proc, args, res)
+				xid, sent = c.LastXid(), true
+			} else {
+				err = c.Retransmit(xid, NFS, Version, proc, args, res)
+			}
 			var ae *AcceptError
 			var de *DeniedError
 			if err == nil || errors.As(err, &ae) || errors.As(err, &de) {
