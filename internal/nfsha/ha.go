@@ -76,11 +76,15 @@ func (c *Config) Validate() error {
 	if c.Margin == 0 {
 		c.Margin = DefaultMargin
 	}
-	if c.TTL < 2*time.Second || c.TTL > time.Minute {
-		errs = append(errs, fmt.Errorf("lease TTL %v out of range [2s, 1m]", c.TTL))
+	// The address's kernel lifetime is whole seconds and the kernel
+	// removes it up to about a second late: a margin of at least 1 s keeps
+	// that inside the lease, and a TTL of at least Margin + 2 s leaves the
+	// active over a second of lease after each renewal's answer.
+	if c.TTL < 3*time.Second || c.TTL > time.Minute {
+		errs = append(errs, fmt.Errorf("lease TTL %v out of range [3s, 1m]", c.TTL))
 	}
-	if c.Margin < 500*time.Millisecond || c.Margin > c.TTL/2 {
-		errs = append(errs, fmt.Errorf("lease margin %v out of range [500ms, TTL/2]", c.Margin))
+	if c.Margin < time.Second || c.Margin > c.TTL/3 {
+		errs = append(errs, fmt.Errorf("lease margin %v out of range [1s, TTL/3]", c.Margin))
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()

@@ -54,8 +54,9 @@ func TestConfigValidate(t *testing.T) {
 	for _, bad := range []Config{
 		{VIP: netip.MustParsePrefix("fd00::1/64"), Dev: "eth0"},
 		{VIP: netip.MustParsePrefix("10.0.0.1/24")},
-		{VIP: netip.MustParsePrefix("10.0.0.1/24"), Dev: "eth0", TTL: time.Second},
-		{VIP: netip.MustParsePrefix("10.0.0.1/24"), Dev: "eth0", TTL: 4 * time.Second, Margin: 3 * time.Second},
+		{VIP: netip.MustParsePrefix("10.0.0.1/24"), Dev: "eth0", TTL: 2 * time.Second},
+		{VIP: netip.MustParsePrefix("10.0.0.1/24"), Dev: "eth0", TTL: 4 * time.Second, Margin: 2 * time.Second},
+		{VIP: netip.MustParsePrefix("10.0.0.1/24"), Dev: "eth0", TTL: 4 * time.Second, Margin: 500 * time.Millisecond},
 	} {
 		if err := bad.Validate(); err == nil {
 			t.Errorf("%+v: accepted", bad)
