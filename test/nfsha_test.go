@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -39,26 +40,38 @@ type haPair struct {
 	n        *testutil.Net
 	bin, dir string
 	key      string
-	meta     string
+	meta     string   // every voter's address, comma-separated
+	voters   []string // the voters' hosts
 	procs    []*testutil.Proc
-	gw       map[string]*testutil.Proc // "gwa", "gwb": the running gateway of each host
+	gw       map[string]*testutil.Proc // the running process of each host: gateways ("gwa", "gwb"), voters
 	starts   int
 }
 
-func newHAPair(t *testing.T) *haPair {
+// newHAPair starts the cluster (voters metadata voters, each on a host of
+// its own) and the two gateways.
+func newHAPair(t *testing.T, voters int) *haPair {
 	if _, err := exec.LookPath("nsenter"); err != nil {
 		t.Skip("nsenter (util-linux) not installed")
 	}
 	p := &haPair{t: t, bin: testutil.Binary(t), dir: t.TempDir(), gw: map[string]*testutil.Proc{}}
-	p.n = testutil.NewNet(t, "meta", "store", "gwa", "gwb", "cli") // skips without network namespaces
+	for i := range voters {
+		p.voters = append(p.voters, fmt.Sprintf("m%d", i+1))
+	}
+	p.n = testutil.NewNet(t, append(slices.Clone(p.voters), "store", "gwa", "gwb", "cli")...) // skips without network namespaces
 	p.key = filepath.Join(p.dir, "key")
 	if err := os.WriteFile(p.key, []byte("nfs-ha-pair-key"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	testutil.StopAtCleanup(t, &p.procs)
-	mh, sh := p.n.Host("meta"), p.n.Host("store")
-	p.meta = mh.Addr + ":7400"
-	p.procs = append(p.procs, mh.Start(t, p.dir, "meta", p.bin, "meta", "--listen", p.meta, "--data", filepath.Join(p.dir, "meta"), "--key-file", p.key))
+	var addrs []string
+	for _, v := range p.voters {
+		addrs = append(addrs, p.n.Host(v).Addr+":7400")
+	}
+	p.meta = strings.Join(addrs, ",")
+	for _, v := range p.voters {
+		p.startVoter(v)
+	}
+	sh := p.n.Host("store")
 	tdir := filepath.Join(p.dir, "target")
 	os.MkdirAll(tdir, 0o755)
 	p.procs = append(p.procs, sh.Start(t, p.dir, "store", p.bin, "store", "--meta", p.meta, "--listen", sh.Addr+":7500",
@@ -75,6 +88,50 @@ func newHAPair(t *testing.T) *haPair {
 	p.startGateway("gwa")
 	p.startGateway("gwb")
 	return p
+}
+
+// startVoter starts (or restarts) the metadata voter of host name.
+func (p *haPair) startVoter(name string) {
+	p.t.Helper()
+	h := p.n.Host(name)
+	args := []string{"meta", "--listen", h.Addr + ":7400", "--data", filepath.Join(p.dir, name), "--key-file", p.key, "--disk-reserve", "0"}
+	if len(p.voters) > 1 {
+		args = append(args, "--peers", p.meta)
+	}
+	p.starts++
+	pr := h.Start(p.t, p.dir, fmt.Sprintf("%s-%d", name, p.starts), p.bin, args...)
+	p.procs = append(p.procs, pr)
+	p.gw[name] = pr
+}
+
+// metaLeader is the host of the metadata leader (strata meta members).
+func (p *haPair) metaLeader() string {
+	p.t.Helper()
+	var leader string
+	if err := testutil.WaitFor(30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		out, err := p.n.Host("cli").Command(ctx, p.bin, "meta", "members", "--json", "--meta", p.meta, "--key-file", p.key).Output()
+		if err != nil {
+			return fmt.Errorf("meta members: %v", err)
+		}
+		var m struct {
+			Leader string `json:"leader"`
+		}
+		if err := json.Unmarshal(out, &m); err != nil {
+			return err
+		}
+		for _, v := range p.voters {
+			if m.Leader == p.n.Host(v).Addr+":7400" {
+				leader = v
+				return nil
+			}
+		}
+		return fmt.Errorf("no leader among the voters: %q", m.Leader)
+	}); err != nil {
+		p.t.Fatal(err)
+	}
+	return leader
 }
 
 // startGateway starts (or restarts) the gateway of host name.
@@ -345,7 +402,7 @@ func loadAverage() string {
 // the new active lives; every acknowledged record reads back exact. The
 // gaps are logged as measurements ("failover gap"), not asserted.
 func TestNFSHAKill(t *testing.T) {
-	p := newHAPair(t)
+	p := newHAPair(t, 1)
 	active := p.waitActive(60 * time.Second)
 	w := startHAWriter(t, p.n.Host("cli"))
 	w.waitProgress(20, 60*time.Second)
@@ -388,7 +445,7 @@ func TestNFSHAKill(t *testing.T) {
 // goes on on the same handle; with the link back the old gateway stays
 // standby; every acknowledged record reads back exact.
 func TestNFSHALinkDown(t *testing.T) {
-	p := newHAPair(t)
+	p := newHAPair(t, 1)
 	active := p.waitActive(60 * time.Second)
 	w := startHAWriter(t, p.n.Host("cli"))
 	w.waitProgress(20, 60*time.Second)
@@ -419,6 +476,41 @@ func TestNFSHALinkDown(t *testing.T) {
 	if p.gw[cut].Exited() {
 		t.Fatalf("%s exited after its link came back", cut)
 	}
+	w.waitProgress(5, 60*time.Second)
+	w.verify()
+}
+
+// TestNFSHAMetaLeaderKill: the pair over three metadata voters; kill -9 of
+// the metadata leader under the writing client. The gateways follow the
+// new leader (their lease is in the replicated state), at no moment do
+// both hold the address, the writer goes on, and every acknowledged record
+// reads back exact: no single metadata machine's loss stops the pair.
+func TestNFSHAMetaLeaderKill(t *testing.T) {
+	p := newHAPair(t, 3)
+	active := p.waitActive(60 * time.Second)
+	w := startHAWriter(t, p.n.Host("cli"))
+	w.waitProgress(20, 60*time.Second)
+	leader := p.metaLeader()
+	before, _, _ := w.state()
+	p.gw[leader].Kill()
+	killedAt := time.Now()
+	// Watch the address for 3 TTLs: never on both gateways.
+	holders := map[string]bool{}
+	for time.Since(killedAt) < 3*haTTL {
+		a, b := p.vipOn("gwa"), p.vipOn("gwb")
+		if a && b {
+			t.Fatalf("both gateways hold the virtual address %v after the metadata leader %s was killed", time.Since(killedAt), leader)
+		}
+		holders["gwa"] = holders["gwa"] || a
+		holders["gwb"] = holders["gwb"] || b
+		time.Sleep(200 * time.Millisecond)
+	}
+	w.waitProgress(5, 90*time.Second)
+	after := p.waitActive(30 * time.Second)
+	_, gaps, _ := w.state()
+	t.Logf("metadata leader %s killed: active %s before, %s after (held it meanwhile: %v); writer gaps %v; %d records before the kill; new leader %s; load average %s",
+		leader, active, after, holders, gaps, before, p.metaLeader(), loadAverage())
+	p.startVoter(leader)
 	w.waitProgress(5, 60*time.Second)
 	w.verify()
 }
