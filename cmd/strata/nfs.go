@@ -86,6 +86,8 @@ func init() {
 					problems = append(problems, fmt.Errorf("--ha-vip ADDR/PREFIX: %v", err))
 				} else if err := hcfg.Validate(); err != nil {
 					problems = append(problems, fmt.Errorf("--ha-vip/--ha-dev: %w", err))
+				} else if ap, err := netip.ParseAddrPort(listen); err == nil && ap.Addr().Unmap() == hcfg.VIP.Addr() {
+					problems = append(problems, fmt.Errorf("--listen %s: with --ha-vip listen on the wildcard address (e.g. 0.0.0.0:%d): a standby does not have the virtual address", listen, ap.Port()))
 				}
 			}
 			if err := errors.Join(problems...); err != nil {
