@@ -121,6 +121,14 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"mount", "--meta", "127.0.0.1:1"}, 2, "MOUNTPOINT"},
 		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--target", t.TempDir(), "--sync-interval", "-1s"}, 2, "--sync-interval"},
 		{[]string{"up", "--sync-interval", "-1s"}, 2, "--sync-interval"},
+		{[]string{"nfs", "--meta", "127.0.0.1:1", "--key-file", file, "--listen", "0.0.0.0:2049", "--export", "/=rw,clients=*",
+			"--ha-vip", "10.0.0.100", "--ha-dev", "eth0"}, 2, "--ha-vip ADDR/PREFIX"},
+		{[]string{"nfs", "--meta", "127.0.0.1:1", "--key-file", file, "--listen", "0.0.0.0:2049", "--export", "/=rw,clients=*",
+			"--ha-vip", "10.0.0.100/24"}, 2, "device"},
+		{[]string{"nfs", "--meta", "127.0.0.1:1", "--key-file", file, "--listen", "10.0.0.100:2049", "--export", "/=rw,clients=*",
+			"--ha-vip", "10.0.0.100/24", "--ha-dev", "eth0"}, 2, "wildcard"},
+		{[]string{"nfs", "--meta", "127.0.0.1:1", "--key-file", file, "--listen", "0.0.0.0:2049", "--export", "/=rw,clients=*",
+			"--ha-vip", "10.0.0.100/24", "--ha-dev", "eth0", "--ha-ttl", "1s"}, 2, "TTL"},
 	} {
 		out, errOut, code := strata(t, nil, tc.args...)
 		if code != tc.want || !strings.Contains(out+errOut, tc.says) {

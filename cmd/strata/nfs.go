@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/stratafs/strata/internal/client"
 	"github.com/stratafs/strata/internal/nfs"
+	"github.com/stratafs/strata/internal/nfsha"
 	"github.com/stratafs/strata/internal/transport"
 )
 
@@ -28,13 +31,18 @@ func init() {
 	var exports []string
 	rpcbind := true
 	var tf tlsFlags
+	var haVIP string
+	var hcfg nfsha.Config
 	cmd := &cobra.Command{
 		Use:   "nfs --meta ADDRS --key-file K --listen ADDR --export 'PATH=OPTIONS' [--export ...]",
 		Short: "Serve the namespace over NFSv3 and MOUNT v3 (one TCP port) until SIGINT/SIGTERM",
 		Long: "Serve the namespace over NFSv3 (RFC 1813) and MOUNT v3 on the one TCP port of --listen, through the client library.\n" +
 			"Both are registered with the local rpcbind when one runs (and unregistered at a clean stop); without one, give clients the port for both\n" +
 			"(libnfs: nfs://HOST/PATH?nfsport=P&mountport=P&version=3).\n" +
-			"--export " + nfs.ExportSyntax,
+			"--export " + nfs.ExportSyntax + "\n" +
+			"HA pair: start two gateways with the same --ha-vip, key and exports (--listen on the wildcard, e.g. 0.0.0.0:2049);\n" +
+			"the one holding the pair's lease in the metadata service puts the address on --ha-dev and announces it (gratuitous ARP),\n" +
+			"the other takes over within about --ha-ttl once it is gone (docs/design/0015 § HA pair).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if metaList == "" {
@@ -72,6 +80,16 @@ func init() {
 				}
 				ncfg.Exports = append(ncfg.Exports, e)
 			}
+			if haVIP != "" || hcfg.Dev != "" {
+				var err error
+				if hcfg.VIP, err = netip.ParsePrefix(haVIP); err != nil {
+					problems = append(problems, fmt.Errorf("--ha-vip ADDR/PREFIX: %v", err))
+				} else if err := hcfg.Validate(); err != nil {
+					problems = append(problems, fmt.Errorf("--ha-vip/--ha-dev: %w", err))
+				} else if ap, err := netip.ParseAddrPort(listen); err == nil && ap.Addr().Unmap() == hcfg.VIP.Addr() {
+					problems = append(problems, fmt.Errorf("--listen %s: with --ha-vip listen on the wildcard address (e.g. 0.0.0.0:%d): a standby does not have the virtual address", listen, ap.Port()))
+				}
+			}
 			if err := errors.Join(problems...); err != nil {
 				return usagef("nfs: %v\n--export %s", err, nfs.ExportSyntax)
 			}
@@ -88,7 +106,12 @@ func init() {
 			}
 			ncfg.Log = slog.Default() // as --log-level set it
 			ncfg.RPC.Log = ncfg.Log
-			return runNFS(ccfg, ncfg, listen, rpcbind)
+			var ha *nfsha.Config
+			if hcfg.VIP.IsValid() {
+				hcfg.Log = slog.Default()
+				ha = &hcfg
+			}
+			return runNFS(ccfg, ncfg, listen, rpcbind, ha)
 		},
 	}
 	f := cmd.Flags()
@@ -98,6 +121,10 @@ func init() {
 	f.StringArrayVar(&exports, "export", nil, "an exported directory: "+nfs.ExportSyntax+" (repeatable)")
 	f.BoolVar(&rpcbind, "rpcbind", rpcbind, "register NFS v3 and MOUNT v3 with the local rpcbind/portmapper when one runs")
 	tf.register(f)
+	f.StringVar(&haVIP, "ha-vip", "", "HA pair: the pair's virtual IPv4 address with its prefix, e.g. 10.0.0.100/24 (with --ha-dev)")
+	f.StringVar(&hcfg.Dev, "ha-dev", "", "HA pair: the network device the virtual address goes on while this gateway is active")
+	f.StringVar(&hcfg.Name, "ha-name", "", "HA pair: the pair's lease name in the metadata service, the same on both gateways (default nfs-ha/ADDR)")
+	f.DurationVar(&hcfg.TTL, "ha-ttl", nfsha.DefaultTTL, "HA pair: the lease's length, the same on both gateways: the standby takes over about this long after the active is gone")
 	f.DurationVar(&ccfg.IOTimeout, "io-timeout", ccfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
 	f.Int64Var(&ccfg.WriteBehindBytes, "write-behind-bytes", ccfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
 	f.Int64Var(&ccfg.ReadAheadBytes, "read-ahead-bytes", ccfg.ReadAheadBytes, "the gateway's own read-ahead per file (0 = off: clients read ahead, and prefetched bytes could be stale for another client's writes)")
@@ -107,7 +134,7 @@ func init() {
 }
 
 // runNFS serves until a signal.
-func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool) error {
+func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool, ha *nfsha.Config) error {
 	ctx, cancel := context.WithTimeout(context.Background(), ccfg.IOTimeout)
 	c, err := client.New(ctx, ccfg)
 	cancel()
@@ -122,6 +149,25 @@ func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool) er
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("nfs: listen: %w", err)
+	}
+	stopHA := func() {}
+	if ha != nil {
+		ha.Lease = c.HALease
+		ha.OnActive = func() { beginGrace(s) }
+		ctl, err := nfsha.New(*ha)
+		if err != nil {
+			ln.Close()
+			s.Close()
+			return err
+		}
+		if err := ctl.Start(); err != nil {
+			ln.Close()
+			s.Close()
+			return err
+		}
+		stopHA = sync.OnceFunc(ctl.Stop) // before the server's Close: the address goes first
+		defer stopHA()
+		ln = ctl.Listener(ln)
 	}
 	for _, e := range ncfg.Exports {
 		slog.Info("nfs: exporting", "path", e.Path, "read_only", e.ReadOnly, "async", e.Async, "clients", e.ClientsText)
@@ -144,9 +190,20 @@ func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool) er
 				slog.Warn("nfs: rpcbind unregistration failed", "err", err)
 			}
 		}
+		stopHA()
 		return s.Close()
 	case err := <-errc:
+		stopHA()
 		s.Close()
 		return err
+	}
+}
+
+// beginGrace starts the NLM grace period of a gateway that has just become
+// the active one of an HA pair, so that clients reclaim their locks, when
+// the server has one (NLM is not in this build yet: then nothing).
+func beginGrace(s *nfs.Server) {
+	if g, ok := any(s).(interface{ BeginGrace() }); ok {
+		g.BeginGrace()
 	}
 }

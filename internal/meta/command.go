@@ -39,6 +39,7 @@ const (
 	opMirrorReport   // a store's report: secondary lost, resync progress, resync done
 	opMirrorReplace  // a new (empty) target in place of the group's out-of-sync copy
 	opMirrorResync   // the degraded group's secondary is back: resync it
+	opHALease        // a named lease asked for, renewed or released (halease.go), appended
 )
 
 // command is one state-machine command: the payload of a raft log entry.
@@ -88,6 +89,8 @@ const (
 //	MirrorReport                          Group, Epoch, Target, Flags (event), Done, Total
 //	MirrorReplace                         Group, Target
 //	MirrorResync                          Group, Epoch
+//	HALease                               Name (lease), Host (holder), LeaseMs (TTL),
+//	                                      Flags (1: release)
 //
 // The flag fields keep the values of the wire's constants of the same
 // meaning, which are frozen by TestCommandFlagValues: Valid holds the
@@ -104,7 +107,9 @@ const (
 //	   numbers in Flags are the wire's rpc.Mirror* values); then
 //	   opMirrorReport's event 5, rpc.MirrorPrimaryFailed (a node that
 //	   does not know it refuses the entry with EINVAL and changes
-//	   nothing: upgrade every voter before the stores).
+//	   nothing: upgrade every voter before the stores); then opHALease
+//	   (an NFS gateway HA pair's lease; a node that does not know it
+//	   stops at the entry: upgrade every voter before starting a pair).
 //
 // A node refuses an entry of a newer version (errNewerCommand) and stops
 // rather than skip it: a state machine that skipped an entry its peers
@@ -347,6 +352,11 @@ func (c *command) encode(b []byte) []byte {
 	case opMirrorResync:
 		e.U32(c.Group)
 		e.U64(c.Epoch)
+	case opHALease:
+		e.String(c.Name)
+		e.String(c.Host)
+		e.U32(c.LeaseMs)
+		e.U32(c.Flags)
 	}
 	return e.B
 }
@@ -487,6 +497,11 @@ func decodeCommand(b []byte, c *command) error {
 	case opMirrorResync:
 		c.Group = d.U32()
 		c.Epoch = d.U64()
+	case opHALease:
+		c.Name = d.String()
+		c.Host = d.String()
+		c.LeaseMs = d.U32()
+		c.Flags = d.U32()
 	default:
 		return fmt.Errorf("unknown command op %d", c.Op)
 	}

@@ -73,6 +73,8 @@ func commandSamples() []struct {
 		{command{Op: opMirrorReport, Now: now, Group: 3, Epoch: 9, Target: 4, Flags: uint32(rpc.MirrorResyncProgress), Done: 1 << 30, Total: 1 << 33}, "0116aab4aef2eda9fefa3000000309040280808080048080808020"},
 		{command{Op: opMirrorReplace, Now: now, Group: 3, Target: 7}, "0117aab4aef2eda9fefa3000000307"},
 		{command{Op: opMirrorResync, Now: now, Group: 3, Epoch: 10}, "0118aab4aef2eda9fefa300000030a"},
+		// Appended within version 1 for the NFS gateway's HA pair (issue 22).
+		{command{Op: opHALease, Now: now, Name: "nfs-ha", Host: "gw-a/01", LeaseMs: 4000, Flags: haLeaseFlagRelease}, "0119aab4aef2eda9fefa300000066e66732d68610767772d612f3031a01f01"},
 	}
 }
 

@@ -141,6 +141,7 @@ const startupGrace = 5 * time.Second
 func (s *Service) register() {
 	s.registerMembership()
 	s.registerMirror()
+	s.registerHALease()
 	// Reads of the leader's store, and the durability barrier (it waits
 	// only as long as its caller's context lets it): in-process callers
 	// (strata up) run them on their own goroutine.

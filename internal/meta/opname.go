@@ -14,7 +14,7 @@ var opNames = [...]string{
 	opRemoveXattr: "removexattr", opCommitSize: "commitsize", opSetDirLayout: "setdirlayout",
 	opSessionOpen: "sessionopen", opSessionClose: "sessionclose", opRegister: "register",
 	opReap: "reap", opReapMany: "reapmany", opRaiseIno: "raiseino", opTmpfile: "tmpfile",
-	opSetAtimes: "setatimes",
+	opSetAtimes: "setatimes", opHALease: "halease",
 }
 
 // String is the command's name, e.g. "create".

@@ -339,6 +339,8 @@ func (x *opCtx) apply(c *command) (*answer, error) {
 		return x.mirrorReplace(c)
 	case opMirrorResync:
 		return x.mirrorResync(c)
+	case opHALease:
+		return x.haLease(c)
 	case opReapMany:
 		// Each reap is a whole step of its own: flush it and empty the
 		// small inode cache before the next (reaps only fail on kv errors).

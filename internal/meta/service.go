@@ -61,6 +61,8 @@ type Service struct {
 	live  *liveness
 	dirs  knownDirs
 	mir   mirrorState
+	// haLeases: the leader's memory of the named leases it granted (halease.go)
+	haLeases haLeases
 
 	ready       atomic.Bool  // leader and caught up: serve requests
 	leaderSince atomic.Int64 // ns since epoch when this node became leader

@@ -115,6 +115,9 @@
 // (absent: none), for strata status.
 // MLookup of the name ".." answers the directory's parent (the NFS
 // gateway's LOOKUP ".."); an older service refuses the name (EINVAL).
+// MHALease (HALeaseReq, HALeaseResp) was added at the end of the metadata
+// methods for the NFS gateway's HA pair (an older service: ENOSYS; the
+// gateways then stay standby, logging each failed ask).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

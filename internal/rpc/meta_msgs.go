@@ -79,6 +79,11 @@ const (
 	// out-of-sync copy with another (empty) target, which is filled by a
 	// full resync (strata mirror replace GROUP --target ID).
 	MMirrorReplace
+	// MHALease (HALeaseReq, HALeaseResp) asks for, renews or gives up a
+	// named lease kept in the replicated state: the election of an NFS
+	// gateway HA pair (docs/design/0015 § HA pair). Only the leader
+	// answers (others: ENOTCONN naming it).
+	MHALease
 )
 
 // InodesKnownReq asks which of Inos exist (as files, directories, or
@@ -1551,4 +1556,59 @@ func (m *LinkResp) Decode(d *Dec) {
 	if d.Len() > 0 {
 		m.Dir.Decode(d)
 	}
+}
+
+// HALeaseReq asks for the lease Name for Holder for TTLMs milliseconds
+// from the leader's receipt (a renewal when Holder holds it), or gives it
+// up (Release; only its holder can). Holder names one process's life:
+// a restarted process asks under a new id, so it never renews what its
+// former self held.
+type HALeaseReq struct {
+	Name    string
+	Holder  string
+	TTLMs   uint32
+	Release bool
+}
+
+// MaxHALeaseName bounds HALeaseReq.Name and Holder.
+const MaxHALeaseName = 255
+
+func (m *HALeaseReq) Encode(e *Enc) {
+	e.String(m.Name)
+	e.String(m.Holder)
+	e.U32(m.TTLMs)
+	e.Bool(m.Release)
+}
+
+func (m *HALeaseReq) Decode(d *Dec) {
+	m.Name = d.String()
+	m.Holder = d.String()
+	m.TTLMs = d.U32()
+	m.Release = d.Bool()
+}
+
+// HALeaseResp: the lease after the request. Granted says the asker holds
+// it (for TTLMs from the leader's receipt of the request: the asker counts
+// from before it sent it). Otherwise Holder ("" none) holds it for
+// RemainingMs more, as the leader counts. Epoch grows at every change of
+// holder.
+type HALeaseResp struct {
+	Granted     bool
+	Holder      string
+	RemainingMs uint32
+	Epoch       uint64
+}
+
+func (m *HALeaseResp) Encode(e *Enc) {
+	e.Bool(m.Granted)
+	e.String(m.Holder)
+	e.U32(m.RemainingMs)
+	e.U64(m.Epoch)
+}
+
+func (m *HALeaseResp) Decode(d *Dec) {
+	m.Granted = d.Bool()
+	m.Holder = d.String()
+	m.RemainingMs = d.U32()
+	m.Epoch = d.U64()
 }

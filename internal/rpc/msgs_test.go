@@ -114,6 +114,8 @@ func messageSamples() map[string][]Message {
 			&MirrorCreateReq{Hdr: hdr, Pairs: []uint32{1, 4, 2, 3}}},
 		"MirrorGroupReq":   {&MirrorGroupReq{Hdr: hdr, Group: 3}, &MirrorGroupReq{Hdr: hdr, Group: 3, Epoch: 8}},
 		"MirrorReplaceReq": {&MirrorReplaceReq{Hdr: hdr, Group: 3, Target: 9}},
+		"HALeaseReq":       {&HALeaseReq{Name: "nfs-ha/10.0.0.100", Holder: "gw-a/0a1b", TTLMs: 4000}, &HALeaseReq{Name: "x", Holder: "y", Release: true}},
+		"HALeaseResp":      {&HALeaseResp{Granted: true, Holder: "gw-a/0a1b", RemainingMs: 3999, Epoch: 7}, &HALeaseResp{}},
 		"MirrorReportReq":  {&MirrorReportReq{ServerID: 2, Group: 3, Epoch: 7, Target: 4, Event: MirrorResyncProgress, Done: 1 << 30, Total: 1 << 33, Detail: "chunk 4/99"}},
 		"ServerHeartbeatResp": {&ServerHeartbeatResp{Groups: []GroupInfo{group}, LeaseMs: 2000, FailoverTimeoutMs: 3000},
 			&ServerHeartbeatResp{Groups: []GroupInfo{{ID: 4, Epoch: 3, Primary: 6, Secondary: 5, State: GroupResyncing, FullResync: true}}, LeaseMs: 2000}},

@@ -24,6 +24,8 @@
 //	'R'     'R' 'U' uuid                           TargetRef      target UUID → target id
 //	'R'     'R' 'G' group(4)                       Group          mirror group (two targets, state,
 //	                                                              epoch; docs/design/0014)
+//	'R'     'R' 'H' name                           HALease        named lease: an NFS gateway HA
+//	                                                              pair's election (docs/design/0015)
 //
 // Sharding: every directory entry lives under its parent's prefix
 // ('d' parent …), so a future split of the namespace by directory hash moves
@@ -64,6 +66,7 @@
 //	Group     1        initial (mirror groups)
 //	Group     1        + optional trailing FullResync flag (absent: false;
 //	                   written only when true)
+//	HALease   1        initial (NFS gateway HA pair)
 //
 // # Pitfalls
 //

@@ -28,6 +28,7 @@ const (
 	regTarget = 'T'
 	regUUID   = 'U'
 	regGroup  = 'G'
+	regLease  = 'H'
 
 	xattrMark = 'x'
 )
@@ -200,4 +201,9 @@ func DecodeGroupKey(k []byte) (uint32, error) {
 		return 0, fmt.Errorf("%w: group key %x", ErrCorrupt, k)
 	}
 	return binary.BigEndian.Uint32(k[2:]), nil
+}
+
+// HALeaseKey is 'R' 'H' name: a named lease (an NFS gateway HA pair's).
+func HALeaseKey(name string) []byte {
+	return append([]byte{prefixRegistry, regLease}, name...)
 }

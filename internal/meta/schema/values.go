@@ -626,3 +626,32 @@ func DecodeGroup(b []byte) (Group, error) {
 	}
 	return g, finish("group", d)
 }
+
+// HALease is a named lease: who holds it until when (docs/design/0015 §
+// HA pair). A lease whose Expiry has passed is free, though Holder still
+// names its last holder.
+type HALease struct {
+	Holder string
+	Expiry int64  // ns since the epoch, in the leader's stamps
+	Epoch  uint64 // bumped at every change of holder
+}
+
+func AppendHALease(b []byte, l *HALease) []byte {
+	e := begin(b)
+	e.String(l.Holder)
+	e.I64(l.Expiry)
+	e.U64(l.Epoch)
+	return e.B
+}
+
+func DecodeHALease(b []byte) (HALease, error) {
+	d, err := open("lease", b)
+	if err != nil {
+		return HALease{}, err
+	}
+	var l HALease
+	l.Holder = d.String()
+	l.Expiry = d.I64()
+	l.Epoch = d.U64()
+	return l, finish("lease", d)
+}

@@ -95,6 +95,11 @@ var valueCodecs = map[string]valueCodec{
 		encode: func(v any) []byte { g := v.(Group); return AppendGroup(nil, &g) },
 		decode: func(b []byte) (any, error) { return DecodeGroup(b) },
 	},
+	"HALease": {
+		samples: []any{HALease{Holder: "gw-a/1f2e", Expiry: 1 << 60, Epoch: 3}, HALease{}},
+		encode:  func(v any) []byte { l := v.(HALease); return AppendHALease(nil, &l) },
+		decode:  func(b []byte) (any, error) { return DecodeHALease(b) },
+	},
 	"TargetRef": {
 		samples: []any{TargetRef{ID: 8}},
 		encode:  func(v any) []byte { return AppendTargetRef(nil, v.(TargetRef)) },
