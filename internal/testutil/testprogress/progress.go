@@ -107,6 +107,17 @@ func (f *formatter) packageEvent(e event) {
 		fmt.Fprint(f.out, e.Output)
 	case "fail":
 		f.failed = true
+		// Tests still running when their package failed (a timeout's
+		// panic, with every goroutine's stack, is in their output) get
+		// no fail event of their own: print what they wrote.
+		for tk, out := range f.buf {
+			if tk.pkg == e.Package {
+				for _, o := range out {
+					fmt.Fprint(f.out, o)
+				}
+				delete(f.buf, tk)
+			}
+		}
 		fallthrough
 	case "pass", "skip":
 		delete(f.started, k)

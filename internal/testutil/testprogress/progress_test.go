@@ -72,3 +72,26 @@ func TestFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestFormatTimedOutTest: a package that fails while a test still runs (go
+// test's timeout panics and prints every goroutine's stack in the test's
+// output, and the test gets no fail event) shows that output.
+func TestFormatTimedOutTest(t *testing.T) {
+	t0 := "2026-11-25T10:00:00Z"
+	in := strings.Join([]string{
+		`{"Time":"` + t0 + `","Action":"start","Package":"m/internal/a"}`,
+		`{"Time":"` + t0 + `","Action":"run","Package":"m/internal/a","Test":"TestHangs"}`,
+		`{"Time":"` + t0 + `","Action":"output","Package":"m/internal/a","Test":"TestHangs","Output":"panic: test timed out after 20m0s\n"}`,
+		`{"Time":"` + t0 + `","Action":"output","Package":"m/internal/a","Test":"TestHangs","Output":"goroutine 7 [chan receive]:\n"}`,
+		`{"Time":"` + t0 + `","Action":"output","Package":"m/internal/a","Output":"FAIL\tm/internal/a\t1200.5s\n"}`,
+		`{"Time":"` + t0 + `","Action":"fail","Package":"m/internal/a"}`,
+	}, "\n") + "\n"
+	var out bytes.Buffer
+	failed, err := Format(strings.NewReader(in), &out, nil, time.Minute)
+	if err != nil || !failed {
+		t.Fatalf("Format: failed %v, err %v", failed, err)
+	}
+	if !strings.Contains(out.String(), "panic: test timed out after 20m0s\ngoroutine 7 [chan receive]:\n") {
+		t.Fatalf("the timed-out test's stacks are not shown:\n%s", out.String())
+	}
+}
