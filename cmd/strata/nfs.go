@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -27,6 +28,7 @@ func init() {
 	var keyFile, metaList, listen string
 	var exports []string
 	rpcbind := true
+	nlmPort := 0
 	var tf tlsFlags
 	cmd := &cobra.Command{
 		Use:   "nfs --meta ADDRS --key-file K --listen ADDR --export 'PATH=OPTIONS' [--export ...]",
@@ -34,6 +36,8 @@ func init() {
 		Long: "Serve the namespace over NFSv3 (RFC 1813) and MOUNT v3 on the one TCP port of --listen, through the client library.\n" +
 			"Both are registered with the local rpcbind when one runs (and unregistered at a clean stop); without one, give clients the port for both\n" +
 			"(libnfs: nfs://HOST/PATH?nfsport=P&mountport=P&version=3).\n" +
+			"The lock manager (NLM v4) and status monitor (NSM v1) are served on the same port, or on --nlm-port, and registered too; their locks\n" +
+			"are the cluster's fcntl locks (a FUSE mount's conflict with them). After a start, only lock reclaims are granted for --nlm-grace.\n" +
 			"--export " + nfs.ExportSyntax,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -60,6 +64,9 @@ func init() {
 			}
 			if listen == "" {
 				problems = append(problems, errors.New("--listen ADDR is required (e.g. 0.0.0.0:2049)"))
+			}
+			if nlmPort < 0 || nlmPort > 65535 {
+				problems = append(problems, fmt.Errorf("--nlm-port %d: not a port", nlmPort))
 			}
 			if len(exports) == 0 {
 				problems = append(problems, errors.New("--export 'PATH=OPTIONS' is required (repeatable)"))
@@ -88,7 +95,7 @@ func init() {
 			}
 			ncfg.Log = slog.Default() // as --log-level set it
 			ncfg.RPC.Log = ncfg.Log
-			return runNFS(ccfg, ncfg, listen, rpcbind)
+			return runNFS(ccfg, ncfg, listen, nlmPort, rpcbind)
 		},
 	}
 	f := cmd.Flags()
@@ -96,7 +103,9 @@ func init() {
 	f.StringVar(&keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE)")
 	f.StringVar(&listen, "listen", "", "TCP address serving both NFS (100003 v3) and MOUNT (100005 v3), e.g. 0.0.0.0:2049")
 	f.StringArrayVar(&exports, "export", nil, "an exported directory: "+nfs.ExportSyntax+" (repeatable)")
-	f.BoolVar(&rpcbind, "rpcbind", rpcbind, "register NFS v3 and MOUNT v3 with the local rpcbind/portmapper when one runs")
+	f.BoolVar(&rpcbind, "rpcbind", rpcbind, "register NFS v3, MOUNT v3, NLM v4 and NSM v1 with the local rpcbind/portmapper when one runs")
+	f.IntVar(&nlmPort, "nlm-port", nlmPort, "TCP port of the lock manager (NLM v4) and status monitor (NSM v1), on the host of --listen (0: the --listen port)")
+	f.DurationVar(&ncfg.NLMGrace, "nlm-grace", ncfg.NLMGrace, "after a start (or a fail-over to this gateway), grant only lock reclaims for this long")
 	tf.register(f)
 	f.DurationVar(&ccfg.IOTimeout, "io-timeout", ccfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
 	f.Int64Var(&ccfg.WriteBehindBytes, "write-behind-bytes", ccfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
@@ -107,7 +116,7 @@ func init() {
 }
 
 // runNFS serves until a signal.
-func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool) error {
+func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, nlmPort int, rpcbind bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), ccfg.IOTimeout)
 	c, err := client.New(ctx, ccfg)
 	cancel()
@@ -123,15 +132,25 @@ func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool) er
 	if err != nil {
 		return fmt.Errorf("nfs: listen: %w", err)
 	}
+	errc := make(chan error, 2)
+	if p := ln.Addr().(*net.TCPAddr).Port; nlmPort != 0 && nlmPort != p {
+		host, _, _ := net.SplitHostPort(listen)
+		nln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(nlmPort)))
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("nfs: listen for NLM (--nlm-port): %w", err)
+		}
+		slog.Info("nfs: serving NLM v4 and NSM v1", "addr", nln.Addr().String())
+		go func() { errc <- s.Serve(nln) }()
+	}
 	for _, e := range ncfg.Exports {
 		slog.Info("nfs: exporting", "path", e.Path, "read_only", e.ReadOnly, "async", e.Async, "clients", e.ClientsText)
 	}
 	slog.Info("nfs: serving NFSv3 and MOUNT v3", "addr", ln.Addr().String())
 	var reg *nfs.Registration
 	if rpcbind {
-		reg = nfs.RegisterLogged(slog.Default(), ln.Addr())
+		reg = nfs.RegisterLogged(slog.Default(), ln.Addr(), nlmPort)
 	}
-	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(ln) }()
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)

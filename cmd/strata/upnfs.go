@@ -67,7 +67,7 @@ func startUpNFS(ctx context.Context, base client.Config, port int, portSet bool,
 	if fallback {
 		slog.Info("nfs: not registering with rpcbind: another server holds the default port (and its mappings)")
 	} else {
-		reg = nfs.RegisterLogged(slog.Default(), ln.Addr())
+		reg = nfs.RegisterLogged(slog.Default(), ln.Addr(), 0)
 	}
 	*stops = append(*stops, func() error {
 		var errs []error

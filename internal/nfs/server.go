@@ -17,7 +17,7 @@ import (
 	"github.com/stratafs/strata/internal/nfs/xdr"
 )
 
-// Program numbers and versions served (RFC 1813).
+// Program numbers and versions served (RFC 1813; NLM and NSM: nlm.go).
 const (
 	nfsProgram   = 100003
 	nfsVersion   = 3
@@ -39,6 +39,13 @@ type Config struct {
 	IdleFileTimeout time.Duration
 	// MaxOpenFiles bounds the files kept open between calls.
 	MaxOpenFiles int
+	// NLMGrace is the lock manager's grace period after the gateway
+	// starts: only reclaims of locks (a client's after its server
+	// restarted or failed over) are granted until it ends.
+	NLMGrace time.Duration
+	// NLMPortmapPort is the port of a client host's port mapper, asked
+	// where the client's lock manager listens for GRANTED callbacks.
+	NLMPortmapPort uint16
 	// RPC configures the ONC RPC layer (record size, connections).
 	RPC oncrpc.Config
 	Log *slog.Logger
@@ -49,6 +56,8 @@ func DefaultConfig() Config {
 	return Config{
 		IdleFileTimeout: 5 * time.Second,
 		MaxOpenFiles:    4096,
+		NLMGrace:        45 * time.Second,
+		NLMPortmapPort:  111,
 		RPC:             oncrpc.DefaultConfig(),
 		Log:             slog.Default(),
 	}
@@ -69,6 +78,12 @@ func (c *Config) Validate() error {
 	}
 	if len(c.ClusterKey) == 0 {
 		errs = append(errs, errors.New("no cluster key"))
+	}
+	if c.NLMGrace < 0 {
+		errs = append(errs, errors.New("NLMGrace must not be negative"))
+	}
+	if c.NLMPortmapPort == 0 {
+		errs = append(errs, errors.New("NLMPortmapPort must be set (111)"))
 	}
 	if c.IdleFileTimeout <= 0 {
 		errs = append(errs, errors.New("IdleFileTimeout must be positive"))
@@ -98,6 +113,7 @@ type Server struct {
 	files    *openFiles
 	cookies  *cookieTable
 	rpc      *oncrpc.Server
+	nlm      *nlm
 	metrics  *metrics
 	mu       struct {
 		sync.Mutex
@@ -136,17 +152,22 @@ func New(c *client.Client, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.metrics = m
-	s.rpc = oncrpc.NewServer(rpcCfg, m.count(s.nfsProgram(), "", nfsProcNames[:]), m.count(s.mountProgram(), "mount_", mountProcNames[:]))
+	s.nlm = newNLM(s, &cfg)
+	s.rpc = oncrpc.NewServer(rpcCfg, m.count(s.nfsProgram(), "", nfsProcNames[:]), m.count(s.mountProgram(), "mount_", mountProcNames[:]),
+		m.count(s.nlm.program(), "nlm_", nlmProcNames[:]), m.count(s.nlm.nsmProgram(), "nsm_", nsmProcNames[:]))
 	return s, nil
 }
 
-// Serve answers calls on ln until Close.
+// Serve answers calls on ln until Close: NFS, MOUNT, NLM and NSM alike.
+// It may be called for several listeners (--nlm-port's own).
 func (s *Server) Serve(ln net.Listener) error { return s.rpc.Serve(ln) }
 
 // Close stops serving, then releases the open files (flushing their
-// writes, fsyncing those with UNSTABLE writes).
+// writes, fsyncing those with UNSTABLE writes). Locks taken over NLM stay
+// with the gateway's client session (its Close releases them).
 func (s *Server) Close() error {
 	s.rpc.Close()
+	s.nlm.close()
 	s.files.close()
 	s.metrics.close()
 	return nil

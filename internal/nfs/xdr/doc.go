@@ -17,5 +17,5 @@ package xdr
 // package needs nothing of goxdr at run time; one line of that boilerplate
 // passes an error's text as a format string, which go vet refuses: the
 // second step gives it a constant format.
-//go:generate go run github.com/xdrpp/goxdr/cmd/goxdr -B -fmt -enum-comments -p xdr -o xdr_gen.go rpc.x mount.x nfs.x portmap.x
+//go:generate go run github.com/xdrpp/goxdr/cmd/goxdr -B -fmt -enum-comments -p xdr -o xdr_gen.go rpc.x mount.x nfs.x portmap.x nlm4.x sm_inter.x
 //go:generate sed -i "s/XdrPanic(err.Error())/XdrPanic(\"%s\", err.Error())/" xdr_gen.go
