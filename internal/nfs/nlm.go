@@ -272,12 +272,13 @@ func (n *nlm) lockStat(ctx context.Context, call *oncrpc.Call, a *xdr.Nlm4_locka
 		n.mu.Unlock()
 		return xdr.NLM4_BLOCKED
 	}
-	if !n.trackLocked(a.Alock.Caller_name, nlmLockKey{l.Ino, l.Owner}) {
-		n.mu.Unlock()
+	hk := nlmLockKey{l.Ino, l.Owner}
+	ok, added := n.trackLocked(a.Alock.Caller_name, hk)
+	n.mu.Unlock()
+	if !ok {
 		n.log.Warn("nlm: too many locks tracked; refusing", "max", maxNLMHeld)
 		return xdr.NLM4_DENIED_NOLOCKS
 	}
-	n.mu.Unlock()
 	var err error
 	if grace && a.Reclaim {
 		// In the grace period nobody else takes new locks: a conflict is
@@ -290,21 +291,28 @@ func (n *nlm) lockStat(ctx context.Context, call *oncrpc.Call, a *xdr.Nlm4_locka
 		err = n.c.SetLk(ctx, l, false, nil)
 	}
 	st = n.statOf("lock", l, err)
-	if st != xdr.NLM4_DENIED || !block {
-		return st
+	if st == xdr.NLM4_DENIED && block {
+		st = n.startBlock(call, a, l, key)
 	}
-	return n.startBlock(call, a, l, key)
+	if added && st != xdr.NLM4_GRANTED && st != xdr.NLM4_BLOCKED {
+		// Nothing taken: forget the entry this request made (a host
+		// trying in vain must not fill the table).
+		n.mu.Lock()
+		n.untrackLocked(a.Alock.Caller_name, hk)
+		n.mu.Unlock()
+	}
+	return st
 }
 
 // trackLocked notes that host may hold locks of k (for FREE_ALL and
-// SM_NOTIFY); false when the table is full.
-func (n *nlm) trackLocked(host string, k nlmLockKey) bool {
+// SM_NOTIFY): ok false when the table is full, added when k is new.
+func (n *nlm) trackLocked(host string, k nlmLockKey) (ok, added bool) {
 	m := n.mu.hosts[host]
 	if _, ok := m[k]; ok {
-		return true
+		return true, false
 	}
 	if n.mu.held >= maxNLMHeld {
-		return false
+		return false, false
 	}
 	if m == nil {
 		m = map[nlmLockKey]struct{}{}
@@ -312,7 +320,7 @@ func (n *nlm) trackLocked(host string, k nlmLockKey) bool {
 	}
 	m[k] = struct{}{}
 	n.mu.held++
-	return true
+	return true, true
 }
 
 // startBlock starts waiting for a lock the client may wait for: BLOCKED
