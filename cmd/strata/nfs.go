@@ -106,6 +106,8 @@ func init() {
 	f.BoolVar(&rpcbind, "rpcbind", rpcbind, "register NFS v3, MOUNT v3, NLM v4 and NSM v1 with the local rpcbind/portmapper when one runs")
 	f.IntVar(&nlmPort, "nlm-port", nlmPort, "TCP port of the lock manager (NLM v4) and status monitor (NSM v1), on the host of --listen (0: the --listen port)")
 	f.DurationVar(&ncfg.NLMGrace, "nlm-grace", ncfg.NLMGrace, "after a start (or a fail-over to this gateway), grant only lock reclaims for this long")
+	f.StringVar(&ncfg.NLMStateDir, "nlm-state-dir", "", "directory keeping the client hosts that took locks, told at the next start to reclaim them (as rpc.statd's /var/lib/nfs/sm; empty: nobody is told)")
+	f.StringVar(&ncfg.NLMName, "nlm-name", "", "this gateway's name in its restart notifications (SM_NOTIFY): the name clients mount it by (default: the host name)")
 	tf.register(f)
 	f.DurationVar(&ccfg.IOTimeout, "io-timeout", ccfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
 	f.Int64Var(&ccfg.WriteBehindBytes, "write-behind-bytes", ccfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"sync"
 	"syscall"
@@ -93,9 +95,13 @@ type nlm struct {
 	graceEnd    time.Time
 	state       int32  // the NSM state number: odd, new at every start
 	portmapPort uint16 // where a client's port mapper listens
+	name        string // the gateway's name in its SM_NOTIFY calls
+	stateDir    string // where the monitored host list is kept ("": nowhere)
 	ctx         context.Context
 	stop        context.CancelFunc
 	wg          sync.WaitGroup
+	monMu       sync.Mutex           // serialises the list's changes and saves
+	monitored   map[string]monitored // under monMu: the hosts that may hold locks
 	mu          struct {
 		sync.Mutex
 		hosts  map[string]map[nlmLockKey]struct{} // by caller_name: what it may hold
@@ -104,16 +110,33 @@ type nlm struct {
 	}
 }
 
-func newNLM(s *Server, cfg *Config) *nlm {
+// newNLM starts the lock manager; with a state directory, it loads the
+// hosts monitored before the restart, to be told by start.
+func newNLM(s *Server, cfg *Config) (*nlm, map[string]monitored, error) {
 	n := &nlm{s: s, c: s.c, log: s.log, graceEnd: time.Now().Add(cfg.NLMGrace),
-		state: int32(time.Now().Unix()) | 1, portmapPort: cfg.NLMPortmapPort}
+		state: int32(time.Now().Unix()) | 1, portmapPort: cfg.NLMPortmapPort, name: cfg.NLMName,
+		stateDir: cfg.NLMStateDir, monitored: map[string]monitored{}}
+	if n.name == "" {
+		n.name, _ = os.Hostname()
+	}
+	var before map[string]monitored
+	if n.stateDir != "" {
+		var err error
+		if before, err = loadMonitored(n.stateDir); err != nil {
+			return nil, nil, err
+		}
+		// Kept until told (notifyAll), so that a gateway dying again
+		// meanwhile tells them at its next start.
+		maps.Copy(n.monitored, before)
+	}
 	n.ctx, n.stop = context.WithCancel(context.Background())
 	n.mu.hosts = map[string]map[nlmLockKey]struct{}{}
 	n.mu.blocks = map[nlmBlockKey]*nlmBlock{}
 	if cfg.NLMGrace > 0 {
-		n.log.Info("nfs: NLM grace period: only lock reclaims are granted until it ends", "grace", cfg.NLMGrace)
+		n.log.Info("nfs: NLM grace period: only lock reclaims are granted until it ends", "grace", cfg.NLMGrace,
+			"hosts_to_notify", len(before))
 	}
-	return n
+	return n, before, nil
 }
 
 // close ends the blocked requests' waits and waits for them.
@@ -271,6 +294,9 @@ func (n *nlm) lockStat(ctx context.Context, call *oncrpc.Call, a *xdr.Nlm4_locka
 		// goes on; its GRANTED callback tells the client.
 		n.mu.Unlock()
 		return xdr.NLM4_BLOCKED
+	}
+	if !n.monitor(a.Alock.Caller_name, call.Remote.Addr(), call.Local.Addr()) {
+		return xdr.NLM4_DENIED_NOLOCKS
 	}
 	hk := nlmLockKey{l.Ino, l.Owner}
 	ok, added := n.trackLocked(a.Alock.Caller_name, hk)
@@ -436,28 +462,37 @@ func (n *nlm) callGranted(b *nlmBlock) (xdr.Nlm4_stats, error) {
 	return xdr.NLM4_DENIED, err
 }
 
-// callClient asks the port mapper of remote where NLM v4 listens over TCP
-// and calls GRANTED there.
+// callClient calls GRANTED on remote's NLM service.
 func (n *nlm) callClient(local, remote netip.Addr, args *xdr.Nlm4_testargs, res *xdr.Nlm4_res) error {
-	pm, err := dialFrom(local, netip.AddrPortFrom(remote, n.portmapPort))
+	c, err := n.dialService(local, remote, nlmProgram, nlmVersion)
 	if err != nil {
-		return fmt.Errorf("port mapper of %s: %w", remote, err)
-	}
-	var port uint32
-	err = pm.Call(pmapProg, 2, pmapProcGetport, &xdr.Mapping{Prog: nlmProgram, Vers: nlmVersion, Prot: xdr.IPPROTO_TCP}, xdr.XDR_uint32(&port))
-	pm.Close()
-	if err != nil {
-		return fmt.Errorf("port mapper of %s: GETPORT: %w", remote, err)
-	}
-	if port == 0 || port > 65535 {
-		return fmt.Errorf("no NLM v4 over TCP registered on %s (port %d)", remote, port)
-	}
-	c, err := dialFrom(local, netip.AddrPortFrom(remote, uint16(port)))
-	if err != nil {
-		return fmt.Errorf("NLM service of %s: %w", remote, err)
+		return err
 	}
 	defer c.Close()
 	return c.Call(nlmProgram, nlmVersion, nlmProcGranted, args, res)
+}
+
+// dialService asks the port mapper of remote where (prog, vers) listens
+// over TCP and connects there, from local when valid.
+func (n *nlm) dialService(local, remote netip.Addr, prog, vers uint32) (*oncrpc.Client, error) {
+	pm, err := dialFrom(local, netip.AddrPortFrom(remote, n.portmapPort))
+	if err != nil {
+		return nil, fmt.Errorf("port mapper of %s: %w", remote, err)
+	}
+	var port uint32
+	err = pm.Call(pmapProg, 2, pmapProcGetport, &xdr.Mapping{Prog: prog, Vers: vers, Prot: xdr.IPPROTO_TCP}, xdr.XDR_uint32(&port))
+	pm.Close()
+	if err != nil {
+		return nil, fmt.Errorf("port mapper of %s: GETPORT: %w", remote, err)
+	}
+	if port == 0 || port > 65535 {
+		return nil, fmt.Errorf("program %d v%d over TCP not registered on %s (port %d)", prog, vers, remote, port)
+	}
+	c, err := dialFrom(local, netip.AddrPortFrom(remote, uint16(port)))
+	if err != nil {
+		return nil, fmt.Errorf("program %d v%d on %s: %w", prog, vers, remote, err)
+	}
+	return c, nil
 }
 
 // dialFrom connects to addr from the local address (port chosen), with
@@ -613,6 +648,7 @@ func (n *nlm) freeHost(host, why string) {
 	}
 	n.mu.Unlock()
 	n.log.Info("nlm: client host restarted: releasing its locks", "host", host, "via", why, "files", len(locks), "blocked", len(blocks))
+	n.unmonitor(host)
 	for _, b := range blocks {
 		<-b.done
 	}

@@ -24,6 +24,12 @@ import (
 // gateway asks the host's port mapper, which the host serves itself), and
 // creates a file over NFS: its handle and inode.
 func lockGateway(t *testing.T, grace time.Duration) (*cluster, *gateway, *nfstest.LockHost, []byte, uint64) {
+	return lockGatewayWith(t, func(c *nfs.Config) { c.NLMGrace = grace })
+}
+
+// lockGatewayWith is lockGateway with the gateway's configuration changed
+// by mod.
+func lockGatewayWith(t *testing.T, mod func(*nfs.Config)) (*cluster, *gateway, *nfstest.LockHost, []byte, uint64) {
 	t.Helper()
 	cl := startCluster(t)
 	h, err := nfstest.StartLockHost("hostA")
@@ -31,7 +37,7 @@ func lockGateway(t *testing.T, grace time.Duration) (*cluster, *gateway, *nfstes
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.Close() })
-	g := cl.startGatewayWith(func(c *nfs.Config) { c.NLMGrace = grace; c.NLMPortmapPort = h.Port() },
+	g := cl.startGatewayWith(func(c *nfs.Config) { mod(c); c.NLMPortmapPort = h.Port() },
 		"/=rw,no_root_squash,clients=127.0.0.1")
 	if err := h.Dial(g.addr); err != nil {
 		t.Fatal(err)
@@ -199,6 +205,50 @@ func TestNLMAgainstFUSE(t *testing.T) {
 	case g := <-h.Granted:
 		t.Fatalf("GRANTED after CANCEL: %+v", g)
 	default:
+	}
+}
+
+// TestNLMRestartNotifies: a gateway with a state directory records the
+// hosts that lock; started again, it tells them (SM_NOTIFY, from the name
+// it is given) and grants their reclaims in its grace period.
+func TestNLMRestartNotifies(t *testing.T) {
+	state := t.TempDir()
+	cfg := func(grace time.Duration) func(*nfs.Config) {
+		return func(c *nfs.Config) { c.NLMGrace, c.NLMStateDir, c.NLMName = grace, state, "gw.example" }
+	}
+	cl, g, h, fh, _ := lockGatewayWith(t, cfg(0))
+	l := nfstest.Lock{FH: fh, Svid: 9, Len: 10, Exclusive: true}
+	st, err := h.Lock(l, false, false)
+	wantNLM(t, "NLM LOCK", st, err, xdr.NLM4_GRANTED)
+	list, err := os.ReadFile(filepath.Join(state, "nlm-hosts"))
+	if err != nil || string(list) != "hostA 127.0.0.1 127.0.0.1\n" {
+		t.Fatalf("monitored hosts after a lock: %q, %v", list, err)
+	}
+	g.stop()
+	select {
+	case n := <-h.Notified:
+		t.Fatalf("SM_NOTIFY before the restart: %+v", n)
+	default:
+	}
+	g2 := cl.startGatewayWith(func(c *nfs.Config) { cfg(time.Hour)(c); c.NLMPortmapPort = h.Port() },
+		"/=rw,no_root_squash,clients=127.0.0.1")
+	select {
+	case n := <-h.Notified:
+		if n.Mon_name != "gw.example" || n.State%2 != 1 {
+			t.Fatalf("SM_NOTIFY %+v, want from gw.example with an odd state", n)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no SM_NOTIFY 30 s after the gateway restarted")
+	}
+	if err := h.Dial(g2.addr); err != nil {
+		t.Fatal(err)
+	}
+	st, err = h.Lock(l, false, true)
+	wantNLM(t, "NLM LOCK reclaim after the restart", st, err, xdr.NLM4_GRANTED)
+	st, err = h.Lock(nfstest.Lock{FH: fh, Svid: 10, Off: 100, Len: 10, Exclusive: true}, false, false)
+	wantNLM(t, "a new NLM LOCK after the restart", st, err, xdr.NLM4_DENIED_GRACE_PERIOD)
+	if list, err := os.ReadFile(filepath.Join(state, "nlm-hosts")); err != nil || !strings.HasPrefix(string(list), "hostA ") {
+		t.Fatalf("monitored hosts after the reclaim: %q, %v", list, err)
 	}
 }
 

@@ -44,8 +44,16 @@ type Config struct {
 	// restarted or failed over) are granted until it ends.
 	NLMGrace time.Duration
 	// NLMPortmapPort is the port of a client host's port mapper, asked
-	// where the client's lock manager listens for GRANTED callbacks.
+	// where the client's lock manager (GRANTED callbacks) and status
+	// monitor (SM_NOTIFY at a restart) listen.
 	NLMPortmapPort uint16
+	// NLMStateDir keeps the client hosts that took locks (as rpc.statd's
+	// /var/lib/nfs/sm): at the next start each is told (SM_NOTIFY) so
+	// that it reclaims its locks. Empty: no list, nobody told.
+	NLMStateDir string
+	// NLMName is the gateway's host name in SM_NOTIFY (the name clients
+	// mount it by; default: the host name).
+	NLMName string
 	// RPC configures the ONC RPC layer (record size, connections).
 	RPC oncrpc.Config
 	Log *slog.Logger
@@ -114,8 +122,11 @@ type Server struct {
 	cookies  *cookieTable
 	rpc      *oncrpc.Server
 	nlm      *nlm
-	metrics  *metrics
-	mu       struct {
+	// notify: the hosts to tell of the restart, once serving.
+	notify     map[string]monitored
+	notifyOnce sync.Once
+	metrics    *metrics
+	mu         struct {
 		sync.Mutex
 		mounts map[mountKey]struct{} // MNT'ed (host, path) pairs: DUMP
 		roots  map[uint64]uint64     // export id -> its root inode, once MNT'ed
@@ -152,15 +163,26 @@ func New(c *client.Client, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.metrics = m
-	s.nlm = newNLM(s, &cfg)
+	var notify map[string]monitored
+	if s.nlm, notify, err = newNLM(s, &cfg); err != nil {
+		m.close()
+		s.files.close()
+		return nil, err
+	}
+	s.notify = notify
 	s.rpc = oncrpc.NewServer(rpcCfg, m.count(s.nfsProgram(), "", nfsProcNames[:]), m.count(s.mountProgram(), "mount_", mountProcNames[:]),
 		m.count(s.nlm.program(), "nlm_", nlmProcNames[:]), m.count(s.nlm.nsmProgram(), "nsm_", nsmProcNames[:]))
 	return s, nil
 }
 
 // Serve answers calls on ln until Close: NFS, MOUNT, NLM and NSM alike.
-// It may be called for several listeners (--nlm-port's own).
-func (s *Server) Serve(ln net.Listener) error { return s.rpc.Serve(ln) }
+// It may be called for several listeners (--nlm-port's own). The first
+// call tells the client hosts that held locks before the restart (when
+// NLMStateDir keeps them) to reclaim them.
+func (s *Server) Serve(ln net.Listener) error {
+	s.notifyOnce.Do(func() { s.nlm.notifyAll(s.notify) })
+	return s.rpc.Serve(ln)
+}
 
 // Close stops serving, then releases the open files (flushing their
 // writes, fsyncing those with UNSTABLE writes). Locks taken over NLM stay

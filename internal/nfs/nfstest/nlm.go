@@ -38,8 +38,9 @@ const (
 // LockHost is an NFS client host's lock manager as the gateway sees it: it
 // calls the gateway's NLM service as Name (caller_name), and serves, on one
 // loopback port, a port mapper (GETPORT only) that names that same port for
-// NLM v4 over TCP, and NLM GRANTED, for the gateway's callbacks on blocked
-// locks. Give the gateway Port as its NLMPortmapPort.
+// NLM v4 and NSM v1 over TCP, NLM GRANTED, for the gateway's callbacks on
+// blocked locks, and NSM SM_NOTIFY, for a restarted gateway's notifications. Give
+// the gateway Port as its NLMPortmapPort.
 type LockHost struct {
 	Name string
 	c    *Client
@@ -49,6 +50,9 @@ type LockHost struct {
 	// Granted receives the GRANTED callbacks (buffered; a full channel
 	// answers the callback NLM4_DENIED).
 	Granted chan xdr.Nlm4_testargs
+	// Notified receives the SM_NOTIFY calls of the host's status monitor
+	// (a server telling that it restarted).
+	Notified chan xdr.Stat_chge
 	// Refuse makes GRANTED callbacks answer NLM4_DENIED (the client no
 	// longer waits).
 	Refuse atomic.Bool
@@ -62,14 +66,15 @@ func StartLockHost(name string) (*LockHost, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &LockHost{Name: name, ln: ln, port: uint32(ln.Addr().(*net.TCPAddr).Port), Granted: make(chan xdr.Nlm4_testargs, 16)}
+	h := &LockHost{Name: name, ln: ln, port: uint32(ln.Addr().(*net.TCPAddr).Port), Granted: make(chan xdr.Nlm4_testargs, 16),
+		Notified: make(chan xdr.Stat_chge, 16)}
 	getport := func(_ context.Context, _ *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 		var m xdr.Mapping
 		if _, err := xdr.Decode(args, &m); err != nil {
 			return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
 		}
 		port := uint32(0)
-		if m.Prog == NLM && m.Vers == NLMVersion && m.Prot == xdr.IPPROTO_TCP {
+		if (m.Prog == NLM && m.Vers == NLMVersion || m.Prog == NSM && m.Vers == NSMVersion) && m.Prot == xdr.IPPROTO_TCP {
 			port = h.port
 		}
 		return xdr.Encode(res, xdr.XDR_uint32(&port))
@@ -92,10 +97,22 @@ func StartLockHost(name string) (*LockHost, error) {
 		}
 		return xdr.Encode(res, &out)
 	}
+	notify := func(_ context.Context, _ *oncrpc.Call, args []byte, res *bytes.Buffer) error {
+		var a xdr.Stat_chge
+		if _, err := xdr.Decode(args, &a); err != nil {
+			return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
+		}
+		select {
+		case h.Notified <- a:
+		default:
+		}
+		return nil
+	}
 	cfg := oncrpc.DefaultConfig()
 	h.srv = oncrpc.NewServer(cfg,
 		&oncrpc.Program{Prog: pmapProg, Vers: pmapVers, Name: "portmap", Procs: []oncrpc.Proc{pmapProcGetport: getport}},
-		&oncrpc.Program{Prog: NLM, Vers: NLMVersion, Name: "nlm-callback", Procs: []oncrpc.Proc{NLMProcGranted: granted}})
+		&oncrpc.Program{Prog: NLM, Vers: NLMVersion, Name: "nlm-callback", Procs: []oncrpc.Proc{NLMProcGranted: granted}},
+		&oncrpc.Program{Prog: NSM, Vers: NSMVersion, Name: "nsm", Procs: []oncrpc.Proc{NSMProcNotify: notify}})
 	go h.srv.Serve(ln)
 	return h, nil
 }
