@@ -31,11 +31,21 @@ const (
 	nsmVersion = 1
 )
 
-// NLM procedure numbers the gateway calls or refers to.
+// NLM procedure numbers the gateway calls: GRANTED, and the _RES
+// procedures that answer the asynchronous _MSG calls.
 const (
-	nlmProcGranted  = 5
-	pmapProcGetport = 3
+	nlmProcGranted    = 5
+	nlmProcTestRes    = 11
+	nlmProcLockRes    = 12
+	nlmProcCancelRes  = 13
+	nlmProcUnlockRes  = 14
+	nlmProcGrantedRes = 15
+	pmapProcGetport   = 3
 )
+
+// maxNLMResults bounds the _RES calls under way; beyond, an answer is
+// dropped (the client sends its _MSG call again).
+const maxNLMResults = 64
 
 // Bounds of the lock manager's memory: locks tracked per host for
 // FREE_ALL and SM_NOTIFY, and blocked requests waiting for a lock.
@@ -47,8 +57,9 @@ const (
 // nlmProcNames label the NLM procedures in strata_nfs_ops_total (prefix
 // nlm_); nsmProcNames the status monitor's (prefix nsm_).
 var (
-	nlmProcNames = [...]string{"null", "test", "lock", "cancel", "unlock", "granted", 20: "share", 21: "unshare",
-		22: "nm_lock", 23: "free_all"}
+	nlmProcNames = [...]string{"null", "test", "lock", "cancel", "unlock", "granted", "test_msg", "lock_msg",
+		"cancel_msg", "unlock_msg", "granted_msg", "test_res", "lock_res", "cancel_res", "unlock_res", "granted_res",
+		20: "share", 21: "unshare", 22: "nm_lock", 23: "free_all"}
 	nsmProcNames = [...]string{"null", "stat", "mon", "unmon", "unmon_all", "simu_crash", "notify"}
 )
 
@@ -100,6 +111,7 @@ type nlm struct {
 	ctx         context.Context
 	stop        context.CancelFunc
 	wg          sync.WaitGroup
+	results     chan struct{}        // semaphore of maxNLMResults
 	monMu       sync.Mutex           // serialises the list's changes and saves
 	monitored   map[string]monitored // under monMu: the hosts that may hold locks
 	mu          struct {
@@ -115,7 +127,7 @@ type nlm struct {
 func newNLM(s *Server, cfg *Config) (*nlm, map[string]monitored, error) {
 	n := &nlm{s: s, c: s.c, log: s.log, graceEnd: time.Now().Add(cfg.NLMGrace),
 		state: int32(time.Now().Unix()) | 1, portmapPort: cfg.NLMPortmapPort, name: cfg.NLMName,
-		stateDir: cfg.NLMStateDir, monitored: map[string]monitored{}}
+		stateDir: cfg.NLMStateDir, monitored: map[string]monitored{}, results: make(chan struct{}, maxNLMResults)}
 	if n.name == "" {
 		n.name, _ = os.Hostname()
 	}
@@ -142,6 +154,9 @@ func newNLM(s *Server, cfg *Config) (*nlm, map[string]monitored, error) {
 // close ends the blocked requests' waits and waits for them.
 func (n *nlm) close() {
 	n.stop()
+	// Goroutines are added under mu after checking ctx: none after this.
+	n.mu.Lock()
+	n.mu.Unlock()
 	n.wg.Wait()
 }
 
@@ -153,6 +168,16 @@ func (n *nlm) program() *oncrpc.Program {
 		3:  serve(xdr.XDR_Nlm4_cancargs, xdr.XDR_Nlm4_res, n.cancel),
 		4:  serve(xdr.XDR_Nlm4_unlockargs, xdr.XDR_Nlm4_res, n.unlock),
 		5:  serve(xdr.XDR_Nlm4_testargs, xdr.XDR_Nlm4_res, n.granted),
+		6:  msgProc(n, xdr.XDR_Nlm4_testargs, xdr.XDR_Nlm4_testres, n.test, nlmProcTestRes),
+		7:  msgProc(n, xdr.XDR_Nlm4_lockargs, xdr.XDR_Nlm4_res, n.lock, nlmProcLockRes),
+		8:  msgProc(n, xdr.XDR_Nlm4_cancargs, xdr.XDR_Nlm4_res, n.cancel, nlmProcCancelRes),
+		9:  msgProc(n, xdr.XDR_Nlm4_unlockargs, xdr.XDR_Nlm4_res, n.unlock, nlmProcUnlockRes),
+		10: msgProc(n, xdr.XDR_Nlm4_testargs, xdr.XDR_Nlm4_res, n.granted, nlmProcGrantedRes),
+		11: serveVoid(xdr.XDR_Nlm4_testres, ignoreRes[xdr.Nlm4_testres]),
+		12: serveVoid(xdr.XDR_Nlm4_res, ignoreRes[xdr.Nlm4_res]),
+		13: serveVoid(xdr.XDR_Nlm4_res, ignoreRes[xdr.Nlm4_res]),
+		14: serveVoid(xdr.XDR_Nlm4_res, ignoreRes[xdr.Nlm4_res]),
+		15: serveVoid(xdr.XDR_Nlm4_res, ignoreRes[xdr.Nlm4_res]),
 		20: serve(xdr.XDR_Nlm4_shareargs, xdr.XDR_Nlm4_shareres, n.share),
 		21: serve(xdr.XDR_Nlm4_shareargs, xdr.XDR_Nlm4_shareres, n.share),
 		22: serve(xdr.XDR_Nlm4_lockargs, xdr.XDR_Nlm4_res, n.nmLock),
@@ -169,6 +194,53 @@ func (n *nlm) nsmProgram() *oncrpc.Program {
 		4: serve(xdr.XDR_My_id, xdr.XDR_Sm_stat, n.smUnmonAll),
 		6: serveVoid(xdr.XDR_Stat_chge, n.smNotify),
 	}}
+}
+
+// msgProc serves an asynchronous _MSG procedure: the call is answered
+// void at once (after fn ran), and fn's result goes back to the caller's
+// NLM service as the _RES call resProc. The result may refer to the
+// call's record, which is the call's own (oncrpc reads each into a new
+// buffer) and outlives it.
+func msgProc[A, R any, PA, PR xdr.XdrType](n *nlm, argx func(*A) PA, resx func(*R) PR, fn func(context.Context, *oncrpc.Call, *A) *R, resProc uint32) oncrpc.Proc {
+	return serveVoid(argx, func(ctx context.Context, call *oncrpc.Call, a *A) {
+		n.sendResult(call, resProc, resx(fn(ctx, call, a)))
+	})
+}
+
+// ignoreRes serves a _RES procedure: the gateway sends no _MSG calls, so
+// no answer is awaited.
+func ignoreRes[R any](context.Context, *oncrpc.Call, *R) {}
+
+// sendResult calls resProc with res on the caller's NLM service, on a
+// goroutine (bounded: beyond maxNLMResults the result is dropped).
+func (n *nlm) sendResult(call *oncrpc.Call, resProc uint32, res xdr.XdrType) {
+	select {
+	case n.results <- struct{}{}:
+	default:
+		n.log.Warn("nlm: too many asynchronous results under way; dropping one", "remote", call.Remote, "proc", resProc)
+		return
+	}
+	n.mu.Lock()
+	closed := n.ctx.Err() != nil
+	if !closed {
+		n.wg.Add(1)
+	}
+	n.mu.Unlock()
+	if closed {
+		<-n.results
+		return
+	}
+	go func() {
+		defer func() { <-n.results; n.wg.Done() }()
+		c, err := n.dialService(call.Local.Addr(), call.Remote.Addr(), nlmProgram, nlmVersion)
+		if err == nil {
+			err = c.Call(nlmProgram, nlmVersion, resProc, res, nil)
+			c.Close()
+		}
+		if err != nil {
+			n.log.Info("nlm: could not send an asynchronous result", "remote", call.Remote, "proc", resProc, "err", err)
+		}
+	}()
 }
 
 func (n *nlm) inGrace() bool { return time.Now().Before(n.graceEnd) }

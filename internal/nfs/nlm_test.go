@@ -336,6 +336,46 @@ func TestNLMHostRestart(t *testing.T) {
 	}
 }
 
+// TestNLMAsync: the _MSG procedures are answered by _RES calls to the
+// client's NLM service, with the call's cookie.
+func TestNLMAsync(t *testing.T) {
+	cl, _, h, fh, ino := lockGateway(t, 0)
+	other := cl.newClient()
+	if err := setLib(other, libLock(ino, 0, 9)); err != nil {
+		t.Fatal(err)
+	}
+	result := func(what string, proc uint32, cookie []byte, err error, want xdr.Nlm4_stats) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		select {
+		case r := <-h.Results:
+			if r.Proc != proc || string(r.Cookie) != string(cookie) || r.Stat != want {
+				t.Fatalf("%s: result %+v, want proc %d, cookie %q, %v", what, r, proc, cookie, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no result in 30 s", what)
+		}
+	}
+	l := nfstest.Lock{FH: fh, Svid: 3, Len: 10, Exclusive: true}
+	cookie, err := h.Msg(nfstest.NLMProcTestMsg, l)
+	result("TEST_MSG under another client's lock", nfstest.NLMProcTestRes, cookie, err, xdr.NLM4_DENIED)
+	cookie, err = h.Msg(nfstest.NLMProcLockMsg, l)
+	result("LOCK_MSG under another client's lock", nfstest.NLMProcLockRes, cookie, err, xdr.NLM4_DENIED)
+	if err := setLib(other, client.Lock{Ino: ino, Owner: 77, End: ^uint64(0), Type: rpc.LockUnlock}); err != nil {
+		t.Fatal(err)
+	}
+	cookie, err = h.Msg(nfstest.NLMProcLockMsg, l)
+	result("LOCK_MSG", nfstest.NLMProcLockRes, cookie, err, xdr.NLM4_GRANTED)
+	wantEAGAIN(t, "another client under the LOCK_MSG lock", setLib(other, libLock(ino, 0, 0)))
+	cookie, err = h.Msg(nfstest.NLMProcUnlockMsg, l)
+	result("UNLOCK_MSG", nfstest.NLMProcUnlockRes, cookie, err, xdr.NLM4_GRANTED)
+	if err := setLib(other, libLock(ino, 0, 0)); err != nil {
+		t.Fatalf("another client after UNLOCK_MSG: %v", err)
+	}
+}
+
 // TestNLMGarbage: malformed NLM and NSM arguments get GARBAGE_ARGS, and
 // the connection goes on serving.
 func TestNLMGarbage(t *testing.T) {

@@ -166,6 +166,11 @@ func (n *nlm) unmonitor(host string) {
 // restarted, each on its own goroutine; a host told is dropped from the
 // list (it is recorded again when it locks).
 func (n *nlm) notifyAll(hosts map[string]monitored) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ctx.Err() != nil {
+		return // closed before serving
+	}
 	for _, h := range hosts {
 		n.wg.Add(1)
 		go func() {

@@ -20,15 +20,25 @@ const (
 	NSM        = 100024
 	NSMVersion = 1
 
-	NLMProcTest    uint32 = 1
-	NLMProcLock    uint32 = 2
-	NLMProcCancel  uint32 = 3
-	NLMProcUnlock  uint32 = 4
-	NLMProcGranted uint32 = 5
-	NLMProcShare   uint32 = 20
-	NLMProcNMLock  uint32 = 22
-	NLMProcFreeAll uint32 = 23
-	NSMProcNotify  uint32 = 6
+	NLMProcTest       uint32 = 1
+	NLMProcLock       uint32 = 2
+	NLMProcCancel     uint32 = 3
+	NLMProcUnlock     uint32 = 4
+	NLMProcGranted    uint32 = 5
+	NLMProcTestMsg    uint32 = 6
+	NLMProcLockMsg    uint32 = 7
+	NLMProcCancelMsg  uint32 = 8
+	NLMProcUnlockMsg  uint32 = 9
+	NLMProcGrantedMsg uint32 = 10
+	NLMProcTestRes    uint32 = 11
+	NLMProcLockRes    uint32 = 12
+	NLMProcCancelRes  uint32 = 13
+	NLMProcUnlockRes  uint32 = 14
+	NLMProcGrantedRes uint32 = 15
+	NLMProcShare      uint32 = 20
+	NLMProcNMLock     uint32 = 22
+	NLMProcFreeAll    uint32 = 23
+	NSMProcNotify     uint32 = 6
 
 	pmapProg        = 100000
 	pmapVers        = 2
@@ -53,6 +63,8 @@ type LockHost struct {
 	// Notified receives the SM_NOTIFY calls of the host's status monitor
 	// (a server telling that it restarted).
 	Notified chan xdr.Stat_chge
+	// Results receives the _RES calls answering this host's _MSG calls.
+	Results chan Result
 	// Refuse makes GRANTED callbacks answer NLM4_DENIED (the client no
 	// longer waits).
 	Refuse atomic.Bool
@@ -67,7 +79,7 @@ func StartLockHost(name string) (*LockHost, error) {
 		return nil, err
 	}
 	h := &LockHost{Name: name, ln: ln, port: uint32(ln.Addr().(*net.TCPAddr).Port), Granted: make(chan xdr.Nlm4_testargs, 16),
-		Notified: make(chan xdr.Stat_chge, 16)}
+		Notified: make(chan xdr.Stat_chge, 16), Results: make(chan Result, 16)}
 	getport := func(_ context.Context, _ *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 		var m xdr.Mapping
 		if _, err := xdr.Decode(args, &m); err != nil {
@@ -108,10 +120,33 @@ func StartLockHost(name string) (*LockHost, error) {
 		}
 		return nil
 	}
+	result := func(_ context.Context, call *oncrpc.Call, args []byte, _ *bytes.Buffer) error {
+		var r Result
+		r.Proc = call.Proc
+		if call.Proc == NLMProcTestRes {
+			var res xdr.Nlm4_testres
+			if _, err := xdr.Decode(args, &res); err != nil {
+				return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
+			}
+			r.Cookie, r.Stat = bytes.Clone(res.Cookie), res.Stat.Stat
+		} else {
+			var res xdr.Nlm4_res
+			if _, err := xdr.Decode(args, &res); err != nil {
+				return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
+			}
+			r.Cookie, r.Stat = bytes.Clone(res.Cookie), res.Stat.Stat
+		}
+		select {
+		case h.Results <- r:
+		default:
+		}
+		return nil
+	}
 	cfg := oncrpc.DefaultConfig()
 	h.srv = oncrpc.NewServer(cfg,
 		&oncrpc.Program{Prog: pmapProg, Vers: pmapVers, Name: "portmap", Procs: []oncrpc.Proc{pmapProcGetport: getport}},
-		&oncrpc.Program{Prog: NLM, Vers: NLMVersion, Name: "nlm-callback", Procs: []oncrpc.Proc{NLMProcGranted: granted}},
+		&oncrpc.Program{Prog: NLM, Vers: NLMVersion, Name: "nlm-callback", Procs: []oncrpc.Proc{NLMProcGranted: granted,
+			NLMProcTestRes: result, NLMProcLockRes: result, NLMProcCancelRes: result, NLMProcUnlockRes: result, NLMProcGrantedRes: result}},
 		&oncrpc.Program{Prog: NSM, Vers: NSMVersion, Name: "nsm", Procs: []oncrpc.Proc{NSMProcNotify: notify}})
 	go h.srv.Serve(ln)
 	return h, nil
@@ -127,6 +162,34 @@ func (h *LockHost) Dial(addr string) error {
 	c.As(0, 0)
 	h.c = c
 	return nil
+}
+
+// Result is an asynchronous answer: the _RES procedure, the cookie of
+// the _MSG call it answers, the status.
+type Result struct {
+	Proc   uint32
+	Cookie []byte
+	Stat   xdr.Nlm4_stats
+}
+
+// Msg sends an asynchronous _MSG call (answered void; the result comes to
+// Results) and returns its cookie.
+func (h *LockHost) Msg(proc uint32, l Lock) ([]byte, error) {
+	cookie := h.nextCookie()
+	var args xdr.XdrType
+	switch proc {
+	case NLMProcTestMsg, NLMProcGrantedMsg:
+		args = &xdr.Nlm4_testargs{Cookie: cookie, Exclusive: l.Exclusive, Alock: h.alock(l)}
+	case NLMProcLockMsg:
+		args = &xdr.Nlm4_lockargs{Cookie: cookie, Exclusive: l.Exclusive, Alock: h.alock(l), State: 1}
+	case NLMProcCancelMsg:
+		args = &xdr.Nlm4_cancargs{Cookie: cookie, Exclusive: l.Exclusive, Alock: h.alock(l)}
+	case NLMProcUnlockMsg:
+		args = &xdr.Nlm4_unlockargs{Cookie: cookie, Alock: h.alock(l)}
+	default:
+		return nil, fmt.Errorf("nlm: %d is no _MSG procedure", proc)
+	}
+	return cookie, h.Call(proc, args, nil)
 }
 
 // Port is the callback service's port (port mapper and NLM).
