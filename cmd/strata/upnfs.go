@@ -51,6 +51,9 @@ func startUpNFS(ctx context.Context, base client.Config, port int, portSet bool,
 	ncfg := nfs.DefaultConfig()
 	ncfg.ClusterKey = ccfg.ClusterKey
 	ncfg.Exports = []nfs.Export{e}
+	// No state directory: no client host to tell of a restart, so no
+	// reclaims to wait for.
+	ncfg.NLMGrace = 0
 	ncfg.Log = slog.Default()
 	ncfg.RPC.Log = ncfg.Log
 	s, err := nfs.New(c, ncfg)
