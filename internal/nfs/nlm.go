@@ -114,6 +114,7 @@ type nlm struct {
 	results     chan struct{}        // semaphore of maxNLMResults
 	monMu       sync.Mutex           // serialises the list's changes and saves
 	monitored   map[string]monitored // under monMu: the hosts that may hold locks
+	pending     map[string]bool      // under monMu: listed before the start, not locked since
 	mu          struct {
 		sync.Mutex
 		hosts  map[string]map[nlmLockKey]struct{} // by caller_name: what it may hold
@@ -140,6 +141,10 @@ func newNLM(s *Server, cfg *Config) (*nlm, map[string]monitored, error) {
 		// Kept until told (notifyAll), so that a gateway dying again
 		// meanwhile tells them at its next start.
 		maps.Copy(n.monitored, before)
+		n.pending = map[string]bool{}
+		for h := range before {
+			n.pending[h] = true
+		}
 	}
 	n.ctx, n.stop = context.WithCancel(context.Background())
 	n.mu.hosts = map[string]map[nlmLockKey]struct{}{}

@@ -126,8 +126,11 @@ func (n *nlm) monitor(host string, remote, local netip.Addr) bool {
 	n.monMu.Lock()
 	defer n.monMu.Unlock()
 	if n.monitored[host] == m {
+		// Listed; if only to be told of this start, it now stays.
+		delete(n.pending, host)
 		return true
 	}
+	delete(n.pending, host)
 	if !validHostName(host) || (n.monitored[host] == monitored{} && len(n.monitored) >= maxMonitored) {
 		n.log.Warn("nlm: cannot monitor this client host; refusing its lock", "host", host, "monitored", len(n.monitored))
 		return false
@@ -157,6 +160,7 @@ func (n *nlm) unmonitor(host string) {
 		return
 	}
 	delete(n.monitored, host)
+	delete(n.pending, host)
 	if err := saveMonitored(n.stateDir, n.monitored); err != nil {
 		n.log.Warn("nlm: saving the monitored host list", "err", err)
 	}
@@ -164,7 +168,7 @@ func (n *nlm) unmonitor(host string) {
 
 // notifyAll tells every host of the list loaded at start that the gateway
 // restarted, each on its own goroutine; a host told is dropped from the
-// list (it is recorded again when it locks).
+// list unless it locked (reclaimed) since the start.
 func (n *nlm) notifyAll(hosts map[string]monitored) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -182,7 +186,9 @@ func (n *nlm) notifyAll(hosts map[string]monitored) {
 			}
 			n.log.Info("nsm: told a client host that the gateway restarted", "host", h.name, "addr", h.remote)
 			n.monMu.Lock()
-			if n.monitored[h.name] == h {
+			if n.pending[h.name] {
+				// Not locked since the start (a reclaim keeps it).
+				delete(n.pending, h.name)
 				delete(n.monitored, h.name)
 				if err := saveMonitored(n.stateDir, n.monitored); err != nil {
 					n.log.Warn("nlm: saving the monitored host list", "err", err)
