@@ -108,6 +108,8 @@ func init() {
 	f.DurationVar(&ncfg.NLMGrace, "nlm-grace", ncfg.NLMGrace, "after a start (or a fail-over to this gateway), grant only lock reclaims for this long")
 	f.StringVar(&ncfg.NLMStateDir, "nlm-state-dir", "", "directory keeping the client hosts that took locks, told at the next start to reclaim them (as rpc.statd's /var/lib/nfs/sm; empty: nobody is told)")
 	f.StringVar(&ncfg.NLMName, "nlm-name", "", "this gateway's name in its restart notifications (SM_NOTIFY): the name clients mount it by (default: the host name)")
+	f.Uint16Var(&ncfg.NLMPortmapPort, "nlm-portmap-port", ncfg.NLMPortmapPort, "port of the client hosts' port mappers (tests: a client's port mapper on another port)")
+	_ = f.MarkHidden("nlm-portmap-port")
 	tf.register(f)
 	f.DurationVar(&ccfg.IOTimeout, "io-timeout", ccfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
 	f.Int64Var(&ccfg.WriteBehindBytes, "write-behind-bytes", ccfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
