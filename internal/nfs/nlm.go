@@ -87,6 +87,7 @@ type nlmBlock struct {
 	// and whether CANCEL came first.
 	granted   bool
 	cancelled bool
+	told      bool // a poll was answered GRANTED: the client holds it
 }
 
 // nlm is the gateway's lock manager (NLM v4) and its minimal status
@@ -368,9 +369,17 @@ func (n *nlm) lockStat(ctx context.Context, call *oncrpc.Call, a *xdr.Nlm4_locka
 	n.mu.Lock()
 	if b := n.mu.blocks[key]; b != nil {
 		// The client asks again while blocked (it polls): the waiter
-		// goes on; its GRANTED callback tells the client.
+		// goes on and its GRANTED callback tells the client — unless the
+		// lock is taken already: then this answer tells it (a client
+		// whose callbacks a firewall drops gets its lock at its next
+		// poll), and the callback's outcome no longer matters.
+		st := xdr.NLM4_BLOCKED
+		if b.granted && !b.cancelled {
+			b.told = true
+			st = xdr.NLM4_GRANTED
+		}
 		n.mu.Unlock()
-		return xdr.NLM4_BLOCKED
+		return st
 	}
 	if !n.monitor(a.Alock.Caller_name, call.Remote.Addr(), call.Local.Addr()) {
 		return xdr.NLM4_DENIED_NOLOCKS
@@ -489,10 +498,10 @@ func (n *nlm) waitBlock(b *nlmBlock, l client.Lock) {
 	n.mu.Unlock()
 	st, err := n.callGranted(b)
 	n.mu.Lock()
-	cancelled = b.cancelled
+	cancelled, told := b.cancelled, b.told
 	delete(n.mu.blocks, b.key)
 	n.mu.Unlock()
-	if err != nil || st != xdr.NLM4_GRANTED || cancelled {
+	if !told && (err != nil || st != xdr.NLM4_GRANTED || cancelled) {
 		n.log.Info("nlm: a blocked lock was granted but the client did not take it; released", "ino", l.Ino, "host", b.host,
 			"remote", b.remote, "status", st, "cancelled", cancelled, "err", err)
 		n.release(l)
@@ -528,6 +537,12 @@ func (n *nlm) callGranted(b *nlmBlock) (xdr.Nlm4_stats, error) {
 				return xdr.NLM4_DENIED, errors.New("cancelled")
 			case <-n.ctx.Done():
 				return xdr.NLM4_DENIED, n.ctx.Err()
+			}
+			n.mu.Lock()
+			told := b.told
+			n.mu.Unlock()
+			if told {
+				return xdr.NLM4_GRANTED, nil // a poll learnt it
 			}
 		}
 		var res xdr.Nlm4_res

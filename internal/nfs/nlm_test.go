@@ -376,6 +376,38 @@ func TestNLMAsync(t *testing.T) {
 	}
 }
 
+// TestNLMPollGranted: a client whose GRANTED callbacks fail (a firewall)
+// learns of its blocked lock at its next poll (LOCK asked again), and the
+// gateway keeps the lock for it when its callbacks give up.
+func TestNLMPollGranted(t *testing.T) {
+	cl, g, h, fh, ino := lockGateway(t, 0)
+	other := cl.newClient()
+	if err := setLib(other, libLock(ino, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	h.Drop.Store(true)
+	l := nfstest.Lock{FH: fh, Svid: 8, Len: 10, Exclusive: true}
+	st, err := h.Lock(l, true, false)
+	wantNLM(t, "NLM LOCK (blocking)", st, err, xdr.NLM4_BLOCKED)
+	if err := setLib(other, client.Lock{Ino: ino, Owner: 77, End: ^uint64(0), Type: rpc.LockUnlock}); err != nil {
+		t.Fatal(err)
+	}
+	// Within 12 s: the callbacks give up (and, before the fix, released
+	// the lock for a later poll to take anew) only after 1+2+4+8 s.
+	if err := testutil.WaitFor(12*time.Second, func() error {
+		st, err := h.Lock(l, true, false)
+		if err == nil && st != xdr.NLM4_GRANTED {
+			err = errors.New(st.String())
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("polling for the blocked lock: %v", err)
+	}
+	wantEAGAIN(t, "another client under the polled lock", setLib(other, libLock(ino, 0, 0)))
+	g.stop() // ends the callback's retries
+	wantEAGAIN(t, "another client once the callbacks gave up", setLib(other, libLock(ino, 0, 0)))
+}
+
 // TestNLMGarbage: malformed NLM and NSM arguments get GARBAGE_ARGS, and
 // the connection goes on serving.
 func TestNLMGarbage(t *testing.T) {

@@ -3,6 +3,7 @@ package nfstest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -65,6 +66,9 @@ type LockHost struct {
 	Notified chan xdr.Stat_chge
 	// Results receives the _RES calls answering this host's _MSG calls.
 	Results chan Result
+	// Drop makes GRANTED callbacks fail (SYSTEM_ERR), as a callback a
+	// firewall drops does.
+	Drop atomic.Bool
 	// Refuse makes GRANTED callbacks answer NLM4_DENIED (the client no
 	// longer waits).
 	Refuse atomic.Bool
@@ -99,6 +103,9 @@ func StartLockHost(name string) (*LockHost, error) {
 		a.Alock.Fh = bytes.Clone(a.Alock.Fh)
 		a.Alock.Oh = bytes.Clone(a.Alock.Oh)
 		a.Cookie = bytes.Clone(a.Cookie)
+		if h.Drop.Load() {
+			return errors.New("nfstest: dropping a GRANTED callback") // SYSTEM_ERR
+		}
 		out := xdr.Nlm4_res{Cookie: a.Cookie, Stat: xdr.Nlm4_stat{Stat: xdr.NLM4_DENIED}}
 		if !h.Refuse.Load() {
 			select {
