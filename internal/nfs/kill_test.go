@@ -134,25 +134,14 @@ func TestNLMKillReclaim(t *testing.T) {
 	}
 	defer c.Close()
 	c.As(0, 0)
-	root, err := c.MountRoot("/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fh, err := c.Create(root, "k", 0o666)
-	if err != nil {
-		t.Fatal(err)
-	}
-	attr, err := c.Getattr(fh)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fh, ino := makeFile(t, c, "k")
 	l := nfstest.Lock{FH: fh, Svid: 4, Exclusive: true}
 	st, err := h.Lock(l, false, false)
 	wantNLM(t, "NLM LOCK", st, err, xdr.NLM4_GRANTED)
 	p.Kill()
 
 	other := cl.newClient()
-	wantEAGAIN(t, "another client after the gateway's kill -9", setLib(other, libLock(attr.Fileid, 0, 0)))
+	wantEAGAIN(t, "another client after the gateway's kill -9", setLib(other, libLock(ino, 0, 0)))
 	start("1m")
 	select {
 	case n := <-h.Notified:
@@ -168,5 +157,5 @@ func TestNLMKillReclaim(t *testing.T) {
 	st, err = h.Lock(l, false, true)
 	wantNLM(t, "the reclaim", st, err, xdr.NLM4_GRANTED)
 	t.Logf("reclaim granted after %v (the dead gateway's session lease)", time.Since(began).Round(time.Millisecond))
-	wantEAGAIN(t, "another client under the reclaimed lock", setLib(other, libLock(attr.Fileid, 0, 0)))
+	wantEAGAIN(t, "another client under the reclaimed lock", setLib(other, libLock(ino, 0, 0)))
 }

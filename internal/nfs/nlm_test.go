@@ -42,12 +42,19 @@ func lockGatewayWith(t *testing.T, mod func(*nfs.Config)) (*cluster, *gateway, *
 	if err := h.Dial(g.addr); err != nil {
 		t.Fatal(err)
 	}
-	c := g.dial(t, "", 0, 0)
+	fh, ino := makeFile(t, g.dial(t, "", 0, 0), "locked.dat")
+	return cl, g, h, fh, ino
+}
+
+// makeFile mounts "/" and creates name in it over NFS: its handle and
+// inode number.
+func makeFile(t *testing.T, c *nfstest.Client, name string) ([]byte, uint64) {
+	t.Helper()
 	root, err := c.MountRoot("/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fh, err := c.Create(root, "locked.dat", 0o666)
+	fh, err := c.Create(root, name, 0o666)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +62,7 @@ func lockGatewayWith(t *testing.T, mod func(*nfs.Config)) (*cluster, *gateway, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cl, g, h, fh, attr.Fileid
+	return fh, attr.Fileid
 }
 
 // otherHost is a second client host on g (its callbacks are not served).
