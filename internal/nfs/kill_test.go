@@ -3,6 +3,7 @@ package nfs_test
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -116,18 +117,25 @@ func TestNLMKillReclaim(t *testing.T) {
 	if err := os.Mkdir(state, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	start := func(grace string) *testutil.Proc {
-		p := testutil.StartProc(t, dir, "nfs", nil, bin, "nfs", "--meta", cl.metaAddr, "--key-file", keyFile,
+	// The restarted gateway serves NLM on a port of its own (--nlm-port).
+	nlmAddr := testutil.FreePort(t)
+	_, nlmPort, _ := net.SplitHostPort(nlmAddr)
+	start := func(grace, nlmAddr string) *testutil.Proc {
+		args := []string{"nfs", "--meta", cl.metaAddr, "--key-file", keyFile,
 			"--listen", addr, "--export", "/=rw,no_root_squash,clients=127.0.0.1", "--rpcbind=false",
 			"--nlm-grace", grace, "--nlm-state-dir", state, "--nlm-name", "gw.test",
-			"--nlm-portmap-port", strconv.Itoa(int(h.Port())))
+			"--nlm-portmap-port", strconv.Itoa(int(h.Port()))}
+		if nlmAddr != addr {
+			args = append(args, "--nlm-port", nlmPort)
+		}
+		p := testutil.StartProc(t, dir, "nfs", nil, bin, args...)
 		t.Cleanup(p.Kill)
-		if err := testutil.WaitFor(20*time.Second, func() error { return h.Dial(addr) }); err != nil {
+		if err := testutil.WaitFor(20*time.Second, func() error { return h.Dial(nlmAddr) }); err != nil {
 			t.Fatalf("gateway not listening: %v\n%s", err, p.Tail(20))
 		}
 		return p
 	}
-	p := start("0s")
+	p := start("0s", addr)
 	c, err := nfstest.Dial(addr, "")
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +150,7 @@ func TestNLMKillReclaim(t *testing.T) {
 
 	other := cl.newClient()
 	wantEAGAIN(t, "another client after the gateway's kill -9", setLib(other, libLock(ino, 0, 0)))
-	start("1m")
+	start("1m", nlmAddr)
 	select {
 	case n := <-h.Notified:
 		if n.Mon_name != "gw.test" {
