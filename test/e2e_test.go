@@ -326,6 +326,8 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0"}, "target"},
 		{[]string{"store", "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--target", "/nonexistent/strata/x"}, "nonexistent"},
 		{[]string{"up", "--stores", "0"}, "stores"},
+		{[]string{"up", "--data", t.TempDir(), "--mount", t.TempDir(), "--nfs", "--nfs-export", "/=rw,fast"}, "unknown option \"fast\""},
+		{[]string{"up", "--data", t.TempDir(), "--mount", t.TempDir(), "--nfs-export", "/=rw,clients=*"}, "only with --nfs"},
 		{[]string{"stripe", "set", "--count", "-1", "/tmp"}, "count"},
 		{[]string{"stripe", "set", "--size", "4Q", "/tmp"}, "size"},
 		{[]string{"stripe", "set", "--size", "3K", "/tmp"}, "multiple of 64 kib"},

@@ -108,4 +108,36 @@ func TestUpNFS(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "nfs gateways: "+addr) {
 		t.Fatalf("strata status: exit %d, no gateway %s:\n%s", code, addr, out)
 	}
+	// The gateway's heartbeats carry its exports and calls: status shows
+	// them (within a heartbeat period or two).
+	var gw struct {
+		Address    string   `json:"address"`
+		Exports    []string `json:"exports"`
+		NFSClients uint32   `json:"nfs_clients"`
+		Ops        uint64   `json:"ops"`
+	}
+	if err := testutil.WaitFor(30*time.Second, func() error {
+		out, code := run(t, u.bin, u.dir, "status", "--json", "--data", u.data)
+		var doc struct {
+			Gateways []json.RawMessage `json:"nfs_gateways"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &doc) != nil {
+			return errors.New("strata status --json: " + out)
+		}
+		if len(doc.Gateways) != 1 {
+			return errors.New("nfs_gateways: " + out)
+		}
+		if err := json.Unmarshal(doc.Gateways[0], &gw); err != nil {
+			return err
+		}
+		if gw.Ops < 3 { // MNT, LOOKUP, READ at least
+			return errors.New("no calls reported yet: " + string(doc.Gateways[0]))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if gw.Address != addr || gw.NFSClients != 1 || len(gw.Exports) != 1 || !strings.HasPrefix(gw.Exports[0], "/=rw,sync,no_root_squash,") {
+		t.Fatalf("status's gateway: %+v (want %s, 1 NFS client, the export /=rw,sync,no_root_squash,…)", gw, addr)
+	}
 }

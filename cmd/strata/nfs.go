@@ -145,7 +145,7 @@ func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, nlmPort int, rpc
 			return fmt.Errorf("nfs: listen for NLM (--nlm-port): %w", err)
 		}
 		slog.Info("nfs: serving NLM v4 and NSM v1", "addr", nln.Addr().String())
-		go func() { errc <- s.Serve(nln) }()
+		go func() { errc <- s.ServeNLM(nln) }()
 	}
 	for _, e := range ncfg.Exports {
 		slog.Info("nfs: exporting", "path", e.Path, "read_only", e.ReadOnly, "async", e.Async, "clients", e.ClientsText)

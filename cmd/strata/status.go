@@ -179,12 +179,12 @@ func printStatus(out io.Writer, st *rpc.ClusterStatusResp, capa admin.Capacity, 
 }
 
 // printNFSGateways lists the sessions that are NFS gateways (strata nfs
-// and strata up --nfs open theirs with MountPoint nfs://ADDR). Their
-// exports, NFS clients and call counts are not in the session: each
-// gateway's --metrics-addr serves them.
-func printNFSGateways(out io.Writer, clients []rpc.ClientInfo) {
+// and strata up --nfs open theirs with MountPoint nfs://ADDR), then what
+// each reported with its last heartbeat: NFS clients seen in the last 5
+// minutes, calls a second, calls since it started, and its exports.
+func printNFSGateways(out io.Writer, st *rpc.ClusterStatusResp) {
 	var gws []string
-	for _, c := range clients {
+	for _, c := range st.Clients {
 		if addr, ok := strings.CutPrefix(c.MountPoint, "nfs://"); ok {
 			gws = append(gws, fmt.Sprintf("%s (client %d on %s)", addr, c.ID, c.Host))
 		}
@@ -193,7 +193,22 @@ func printNFSGateways(out io.Writer, clients []rpc.ClientInfo) {
 		return
 	}
 	fmt.Fprintf(out, "nfs gateways: %s\n", strings.Join(gws, ", "))
-	fmt.Fprintln(out, "(exports, NFS clients and calls: each gateway's --metrics-addr, strata_nfs_ops_total{proc} and strata_nfs_clients)")
+	reports := admin.NFSGatewaysOf(st)
+	if len(reports) == 0 {
+		fmt.Fprintln(out, "(no gateway has reported its exports and calls yet: they come with its next heartbeat; older gateways never send them)")
+		fmt.Fprintln(out)
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "  GATEWAY\tCLIENT\tNFS CLIENTS\tOPS/S\tCALLS\tEXPORTS")
+	for _, g := range reports {
+		exports := strings.Join(g.Exports, "  ")
+		if exports == "" {
+			exports = "-"
+		}
+		fmt.Fprintf(w, "  %s\t%d\t%d\t%d\t%d\t%s\n", g.Address, g.Client, g.NFSClients, g.OpsPerSecond, g.Ops, exports)
+	}
+	w.Flush()
 	fmt.Fprintln(out)
 }
 
@@ -213,7 +228,7 @@ func printClients(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {
 	}
 	w.Flush()
 	fmt.Fprintln(out)
-	printNFSGateways(out, st.Clients)
+	printNFSGateways(out, st)
 	switch {
 	case st.LockGrace:
 		fmt.Fprintf(out, "locks: %d held; grace period after a metadata restart: new locks wait until %d client(s) have reclaimed theirs\n", st.LocksTotal, st.LockGracePending)

@@ -33,6 +33,28 @@ func TestStatusTextNFSGateways(t *testing.T) {
 	if !strings.Contains(b.String(), "nfs gateways: 0.0.0.0:2049 (client 2 on gw)\n") {
 		t.Fatalf("no gateway line in:\n%s", b.String())
 	}
+	if !strings.Contains(b.String(), "no gateway has reported") {
+		t.Fatalf("a gateway without a report is not said to have none:\n%s", b.String())
+	}
+	// Its report: exports, NFS clients, calls.
+	st.Gateways = []rpc.GatewayStatus{{Client: 2, Report: rpc.GatewayReport{Address: "0.0.0.0:2049",
+		Exports: []string{"/=rw,sync,root_squash,anonuid=65534,anongid=65534,insecure,clients=10.0.0.0/16"}, Clients: 3, Ops: 12345, OpsPerSec: 17}}}
+	b.Reset()
+	printStatus(&b, st, admin.Capacity{}, false)
+	var row string
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "0.0.0.0:2049") {
+			row = l
+		}
+	}
+	if f := strings.Fields(row); len(f) != 6 || f[1] != "2" || f[2] != "3" || f[3] != "17" || f[4] != "12345" || !strings.HasPrefix(f[5], "/=rw,sync,") {
+		t.Fatalf("gateway row %q (want address, client 2, 3 NFS clients, 17 ops/s, 12345 calls, the export) in:\n%s", row, b.String())
+	}
+	doc := admin.StatusOf(st, rpc.StatFSResp{}, false)
+	if len(doc.NFSGateways) != 1 || doc.NFSGateways[0].Host != "gw" || doc.NFSGateways[0].OpsPerSecond != 17 || len(doc.NFSGateways[0].Exports) != 1 {
+		t.Fatalf("status --json nfs_gateways: %+v", doc.NFSGateways)
+	}
+	st.Gateways = nil
 	st.Clients = st.Clients[:1]
 	b.Reset()
 	printStatus(&b, st, admin.Capacity{}, false)

@@ -23,6 +23,7 @@ import (
 	"github.com/stratafs/strata/internal/fuse"
 	"github.com/stratafs/strata/internal/meta"
 	"github.com/stratafs/strata/internal/mountinfo"
+	"github.com/stratafs/strata/internal/nfs"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/store"
 	"github.com/stratafs/strata/internal/transport"
@@ -38,6 +39,7 @@ func init() {
 		syncInterval                              time.Duration
 		debugFuse, ha, mirrorRoot, serveNFS       bool
 		nfsPort                                   int
+		nfsExport                                 string
 		haRestartDelay, failoverTimeout           time.Duration
 		tf                                        tlsFlags
 	)
@@ -91,6 +93,14 @@ on the same --data it serves the same files.`,
 			if err != nil {
 				return usagef("--meta-disk-reserve %q: %v", metaDiskReserve, err)
 			}
+			if cmd.Flags().Changed("nfs-export") {
+				if !serveNFS {
+					return usagef("--nfs-export: only with --nfs")
+				}
+				if _, err := nfs.ParseExport(nfsExport); err != nil {
+					return usagef("--nfs-export: %v", err)
+				}
+			}
 			tc, err := tf.load()
 			if err != nil {
 				return err
@@ -104,7 +114,7 @@ on the same --data it serves the same files.`,
 				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
 				tls: tc, syncInterval: syncInterval, pprof: pprofAddr != "", debugFuse: debugFuse,
 				ha: ha, haRestartDelay: haRestartDelay, failoverTimeout: failoverTimeout, tlsFiles: tf, mirrorRoot: mirrorRoot,
-				nfs: serveNFS, nfsPort: nfsPort, nfsPortSet: cmd.Flags().Changed("nfs-port"),
+				nfs: serveNFS, nfsPort: nfsPort, nfsPortSet: cmd.Flags().Changed("nfs-port"), nfsExport: nfsExport,
 			})
 			if err == nil {
 				fmt.Fprintln(os.Stderr, "strata: stopped cleanly: unmounted, every service closed")
@@ -131,6 +141,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().DurationVar(&haRestartDelay, "ha-restart-delay", 10*time.Second, "with --ha: start a voter or storage server that died again after this long (0: leave it dead)")
 	cmd.Flags().DurationVar(&failoverTimeout, "failover-timeout", 0, "a mirror group primary's server silent this long is replaced by its secondary (0: the metadata service's default, 3s)")
 	cmd.Flags().BoolVar(&serveNFS, "nfs", false, "also serve the namespace over NFSv3 and MOUNT v3 on 127.0.0.1 (export "+upNFSExport+"; registered with rpcbind when one runs)")
+	cmd.Flags().StringVar(&nfsExport, "nfs-export", upNFSExport, "with --nfs: the export, PATH=OPTIONS as strata nfs --export takes it (e.g. /=rw,async,no_root_squash,clients=127.0.0.1)")
 	cmd.Flags().IntVar(&nfsPort, "nfs-port", 2049, fmt.Sprintf("with --nfs: the TCP port for NFS and MOUNT (if the default is taken: %d)", upNFSFallbackPort))
 	cmd.Flags().BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request (very verbose)")
 	_ = cmd.Flags().MarkHidden("debug-fuse")
@@ -161,6 +172,7 @@ type upOptions struct {
 	// nfsPortSet and taken: upNFSFallbackPort).
 	nfs, nfsPortSet bool
 	nfsPort         int
+	nfsExport       string // PATH=OPTIONS ("": upNFSExport)
 }
 
 func runUp(ctx context.Context, o upOptions) (err error) {
@@ -260,7 +272,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 
 	info := admin.UpInfo{Meta: metaList, KeyFile: keyFile, Mount: mountDir, Pid: os.Getpid()}
 	if o.nfs {
-		if info.NFS, err = startUpNFS(ctx, ccfg, o.nfsPort, o.nfsPortSet, &stops); err != nil {
+		if info.NFS, err = startUpNFS(ctx, ccfg, o.nfsPort, o.nfsPortSet, o.nfsExport, &stops); err != nil {
 			return err
 		}
 	}

@@ -25,10 +25,13 @@ const upNFSFallbackPort = 20490
 // startUpNFS serves the namespace over NFS on loopback for strata up
 // --nfs, with a client of its own (no read-ahead, as strata nfs), appending
 // its closing to stops; it returns the address served.
-func startUpNFS(ctx context.Context, base client.Config, port int, portSet bool, stops *[]func() error) (string, error) {
-	e, err := nfs.ParseExport(upNFSExport)
+func startUpNFS(ctx context.Context, base client.Config, port int, portSet bool, export string, stops *[]func() error) (string, error) {
+	if export == "" {
+		export = upNFSExport
+	}
+	e, err := nfs.ParseExport(export)
 	if err != nil {
-		return "", err
+		return "", usagef("--nfs-export: %v", err)
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	fallback := false
@@ -86,7 +89,7 @@ func startUpNFS(ctx context.Context, base client.Config, port int, portSet bool,
 		return nil
 	})
 	addr := ln.Addr().(*net.TCPAddr)
-	fmt.Fprintf(os.Stderr, "strata: NFSv3 on %s (export %s)\n  libnfs: nfs://127.0.0.1//?nfsport=%d&mountport=%d&version=3\n  kernel: mount -t nfs -o vers=3,proto=tcp,port=%d,mountport=%d 127.0.0.1:/ /mnt/point\n",
-		addr, upNFSExport, addr.Port, addr.Port, addr.Port, addr.Port)
+	fmt.Fprintf(os.Stderr, "strata: NFSv3 on %s (export %s)\n  libnfs: nfs://127.0.0.1/%s?nfsport=%d&mountport=%d&version=3\n  kernel: mount -t nfs -o vers=3,proto=tcp,port=%d,mountport=%d 127.0.0.1:%s /mnt/point\n",
+		addr, export, e.Path, addr.Port, addr.Port, addr.Port, addr.Port, e.Path)
 	return addr.String(), nil
 }

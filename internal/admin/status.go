@@ -34,6 +34,23 @@ type Status struct {
 	// a contract scripts rely on: id, primary_server, secondary_server,
 	// state, epoch).
 	MirrorGroups []MirrorGroup `json:"mirror_groups"`
+
+	// NFSGateways are the NFS gateways (strata nfs, strata up --nfs) with
+	// their last heartbeat's report.
+	NFSGateways []NFSGateway `json:"nfs_gateways"`
+}
+
+// NFSGateway is one NFS gateway as its session last reported it.
+type NFSGateway struct {
+	Client  uint64   `json:"client"`  // its session (clients[].id)
+	Host    string   `json:"host"`    // the gateway's host
+	Address string   `json:"address"` // where it serves NFS and MOUNT
+	Exports []string `json:"exports"` // PATH=OPTIONS, every option spelt out
+	// NFSClients: client addresses with a call in the last 5 minutes.
+	NFSClients   uint32   `json:"nfs_clients"`
+	Ops          uint64   `json:"ops"`                // calls answered since it started
+	OpsPerSecond uint32   `json:"ops_per_second"`     // over its last heartbeat period
+	ReportAge    *float64 `json:"report_age_seconds"` // null: unknown
 }
 
 // MirrorGroup is one mirror group: two targets on different servers.
@@ -55,6 +72,9 @@ type MirrorGroup struct {
 	ResyncDoneBytes  uint64  `json:"resync_done_bytes"`
 	ResyncTotalBytes uint64  `json:"resync_total_bytes"`
 	ResyncPercent    float64 `json:"resync_percent"`
+	// FullResync: the secondary's copy failed as the primary (its disk),
+	// so its resync copies every chunk, not only the recorded changes.
+	FullResync bool `json:"full_resync"`
 }
 
 // MirrorGroupOf is a group as status shows it.
@@ -62,7 +82,7 @@ func MirrorGroupOf(g *rpc.GroupInfo) MirrorGroup {
 	m := MirrorGroup{ID: g.ID, PrimaryServer: g.PrimaryAddr, SecondaryServer: g.SecondaryAddr,
 		PrimaryTarget: g.Primary, SecondaryTarget: g.Secondary, PrimaryAlive: g.PrimaryAlive, SecondaryAlive: g.SecondaryAlive,
 		State: rpc.GroupStateName(g.State), Epoch: g.Epoch, Since: time.UnixMilli(g.SinceMs).UTC().Format(time.RFC3339),
-		ResyncDoneBytes: g.ResyncDone, ResyncTotalBytes: g.ResyncTotal}
+		ResyncDoneBytes: g.ResyncDone, ResyncTotalBytes: g.ResyncTotal, FullResync: g.FullResync}
 	if g.ResyncTotal > 0 {
 		m.ResyncPercent = math.Floor(1000*float64(min(g.ResyncDone, g.ResyncTotal))/float64(g.ResyncTotal)) / 10
 	}
@@ -207,7 +227,7 @@ func StatusOf(st *rpc.ClusterStatusResp, fs rpc.StatFSResp, withLocks bool) Stat
 		Health: "ok", Problems: append([]string{}, st.Problems...),
 		Inodes: st.Inodes, Sessions: st.Sessions,
 		FreePendingFiles: st.FreePendingFiles, FreePendingBytes: st.FreePendingBytes,
-		Servers: []ServerStatus{}, Targets: []TargetStatus{}, Clients: []ClientStatus{}, MirrorGroups: []MirrorGroup{},
+		Servers: []ServerStatus{}, Targets: []TargetStatus{}, Clients: []ClientStatus{}, MirrorGroups: []MirrorGroup{}, NFSGateways: []NFSGateway{},
 		Capacity: CapacityOf(fs),
 		Locks:    LockStatus{Held: st.LocksTotal, Grace: st.LockGrace, GracePendingClients: st.LockGracePending, List: []Lock{}},
 	}
@@ -237,10 +257,28 @@ func StatusOf(st *rpc.ClusterStatusResp, fs rpc.StatFSResp, withLocks bool) Stat
 			OpenedAt: time.UnixMilli(c.OpenedMs).UTC().Format(time.RFC3339), HeartbeatAgeSeconds: ageSeconds(c.LastSeenMs),
 			OpenFiles: c.OpenFiles, Locks: c.Locks})
 	}
+	out.NFSGateways = append(out.NFSGateways, NFSGatewaysOf(st)...)
 	if withLocks {
 		for _, l := range st.Locks {
 			out.Locks.List = append(out.Locks.List, LockOf(l))
 		}
+	}
+	return out
+}
+
+// NFSGatewaysOf lists the gateways of the status answer, with their
+// sessions' hosts and heartbeat ages.
+func NFSGatewaysOf(st *rpc.ClusterStatusResp) []NFSGateway {
+	var out []NFSGateway
+	for _, g := range st.Gateways {
+		gw := NFSGateway{Client: g.Client, Address: g.Report.Address, Exports: append([]string{}, g.Report.Exports...),
+			NFSClients: g.Report.Clients, Ops: g.Report.Ops, OpsPerSecond: g.Report.OpsPerSec}
+		for _, c := range st.Clients {
+			if c.ID == g.Client {
+				gw.Host, gw.ReportAge = c.Host, ageSeconds(c.LastSeenMs)
+			}
+		}
+		out = append(out, gw)
 	}
 	return out
 }

@@ -37,7 +37,12 @@ type Client struct {
 	// answer: the next heartbeat's open-file list is made after it.
 	metaNow atomic.Int64
 	seq     atomic.Uint64 // ReqHeader.Seq source
-	leaseMs atomic.Uint32
+	// gateway, when set, makes each heartbeat carry an NFS gateway's
+	// report (SetGatewayReport); gatewayRefused: the service is older
+	// and refused it, so heartbeats go without.
+	gateway        atomic.Pointer[func() *rpc.GatewayReport]
+	gatewayRefused atomic.Bool
+	leaseMs        atomic.Uint32
 	// noSyncStat: a storage server answered SSyncStat with ENOSYS (an
 	// older version); syncs and space reports are two calls from then on.
 	noSyncStat atomic.Bool
@@ -599,6 +604,16 @@ func (c *Client) kickHeartbeat() {
 	}
 }
 
+// SetGatewayReport makes every heartbeat carry f's report: an NFS
+// gateway's address, exports, clients and calls, for strata status.
+func (c *Client) SetGatewayReport(f func() *rpc.GatewayReport) {
+	if f == nil {
+		c.gateway.Store(nil)
+		return
+	}
+	c.gateway.Store(&f)
+}
+
 // heartbeat sends one heartbeat now.
 func (c *Client) heartbeat(ctx context.Context) error {
 	listedAfter := c.metaNow.Load() // read before the list is made
@@ -615,8 +630,17 @@ func (c *Client) heartbeat(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.IOTimeout)
 	defer cancel()
 	req := &rpc.SessionHeartbeatReq{ClientID: c.clientID.Load(), OpenInodes: open, LockEpoch: c.lockEpoch(), ListedAfter: listedAfter}
+	if f := c.gateway.Load(); f != nil && !c.gatewayRefused.Load() {
+		req.Gateway = (*f)()
+	}
 	var resp rpc.SessionHeartbeatResp
 	err := c.meta.Call(cctx, rpc.MSessionHeartbeat, req, &resp)
+	if req.Gateway != nil && errors.Is(err, syscall.EINVAL) {
+		c.gatewayRefused.Store(true)
+		c.log.Warn("the metadata service does not take NFS gateway reports (an older release): strata status will not show this gateway's exports and calls", "err", err)
+		req.Gateway = nil
+		err = c.meta.Call(cctx, rpc.MSessionHeartbeat, req, &resp)
+	}
 	if err == nil && resp.Now > 0 {
 		c.metaNow.Store(resp.Now)
 	}

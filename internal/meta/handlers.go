@@ -169,7 +169,7 @@ func (s *Service) register() {
 			builtAfter = time.Unix(0, r.ListedAfter)
 		}
 		t := s.cfg.Clock.Now()
-		if !s.sess.heartbeat(r.ClientID, r.OpenInodes, builtAfter, t) {
+		if !s.sess.heartbeat(r.ClientID, r.OpenInodes, builtAfter, t, r.Gateway) {
 			return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d (expired or closed): open a new one", r.ClientID)
 		}
 		s.locks.reclaimed(r.ClientID, r.LockEpoch)
@@ -415,6 +415,9 @@ func (s *Service) getAttr(ino uint64) (rpc.Attr, error) {
 var errNoEntry = &rpc.Error{Errno: syscall.ENOENT, Msg: "no such entry"}
 
 func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, error) {
+	if r.Name == ".." {
+		return s.lookupParent(r.Parent)
+	}
 	if err := checkName(r.Name); err != nil {
 		return nil, err
 	}
@@ -447,6 +450,25 @@ func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, erro
 	if err != nil {
 		// The entry was removed between the two reads.
 		return nil, rpc.Errorf(syscall.ENOENT, "no %q in directory %d", r.Name, r.Parent)
+	}
+	return &rpc.AttrResp{Attr: a}, nil
+}
+
+// lookupParent answers the directory containing directory dir (the
+// root's is itself): an NFS client asks the gateway for "..", and a
+// directory's inode keeps its parent. Older services answer EINVAL.
+func (s *Service) lookupParent(dir uint64) (rpc.Message, error) {
+	in, err := s.readInode(dir)
+	if err != nil {
+		return nil, err
+	}
+	if in.Mode&modeType != modeDir {
+		return nil, rpc.Errorf(syscall.ENOTDIR, "inode %d is not a directory", dir)
+	}
+	a, err := s.getAttr(in.Parent)
+	if err != nil {
+		// The parent was removed meanwhile (dir with it, or moved).
+		return nil, rpc.Errorf(syscall.ENOENT, "the parent %d of directory %d: %v", in.Parent, dir, err)
 	}
 	return &rpc.AttrResp{Attr: a}, nil
 }
@@ -582,7 +604,7 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 	}
 	total, free := s.live.capacity()
 	ls := s.locks.status(rpc.MaxStatusLocks)
-	clients, err := s.clientInfo(ls.byClient)
+	clients, gateways, err := s.clientInfo(ls.byClient)
 	if err != nil {
 		return nil, err
 	}
@@ -603,7 +625,7 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 		LockGrace: ls.grace, LockGracePending: uint32(ls.pending),
 		Problems:         s.problems(),
 		FreePendingFiles: pendingFiles, FreePendingBytes: pendingBytes, Unsynced: s.unsyncedOf(targets),
-		Groups: groups,
+		Groups: groups, Gateways: gateways,
 	}, nil
 }
 
@@ -677,36 +699,41 @@ func (s *Service) problems() []string {
 }
 
 // clientInfo lists the replicated sessions with this leader's view of their
-// liveness, open files and locks (locks: held per client).
-func (s *Service) clientInfo(locks map[uint64]int) ([]rpc.ClientInfo, error) {
+// liveness, open files and locks (locks: held per client), and the NFS
+// gateways' last reports among them.
+func (s *Service) clientInfo(locks map[uint64]int) ([]rpc.ClientInfo, []rpc.GatewayStatus, error) {
 	live := s.sess.snapshot()
 	p := schema.SessionPrefix()
 	it, err := s.db.NewIter(p, kv.PrefixEnd(p))
 	if err != nil {
-		return nil, rpc.Errorf(syscall.EIO, "list sessions: %v", err)
+		return nil, nil, rpc.Errorf(syscall.EIO, "list sessions: %v", err)
 	}
 	defer it.Close()
 	now := s.cfg.Clock.Now()
 	var out []rpc.ClientInfo
+	var gws []rpc.GatewayStatus
 	for ok := it.First(); ok; ok = it.Next() {
 		id, err := schema.DecodeSessionKey(it.Key())
 		if err != nil {
-			return nil, rpc.Errorf(syscall.EIO, "session key: %v", err)
+			return nil, nil, rpc.Errorf(syscall.EIO, "session key: %v", err)
 		}
 		rec, err := schema.DecodeSession(it.Value())
 		if err != nil {
-			return nil, rpc.Errorf(syscall.EIO, "session %d: %v", id, err)
+			return nil, nil, rpc.Errorf(syscall.EIO, "session %d: %v", id, err)
 		}
 		c := rpc.ClientInfo{ID: id, Host: rec.Host, MountPoint: rec.MountPoint, Pid: rec.Pid,
 			OpenedMs: rec.Opened / int64(time.Millisecond), LastSeenMs: -1, Locks: uint32(locks[id])}
 		if l, ok := live[id]; ok {
 			c.LastSeenMs = now.Sub(l.lastSeen).Milliseconds()
 			c.OpenFiles = uint32(l.open)
+			if l.gateway != nil {
+				gws = append(gws, rpc.GatewayStatus{Client: id, Report: *l.gateway})
+			}
 		}
 		out = append(out, c)
 	}
 	if err := it.Error(); err != nil {
-		return nil, rpc.Errorf(syscall.EIO, "list sessions: %v", err)
+		return nil, nil, rpc.Errorf(syscall.EIO, "list sessions: %v", err)
 	}
-	return out, nil
+	return out, gws, nil
 }

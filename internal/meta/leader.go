@@ -47,6 +47,9 @@ type sessionState struct {
 	// loaded at leadership start): the first heartbeat, which has no
 	// answer to echo, was listed after it.
 	created time.Time
+	// gateway is an NFS gateway's last report (nil: not a gateway, or
+	// none since this leader took over).
+	gateway *rpc.GatewayReport
 }
 
 func newSessions() *sessions {
@@ -120,8 +123,9 @@ func (s *sessions) count() int {
 // heartbeat renews a lease and records the open set, listed by the client
 // after builtAfter (zero: unknown, e.g. the first heartbeat to this
 // leader); false if the session is unknown. A set older than the one
-// recorded (heartbeats overtaking each other) is ignored.
-func (s *sessions) heartbeat(id uint64, open []uint64, builtAfter, now time.Time) bool {
+// recorded (heartbeats overtaking each other) is ignored. gw is the
+// session's NFS gateway report (nil: none).
+func (s *sessions) heartbeat(id uint64, open []uint64, builtAfter, now time.Time, gw *rpc.GatewayReport) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st, ok := s.mu.m[id]
@@ -129,6 +133,7 @@ func (s *sessions) heartbeat(id uint64, open []uint64, builtAfter, now time.Time
 		return false
 	}
 	st.lastSeen = now
+	st.gateway = gw
 	switch {
 	case builtAfter.IsZero():
 		// No answer to echo yet: a client's first list, made after our
@@ -151,6 +156,7 @@ func (s *sessions) heartbeat(id uint64, open []uint64, builtAfter, now time.Time
 type sessionSnap struct {
 	lastSeen time.Time
 	open     int
+	gateway  *rpc.GatewayReport
 }
 
 // snapshot copies every session's liveness.
@@ -159,7 +165,7 @@ func (s *sessions) snapshot() map[uint64]sessionSnap {
 	defer s.mu.Unlock()
 	out := make(map[uint64]sessionSnap, len(s.mu.m))
 	for id, st := range s.mu.m {
-		out[id] = sessionSnap{lastSeen: st.lastSeen, open: len(st.open)}
+		out[id] = sessionSnap{lastSeen: st.lastSeen, open: len(st.open), gateway: st.gateway}
 	}
 	return out
 }

@@ -43,8 +43,19 @@ func mkdir(addr, name string) error {
 
 func mustMkdir(t *testing.T, addr, name string) {
 	t.Helper()
-	if err := mkdir(addr, name); err != nil {
-		t.Fatalf("mkdir %s on %s: %v", name, addr, err)
+	// A voter raft just made leader answers not-leader until its service
+	// has taken office (sessions and locks loaded): slow under load, and
+	// a client retries, so the test does too, for a bounded time.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := mkdir(addr, name)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, meta.ErrNotLeader) || time.Now().After(deadline) {
+			t.Fatalf("mkdir %s on %s: %v", name, addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

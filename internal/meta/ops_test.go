@@ -68,13 +68,21 @@ func TestRootAndCreate(t *testing.T) {
 	for _, bad := range []string{"", ".", "..", "a/b", "a\x00b"} {
 		_, err = c.create(1, bad, fileMode)
 		wantErrno(t, err, syscall.EINVAL, "create "+bad)
+		if bad == ".." {
+			continue // a lookup of ".." is the directory's parent (below)
+		}
 		_, err = c.lookup(1, bad)
 		wantErrno(t, err, syscall.EINVAL, "lookup "+bad)
+	}
+	if p, err := c.lookup(1, ".."); err != nil || p.Ino != 1 {
+		t.Fatalf("lookup .. of the root: %+v %v, want the root", p, err)
 	}
 	_, err = c.create(f.Ino, "x", fileMode)
 	wantErrno(t, err, syscall.ENOTDIR, "create in file")
 	_, err = c.lookup(f.Ino, "x")
 	wantErrno(t, err, syscall.ENOTDIR, "lookup in file")
+	_, err = c.lookup(f.Ino, "..")
+	wantErrno(t, err, syscall.ENOTDIR, "lookup .. of a file")
 	// Repeated misses: the service remembers which parents are directories
 	// (knownDirs); the answers must not change.
 	for i := 0; i < 3; i++ {

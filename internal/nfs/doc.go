@@ -68,7 +68,9 @@
 //   - Pre-operation attributes (wcc_data.before) are not given: the client
 //     library has none taken atomically with the operation; clients
 //     revalidate from the post-operation attributes.
-//   - ".." is answered only at an export's root.
+//   - ".." at an export's root is the root itself (a client never leaves
+//     the export through it); below, the directory's parent, which the
+//     metadata service answers (an older one does not: NOENT).
 //   - A handle is not checked to lie inside its export's directory
 //     (knfsd's subtree_check): a client on an export's list that forges a
 //     handle reaches any inode, with that export's options.

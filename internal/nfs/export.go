@@ -49,6 +49,32 @@ type Export struct {
 	ClientsText []string
 }
 
+// String is the export as --export takes it, with every option spelt out
+// (PATH=rw|ro,sync|async,SQUASH,anonuid=N,anongid=N,secure|insecure,clients=…).
+func (e *Export) String() string {
+	opts := []string{"ro", "sync", "root_squash"}
+	if !e.ReadOnly {
+		opts[0] = "rw"
+	}
+	if e.Async {
+		opts[1] = "async"
+	}
+	switch e.Squash {
+	case SquashNone:
+		opts[2] = "no_root_squash"
+	case SquashAll:
+		opts[2] = "all_squash"
+	}
+	opts = append(opts, fmt.Sprintf("anonuid=%d", e.AnonUID), fmt.Sprintf("anongid=%d", e.AnonGID))
+	if e.Secure {
+		opts = append(opts, "secure")
+	} else {
+		opts = append(opts, "insecure")
+	}
+	opts = append(opts, "clients="+strings.Join(e.ClientsText, "+"))
+	return e.Path + "=" + strings.Join(opts, ",")
+}
+
 // id names the export inside file handles: a hash of its path, the same
 // on every gateway serving it and across restarts.
 func (e *Export) id() uint64 {

@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stratafs/strata/internal/nfs/oncrpc"
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // Procedure names, as the metrics label them (RFC 1813's, lower case).
@@ -35,6 +38,7 @@ type metrics struct {
 	reg        prometheus.Registerer
 	collectors []prometheus.Collector
 	ops        *prometheus.CounterVec
+	total      atomic.Uint64 // calls counted, all procedures
 	mu         struct {
 		sync.Mutex
 		seen map[netip.Addr]time.Time
@@ -105,9 +109,37 @@ func (m *metrics) count(p *oncrpc.Program, prefix string, names []string) *oncrp
 		c := m.ops.WithLabelValues(prefix + names[i])
 		p.Procs[i] = func(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 			c.Inc()
+			m.total.Add(1)
 			m.saw(call.Remote.Addr(), time.Now())
 			return fn(ctx, call, args, res)
 		}
 	}
 	return p
+}
+
+// reporter makes the gateway's heartbeat reports (client.SetGatewayReport):
+// the calls a second are counted between two reports.
+type reporter struct {
+	mu       sync.Mutex
+	lastOps  uint64
+	lastTime time.Time
+}
+
+// report answers the gateway's report at now.
+func (s *Server) report(now time.Time) *rpc.GatewayReport {
+	r := &rpc.GatewayReport{Clients: uint32(s.metrics.clients(now)), Ops: s.metrics.total.Load()}
+	if a := s.addr.Load(); a != nil {
+		r.Address = *a
+	}
+	for i := range s.cfg.Exports {
+		r.Exports = append(r.Exports, s.cfg.Exports[i].String())
+	}
+	s.reporter.mu.Lock()
+	defer s.reporter.mu.Unlock()
+	if !s.reporter.lastTime.IsZero() && now.After(s.reporter.lastTime) && r.Ops >= s.reporter.lastOps {
+		per := float64(r.Ops-s.reporter.lastOps) / now.Sub(s.reporter.lastTime).Seconds()
+		r.OpsPerSec = uint32(min(per+0.5, math.MaxUint32))
+	}
+	s.reporter.lastOps, s.reporter.lastTime = r.Ops, now
+	return r
 }

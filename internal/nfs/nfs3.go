@@ -38,7 +38,13 @@ func (s *Server) nfsProgram() *oncrpc.Program {
 		19: serve(xdr.XDR_FSINFO3args, xdr.XDR_FSINFO3res, s.fsinfo3),
 		20: serve(xdr.XDR_PATHCONF3args, xdr.XDR_PATHCONF3res, s.pathconf3),
 		21: serve(xdr.XDR_COMMIT3args, xdr.XDR_COMMIT3res, s.commit3),
-	}}
+	},
+		// The non-idempotent procedures: a retransmission gets the first
+		// call's reply (oncrpc's duplicate request cache), not a second
+		// run's NOENT or EXIST. SETATTR is one too (a guarded ctime check, a
+		// size change racing a write).
+		Cached: []uint32{2, 8, 9, 10, 11, 12, 13, 14, 15},
+	}
 }
 
 // attr reads ino's attributes; a missing inode is NFS3ERR_STALE (the

@@ -440,3 +440,35 @@ func TestCrossRead(t *testing.T) {
 		t.Fatalf("NFS read %d bytes, not the %d the library wrote", len(rd), len(back))
 	}
 }
+
+// TestLookupDotDot: ".." of a directory below the export's root is its
+// parent (also after the directory moved), of the root the root itself,
+// and of a file NOTDIR.
+func TestLookupDotDot(t *testing.T) {
+	cl := startCluster(t)
+	g := cl.startGateway("/=rw,no_root_squash,clients=127.0.0.1")
+	f := fs{t, g.dial(t, "", 0, 0)}
+	root := mount(t, f.c, "/")
+	_, d := f.mkdir(root, "d", 0o755)
+	_, e := f.mkdir(d, "e", 0o755)
+	for _, c := range []struct {
+		what      string
+		dir, want []byte
+	}{{"d/e/..", e, d}, {"d/..", d, root}, {"/..", root, root}} {
+		st, got := f.lookup(c.dir, "..")
+		want(t, "lookup "+c.what, st, xdr.NFS3_OK)
+		if !bytes.Equal(got, c.want) {
+			t.Fatalf("lookup %s: another handle than its parent's", c.what)
+		}
+	}
+	var mv xdr.RENAME3res
+	f.call(nfstest.ProcRename, &xdr.RENAME3args{From: xdr.Diropargs3{Dir: fh(d), Name: "e"}, To: xdr.Diropargs3{Dir: fh(root), Name: "e"}}, &mv)
+	want(t, "rename d/e to e", mv.Status, xdr.NFS3_OK)
+	if st, got := f.lookup(e, ".."); st != xdr.NFS3_OK || !bytes.Equal(got, root) {
+		t.Fatalf("lookup .. of the moved directory: %v, root's handle %v", st, bytes.Equal(got, root))
+	}
+	_, file := f.create(d, "f", xdr.UNCHECKED, 0o644, 0)
+	if st, _ := f.lookup(file, ".."); st != xdr.NFS3ERR_NOTDIR {
+		t.Fatalf("lookup .. of a file: %v, want NOTDIR", st)
+	}
+}

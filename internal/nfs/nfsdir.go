@@ -3,6 +3,7 @@ package nfs
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"syscall"
 
 	"github.com/stratafs/strata/internal/nfs/oncrpc"
@@ -77,9 +78,10 @@ func (s *Server) lookup3(ctx context.Context, call *oncrpc.Call, a *xdr.LOOKUP3a
 	return res
 }
 
-// lookup finds name in dir. "." is dir; ".." is known only at the
-// export's root (itself: a client never leaves the export): the metadata
-// keeps no parent of a directory the gateway could ask for.
+// lookup finds name in dir. "." is dir; ".." is the export's root itself
+// at the root (a client never leaves the export through it), else the
+// directory's parent, which the metadata keeps (an older metadata service
+// does not answer it: NOENT).
 func (s *Server) lookup(ctx context.Context, t target, dir *rpc.Attr, name string) (*rpc.Attr, error) {
 	switch name {
 	case ".":
@@ -92,7 +94,14 @@ func (s *Server) lookup(ctx context.Context, t target, dir *rpc.Attr, name strin
 		if root == t.ino {
 			return dir, nil
 		}
-		return nil, errStatus(xdr.NFS3ERR_NOENT)
+		a, err := s.c.Lookup(ctx, t.ino, "..")
+		if errors.Is(err, syscall.EINVAL) {
+			return nil, errStatus(xdr.NFS3ERR_NOENT)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &a, nil
 	}
 	a, err := s.c.Lookup(ctx, t.ino, name)
 	if err != nil {

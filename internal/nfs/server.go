@@ -10,11 +10,13 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/stratafs/strata/internal/client"
 	"github.com/stratafs/strata/internal/nfs/oncrpc"
 	"github.com/stratafs/strata/internal/nfs/xdr"
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // Program numbers and versions served (RFC 1813; NLM and NSM: nlm.go).
@@ -126,6 +128,8 @@ type Server struct {
 	notify     map[string]monitored
 	notifyOnce sync.Once
 	metrics    *metrics
+	reporter   reporter
+	addr       atomic.Pointer[string] // where Serve listens (the heartbeat's report)
 	mu         struct {
 		sync.Mutex
 		mounts map[mountKey]struct{} // MNT'ed (host, path) pairs: DUMP
@@ -172,14 +176,24 @@ func New(c *client.Client, cfg Config) (*Server, error) {
 	s.notify = notify
 	s.rpc = oncrpc.NewServer(rpcCfg, m.count(s.nfsProgram(), "", nfsProcNames[:]), m.count(s.mountProgram(), "mount_", mountProcNames[:]),
 		m.count(s.nlm.program(), "nlm_", nlmProcNames[:]), m.count(s.nlm.nsmProgram(), "nsm_", nsmProcNames[:]))
+	// The session's heartbeats carry the gateway's exports, clients and
+	// calls to the metadata service, for strata status.
+	c.SetGatewayReport(func() *rpc.GatewayReport { return s.report(time.Now()) })
 	return s, nil
 }
 
 // Serve answers calls on ln until Close: NFS, MOUNT, NLM and NSM alike.
-// It may be called for several listeners (--nlm-port's own). The first
-// call tells the client hosts that held locks before the restart (when
-// NLMStateDir keeps them) to reclaim them.
+// The first call tells the client hosts that held locks before the
+// restart (when NLMStateDir keeps them) to reclaim them.
 func (s *Server) Serve(ln net.Listener) error {
+	a := ln.Addr().String()
+	s.addr.Store(&a)
+	return s.ServeNLM(ln)
+}
+
+// ServeNLM is Serve on another listener (--nlm-port's own): the same
+// programs, but not the address the gateway reports.
+func (s *Server) ServeNLM(ln net.Listener) error {
 	s.notifyOnce.Do(func() { s.nlm.notifyAll(s.notify) })
 	return s.rpc.Serve(ln)
 }
@@ -188,6 +202,7 @@ func (s *Server) Serve(ln net.Listener) error {
 // writes, fsyncing those with UNSTABLE writes). Locks taken over NLM stay
 // with the gateway's client session (its Close releases them).
 func (s *Server) Close() error {
+	s.c.SetGatewayReport(nil)
 	s.rpc.Close()
 	s.nlm.close()
 	s.files.close()

@@ -29,6 +29,8 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&ServerHeartbeatReq{ServerID: 1, Targets: []TargetUsage{{1, 2, 3}}, Unsynced: []TargetUnsynced{{Chunks: 4, Bytes: 5, OldestMs: 6}}},
 		&SetAttrReq{Valid: SetMode | SetSize, Size: 1 << 40, Mtime: -5},
 		&SessionHeartbeatReq{ClientID: 3, OpenInodes: []uint64{4, 5}, LockEpoch: 77, ListedAfter: 1763885000123456789},
+		&SessionHeartbeatReq{ClientID: 3, Gateway: &GatewayReport{Address: "a:2049", Exports: []string{"/=rw,clients=*"}, Ops: 5}},
+		&ClusterStatusResp{Targets: []TargetInfo{{ID: 3}}, Gateways: []GatewayStatus{{Client: 2, Report: GatewayReport{Address: "a:2049", Clients: 1}}}},
 		&SessionHeartbeatResp{LockEpoch: 9, Now: 1763885000123456789},
 		&ListChunksReq{Target: 3, From: 300, Max: 8192},
 		&ListChunksResp{Inos: []uint64{5, 1 << 40}, Bytes: []uint64{7, 0}, Next: 301, Done: true},
@@ -129,9 +131,23 @@ func optionalTails(m Message) []int {
 		add(func(e *Enc) { e.U64(x.Handle); e.Bool(x.CloseHandle) })
 		add(func(e *Enc) { e.Bool(x.Reclaim) }, func(e *Enc) { e.U64(x.Handle); e.Bool(x.CloseHandle) })
 	case *SessionHeartbeatReq:
-		add(func(e *Enc) { e.I64(x.ListedAfter) })
-		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.ListedAfter) })
+		gw := func(e *Enc) {
+			if x.Gateway != nil {
+				e.Bool(true)
+				x.Gateway.Encode(e)
+			}
+		}
+		add(gw)
+		add(func(e *Enc) { e.I64(x.ListedAfter) }, gw)
+		add(func(e *Enc) { e.U64(x.LockEpoch) }, func(e *Enc) { e.I64(x.ListedAfter) }, gw)
 	case *ClusterStatusResp:
+		gateways := func(e *Enc) {
+			e.U64(uint64(len(x.Gateways)))
+			for i := range x.Gateways {
+				e.U64(x.Gateways[i].Client)
+				x.Gateways[i].Report.Encode(e)
+			}
+		}
 		groups := func(e *Enc) {
 			e.U64(uint64(len(x.Groups)))
 			for i := range x.Groups {
@@ -139,9 +155,10 @@ func optionalTails(m Message) []int {
 			}
 		}
 		unsynced := func(e *Enc) { encodeUnsynced(e, x.Unsynced) }
-		add(groups)
-		add(unsynced, groups)
-		add(func(e *Enc) { e.U64(x.FreePendingFiles); e.U64(x.FreePendingBytes) }, unsynced, groups)
+		add(gateways)
+		add(groups, gateways)
+		add(unsynced, groups, gateways)
+		add(func(e *Enc) { e.U64(x.FreePendingFiles); e.U64(x.FreePendingBytes) }, unsynced, groups, gateways)
 	case *ServerHeartbeatReq:
 		add(func(e *Enc) { encodeUnsynced(e, x.Unsynced) })
 	case *ServerHeartbeatResp:

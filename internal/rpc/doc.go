@@ -108,6 +108,13 @@
 // the store methods: a secondary restarted after an unclean stop hands
 // its suspect chunks to its primary (an older primary answers ENOSYS; the
 // secondary then keeps refusing reads of those chunks and logs it).
+// SessionHeartbeatReq gained a trailing Gateway (sent by NFS gateways
+// only, so a mount's heartbeat keeps its bytes: a true byte, then a
+// GatewayReport — the gateway's address, exports, clients and calls;
+// absent: not a gateway; an older service refuses a gateway's heartbeat) and ClusterStatusResp a trailing Gateways list
+// (absent: none), for strata status.
+// MLookup of the name ".." answers the directory's parent (the NFS
+// gateway's LOOKUP ".."); an older service refuses the name (EINVAL).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

@@ -344,6 +344,9 @@ type SessionHeartbeatReq struct {
 	// knows from it how recent the list is, which the time it receives
 	// the heartbeat does not tell.
 	ListedAfter int64
+	// Gateway is what an NFS gateway's session reports of its service
+	// (nil: not a gateway), for strata status.
+	Gateway *GatewayReport
 }
 
 func (m *SessionHeartbeatReq) Encode(e *Enc) {
@@ -351,6 +354,10 @@ func (m *SessionHeartbeatReq) Encode(e *Enc) {
 	e.U64s(m.OpenInodes)
 	e.U64(m.LockEpoch)
 	e.I64(m.ListedAfter)
+	if m.Gateway != nil { // a mount's heartbeat keeps its older bytes
+		e.Bool(true)
+		m.Gateway.Encode(e)
+	}
 }
 func (m *SessionHeartbeatReq) Decode(d *Dec) {
 	m.ClientID = d.U64()
@@ -359,6 +366,48 @@ func (m *SessionHeartbeatReq) Decode(d *Dec) {
 	if d.Len() > 0 {
 		m.ListedAfter = d.I64()
 	}
+	m.Gateway = nil
+	if d.Len() > 0 && d.Bool() {
+		m.Gateway = &GatewayReport{}
+		m.Gateway.Decode(d)
+	}
+}
+
+// GatewayReport is an NFS gateway's service as its session's heartbeat
+// reports it (SessionHeartbeatReq.Gateway) and strata status shows it
+// (ClusterStatusResp.Gateways).
+type GatewayReport struct {
+	Address   string   // where it serves NFS (strata nfs --listen)
+	Exports   []string // PATH=OPTIONS, as configured
+	Clients   uint32   // NFS client addresses with a call in the last 5 minutes
+	Ops       uint64   // NFS and MOUNT calls answered since it started
+	OpsPerSec uint32   // calls a second over its last heartbeat period
+}
+
+// MaxGatewayExports bounds GatewayReport.Exports on the wire.
+const MaxGatewayExports = 256
+
+func (g *GatewayReport) Encode(e *Enc) {
+	e.String(g.Address)
+	e.Strings(g.Exports[:min(len(g.Exports), MaxGatewayExports)])
+	e.U32(g.Clients)
+	e.U64(g.Ops)
+	e.U32(g.OpsPerSec)
+}
+
+func (g *GatewayReport) Decode(d *Dec) {
+	g.Address = d.String()
+	g.Exports = d.Strings()
+	g.Clients = d.U32()
+	g.Ops = d.U64()
+	g.OpsPerSec = d.U32()
+}
+
+// GatewayStatus is one NFS gateway in ClusterStatusResp: its session and
+// its last report.
+type GatewayStatus struct {
+	Client uint64 // session id (ClientInfo.ID)
+	Report GatewayReport
 }
 
 // SessionHeartbeatResp carries the service's lock epoch: a number that
@@ -1210,6 +1259,8 @@ type ClusterStatusResp struct {
 	// Groups are the mirror groups in id order (docs/design/0014).
 	// Appended: an older service sends none.
 	Groups []GroupInfo
+	// Gateways are the NFS gateways' last reports, by session id.
+	Gateways []GatewayStatus
 }
 
 // MaxStatusLocks bounds the locks one ClusterStatusResp lists.
@@ -1327,6 +1378,11 @@ func (m *ClusterStatusResp) Encode(e *Enc) {
 	for i := range m.Groups {
 		m.Groups[i].Encode(e)
 	}
+	e.U64(uint64(len(m.Gateways)))
+	for i := range m.Gateways {
+		e.U64(m.Gateways[i].Client)
+		m.Gateways[i].Report.Encode(e)
+	}
 }
 
 func (m *ClusterStatusResp) Decode(d *Dec) {
@@ -1379,6 +1435,16 @@ func (m *ClusterStatusResp) Decode(d *Dec) {
 			m.Groups = make([]GroupInfo, n)
 			for i := range m.Groups {
 				m.Groups[i].Decode(d)
+			}
+		}
+	}
+	m.Gateways = nil
+	if d.Len() > 0 { // absent from older services
+		if n := d.Count(); n > 0 {
+			m.Gateways = make([]GatewayStatus, n)
+			for i := range m.Gateways {
+				m.Gateways[i].Client = d.U64()
+				m.Gateways[i].Report.Decode(d)
 			}
 		}
 	}

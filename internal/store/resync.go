@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"sync/atomic"
 	"syscall"
@@ -658,6 +659,10 @@ func firstInos(set *changeSet, n int) []uint64 {
 	return out[:min(n, len(out))]
 }
 
+// suspectWarnEvery is how often a failing hand-over of suspects is
+// logged as a warning (it is retried at every heartbeat).
+const suspectWarnEvery = time.Minute
+
 // suspectsCallTimeout bounds one SMirrorSuspects call: the primary
 // records the chunks durably and may report a degrade to the service.
 const suspectsCallTimeout = 2*reportTimeout + forwardTimeout
@@ -703,7 +708,12 @@ func (s *Server) sendSuspects(t *target, group uint32) {
 			if rpc.ErrnoOf(err) == syscall.ESTALE {
 				_ = s.refreshGroups(ctx, s.groups.seen())
 			}
-			s.log.Warn("cannot hand the chunks written before an unclean stop to the mirror group's primary; reads of them stay refused here, retried after the next heartbeat",
+			lvl := slog.LevelDebug
+			if now := time.Now().UnixNano(); now-t.suspectWarned.Load() >= int64(suspectWarnEvery) {
+				t.suspectWarned.Store(now)
+				lvl = slog.LevelWarn
+			}
+			s.log.Log(ctx, lvl, "cannot hand the chunks written before an unclean stop to the mirror group's primary; reads of them stay refused here, retried after every heartbeat",
 				"group", group, "primary", g.peerAddr, "target", t.path, "chunks", total, "err", err)
 			return
 		}

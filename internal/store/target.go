@@ -216,6 +216,10 @@ type target struct {
 	// group's secondary with suspects (consumeSuspects): promoted before
 	// they were handed over, it says so loudly.
 	suspectsAsSecondary atomic.Bool
+	// suspectWarned: when a failed hand-over of the suspects was last
+	// logged as a warning (unix ns; the retries at every heartbeat in
+	// between are logged at debug level).
+	suspectWarned atomic.Int64
 
 	m *targetMetrics
 

@@ -22,18 +22,32 @@ type nfsSystem interface {
 // Strata's fallback 20490, so that a running gateway or kernel nfsd does
 // not meet them).
 const (
-	strataNFSPort = 20611
+	strataNFSPort = 20611 // strata-nfs-async: 20613
 	ganeshaPort   = 20621 // NFS; MOUNT, NLM and RQUOTA on the next three
 )
 
 // ---- Strata over NFS: strata up --nfs ----
 
-// strataNFS is `strata up --nfs` on strataNFSPort: the cluster and its
-// gateway exporting / rw,sync,no_root_squash to 127.0.0.1.
-type strataNFS struct{ strataFS }
+// strataNFS is `strata up --nfs` on its port: the cluster and its gateway
+// exporting / rw,sync,no_root_squash to 127.0.0.1 (strata-nfs-async:
+// rw,async, on the next port but one, since the bench sets every system
+// up before it drives them).
+type strataNFS struct {
+	strataFS
+	port int
+}
 
 func newStrataNFS(e *env) *strataNFS {
-	return &strataNFS{strataFS{env: e, sys: "strata-nfs", flags: []string{"--nfs", "--nfs-port", strconv.Itoa(strataNFSPort)}}}
+	return &strataNFS{strataFS{env: e, sys: "strata-nfs", flags: []string{"--nfs", "--nfs-port", strconv.Itoa(strataNFSPort)}}, strataNFSPort}
+}
+
+// newStrataNFSAsync is strata-nfs with the export async: UNSTABLE writes
+// answered from the gateway's memory, namespace changes before the
+// metadata log's sync (COMMIT still flushes).
+func newStrataNFSAsync(e *env) *strataNFS {
+	port := strataNFSPort + 2
+	return &strataNFS{strataFS{env: e, sys: "strata-nfs-async", flags: []string{"--nfs", "--nfs-port", strconv.Itoa(port),
+		"--nfs-export", "/=rw,async,no_root_squash,clients=127.0.0.1"}}, port}
 }
 
 func (s *strataNFS) setup(ctx context.Context) (string, error) {
@@ -45,7 +59,7 @@ func (s *strataNFS) setup(ctx context.Context) (string, error) {
 }
 
 func (s *strataNFS) target() nfsTarget {
-	a := net.JoinHostPort("127.0.0.1", strconv.Itoa(strataNFSPort))
+	a := net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
 	return nfsTarget{mountAddr: a, nfsAddr: a, export: "/"}
 }
 

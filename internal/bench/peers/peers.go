@@ -23,11 +23,12 @@ var Systems = []string{"local", "passthrough", "glusterfs", "moosefs", "strata"}
 // `strata up --ha` (every daemon a process, new files mirrored) and
 // "strata-ha" the same cluster with unmirrored files, its baseline for the
 // cost of mirroring.
-// "strata-nfs" (`strata up --nfs`) and "ganesha" (NFS-Ganesha on a local
-// directory) are the NFS row: driven over NFSv3 by one user-space client
+// "strata-nfs" (`strata up --nfs`, a sync export), "strata-nfs-async" (the
+// same, async) and "ganesha" (NFS-Ganesha on a local directory) are the
+// NFS row: driven over NFSv3 by one user-space client
 // (nfsdrive.go), their workloads are NFSWorkloads whatever --workloads
 // says.
-var Optional = []string{"strata-meta3", "strata-ha", "strata-mirror", "strata-nfs", "ganesha"}
+var Optional = []string{"strata-meta3", "strata-ha", "strata-mirror", "strata-nfs", "strata-nfs-async", "ganesha"}
 
 // Config is one peers run.
 type Config struct {
@@ -86,11 +87,12 @@ func Run(ctx context.Context, cfg Config) (rep *bench.Report, err error) {
 		"moosefs":     &mooseFS{env: e},
 		"strata":      &strataFS{env: e},
 		// strata-meta3 runs after strata (Systems' order, then Optional).
-		"strata-meta3":  &strataFS{env: e, sys: "strata-meta3", flags: []string{"--meta-voters", "3"}},
-		"strata-ha":     &strataFS{env: e, sys: "strata-ha", flags: []string{"--ha", "--mirror-root=false"}},
-		"strata-mirror": &strataFS{env: e, sys: "strata-mirror", flags: []string{"--ha"}},
-		"strata-nfs":    newStrataNFS(e),
-		"ganesha":       &ganeshaNFS{env: e},
+		"strata-meta3":     &strataFS{env: e, sys: "strata-meta3", flags: []string{"--meta-voters", "3"}},
+		"strata-ha":        &strataFS{env: e, sys: "strata-ha", flags: []string{"--ha", "--mirror-root=false"}},
+		"strata-mirror":    &strataFS{env: e, sys: "strata-mirror", flags: []string{"--ha"}},
+		"strata-nfs":       newStrataNFS(e),
+		"strata-nfs-async": newStrataNFSAsync(e),
+		"ganesha":          &ganeshaNFS{env: e},
 	}
 	rep = &bench.Report{Machine: bench.CurrentMachine(dir)}
 	var started []system
@@ -334,7 +336,7 @@ func Cleanup(dir string, logf func(string, ...any)) {
 	// Data of the systems (not the logs or reports).
 	for _, sub := range []string{"local", "passthrough-src", "passthrough-mnt", "gluster", "moosefs", "strata-data", "strata-mnt", "strata-meta3-data", "strata-meta3-mnt",
 		"strata-ha-data", "strata-ha-mnt", "strata-mirror-data", "strata-mirror-mnt",
-		"strata-nfs-data", "strata-nfs-mnt", "ganesha"} {
+		"strata-nfs-data", "strata-nfs-mnt", "strata-nfs-async-data", "strata-nfs-async-mnt", "ganesha"} {
 		p := filepath.Join(dir, sub)
 		if mountFSType(p) == "" {
 			os.RemoveAll(p)

@@ -58,12 +58,33 @@ func (c *Client) Close() error { return c.conn.Close() }
 // Conn is the connection, for tests that write raw bytes.
 func (c *Client) Conn() net.Conn { return c.conn }
 
+// LastXid is the xid of the last call sent.
+func (c *Client) LastXid() uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.xid
+}
+
+// Retransmit sends a call with xid, as a client resends an unanswered one
+// (tests of the duplicate request cache), and decodes its reply as Call.
+func (c *Client) Retransmit(xid, prog, vers, proc uint32, args, res xdr.XdrType) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.xid = xid
+	return c.call(prog, vers, proc, args, res)
+}
+
 // Call sends a call of (prog, vers, proc) with args and decodes the
 // results into res (either may be nil for void).
 func (c *Client) Call(prog, vers, proc uint32, args, res xdr.XdrType) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.xid++
+	return c.call(prog, vers, proc, args, res)
+}
+
+// call sends a call with xid c.xid (mu held).
+func (c *Client) call(prog, vers, proc uint32, args, res xdr.XdrType) error {
 	var m xdr.Rpc_msg
 	m.Xid = c.xid
 	m.Body.Mtype = xdr.CALL

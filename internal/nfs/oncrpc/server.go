@@ -58,6 +58,19 @@ type Program struct {
 	Prog, Vers uint32
 	Name       string
 	Procs      []Proc
+	// Cached are the procedures whose replies the duplicate request
+	// cache keeps (drc.go): the non-idempotent ones.
+	Cached []uint32
+}
+
+// cached reports whether proc's replies are kept.
+func (p *Program) cached(proc uint32) bool {
+	for _, c := range p.Cached {
+		if c == proc {
+			return true
+		}
+	}
+	return false
 }
 
 // Config configures a Server.
@@ -79,7 +92,9 @@ type Config struct {
 	MaxConns int
 	// IdleTimeout closes a connection that sent nothing for this long.
 	IdleTimeout time.Duration
-	Log         *slog.Logger
+	// DRCEntries bounds the duplicate request cache (drc.go); 0: none.
+	DRCEntries int
+	Log        *slog.Logger
 }
 
 // DefaultConfig returns a Config for the NFS gateway.
@@ -90,6 +105,7 @@ func DefaultConfig() Config {
 		MaxCalls:       256,
 		MaxConns:       1024,
 		IdleTimeout:    15 * time.Minute,
+		DRCEntries:     16384,
 		Log:            slog.Default(),
 	}
 }
@@ -106,6 +122,7 @@ type Server struct {
 	conns chan struct{}         // semaphore of MaxConns
 	calls chan struct{}         // semaphore of MaxCalls
 	done  chan struct{}         // closed by Close
+	drc   *drc                  // nil: no duplicate request cache
 	mu    struct {
 		sync.Mutex
 		lns    []net.Listener
@@ -122,8 +139,34 @@ func NewServer(cfg Config, progs ...*Program) *Server {
 	for _, p := range progs {
 		s.progs[p.Prog] = append(s.progs[p.Prog], p)
 	}
+	if cfg.DRCEntries > 0 {
+		s.drc = newDRC(cfg.DRCEntries)
+	}
 	s.mu.open = map[net.Conn]struct{}{}
 	return s
+}
+
+// cacheable reports whether call's reply goes through the duplicate
+// request cache.
+func (s *Server) cacheable(call *Call) bool {
+	if s.drc == nil {
+		return false
+	}
+	for _, p := range s.progs[call.Prog] {
+		if p.Vers == call.Vers {
+			return p.cached(call.Proc)
+		}
+	}
+	return false
+}
+
+// DRCStats answers how many retransmitted calls got their kept reply and
+// how many were dropped while their first transmission ran.
+func (s *Server) DRCStats() (replayed, dropped uint64) {
+	if s.drc == nil {
+		return 0, 0
+	}
+	return s.drc.stats()
 }
 
 // Serve accepts connections on ln until Close. It returns nil after Close.
@@ -293,10 +336,35 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 			break
 		}
 		call.Cred = cred
-		cn.s.dispatch(ctx, call, args, &out)
+		if !cn.s.cacheable(call) {
+			cn.s.dispatch(ctx, call, args, &out)
+			break
+		}
+		k := drcKeyOf(call, args)
+		switch v, kept := cn.s.drc.begin(k, time.Now()); v {
+		case drcDrop:
+			cn.s.cfg.Log.Debug("oncrpc: retransmission dropped while its first call runs", "remote", cn.remote, "xid", call.Xid, "proc", call.Proc)
+			return
+		case drcReplay:
+			cn.s.cfg.Log.Debug("oncrpc: retransmission answered from the reply cache", "remote", cn.remote, "xid", call.Xid, "proc", call.Proc)
+			cn.write(kept)
+			return
+		}
+		ok := cn.s.dispatch(ctx, call, args, &out)
+		b := out.Bytes()
+		FinishRecord(b)
+		if !ok {
+			b = nil // a failure of ours, not the procedure's answer: run again
+		}
+		cn.s.drc.finish(k, b)
 	}
 	b := out.Bytes()
 	FinishRecord(b)
+	cn.write(b)
+}
+
+// write sends one reply record.
+func (cn *conn) write(b []byte) {
 	cn.wmu.Lock()
 	defer cn.wmu.Unlock()
 	cn.c.SetWriteDeadline(time.Now().Add(time.Minute))
@@ -305,12 +373,13 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 	}
 }
 
-// dispatch finds the procedure and runs it, writing the accepted reply.
-func (s *Server) dispatch(ctx context.Context, call *Call, args []byte, out *bytes.Buffer) {
+// dispatch finds the procedure and runs it, writing the accepted reply;
+// false when the procedure failed (SYSTEM_ERR).
+func (s *Server) dispatch(ctx context.Context, call *Call, args []byte, out *bytes.Buffer) bool {
 	versions := s.progs[call.Prog]
 	if len(versions) == 0 {
 		writeAccepted(out, call.Xid, xdr.PROG_UNAVAIL, nil)
-		return
+		return true
 	}
 	var prog *Program
 	lo, hi := ^uint32(0), uint32(0)
@@ -322,11 +391,11 @@ func (s *Server) dispatch(ctx context.Context, call *Call, args []byte, out *byt
 	}
 	if prog == nil {
 		writeAccepted(out, call.Xid, xdr.PROG_MISMATCH, &xdr.Mismatch_info{Low: lo, High: hi})
-		return
+		return true
 	}
 	if int64(call.Proc) >= int64(len(prog.Procs)) || prog.Procs[call.Proc] == nil {
 		writeAccepted(out, call.Xid, xdr.PROC_UNAVAIL, nil)
-		return
+		return true
 	}
 	mark := out.Len()
 	writeAccepted(out, call.Xid, xdr.SUCCESS, nil)
@@ -335,16 +404,17 @@ func (s *Server) dispatch(ctx context.Context, call *Call, args []byte, out *byt
 		if s.cfg.Log.Enabled(ctx, slog.LevelDebug) {
 			s.cfg.Log.Debug("oncrpc: call", "remote", call.Remote, "prog", prog.Name, "proc", call.Proc, "xid", call.Xid, "uid", call.Cred.UID, "reply_bytes", out.Len()-mark)
 		}
-		return
+		return true
 	}
 	out.Truncate(mark)
 	if errors.Is(err, ErrGarbageArgs) {
 		s.cfg.Log.Warn("oncrpc: garbage arguments", "remote", call.Remote, "prog", prog.Name, "proc", call.Proc, "err", err)
 		writeAccepted(out, call.Xid, xdr.GARBAGE_ARGS, nil)
-		return
+		return true
 	}
 	s.cfg.Log.Error("oncrpc: procedure failed", "remote", call.Remote, "prog", prog.Name, "proc", call.Proc, "err", err)
 	writeAccepted(out, call.Xid, xdr.SYSTEM_ERR, nil)
+	return false
 }
 
 // parseCred reads an AUTH_NONE or AUTH_SYS credential.
