@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 
 // TestUpNFS: strata up --nfs serves the mount's namespace over NFS on the
 // port asked for, records it in cluster.json, and strata status lists the
-// gateway; a file written on the FUSE mount reads the same over NFS.
+// gateway; a file written on the FUSE mount reads the same over NFS, and
+// a lock taken over NLM excludes one on the FUSE mount.
 func TestUpNFS(t *testing.T) {
 	testutil.RequireFUSE(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -72,6 +74,35 @@ func TestUpNFS(t *testing.T) {
 	}
 	if got := string(rd.Resok().Data); got != body {
 		t.Fatalf("READ over NFS %q, want %q", got, body)
+	}
+	// A lock over NLM (on the same port) excludes an fcntl lock on the
+	// FUSE mount, until it is released.
+	h, err := nfstest.StartLockHost("upnfs-client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.Dial(addr); err != nil {
+		t.Fatal(err)
+	}
+	nl := nfstest.Lock{FH: lk.Resok().Object.Data, Svid: 1, Exclusive: true}
+	if st, err := h.Lock(nl, false, false); err != nil || st != xdr.NLM4_GRANTED {
+		t.Fatalf("NLM LOCK: %v %v", st, err)
+	}
+	f, err := os.OpenFile(filepath.Join(u.mnt, "f"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	flk := syscall.Flock_t{Type: syscall.F_WRLCK, Len: 1}
+	if err := syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &flk); !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("F_SETLK on the FUSE mount under an NLM lock: %v, want EAGAIN", err)
+	}
+	if st, err := h.Unlock(nl); err != nil || st != xdr.NLM4_GRANTED {
+		t.Fatalf("NLM UNLOCK: %v %v", st, err)
+	}
+	if err := syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &flk); err != nil {
+		t.Fatalf("F_SETLK on the FUSE mount after the NLM unlock: %v", err)
 	}
 	out, code := run(t, u.bin, u.dir, "status", "--data", u.data)
 	if code != 0 || !strings.Contains(out, "nfs gateways: "+addr) {

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"syscall"
 
@@ -30,6 +31,7 @@ func init() {
 	var keyFile, metaList, listen string
 	var exports []string
 	rpcbind := true
+	nlmPort := 0
 	var tf tlsFlags
 	var haVIP string
 	var hcfg nfsha.Config
@@ -39,10 +41,12 @@ func init() {
 		Long: "Serve the namespace over NFSv3 (RFC 1813) and MOUNT v3 on the one TCP port of --listen, through the client library.\n" +
 			"Both are registered with the local rpcbind when one runs (and unregistered at a clean stop); without one, give clients the port for both\n" +
 			"(libnfs: nfs://HOST/PATH?nfsport=P&mountport=P&version=3).\n" +
+			"The lock manager (NLM v4) and status monitor (NSM v1) are served on the same port, or on --nlm-port, and registered too; their locks\n" +
+			"are the cluster's fcntl locks (a FUSE mount's conflict with them). After a start, only lock reclaims are granted for --nlm-grace.\n" +
 			"--export " + nfs.ExportSyntax + "\n" +
 			"HA pair: start two gateways with the same --ha-vip, key and exports (--listen on the wildcard, e.g. 0.0.0.0:2049);\n" +
 			"the one holding the pair's lease in the metadata service puts the address on --ha-dev and announces it (gratuitous ARP),\n" +
-			"the other takes over within about --ha-ttl once it is gone (docs/design/0015 § HA pair).",
+			"the other takes over within about --ha-ttl once it is gone, and starts an NLM grace period (docs/design/0015 § HA pair).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if metaList == "" {
@@ -68,6 +72,9 @@ func init() {
 			}
 			if listen == "" {
 				problems = append(problems, errors.New("--listen ADDR is required (e.g. 0.0.0.0:2049)"))
+			}
+			if nlmPort < 0 || nlmPort > 65535 {
+				problems = append(problems, fmt.Errorf("--nlm-port %d: not a port", nlmPort))
 			}
 			if len(exports) == 0 {
 				problems = append(problems, errors.New("--export 'PATH=OPTIONS' is required (repeatable)"))
@@ -111,7 +118,7 @@ func init() {
 				hcfg.Log = slog.Default()
 				ha = &hcfg
 			}
-			return runNFS(ccfg, ncfg, listen, rpcbind, ha)
+			return runNFS(ccfg, ncfg, listen, nlmPort, rpcbind, ha)
 		},
 	}
 	f := cmd.Flags()
@@ -119,7 +126,13 @@ func init() {
 	f.StringVar(&keyFile, "key-file", "", "cluster key file (default $STRATA_KEY_FILE)")
 	f.StringVar(&listen, "listen", "", "TCP address serving both NFS (100003 v3) and MOUNT (100005 v3), e.g. 0.0.0.0:2049")
 	f.StringArrayVar(&exports, "export", nil, "an exported directory: "+nfs.ExportSyntax+" (repeatable)")
-	f.BoolVar(&rpcbind, "rpcbind", rpcbind, "register NFS v3 and MOUNT v3 with the local rpcbind/portmapper when one runs")
+	f.BoolVar(&rpcbind, "rpcbind", rpcbind, "register NFS v3, MOUNT v3, NLM v4 and NSM v1 with the local rpcbind/portmapper when one runs")
+	f.IntVar(&nlmPort, "nlm-port", nlmPort, "TCP port of the lock manager (NLM v4) and status monitor (NSM v1), on the host of --listen (0: the --listen port)")
+	f.DurationVar(&ncfg.NLMGrace, "nlm-grace", ncfg.NLMGrace, "after a start (or a fail-over to this gateway), grant only lock reclaims for this long")
+	f.StringVar(&ncfg.NLMStateDir, "nlm-state-dir", "", "directory keeping the client hosts that took locks, told at the next start to reclaim them (as rpc.statd's /var/lib/nfs/sm; empty: nobody is told)")
+	f.StringVar(&ncfg.NLMName, "nlm-name", "", "this gateway's name in its restart notifications (SM_NOTIFY): the name clients mount it by (default: the host name)")
+	f.Uint16Var(&ncfg.NLMPortmapPort, "nlm-portmap-port", ncfg.NLMPortmapPort, "port of the client hosts' port mappers (tests: a client's port mapper on another port)")
+	_ = f.MarkHidden("nlm-portmap-port")
 	tf.register(f)
 	f.StringVar(&haVIP, "ha-vip", "", "HA pair: the pair's virtual IPv4 address with its prefix, e.g. 10.0.0.100/24 (with --ha-dev)")
 	f.StringVar(&hcfg.Dev, "ha-dev", "", "HA pair: the network device the virtual address goes on while this gateway is active")
@@ -134,7 +147,7 @@ func init() {
 }
 
 // runNFS serves until a signal.
-func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool, ha *nfsha.Config) error {
+func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, nlmPort int, rpcbind bool, ha *nfsha.Config) error {
 	ctx, cancel := context.WithTimeout(context.Background(), ccfg.IOTimeout)
 	c, err := client.New(ctx, ccfg)
 	cancel()
@@ -150,12 +163,12 @@ func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool, ha
 	if err != nil {
 		return fmt.Errorf("nfs: listen: %w", err)
 	}
+	var ctl *nfsha.Controller
 	stopHA := func() {}
 	if ha != nil {
 		ha.Lease = c.HALease
-		ha.OnActive = func() { beginGrace(s) }
-		ctl, err := nfsha.New(*ha)
-		if err != nil {
+		ha.OnActive = s.BeginGrace
+		if ctl, err = nfsha.New(*ha); err != nil {
 			ln.Close()
 			s.Close()
 			return err
@@ -169,15 +182,28 @@ func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool, ha
 		defer stopHA()
 		ln = ctl.Listener(ln)
 	}
+	errc := make(chan error, 2)
+	if p := ln.Addr().(*net.TCPAddr).Port; nlmPort != 0 && nlmPort != p {
+		host, _, _ := net.SplitHostPort(listen)
+		nln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(nlmPort)))
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("nfs: listen for NLM (--nlm-port): %w", err)
+		}
+		if ctl != nil {
+			nln = ctl.Listener(nln)
+		}
+		slog.Info("nfs: serving NLM v4 and NSM v1", "addr", nln.Addr().String())
+		go func() { errc <- s.ServeNLM(nln) }()
+	}
 	for _, e := range ncfg.Exports {
 		slog.Info("nfs: exporting", "path", e.Path, "read_only", e.ReadOnly, "async", e.Async, "clients", e.ClientsText)
 	}
 	slog.Info("nfs: serving NFSv3 and MOUNT v3", "addr", ln.Addr().String())
 	var reg *nfs.Registration
 	if rpcbind {
-		reg = nfs.RegisterLogged(slog.Default(), ln.Addr())
+		reg = nfs.RegisterLogged(slog.Default(), ln.Addr(), nlmPort)
 	}
-	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(ln) }()
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -196,14 +222,5 @@ func runNFS(ccfg client.Config, ncfg nfs.Config, listen string, rpcbind bool, ha
 		stopHA()
 		s.Close()
 		return err
-	}
-}
-
-// beginGrace starts the NLM grace period of a gateway that has just become
-// the active one of an HA pair, so that clients reclaim their locks, when
-// the server has one (NLM is not in this build yet: then nothing).
-func beginGrace(s *nfs.Server) {
-	if g, ok := any(s).(interface{ BeginGrace() }); ok {
-		g.BeginGrace()
 	}
 }

@@ -54,6 +54,9 @@ func startUpNFS(ctx context.Context, base client.Config, port int, portSet bool,
 	ncfg := nfs.DefaultConfig()
 	ncfg.ClusterKey = ccfg.ClusterKey
 	ncfg.Exports = []nfs.Export{e}
+	// No state directory: no client host to tell of a restart, so no
+	// reclaims to wait for.
+	ncfg.NLMGrace = 0
 	ncfg.Log = slog.Default()
 	ncfg.RPC.Log = ncfg.Log
 	s, err := nfs.New(c, ncfg)
@@ -70,7 +73,7 @@ func startUpNFS(ctx context.Context, base client.Config, port int, portSet bool,
 	if fallback {
 		slog.Info("nfs: not registering with rpcbind: another server holds the default port (and its mappings)")
 	} else {
-		reg = nfs.RegisterLogged(slog.Default(), ln.Addr())
+		reg = nfs.RegisterLogged(slog.Default(), ln.Addr(), 0)
 	}
 	*stops = append(*stops, func() error {
 		var errs []error

@@ -101,17 +101,28 @@ type gateway struct {
 	done chan error
 }
 
-// startGateway serves exports (--export values) through cl's client.
+// startGateway serves exports (--export values) through cl's client,
+// with no NLM grace period.
 func (cl *cluster) startGateway(exports ...string) *gateway {
+	cl.t.Helper()
+	return cl.startGatewayWith(nil, exports...)
+}
+
+// startGatewayWith is startGateway with the configuration changed by mod.
+func (cl *cluster) startGatewayWith(mod func(*nfs.Config), exports ...string) *gateway {
 	cl.t.Helper()
 	cfg := nfs.DefaultConfig()
 	cfg.ClusterKey = cl.key
+	cfg.NLMGrace = 0
 	for _, x := range exports {
 		e, err := nfs.ParseExport(x)
 		if err != nil {
 			cl.t.Fatal(err)
 		}
 		cfg.Exports = append(cfg.Exports, e)
+	}
+	if mod != nil {
+		mod(&cfg)
 	}
 	s, err := nfs.New(cl.c, cfg)
 	if err != nil {

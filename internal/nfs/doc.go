@@ -1,5 +1,6 @@
 // Package nfs is the NFS gateway (`strata nfs`): NFS version 3 and MOUNT
-// version 3 (RFC 1813) on one TCP port, serving the namespace through the
+// version 3 (RFC 1813), with the lock manager NLM v4 and status monitor
+// NSM v1 (XNFS 3W), on one TCP port, serving the namespace through the
 // client library (internal/client), so that what an NFS client writes a
 // FUSE mount reads byte-exact, and the other way round.
 //
@@ -33,6 +34,14 @@
 //     IdleFileTimeout.
 //   - Readdir cookies (cookies.go): the names of recent READDIR pages, as
 //     the metadata service pages directories by name.
+//   - Locks (nlm.go, nsm.go): NLM v4 on the same port (or --nlm-port);
+//     an NLM lock is a lock of the client library (client.SetLk) owned by
+//     a hash of (caller_name, svid, oh), so the metadata service's lock
+//     table makes NFS and FUSE locks exclude each other. Blocked requests
+//     are told by a GRANTED callback; SM_NOTIFY and FREE_ALL release a
+//     restarted host's locks; after a start, a grace period grants only
+//     reclaims, and the hosts kept in the state directory are told to
+//     reclaim (SM_NOTIFY).
 //
 // # Layout
 //

@@ -30,8 +30,15 @@ const (
 	pmapProcUnset = 2
 )
 
-// programs is what the gateway serves on its one port.
-var programs = [...]struct{ prog, vers uint32 }{{nfsProgram, nfsVersion}, {mountProgram, mountVersion}}
+// mapped is one program version the gateway maps to a port.
+type mapped struct{ prog, vers, port uint32 }
+
+// programs is what the gateway serves: NFS and MOUNT on the port of its
+// listener, NLM and NSM on nlmPort (the same port unless --nlm-port).
+func programs(port, nlmPort uint32) []mapped {
+	return []mapped{{nfsProgram, nfsVersion, port}, {mountProgram, mountVersion, port},
+		{nlmProgram, nlmVersion, nlmPort}, {nsmProgram, nsmVersion, nlmPort}}
+}
 
 // ErrNoPortmapper: neither rpcbind's socket nor the port mapper's port
 // answers (the gateway serves anyway: clients are given the port).
@@ -44,17 +51,24 @@ type Registration struct {
 	sock   string
 	addr   string
 	netid  string
-	uaddr  string
+	host   string // the listener's address, as text (the universal address's front)
 	port   uint32
+	progs  []mapped
 	Method string // "rpcbind v4 on /run/rpcbind.sock" or "portmapper v2 on 127.0.0.1:111"
 }
 
-// Register maps NFS v3 and MOUNT v3 over TCP to the port of listen (the
-// listener's address) in the local rpcbind: rpcbind v4 on sock first, else
-// the port mapper v2 on addr (empty: the defaults). Stale mappings of the
-// same programs (a gateway killed without unregistering) are replaced.
-// ErrNoPortmapper when neither answers.
+// Register maps NFS v3, MOUNT v3, NLM v4 and NSM v1 over TCP to the port of
+// listen (the listener's address) in the local rpcbind: rpcbind v4 on sock
+// first, else the port mapper v2 on addr (empty: the defaults). Stale
+// mappings of the same programs (a gateway killed without unregistering)
+// are replaced. ErrNoPortmapper when neither answers.
 func Register(listen net.Addr, sock, addr string) (*Registration, error) {
+	return RegisterPorts(listen, 0, sock, addr)
+}
+
+// RegisterPorts is Register with NLM and NSM mapped to nlmPort (0: the
+// port of listen).
+func RegisterPorts(listen net.Addr, nlmPort int, sock, addr string) (*Registration, error) {
 	if sock == "" {
 		sock = RpcbindSocket
 	}
@@ -65,13 +79,16 @@ func Register(listen net.Addr, sock, addr string) (*Registration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nfs: register: listener address %s: %w", listen, err)
 	}
-	r := &Registration{sock: sock, addr: addr, port: uint32(ap.Port()), netid: "tcp"}
+	if nlmPort <= 0 || nlmPort > 65535 {
+		nlmPort = int(ap.Port())
+	}
+	r := &Registration{sock: sock, addr: addr, port: uint32(ap.Port()), netid: "tcp",
+		progs: programs(uint32(ap.Port()), uint32(nlmPort))}
 	ip := ap.Addr().Unmap()
 	if ip.Is6() {
 		r.netid = "tcp6"
 	}
-	// RFC 1833 universal address: the host's text, then the port's two bytes.
-	r.uaddr = fmt.Sprintf("%s.%d.%d", ip, ap.Port()>>8, ap.Port()&0xff)
+	r.host = ip.String()
 	if c, err := dialRPC("unix", sock); err == nil {
 		defer c.Close()
 		r.rpcb, r.Method = true, "rpcbind v4 on "+sock
@@ -99,14 +116,14 @@ func dialRPC(network, addr string) (*oncrpc.Client, error) {
 
 // each unsets every program's mapping and, when set, sets it again.
 func (r *Registration) each(c *oncrpc.Client, set bool) error {
-	for _, p := range programs {
-		if err := r.call(c, pmapProcUnset, p.prog, p.vers); err != nil {
+	for _, p := range r.progs {
+		if err := r.call(c, pmapProcUnset, p); err != nil {
 			return err
 		}
 		if !set {
 			continue
 		}
-		if err := r.call(c, pmapProcSet, p.prog, p.vers); err != nil {
+		if err := r.call(c, pmapProcSet, p); err != nil {
 			return err
 		}
 	}
@@ -115,25 +132,29 @@ func (r *Registration) each(c *oncrpc.Client, set bool) error {
 
 // call sends one SET or UNSET; a SET answered false is an error (an
 // UNSET of nothing is answered false too, and is not).
-func (r *Registration) call(c *oncrpc.Client, proc, prog, vers uint32) error {
+func (r *Registration) call(c *oncrpc.Client, proc uint32, m mapped) error {
+	prog, vers := m.prog, m.vers
 	var ok bool
 	var err error
 	if r.rpcb {
 		// The owner is taken from the socket's credentials by rpcbind.
-		args := xdr.Rpcb{R_prog: prog, R_vers: vers, R_netid: r.netid, R_addr: r.uaddr, R_owner: strconv.Itoa(os.Getuid())}
+		// RFC 1833 universal address: the host's text, then the port's
+		// two bytes.
+		uaddr := fmt.Sprintf("%s.%d.%d", r.host, m.port>>8, m.port&0xff)
+		args := xdr.Rpcb{R_prog: prog, R_vers: vers, R_netid: r.netid, R_addr: uaddr, R_owner: strconv.Itoa(os.Getuid())}
 		if proc == pmapProcUnset {
 			args.R_netid, args.R_addr = "", "" // every transport's mapping
 		}
 		err = c.Call(pmapProg, 4, proc, &args, xdr.XDR_bool(&ok))
 	} else {
-		args := xdr.Mapping{Prog: prog, Vers: vers, Prot: xdr.IPPROTO_TCP, Port: r.port}
+		args := xdr.Mapping{Prog: prog, Vers: vers, Prot: xdr.IPPROTO_TCP, Port: m.port}
 		err = c.Call(pmapProg, 2, proc, &args, xdr.XDR_bool(&ok))
 	}
 	if err != nil {
 		return fmt.Errorf("nfs: rpcbind %s of program %d v%d: %w", procName(proc), prog, vers, err)
 	}
 	if proc == pmapProcSet && !ok {
-		return fmt.Errorf("nfs: rpcbind refused to map program %d v%d to port %d", prog, vers, r.port)
+		return fmt.Errorf("nfs: rpcbind refused to map program %d v%d to port %d", prog, vers, m.port)
 	}
 	return nil
 }
@@ -161,8 +182,9 @@ func (r *Registration) Unregister() error {
 
 // RegisterLogged registers as Register does and logs the outcome: serving
 // goes on whatever it is (a client given the port needs no portmapper).
-func RegisterLogged(log *slog.Logger, listen net.Addr) *Registration {
-	r, err := Register(listen, "", "")
+// nlmPort is where NLM and NSM are served (0: the port of listen).
+func RegisterLogged(log *slog.Logger, listen net.Addr, nlmPort int) *Registration {
+	r, err := RegisterPorts(listen, nlmPort, "", "")
 	switch {
 	case errors.Is(err, ErrNoPortmapper):
 		log.Info("nfs: no rpcbind or portmapper running: not registered (clients must be given the port for NFS and MOUNT)", "port", portOf(listen))
@@ -171,7 +193,7 @@ func RegisterLogged(log *slog.Logger, listen net.Addr) *Registration {
 		log.Warn("nfs: rpcbind registration failed; serving anyway", "err", err)
 		return nil
 	}
-	log.Info("nfs: registered NFS v3 and MOUNT v3 with rpcbind", "via", r.Method, "port", r.port)
+	log.Info("nfs: registered NFS v3, MOUNT v3, NLM v4 and NSM v1 with rpcbind", "via", r.Method, "port", r.port, "nlm_port", r.progs[2].port)
 	return r
 }
 

@@ -55,7 +55,8 @@ func rpcbindRunning(t *testing.T) {
 	t.Fatal("rpcbind did not open its socket within 5 s")
 }
 
-// mappings is what `rpcinfo -p` lists for prog over tcp: the ports.
+// mappings is what `rpcinfo -p` lists for prog over tcp: the ports (of
+// version 3, or for NLM 4 and NSM 1, the versions the gateway serves).
 func mappings(t *testing.T, prog int) []string {
 	t.Helper()
 	out, err := exec.Command("rpcinfo", "-p", "127.0.0.1").CombinedOutput()
@@ -65,7 +66,11 @@ func mappings(t *testing.T, prog int) []string {
 	var ports []string
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
-		if len(f) >= 4 && f[0] == strconv.Itoa(prog) && f[1] == "3" && f[2] == "tcp" {
+		vers := map[int]string{nlmProgram: "4", nsmProgram: "1"}[prog]
+		if vers == "" {
+			vers = "3"
+		}
+		if len(f) >= 4 && f[0] == strconv.Itoa(prog) && f[1] == vers && f[2] == "tcp" {
 			ports = append(ports, f[3])
 		}
 	}
@@ -93,9 +98,9 @@ func registerOnce(t *testing.T, sock string) {
 		t.Fatalf("register: %v", err)
 	}
 	t.Logf("registered via %s", r.Method)
-	for _, prog := range []int{nfsProgram, mountProgram} {
+	for _, prog := range []int{nfsProgram, mountProgram, nlmProgram, nsmProgram} {
 		if got := mappings(t, prog); len(got) != 1 || got[0] != port {
-			t.Errorf("rpcinfo -p: program %d v3 tcp on %v, want [%s]", prog, got, port)
+			t.Errorf("rpcinfo -p: program %d tcp on %v, want [%s]", prog, got, port)
 		}
 	}
 	// A second registration (a restarted gateway on another port)
@@ -113,10 +118,22 @@ func registerOnce(t *testing.T, sock string) {
 	if got := mappings(t, nfsProgram); len(got) != 1 || got[0] != port2 {
 		t.Errorf("after re-registering: NFS on %v, want [%s]", got, port2)
 	}
-	if err := r2.Unregister(); err != nil {
+	// NLM and NSM on a port of their own (--nlm-port).
+	r3, err := RegisterPorts(ln2.Addr(), 4045, sock, "")
+	if err != nil {
+		t.Fatalf("register with an NLM port: %v", err)
+	}
+	if got := mappings(t, nlmProgram); len(got) != 1 || got[0] != "4045" {
+		t.Errorf("NLM on %v, want [4045]", got)
+	}
+	if got := mappings(t, mountProgram); len(got) != 1 || got[0] != port2 {
+		t.Errorf("with an NLM port: MOUNT on %v, want [%s]", got, port2)
+	}
+	_ = r2
+	if err := r3.Unregister(); err != nil {
 		t.Fatalf("unregister: %v", err)
 	}
-	for _, prog := range []int{nfsProgram, mountProgram} {
+	for _, prog := range []int{nfsProgram, mountProgram, nlmProgram, nsmProgram} {
 		if got := mappings(t, prog); len(got) != 0 {
 			t.Errorf("after unregister: program %d still mapped on %v", prog, got)
 		}

@@ -19,7 +19,7 @@ import (
 	"github.com/stratafs/strata/internal/rpc"
 )
 
-// Program numbers and versions served (RFC 1813).
+// Program numbers and versions served (RFC 1813; NLM and NSM: nlm.go).
 const (
 	nfsProgram   = 100003
 	nfsVersion   = 3
@@ -41,6 +41,21 @@ type Config struct {
 	IdleFileTimeout time.Duration
 	// MaxOpenFiles bounds the files kept open between calls.
 	MaxOpenFiles int
+	// NLMGrace is the lock manager's grace period after the gateway
+	// starts: only reclaims of locks (a client's after its server
+	// restarted or failed over) are granted until it ends.
+	NLMGrace time.Duration
+	// NLMPortmapPort is the port of a client host's port mapper, asked
+	// where the client's lock manager (GRANTED callbacks) and status
+	// monitor (SM_NOTIFY at a restart) listen.
+	NLMPortmapPort uint16
+	// NLMStateDir keeps the client hosts that took locks (as rpc.statd's
+	// /var/lib/nfs/sm): at the next start each is told (SM_NOTIFY) so
+	// that it reclaims its locks. Empty: no list, nobody told.
+	NLMStateDir string
+	// NLMName is the gateway's host name in SM_NOTIFY (the name clients
+	// mount it by; default: the host name).
+	NLMName string
 	// RPC configures the ONC RPC layer (record size, connections).
 	RPC oncrpc.Config
 	Log *slog.Logger
@@ -51,6 +66,8 @@ func DefaultConfig() Config {
 	return Config{
 		IdleFileTimeout: 5 * time.Second,
 		MaxOpenFiles:    4096,
+		NLMGrace:        45 * time.Second,
+		NLMPortmapPort:  111,
 		RPC:             oncrpc.DefaultConfig(),
 		Log:             slog.Default(),
 	}
@@ -71,6 +88,12 @@ func (c *Config) Validate() error {
 	}
 	if len(c.ClusterKey) == 0 {
 		errs = append(errs, errors.New("no cluster key"))
+	}
+	if c.NLMGrace < 0 {
+		errs = append(errs, errors.New("NLMGrace must not be negative"))
+	}
+	if c.NLMPortmapPort == 0 {
+		errs = append(errs, errors.New("NLMPortmapPort must be set (111)"))
 	}
 	if c.IdleFileTimeout <= 0 {
 		errs = append(errs, errors.New("IdleFileTimeout must be positive"))
@@ -100,10 +123,14 @@ type Server struct {
 	files    *openFiles
 	cookies  *cookieTable
 	rpc      *oncrpc.Server
-	metrics  *metrics
-	reporter reporter
-	addr     atomic.Pointer[string] // where Serve listens (the heartbeat's report)
-	mu       struct {
+	nlm      *nlm
+	// notify: the hosts to tell of the restart, once serving.
+	notify     map[string]monitored
+	notifyOnce sync.Once
+	metrics    *metrics
+	reporter   reporter
+	addr       atomic.Pointer[string] // where Serve listens (the heartbeat's report)
+	mu         struct {
 		sync.Mutex
 		mounts map[mountKey]struct{} // MNT'ed (host, path) pairs: DUMP
 		roots  map[uint64]uint64     // export id -> its root inode, once MNT'ed
@@ -140,25 +167,50 @@ func New(c *client.Client, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.metrics = m
-	s.rpc = oncrpc.NewServer(rpcCfg, m.count(s.nfsProgram(), "", nfsProcNames[:]), m.count(s.mountProgram(), "mount_", mountProcNames[:]))
+	var notify map[string]monitored
+	if s.nlm, notify, err = newNLM(s, &cfg); err != nil {
+		m.close()
+		s.files.close()
+		return nil, err
+	}
+	s.notify = notify
+	s.rpc = oncrpc.NewServer(rpcCfg, m.count(s.nfsProgram(), "", nfsProcNames[:]), m.count(s.mountProgram(), "mount_", mountProcNames[:]),
+		m.count(s.nlm.program(), "nlm_", nlmProcNames[:]), m.count(s.nlm.nsmProgram(), "nsm_", nsmProcNames[:]))
 	// The session's heartbeats carry the gateway's exports, clients and
 	// calls to the metadata service, for strata status.
 	c.SetGatewayReport(func() *rpc.GatewayReport { return s.report(time.Now()) })
 	return s, nil
 }
 
-// Serve answers calls on ln until Close.
+// Serve answers calls on ln until Close: NFS, MOUNT, NLM and NSM alike.
+// The first call tells the client hosts that held locks before the
+// restart (when NLMStateDir keeps them) to reclaim them.
 func (s *Server) Serve(ln net.Listener) error {
 	a := ln.Addr().String()
 	s.addr.Store(&a)
+	return s.ServeNLM(ln)
+}
+
+// ServeNLM is Serve on another listener (--nlm-port's own): the same
+// programs, but not the address the gateway reports.
+func (s *Server) ServeNLM(ln net.Listener) error {
+	s.notifyOnce.Do(func() { s.nlm.notifyAll(s.notify) })
 	return s.rpc.Serve(ln)
 }
 
+// BeginGrace starts the lock manager's grace period again (Config.NLMGrace):
+// the gateway of an HA pair calls it when it becomes the active one, so
+// that the clients that locked through the other gateway reclaim their
+// locks before anybody else gets them.
+func (s *Server) BeginGrace() { s.nlm.beginGrace() }
+
 // Close stops serving, then releases the open files (flushing their
-// writes, fsyncing those with UNSTABLE writes).
+// writes, fsyncing those with UNSTABLE writes). Locks taken over NLM stay
+// with the gateway's client session (its Close releases them).
 func (s *Server) Close() error {
 	s.c.SetGatewayReport(nil)
 	s.rpc.Close()
+	s.nlm.close()
 	s.files.close()
 	s.metrics.close()
 	return nil

@@ -33,6 +33,17 @@ var argTypes = []func() xdr.XdrType{
 	func() xdr.XdrType { return &xdr.COMMIT3args{} },
 	func() xdr.XdrType { var p xdr.Dirpath; return xdr.XDR_Dirpath(&p) },
 	func() xdr.XdrType { return &xdr.Authsys_parms{} },
+	func() xdr.XdrType { return &xdr.Nlm4_testargs{} },
+	func() xdr.XdrType { return &xdr.Nlm4_lockargs{} },
+	func() xdr.XdrType { return &xdr.Nlm4_cancargs{} },
+	func() xdr.XdrType { return &xdr.Nlm4_unlockargs{} },
+	func() xdr.XdrType { return &xdr.Nlm4_shareargs{} },
+	func() xdr.XdrType { return &xdr.Nlm4_notify{} },
+	func() xdr.XdrType { return &xdr.Sm_name{} },
+	func() xdr.XdrType { return &xdr.Mon{} },
+	func() xdr.XdrType { return &xdr.Mon_id{} },
+	func() xdr.XdrType { return &xdr.My_id{} },
+	func() xdr.XdrType { return &xdr.Stat_chge{} },
 }
 
 // FuzzCall feeds a stream to the record reader, the call header decoder,

@@ -37,6 +37,9 @@ type Call struct {
 	// Remote is the caller's address (port included: `secure` exports
 	// want a privileged one).
 	Remote netip.AddrPort
+	// Local is the address the call came in on (a callback to the caller
+	// comes from it: the address the caller knows the server by).
+	Local netip.AddrPort
 }
 
 // ErrGarbageArgs: a procedure could not decode its arguments; the caller
@@ -122,7 +125,7 @@ type Server struct {
 	drc   *drc                  // nil: no duplicate request cache
 	mu    struct {
 		sync.Mutex
-		ln     net.Listener
+		lns    []net.Listener
 		open   map[net.Conn]struct{}
 		closed bool
 	}
@@ -167,6 +170,7 @@ func (s *Server) DRCStats() (replayed, dropped uint64) {
 }
 
 // Serve accepts connections on ln until Close. It returns nil after Close.
+// It may serve several listeners at once (a call each), all closed by Close.
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.mu.closed {
@@ -174,7 +178,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		ln.Close()
 		return nil
 	}
-	s.mu.ln = ln
+	s.mu.lns = append(s.mu.lns, ln)
 	s.mu.Unlock()
 	for {
 		c, err := ln.Accept()
@@ -212,8 +216,8 @@ func (s *Server) Close() error {
 		close(s.done)
 	}
 	s.mu.closed = true
-	if s.mu.ln != nil {
-		s.mu.ln.Close()
+	for _, ln := range s.mu.lns {
+		ln.Close()
 	}
 	for c := range s.mu.open {
 		c.Close()
@@ -228,6 +232,7 @@ type conn struct {
 	s      *Server
 	c      net.Conn
 	remote netip.AddrPort
+	local  netip.AddrPort
 	wmu    sync.Mutex // serialises replies
 	slots  chan struct{}
 	calls  sync.WaitGroup
@@ -238,6 +243,9 @@ func (s *Server) serveConn(c net.Conn) {
 	cn := &conn{s: s, c: c, slots: make(chan struct{}, s.cfg.MaxInFlight)}
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		cn.remote = ta.AddrPort()
+	}
+	if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		cn.local = ta.AddrPort()
 	}
 	defer func() {
 		cancel()
@@ -314,7 +322,7 @@ func decodeCall(rec []byte) (*header, []byte, error) {
 // checks, then the procedure.
 func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 	cb := h.msg.Body.Cbody()
-	call := &Call{Xid: h.msg.Xid, Prog: cb.Prog, Vers: cb.Vers, Proc: cb.Proc, Remote: cn.remote}
+	call := &Call{Xid: h.msg.Xid, Prog: cb.Prog, Vers: cb.Vers, Proc: cb.Proc, Remote: cn.remote, Local: cn.local}
 	var out bytes.Buffer
 	out.Write([]byte{0, 0, 0, 0}) // the record mark, FinishRecord fills it
 	switch {
