@@ -108,6 +108,21 @@ func wireAttr(a *schema.Attr) rpc.Attr {
 		Blocks: a.Blocks, BlocksKnown: a.BlocksKnown}
 }
 
+// allServersHeard reports whether every registered storage server is
+// alive in this leader's view (has heartbeated since it took office).
+func (s *Service) allServersHeard() bool {
+	servers, _, err := s.registry()
+	if err != nil {
+		return true // no better answer by waiting
+	}
+	for _, sv := range servers {
+		if !sv.Alive {
+			return false
+		}
+	}
+	return true
+}
+
 // now is the time the leader stamps on what it proposes (Config.Clock).
 func (s *Service) now() int64 { return s.cfg.Clock.Now().UnixNano() }
 
@@ -116,27 +131,27 @@ func (s *Service) now() int64 { return s.cfg.Clock.Now().UnixNano() }
 // memory, so a leader that has just started (a restart of the service)
 // knows of no live target until the storage servers' next heartbeats;
 // rather than fail creates with ENOSPC in that window, it waits for them
-// — at most startupGrace after taking office.
+// (until every registered server has been heard from, when an empty list
+// is the truth: full targets, or groups without a live primary)
+// — at most ServerTimeout after taking office: the old leader counted a
+// server alive that long after its last heartbeat, and under load a
+// store's first heartbeat to a new leader (it finds the leader by trying
+// the voters) came more than 5 s after a leader change, failing a create
+// with ENOSPC in the soak.
 func (s *Service) waitCandidates(ctx context.Context, list func() []layout.Candidate) []layout.Candidate {
 	cands := list()
 	if len(cands) > 0 {
 		return cands
 	}
 	grace := s.cfg.ServerTimeout
-	if grace > startupGrace {
-		grace = startupGrace
-	}
 	until := time.Unix(0, s.leaderSince.Load()).Add(grace)
-	for len(cands) == 0 && s.cfg.Clock.Now().Before(until) && ctx.Err() == nil {
+	for len(cands) == 0 && s.cfg.Clock.Now().Before(until) && ctx.Err() == nil && !s.allServersHeard() {
 		time.Sleep(50 * time.Millisecond)
 		cands = list()
 	}
 	return cands
 }
 
-// startupGrace bounds how long a new leader waits for storage servers to
-// heartbeat before placing files (they heartbeat every second by default).
-const startupGrace = 5 * time.Second
 
 func (s *Service) register() {
 	s.registerMembership()
