@@ -152,7 +152,6 @@ func (s *Service) waitCandidates(ctx context.Context, list func() []layout.Candi
 	return cands
 }
 
-
 func (s *Service) register() {
 	s.registerMembership()
 	s.registerMirror()
