@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"syscall"
+	"time"
 
 	"github.com/stratafs/strata/internal/nfs/oncrpc"
 	"github.com/stratafs/strata/internal/nfs/xdr"
@@ -51,15 +52,38 @@ func (s *Server) nfsProgram() *oncrpc.Program {
 // handle outlived its file), and so is a removed file some client still
 // holds open (an orphan, Nlink 0): NFS clients keep their open files alive
 // themselves by renaming them (silly rename), not through the server.
+//
+// The answer refreshes the attribute cache (attrcache.go).
 func (s *Server) attr(ctx context.Context, ino uint64) (*rpc.Attr, error) {
+	since, at := s.c.SizeSeq(), time.Now()
 	a, err := s.c.GetAttr(ctx, ino)
 	if err != nil {
 		return nil, staleIfGone(err)
 	}
+	s.attrs.put(&a, since, at)
+	return liveAttr(&a)
+}
+
+func liveAttr(a *rpc.Attr) (*rpc.Attr, error) {
 	if a.Nlink == 0 {
 		return nil, errStatus(xdr.NFS3ERR_STALE)
 	}
-	return &a, nil
+	return a, nil
+}
+
+// cachedAttr is attr answered from the attribute cache when it holds ino's
+// attributes from within Config.AttrTimeout, with this gateway's own
+// uncommitted changes folded in: for READ, WRITE and COMMIT, which check
+// permissions and bound reads with them (attrcache.go says why that is
+// safe).
+func (s *Server) cachedAttr(ctx context.Context, ino uint64) (*rpc.Attr, error) {
+	e, ok := s.attrs.get(ino)
+	if !ok {
+		return s.attr(ctx, ino)
+	}
+	a := e.a
+	s.c.MergeLocal(&a, e.since)
+	return liveAttr(&a)
 }
 
 // attrOrNil is attr for post-operation attributes, which may be omitted.
@@ -78,6 +102,17 @@ func (s *Server) object(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3)
 		return t, nil, err
 	}
 	a, err := s.attr(ctx, t.ino)
+	return t, a, err
+}
+
+// file is object for READ, WRITE and COMMIT: the attributes may come from
+// the attribute cache.
+func (s *Server) file(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3) (target, *rpc.Attr, error) {
+	t, err := s.resolve(call, fh)
+	if err != nil {
+		return t, nil, err
+	}
+	a, err := s.cachedAttr(ctx, t.ino)
 	return t, a, err
 }
 
@@ -230,10 +265,13 @@ func (s *Server) setattr(ctx context.Context, t target, before *rpc.Attr, sa *xd
 	if req.Valid == 0 {
 		return before, nil
 	}
+	since, at := s.c.SizeSeq(), time.Now()
 	after, err := s.c.SetAttr(ctx, t.ino, req)
 	if err != nil {
+		s.attrs.drop(t.ino) // it may have changed
 		return nil, staleIfGone(err)
 	}
+	s.attrs.put(&after, since, at)
 	return &after, s.durable(ctx, t)
 }
 
@@ -288,7 +326,7 @@ func ioCheck(c cred, a *rpc.Attr, want uint32) error {
 func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args) *xdr.READ3res {
 	res := &xdr.READ3res{}
 	var data []byte
-	t, attr, err := s.object(ctx, call, &a.File)
+	t, attr, err := s.file(ctx, call, &a.File)
 	if err == nil {
 		err = ioCheck(t.cred, attr, mayRead)
 	}
@@ -334,7 +372,7 @@ func (s *Server) write3(ctx context.Context, call *oncrpc.Call, a *xdr.WRITE3arg
 	res := &xdr.WRITE3res{}
 	var n int
 	committed := xdr.FILE_SYNC
-	t, attr, err := s.object(ctx, call, &a.File)
+	t, attr, err := s.file(ctx, call, &a.File)
 	if err == nil && t.exp.ReadOnly {
 		err = errROFS
 	}
@@ -404,7 +442,7 @@ func (s *Server) write(ctx context.Context, ino uint64, off int64, p []byte, uns
 
 func (s *Server) commit3(ctx context.Context, call *oncrpc.Call, a *xdr.COMMIT3args) *xdr.COMMIT3res {
 	res := &xdr.COMMIT3res{}
-	t, attr, err := s.object(ctx, call, &a.File)
+	t, attr, err := s.file(ctx, call, &a.File)
 	if err == nil {
 		err = ioCheck(t.cred, attr, mayWrite)
 		if errors.Is(err, errAcces) {
