@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,7 +24,7 @@ func (s *Server) nfsProgram() *oncrpc.Program {
 		3:  serve(xdr.XDR_LOOKUP3args, xdr.XDR_LOOKUP3res, s.lookup3),
 		4:  serve(xdr.XDR_ACCESS3args, xdr.XDR_ACCESS3res, s.access3),
 		5:  serve(xdr.XDR_READLINK3args, xdr.XDR_READLINK3res, s.readlink3),
-		6:  serve(xdr.XDR_READ3args, xdr.XDR_READ3res, s.read3),
+		6:  serveRelease(xdr.XDR_READ3args, xdr.XDR_READ3res, s.read3),
 		7:  serve(xdr.XDR_WRITE3args, xdr.XDR_WRITE3res, s.write3),
 		8:  serve(xdr.XDR_CREATE3args, xdr.XDR_CREATE3res, s.create3),
 		9:  serve(xdr.XDR_MKDIR3args, xdr.XDR_MKDIR3res, s.mkdir3),
@@ -323,7 +324,9 @@ func ioCheck(c cred, a *rpc.Attr, want uint32) error {
 	return nil
 }
 
-func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args) *xdr.READ3res {
+// read3 answers READ; the data is read into a pooled buffer that release
+// gives back once the answer is encoded.
+func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args) (_ *xdr.READ3res, release func()) {
 	res := &xdr.READ3res{}
 	var data []byte
 	t, attr, err := s.file(ctx, call, &a.File)
@@ -331,7 +334,9 @@ func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args)
 		err = ioCheck(t.cred, attr, mayRead)
 	}
 	if err == nil && a.Offset < attr.Size && a.Count > 0 {
-		data, err = s.read(ctx, t.ino, int64(a.Offset), int(min(a.Count, maxIOBytes)))
+		buf := readBufs.Get().(*[]byte)
+		release = func() { readBufs.Put(buf) }
+		data, err = s.read(ctx, t.ino, int64(a.Offset), (*buf)[:min(a.Count, maxIOBytes)])
 	}
 	if res.Status = s.status("read", t.ino, err); res.Status == xdr.NFS3_OK {
 		ok := res.Resok()
@@ -342,16 +347,20 @@ func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args)
 	} else {
 		s.postOp(&res.Resfail().File_attributes, attr)
 	}
-	return res
+	return res, release
 }
 
-func (s *Server) read(ctx context.Context, ino uint64, off int64, n int) ([]byte, error) {
+// readBufs are READ's data buffers (maxIOBytes each): a sequential reader
+// would otherwise have a megabyte allocated and collected per call.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, maxIOBytes); return &b }}
+
+// read reads into buf at off.
+func (s *Server) read(ctx context.Context, ino uint64, off int64, buf []byte) ([]byte, error) {
 	of, err := s.files.get(ctx, ino)
 	if err != nil {
 		return nil, staleIfGone(err)
 	}
 	defer s.files.put(of, false)
-	buf := make([]byte, n)
 	got, err := of.f.ReadAt(ctx, buf, off)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, err

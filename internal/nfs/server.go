@@ -233,12 +233,23 @@ func (s *Server) Verifier() [8]byte { return s.verifier }
 // serve adapts a typed procedure to oncrpc: decode the arguments (garbage
 // is GARBAGE_ARGS), run fn, encode its results.
 func serve[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) PR, fn func(context.Context, *oncrpc.Call, *A) *R) oncrpc.Proc {
+	return serveRelease(argx, resx, func(ctx context.Context, call *oncrpc.Call, a *A) (*R, func()) {
+		return fn(ctx, call, a), nil
+	})
+}
+
+// serveRelease is serve for a procedure whose results use memory it gives
+// back (release, when not nil) once they are encoded.
+func serveRelease[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) PR, fn func(context.Context, *oncrpc.Call, *A) (*R, func())) oncrpc.Proc {
 	return func(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 		var a A
 		if _, err := xdr.Decode(args, argx(&a)); err != nil {
 			return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
 		}
-		r := fn(ctx, call, &a)
+		r, release := fn(ctx, call, &a)
+		if release != nil {
+			defer release()
+		}
 		if h, ok := any(r).(interface{ SizeHint() int }); ok {
 			res.Grow(h.SizeHint())
 		}

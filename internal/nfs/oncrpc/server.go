@@ -327,21 +327,23 @@ func decodeCall(rec []byte) (*header, []byte, error) {
 func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 	cb := h.msg.Body.Cbody()
 	call := &Call{Xid: h.msg.Xid, Prog: cb.Prog, Vers: cb.Vers, Proc: cb.Proc, Remote: cn.remote, Local: cn.local}
-	var out bytes.Buffer
+	out := replyBufs.Get().(*bytes.Buffer)
+	defer putReplyBuf(out)
+	out.Reset()
 	out.Write([]byte{0, 0, 0, 0}) // the record mark, FinishRecord fills it
 	switch {
 	case cb.Rpcvers != 2:
-		writeDenied(&out, call.Xid, xdr.RPC_MISMATCH, 0)
+		writeDenied(out, call.Xid, xdr.RPC_MISMATCH, 0)
 	default:
 		cred, stat := parseCred(&cb.Cred)
 		if stat != xdr.AUTH_OK {
 			cn.s.cfg.Log.Warn("oncrpc: credential refused", "remote", cn.remote, "flavor", cb.Cred.Flavor, "stat", stat)
-			writeDenied(&out, call.Xid, xdr.AUTH_ERROR, stat)
+			writeDenied(out, call.Xid, xdr.AUTH_ERROR, stat)
 			break
 		}
 		call.Cred = cred
 		if !cn.s.cacheable(call) {
-			cn.s.dispatch(ctx, call, args, &out)
+			cn.s.dispatch(ctx, call, args, out)
 			break
 		}
 		k := drcKeyOf(call, args)
@@ -354,7 +356,7 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 			cn.write(kept)
 			return
 		}
-		ok := cn.s.dispatch(ctx, call, args, &out)
+		ok := cn.s.dispatch(ctx, call, args, out)
 		b := out.Bytes()
 		FinishRecord(b)
 		if !ok {
@@ -374,6 +376,17 @@ func (cn *conn) write(b []byte) {
 	cn.c.SetWriteDeadline(time.Now().Add(time.Minute))
 	if _, err := cn.c.Write(b); err != nil && !errors.Is(err, net.ErrClosed) {
 		cn.s.cfg.Log.Debug("oncrpc: writing a reply", "remote", cn.remote, "err", err)
+	}
+}
+
+// replyBufs are reply buffers, each given back once its reply is written
+// (a READ's is a megabyte); one grown beyond 2 MiB is left to the
+// collector.
+var replyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func putReplyBuf(b *bytes.Buffer) {
+	if b.Cap() <= 2<<20 {
+		replyBufs.Put(b)
 	}
 }
 
