@@ -169,9 +169,9 @@ func TestAttrCacheRemoved(t *testing.T) {
 	want(t, "GETATTR of a handle removed elsewhere", st, xdr.NFS3ERR_STALE)
 }
 
-// READ and WRITE use the cached attributes: a 4 KiB READ costs no
-// metadata call and a WRITE one (its post-operation attributes), until
-// the timeout.
+// READ and WRITE use the cached attributes: they cost no metadata call
+// until the timeout, and a WRITE's post-operation attributes show its
+// size and mtime.
 func TestAttrCacheCalls(t *testing.T) {
 	ac := startAttrCluster(t, time.Hour)
 	f, c := ac.f, ac.cl.c
@@ -186,12 +186,26 @@ func TestAttrCacheCalls(t *testing.T) {
 		t.Fatalf("10 READs made %d metadata calls, want 0", n)
 	}
 	before = gets()
+	_, pre := f.getattr(ac.file)
+	time.Sleep(10 * time.Millisecond) // a later mtime
 	for i := 0; i < 10; i++ {
-		if st, _ := f.write(ac.file, 0, []byte("abcd"), xdr.UNSTABLE); st != xdr.NFS3_OK {
+		st, ok := f.write(ac.file, 4096+uint64(i)*4, []byte("abcd"), xdr.UNSTABLE)
+		if st != xdr.NFS3_OK {
 			t.Fatalf("write: %v", st)
 		}
+		post := ok.File_wcc.After.Attributes()
+		if !ok.File_wcc.After.Attributes_follow || post.Size != 4096+uint64(i+1)*4 || nsOf(post.Mtime) <= nsOf(pre.Mtime) {
+			t.Fatalf("WRITE %d: post-operation attributes %v: size %d mtime %v, want size %d and an mtime after %v",
+				i, ok.File_wcc.After.Attributes_follow, post.Size, post.Mtime, 4096+(i+1)*4, pre.Mtime)
+		}
 	}
-	if n := gets() - before; n != 10 {
-		t.Fatalf("10 WRITEs made %d metadata calls, want 10", n)
+	if n := gets() - before; n != 1 {
+		t.Fatalf("a GETATTR and 10 WRITEs made %d metadata calls, want 1", n)
+	}
+	st, attr := f.getattr(ac.file)
+	if want(t, "getattr", st, xdr.NFS3_OK); attr.Size != 4096+40 {
+		t.Fatalf("GETATTR after the WRITEs: size %d, want %d", attr.Size, 4096+40)
 	}
 }
+
+func nsOf(t xdr.Nfstime3) int64 { return int64(t.Seconds)*1e9 + int64(t.Nseconds) }

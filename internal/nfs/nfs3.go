@@ -401,7 +401,9 @@ func (s *Server) write3(ctx context.Context, call *oncrpc.Call, a *xdr.WRITE3arg
 		}
 		n, err = s.write(ctx, t.ino, int64(a.Offset), a.Data[:a.Count], unstable)
 	}
-	after := s.attrOrNil(ctx, t.ino)
+	// The post-operation attributes: the ones the checks used, with this
+	// write folded in (MergeLocal: size and mtime of the buffered write).
+	after, _ := s.cachedAttr(ctx, t.ino)
 	if res.Status = s.status("write", t.ino, err); res.Status == xdr.NFS3_OK {
 		ok := res.Resok()
 		s.wcc(&ok.File_wcc, nil, after)
