@@ -98,22 +98,21 @@ func (s *Server) attrOrNil(ctx context.Context, ino uint64) *rpc.Attr {
 
 // object resolves a handle and reads its inode's attributes.
 func (s *Server) object(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3) (target, *rpc.Attr, error) {
-	t, err := s.resolve(call, fh)
-	if err != nil {
-		return t, nil, err
-	}
-	a, err := s.attr(ctx, t.ino)
-	return t, a, err
+	return s.resolveWith(ctx, call, fh, s.attr)
 }
 
 // file is object for READ, WRITE and COMMIT: the attributes may come from
 // the attribute cache.
 func (s *Server) file(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3) (target, *rpc.Attr, error) {
+	return s.resolveWith(ctx, call, fh, s.cachedAttr)
+}
+
+func (s *Server) resolveWith(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, attr func(context.Context, uint64) (*rpc.Attr, error)) (target, *rpc.Attr, error) {
 	t, err := s.resolve(call, fh)
 	if err != nil {
 		return t, nil, err
 	}
-	a, err := s.cachedAttr(ctx, t.ino)
+	a, err := attr(ctx, t.ino)
 	return t, a, err
 }
 
