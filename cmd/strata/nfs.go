@@ -142,6 +142,7 @@ func init() {
 	f.Int64Var(&ccfg.WriteBehindBytes, "write-behind-bytes", ccfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
 	f.Int64Var(&ccfg.ReadAheadBytes, "read-ahead-bytes", ccfg.ReadAheadBytes, "the gateway's own read-ahead per file (0 = off: clients read ahead, and prefetched bytes could be stale for another client's writes)")
 	f.DurationVar(&ncfg.IdleFileTimeout, "idle-file-timeout", ncfg.IdleFileTimeout, "release a file READ/WRITE has not touched for this long")
+	f.DurationVar(&ncfg.AttrTimeout, "attr-timeout", ncfg.AttrTimeout, "READ, WRITE and COMMIT check permissions and file size with attributes up to this old (a change made elsewhere shows within it, as on a FUSE mount; GETATTR and ACCESS always ask); 0 = ask on every call")
 	metricsFlag(f, &ccfg.MetricsAddr)
 	rootCmd.AddCommand(cmd)
 }

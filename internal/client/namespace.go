@@ -60,6 +60,19 @@ func (c *Client) GetAttr(ctx context.Context, ino uint64) (rpc.Attr, error) {
 	return resp.Attr, nil
 }
 
+// SizeSeq orders this client's size changes in metadata (commits,
+// truncates): read it before a GetAttr or Lookup whose answer is kept, and
+// give it to MergeLocal with that answer.
+func (c *Client) SizeSeq() uint64 { return c.sizeSeq.Load() }
+
+// MergeLocal folds into attributes a caller kept — an answer of this
+// client's GetAttr, Lookup, SetAttr or creation, to a call begun when
+// SizeSeq was since — what this client changed since and the metadata
+// service may not have yet (an open file's buffered writes and truncates,
+// access times not sent), as GetAttr does with its own answer: a cache of
+// attributes (the NFS gateway's) stays as current as this client's view.
+func (c *Client) MergeLocal(a *rpc.Attr, since uint64) { c.mergeLocal(a, since) }
+
 // mergeLocal folds the uncommitted state of an open inode into a.
 // since is Client.sizeSeq before the call that answered a (inode.merge).
 func (c *Client) mergeLocal(a *rpc.Attr, since uint64) {

@@ -1,9 +1,17 @@
 package nfs_test
 
 import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/stratafs/strata/internal/nfs/nfstest"
 	"github.com/stratafs/strata/internal/nfs/xdr"
+	"github.com/stratafs/strata/internal/rpc"
 )
 
 // BenchmarkWrite1MiB and BenchmarkRead1MiB move 1 MiB per NFS call through
@@ -48,4 +56,125 @@ func benchIO(b *testing.B, read bool) {
 			b.Fatal(st)
 		}
 	}
+}
+
+// The bench's NFS row (internal/bench/peers, nfsdrive.go) in this process,
+// for profiles: 4 streams, each its own connection and file or directory,
+// one call at a time each. Reported per NFS call: the client library's
+// metadata and store calls.
+const benchStreams = 4
+
+func BenchmarkStreamsGetattr(b *testing.B) { benchStreams4(b, "getattr") }
+func BenchmarkStreamsRemove(b *testing.B)  { benchStreams4(b, "remove") }
+
+// BenchmarkStreamsRemoveAsync is REMOVE on an async export: without the
+// wait for the metadata log's sync.
+func BenchmarkStreamsRemoveAsync(b *testing.B) { benchStreams4(b, "remove-async") }
+func BenchmarkStreamsRandRead(b *testing.B)    { benchStreams4(b, "randread") }
+func BenchmarkStreamsRandWrite(b *testing.B)   { benchStreams4(b, "randwrite") }
+
+func benchStreams4(b *testing.B, op string) {
+	cl := startCluster(b)
+	cl.cfg.ReadAheadBytes = 0 // as strata nfs and strata up --nfs
+	cl.c = cl.newClient()
+	export := "/=rw,sync,no_root_squash,clients=127.0.0.1"
+	if op == "remove-async" {
+		op, export = "remove", "/=rw,async,no_root_squash,clients=127.0.0.1"
+	}
+	g := cl.startGateway(export)
+	root := mount(b, g.dial(b, "", 0, 0), "/")
+	const fileBytes = 16 << 20
+	type stream struct {
+		c         *nfstest.Client
+		dir, file []byte
+		names     []string
+		rng       *rand.Rand
+		block     []byte
+	}
+	ss := make([]*stream, benchStreams)
+	per := (b.N + benchStreams - 1) / benchStreams
+	for i := range ss {
+		s := &stream{c: g.dial(b, "", 0, 0), rng: rand.New(rand.NewPCG(uint64(i), 7)), block: make([]byte, 4096)}
+		var err error
+		if s.dir, err = s.c.Mkdir(root, fmt.Sprintf("s%d", i), 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if s.file, err = s.c.Create(s.dir, "data", 0o644); err != nil {
+			b.Fatal(err)
+		}
+		if op == "randread" || op == "randwrite" {
+			blk := make([]byte, 1<<20)
+			for off := 0; off < fileBytes; off += len(blk) {
+				if _, err := s.c.Write(s.file, uint64(off), blk, xdr.UNSTABLE); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if _, err := s.c.Commit(s.file); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if op == "remove" {
+			for k := 0; k < per; k++ {
+				s.names = append(s.names, fmt.Sprintf("f%d", k))
+				if _, err := s.c.Create(s.dir, s.names[k], 0o644); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		ss[i] = s
+	}
+	counted := []struct {
+		svc string
+		m   rpc.Method
+	}{{"meta", rpc.MGetAttr}, {"meta", rpc.MLookup}, {"meta", rpc.MUnlink}, {"meta", rpc.MSync}, {"meta", rpc.MCommitSize},
+		{"store", rpc.SRead}, {"store", rpc.SWrite}}
+	before := make([]uint64, len(counted))
+	for i, k := range counted {
+		before[i] = cl.c.Calls(k.svc, k.m)
+	}
+	cpu0 := cpuTime(b)
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	errs := make([]error, len(ss))
+	for i, s := range ss {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; k < per && errs[i] == nil; k++ {
+				off := uint64(s.rng.Int64N(fileBytes/4096)) * 4096
+				switch op {
+				case "getattr":
+					_, errs[i] = s.c.Getattr(s.file)
+				case "remove":
+					errs[i] = s.c.Remove(s.dir, s.names[k])
+				case "randread":
+					_, errs[i] = s.c.Read(s.file, off, 4096)
+				case "randwrite":
+					_, errs[i] = s.c.Write(s.file, off, s.block, xdr.UNSTABLE)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+	n := float64(per * benchStreams)
+	// CPU time of the process (gateway, cluster and test clients) per
+	// call: on a shared machine a steadier figure than the wall time.
+	b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/n, "cpu-us/op")
+	for i, k := range counted {
+		if d := cl.c.Calls(k.svc, k.m) - before[i]; d > 0 {
+			b.ReportMetric(float64(d)/n, fmt.Sprintf("%s-%d/op", k.svc, k.m))
+		}
+	}
+}
+
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

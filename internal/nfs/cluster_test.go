@@ -26,6 +26,8 @@ type cluster struct {
 	metaAddr string
 	c        *client.Client
 	cfg      client.Config
+	// gatewayCfg, when set, changes the gateways' configuration.
+	gatewayCfg func(*nfs.Config)
 }
 
 func startCluster(t testing.TB) *cluster {
@@ -114,6 +116,9 @@ func (cl *cluster) startGatewayWith(mod func(*nfs.Config), exports ...string) *g
 	cfg := nfs.DefaultConfig()
 	cfg.ClusterKey = cl.key
 	cfg.NLMGrace = 0
+	if cl.gatewayCfg != nil {
+		cl.gatewayCfg(&cfg)
+	}
 	for _, x := range exports {
 		e, err := nfs.ParseExport(x)
 		if err != nil {

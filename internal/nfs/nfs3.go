@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"math"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/stratafs/strata/internal/nfs/oncrpc"
 	"github.com/stratafs/strata/internal/nfs/xdr"
@@ -22,7 +24,7 @@ func (s *Server) nfsProgram() *oncrpc.Program {
 		3:  serve(xdr.XDR_LOOKUP3args, xdr.XDR_LOOKUP3res, s.lookup3),
 		4:  serve(xdr.XDR_ACCESS3args, xdr.XDR_ACCESS3res, s.access3),
 		5:  serve(xdr.XDR_READLINK3args, xdr.XDR_READLINK3res, s.readlink3),
-		6:  serve(xdr.XDR_READ3args, xdr.XDR_READ3res, s.read3),
+		6:  serveRelease(xdr.XDR_READ3args, xdr.XDR_READ3res, s.read3),
 		7:  serve(xdr.XDR_WRITE3args, xdr.XDR_WRITE3res, s.write3),
 		8:  serve(xdr.XDR_CREATE3args, xdr.XDR_CREATE3res, s.create3),
 		9:  serve(xdr.XDR_MKDIR3args, xdr.XDR_MKDIR3res, s.mkdir3),
@@ -51,15 +53,38 @@ func (s *Server) nfsProgram() *oncrpc.Program {
 // handle outlived its file), and so is a removed file some client still
 // holds open (an orphan, Nlink 0): NFS clients keep their open files alive
 // themselves by renaming them (silly rename), not through the server.
+//
+// The answer refreshes the attribute cache (attrcache.go).
 func (s *Server) attr(ctx context.Context, ino uint64) (*rpc.Attr, error) {
+	since, at := s.c.SizeSeq(), time.Now()
 	a, err := s.c.GetAttr(ctx, ino)
 	if err != nil {
 		return nil, staleIfGone(err)
 	}
+	s.attrs.put(&a, since, at)
+	return liveAttr(&a)
+}
+
+func liveAttr(a *rpc.Attr) (*rpc.Attr, error) {
 	if a.Nlink == 0 {
 		return nil, errStatus(xdr.NFS3ERR_STALE)
 	}
-	return &a, nil
+	return a, nil
+}
+
+// cachedAttr is attr answered from the attribute cache when it holds ino's
+// attributes from within Config.AttrTimeout, with this gateway's own
+// uncommitted changes folded in: for READ, WRITE and COMMIT, which check
+// permissions and bound reads with them (attrcache.go says why that is
+// safe).
+func (s *Server) cachedAttr(ctx context.Context, ino uint64) (*rpc.Attr, error) {
+	e, ok := s.attrs.get(ino)
+	if !ok {
+		return s.attr(ctx, ino)
+	}
+	a := e.a
+	s.c.MergeLocal(&a, e.since)
+	return liveAttr(&a)
 }
 
 // attrOrNil is attr for post-operation attributes, which may be omitted.
@@ -73,11 +98,21 @@ func (s *Server) attrOrNil(ctx context.Context, ino uint64) *rpc.Attr {
 
 // object resolves a handle and reads its inode's attributes.
 func (s *Server) object(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3) (target, *rpc.Attr, error) {
+	return s.resolveWith(ctx, call, fh, s.attr)
+}
+
+// file is object for READ, WRITE and COMMIT: the attributes may come from
+// the attribute cache.
+func (s *Server) file(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3) (target, *rpc.Attr, error) {
+	return s.resolveWith(ctx, call, fh, s.cachedAttr)
+}
+
+func (s *Server) resolveWith(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, attr func(context.Context, uint64) (*rpc.Attr, error)) (target, *rpc.Attr, error) {
 	t, err := s.resolve(call, fh)
 	if err != nil {
 		return t, nil, err
 	}
-	a, err := s.attr(ctx, t.ino)
+	a, err := attr(ctx, t.ino)
 	return t, a, err
 }
 
@@ -230,10 +265,13 @@ func (s *Server) setattr(ctx context.Context, t target, before *rpc.Attr, sa *xd
 	if req.Valid == 0 {
 		return before, nil
 	}
+	since, at := s.c.SizeSeq(), time.Now()
 	after, err := s.c.SetAttr(ctx, t.ino, req)
 	if err != nil {
+		s.attrs.drop(t.ino) // it may have changed
 		return nil, staleIfGone(err)
 	}
+	s.attrs.put(&after, since, at)
 	return &after, s.durable(ctx, t)
 }
 
@@ -285,15 +323,19 @@ func ioCheck(c cred, a *rpc.Attr, want uint32) error {
 	return nil
 }
 
-func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args) *xdr.READ3res {
+// read3 answers READ; the data is read into a pooled buffer that release
+// gives back once the answer is encoded.
+func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args) (_ *xdr.READ3res, release func()) {
 	res := &xdr.READ3res{}
 	var data []byte
-	t, attr, err := s.object(ctx, call, &a.File)
+	t, attr, err := s.file(ctx, call, &a.File)
 	if err == nil {
 		err = ioCheck(t.cred, attr, mayRead)
 	}
 	if err == nil && a.Offset < attr.Size && a.Count > 0 {
-		data, err = s.read(ctx, t.ino, int64(a.Offset), int(min(a.Count, maxIOBytes)))
+		buf := readBufs.Get().(*[]byte)
+		release = func() { readBufs.Put(buf) }
+		data, err = s.read(ctx, t.ino, int64(a.Offset), (*buf)[:min(a.Count, maxIOBytes)])
 	}
 	if res.Status = s.status("read", t.ino, err); res.Status == xdr.NFS3_OK {
 		ok := res.Resok()
@@ -304,16 +346,20 @@ func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args)
 	} else {
 		s.postOp(&res.Resfail().File_attributes, attr)
 	}
-	return res
+	return res, release
 }
 
-func (s *Server) read(ctx context.Context, ino uint64, off int64, n int) ([]byte, error) {
+// readBufs are READ's data buffers (maxIOBytes each): a sequential reader
+// would otherwise have a megabyte allocated and collected per call.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, maxIOBytes); return &b }}
+
+// read reads into buf at off.
+func (s *Server) read(ctx context.Context, ino uint64, off int64, buf []byte) ([]byte, error) {
 	of, err := s.files.get(ctx, ino)
 	if err != nil {
 		return nil, staleIfGone(err)
 	}
 	defer s.files.put(of, false)
-	buf := make([]byte, n)
 	got, err := of.f.ReadAt(ctx, buf, off)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
@@ -334,7 +380,7 @@ func (s *Server) write3(ctx context.Context, call *oncrpc.Call, a *xdr.WRITE3arg
 	res := &xdr.WRITE3res{}
 	var n int
 	committed := xdr.FILE_SYNC
-	t, attr, err := s.object(ctx, call, &a.File)
+	t, attr, err := s.file(ctx, call, &a.File)
 	if err == nil && t.exp.ReadOnly {
 		err = errROFS
 	}
@@ -354,7 +400,9 @@ func (s *Server) write3(ctx context.Context, call *oncrpc.Call, a *xdr.WRITE3arg
 		}
 		n, err = s.write(ctx, t.ino, int64(a.Offset), a.Data[:a.Count], unstable)
 	}
-	after := s.attrOrNil(ctx, t.ino)
+	// The post-operation attributes: the ones the checks used, with this
+	// write folded in (MergeLocal: size and mtime of the buffered write).
+	after, _ := s.cachedAttr(ctx, t.ino)
 	if res.Status = s.status("write", t.ino, err); res.Status == xdr.NFS3_OK {
 		ok := res.Resok()
 		s.wcc(&ok.File_wcc, nil, after)
@@ -404,7 +452,7 @@ func (s *Server) write(ctx context.Context, ino uint64, off int64, p []byte, uns
 
 func (s *Server) commit3(ctx context.Context, call *oncrpc.Call, a *xdr.COMMIT3args) *xdr.COMMIT3res {
 	res := &xdr.COMMIT3res{}
-	t, attr, err := s.object(ctx, call, &a.File)
+	t, attr, err := s.file(ctx, call, &a.File)
 	if err == nil {
 		err = ioCheck(t.cred, attr, mayWrite)
 		if errors.Is(err, errAcces) {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"syscall"
+	"time"
 
 	"github.com/stratafs/strata/internal/nfs/oncrpc"
 	"github.com/stratafs/strata/internal/nfs/xdr"
@@ -103,10 +104,12 @@ func (s *Server) lookup(ctx context.Context, t target, dir *rpc.Attr, name strin
 		}
 		return &a, nil
 	}
+	since, at := s.c.SizeSeq(), time.Now()
 	a, err := s.c.Lookup(ctx, t.ino, name)
 	if err != nil {
 		return nil, err
 	}
+	s.attrs.put(&a, since, at)
 	return &a, nil
 }
 
@@ -128,7 +131,11 @@ func (s *Server) makeNode(ctx context.Context, call *oncrpc.Call, where *xdr.Dir
 	if err != nil {
 		return out, err
 	}
+	since, at := s.c.SizeSeq(), time.Now()
 	a, err := mk(t)
+	if err == nil {
+		s.attrs.put(&a, since, at)
+	}
 	if err == nil && sa != nil {
 		rest := *sa
 		rest.Mode.Set_it = false
@@ -324,8 +331,14 @@ func (s *Server) remove3(ctx context.Context, call *oncrpc.Call, a *xdr.REMOVE3a
 	res := &xdr.REMOVE3res{}
 	removeEntry(s, ctx, call, "remove", &a.Object, &res.Status, res.Resok, res.Resfail, func(t target) error {
 		victim, err := s.c.Unlink(ctx, t.ino, a.Object.Name)
-		if err == nil && victim.Nlink == 0 {
-			s.files.forget(victim.Ino) // else the gateway would keep it alive
+		switch {
+		case err == nil:
+			s.attrs.drop(victim.Ino) // its link count changed; gone: STALE at once
+			if victim.Nlink == 0 {
+				s.files.forget(victim.Ino) // else the gateway would keep it alive
+			}
+		case !changeRefused(err):
+			s.attrs.reset() // what it removed, if anything, is unknown
 		}
 		return err
 	})
@@ -334,8 +347,13 @@ func (s *Server) remove3(ctx context.Context, call *oncrpc.Call, a *xdr.REMOVE3a
 
 func (s *Server) rmdir3(ctx context.Context, call *oncrpc.Call, a *xdr.RMDIR3args) *xdr.RMDIR3res {
 	res := &xdr.RMDIR3res{}
-	removeEntry(s, ctx, call, "rmdir", &a.Object, &res.Status, res.Resok, res.Resfail,
-		func(t target) error { return s.c.Rmdir(ctx, t.ino, a.Object.Name) })
+	removeEntry(s, ctx, call, "rmdir", &a.Object, &res.Status, res.Resok, res.Resfail, func(t target) error {
+		err := s.c.Rmdir(ctx, t.ino, a.Object.Name)
+		if !changeRefused(err) {
+			s.attrs.reset() // the directory removed is not named by the answer
+		}
+		return err
+	})
 	return res
 }
 
@@ -384,7 +402,11 @@ func (s *Server) rename(ctx context.Context, call *oncrpc.Call, a *xdr.RENAME3ar
 			return from, to, errAcces
 		}
 	}
-	if err := s.c.Rename(ctx, from.ino, a.From.Name, to.ino, a.To.Name, 0); err != nil {
+	err = s.c.Rename(ctx, from.ino, a.From.Name, to.ino, a.To.Name, 0)
+	if !changeRefused(err) {
+		s.attrs.reset() // the file it replaced, if any, is not named by the answer
+	}
+	if err != nil {
 		return from, to, err
 	}
 	return from, to, s.durable(ctx, from)
@@ -407,6 +429,7 @@ func (s *Server) link3(ctx context.Context, call *oncrpc.Call, a *xdr.LINK3args)
 	}
 	if err == nil {
 		_, err = s.c.Link(ctx, t.ino, dirIno, a.Link.Name)
+		s.attrs.drop(t.ino) // its link count changed
 	}
 	if err == nil {
 		err = s.durable(ctx, t)
@@ -470,9 +493,15 @@ func (s *Server) list(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, c
 		}
 		after = name
 	}
+	since, at := s.c.SizeSeq(), time.Now()
 	entries, eof, err := s.c.ReadDir(ctx, t.ino, after, min(max(fetch, 1), maxDirEntries), plus)
 	if err != nil {
 		return l, staleIfGone(err)
+	}
+	if plus {
+		for i := range entries {
+			s.attrs.put(&entries[i].Attr, since, at)
+		}
 	}
 	n := 0
 	for n < len(entries) && fits(n, entries[n].Name) {

@@ -56,6 +56,11 @@ type Config struct {
 	// NLMName is the gateway's host name in SM_NOTIFY (the name clients
 	// mount it by; default: the host name).
 	NLMName string
+	// AttrTimeout is how long READ, WRITE and COMMIT may check permissions
+	// and bound reads with attributes the metadata service answered
+	// earlier (attrcache.go); 0 asks it on every call. A change made
+	// elsewhere shows in them within this time, as on a FUSE mount.
+	AttrTimeout time.Duration
 	// RPC configures the ONC RPC layer (record size, connections).
 	RPC oncrpc.Config
 	Log *slog.Logger
@@ -68,6 +73,7 @@ func DefaultConfig() Config {
 		MaxOpenFiles:    4096,
 		NLMGrace:        45 * time.Second,
 		NLMPortmapPort:  111,
+		AttrTimeout:     time.Second,
 		RPC:             oncrpc.DefaultConfig(),
 		Log:             slog.Default(),
 	}
@@ -95,6 +101,9 @@ func (c *Config) Validate() error {
 	if c.NLMPortmapPort == 0 {
 		errs = append(errs, errors.New("NLMPortmapPort must be set (111)"))
 	}
+	if c.AttrTimeout < 0 {
+		errs = append(errs, errors.New("AttrTimeout must not be negative"))
+	}
 	if c.IdleFileTimeout <= 0 {
 		errs = append(errs, errors.New("IdleFileTimeout must be positive"))
 	}
@@ -121,6 +130,7 @@ type Server struct {
 	// UNSTABLE writes a restarted gateway may have lost (RFC 1813 3.3.7).
 	verifier [8]byte
 	files    *openFiles
+	attrs    *attrCache
 	cookies  *cookieTable
 	rpc      *oncrpc.Server
 	nlm      *nlm
@@ -159,6 +169,7 @@ func New(c *client.Client, cfg Config) (*Server, error) {
 	s.mu.mounts = map[mountKey]struct{}{}
 	s.mu.roots = map[uint64]uint64{}
 	s.files = newOpenFiles(c, s.log, cfg.IdleFileTimeout, cfg.MaxOpenFiles)
+	s.attrs = newAttrCache(cfg.AttrTimeout)
 	s.cookies = newCookieTable(cookieBatches)
 	rpcCfg := cfg.RPC
 	rpcCfg.Log = s.log
@@ -222,12 +233,23 @@ func (s *Server) Verifier() [8]byte { return s.verifier }
 // serve adapts a typed procedure to oncrpc: decode the arguments (garbage
 // is GARBAGE_ARGS), run fn, encode its results.
 func serve[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) PR, fn func(context.Context, *oncrpc.Call, *A) *R) oncrpc.Proc {
+	return serveRelease(argx, resx, func(ctx context.Context, call *oncrpc.Call, a *A) (*R, func()) {
+		return fn(ctx, call, a), nil
+	})
+}
+
+// serveRelease is serve for a procedure whose results use memory it gives
+// back (release, when not nil) once they are encoded.
+func serveRelease[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) PR, fn func(context.Context, *oncrpc.Call, *A) (*R, func())) oncrpc.Proc {
 	return func(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 		var a A
 		if _, err := xdr.Decode(args, argx(&a)); err != nil {
 			return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
 		}
-		r := fn(ctx, call, &a)
+		r, release := fn(ctx, call, &a)
+		if release != nil {
+			defer release()
+		}
 		if h, ok := any(r).(interface{ SizeHint() int }); ok {
 			res.Grow(h.SizeHint())
 		}
