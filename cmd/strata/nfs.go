@@ -131,7 +131,7 @@ func init() {
 	f.DurationVar(&ncfg.NLMGrace, "nlm-grace", ncfg.NLMGrace, "after a start (or a fail-over to this gateway), grant only lock reclaims for this long")
 	f.StringVar(&ncfg.NLMStateDir, "nlm-state-dir", "", "directory keeping the client hosts that took locks, told at the next start to reclaim them (as rpc.statd's /var/lib/nfs/sm; empty: nobody is told)")
 	f.StringVar(&ncfg.NLMName, "nlm-name", "", "this gateway's name in its restart notifications (SM_NOTIFY): the name clients mount it by (default: the host name)")
-	f.Uint16Var(&ncfg.NLMPortmapPort, "nlm-portmap-port", ncfg.NLMPortmapPort, "port of the client hosts' port mappers (tests: a client's port mapper on another port)")
+	f.Uint16Var(&ncfg.NLMPortmapPort, "nlm-portmap-port", ncfg.NLMPortmapPort, "`PORT` of the client hosts' port mappers (tests: a client's port mapper on another port)")
 	_ = f.MarkHidden("nlm-portmap-port")
 	tf.register(f)
 	f.StringVar(&haVIP, "ha-vip", "", "HA pair: the pair's virtual IPv4 address with its prefix, e.g. 10.0.0.100/24 (with --ha-dev)")
