@@ -498,7 +498,7 @@ func (n *nlm) waitBlock(b *nlmBlock, l client.Lock) {
 	n.mu.Lock()
 	cancelled := b.cancelled
 	if err != nil || cancelled {
-		delete(n.mu.blocks, b.key)
+		n.forgetBlock(b)
 		n.mu.Unlock()
 		if err == nil {
 			n.release(l) // granted as the cancel came
@@ -513,12 +513,33 @@ func (n *nlm) waitBlock(b *nlmBlock, l client.Lock) {
 	st, err := n.callGranted(b)
 	n.mu.Lock()
 	cancelled, told := b.cancelled, b.told
-	delete(n.mu.blocks, b.key)
+	n.forgetBlock(b)
 	n.mu.Unlock()
 	if !told && (err != nil || st != xdr.NLM4_GRANTED || cancelled) {
 		n.log.Info("nlm: a blocked lock was granted but the client did not take it; released", "ino", l.Ino, "host", b.host,
 			"remote", b.remote, "status", st, "cancelled", cancelled, "err", err)
 		n.release(l)
+	}
+}
+
+// forgetBlock drops b from the blocked requests unless another request
+// of the same key replaced it there (mu held).
+func (n *nlm) forgetBlock(b *nlmBlock) {
+	if n.mu.blocks[b.key] == b {
+		delete(n.mu.blocks, b.key)
+	}
+}
+
+// unlocked forgets the granted blocked requests that l (an unlock) ends:
+// the client took the lock (it unlocks it), so the waiter must not release
+// it later, and a new request of the same range must not be answered from
+// the old grant (mu held).
+func (n *nlm) unlocked(l client.Lock) {
+	for k, b := range n.mu.blocks {
+		if k.ino == l.Ino && k.owner == l.Owner && b.granted && k.start >= l.Start && k.end <= l.End {
+			b.told = true
+			delete(n.mu.blocks, k)
+		}
 	}
 }
 
@@ -656,11 +677,15 @@ func (n *nlm) unlock(ctx context.Context, call *oncrpc.Call, a *xdr.Nlm4_unlocka
 		res.Stat.Stat = n.statOf("unlock", l, err)
 		return res
 	}
+	n.mu.Lock()
+	// A blocked request granted by callback is forgotten by its waiter
+	// only once the callback's answer came: the client may unlock, and
+	// ask again, before that.
+	n.unlocked(l)
 	if l.Start == 0 && l.End == ^uint64(0) {
-		n.mu.Lock()
 		n.untrackLocked(a.Alock.Caller_name, nlmLockKey{l.Ino, l.Owner})
-		n.mu.Unlock()
 	}
+	n.mu.Unlock()
 	res.Stat.Stat = xdr.NLM4_GRANTED
 	return res
 }
