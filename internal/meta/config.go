@@ -92,8 +92,9 @@ type Config struct {
 	// and move it instead of sleeping. On a clock that stands still,
 	// storage servers stay alive until it passes ServerTimeout (a test
 	// sends their heartbeats as it moves it), and a create on a new
-	// leader that knows no live target waits for one until the clock
-	// passes the startup grace or the request ends.
+	// leader that knows no live target waits for one until every
+	// registered server has heartbeated, the clock passes ServerTimeout
+	// since it took office, or the request ends.
 	Clock clock.Clock
 	// MetricsAddr, if set, serves Prometheus metrics at http://ADDR/metrics.
 	MetricsAddr string

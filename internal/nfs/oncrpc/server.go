@@ -360,9 +360,12 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 		b := out.Bytes()
 		FinishRecord(b)
 		if !ok {
-			b = nil // a failure of ours, not the procedure's answer: run again
+			cn.s.drc.finish(k, nil) // a failure of ours, not the procedure's answer: run again
+		} else {
+			cn.s.drc.finish(k, b)
 		}
-		cn.s.drc.finish(k, b)
+		cn.write(b)
+		return
 	}
 	b := out.Bytes()
 	FinishRecord(b)
