@@ -755,6 +755,32 @@ func TestMirrorPlacementE2E(t *testing.T) {
 	if out := run("stripe", "get", filepath.Join(dir, "f")); !strings.Contains(string(out), "mirror groups:") {
 		t.Fatalf("stripe get of a mirrored file: %s", out)
 	}
+	// A directory's mirror mark shows in stripe get (text and JSON); a
+	// file has none.
+	markOf := func(path string) *bool {
+		var l struct {
+			Mirror *bool `json:"mirror"`
+		}
+		if err := json.Unmarshal(run("stripe", "get", "--json", path), &l); err != nil {
+			t.Fatal(err)
+		}
+		return l.Mirror
+	}
+	for path, want := range map[string]bool{dir: true, filepath.Join(dir, "new"): true, mnt: false} {
+		if m := markOf(path); m == nil || *m != want {
+			t.Fatalf("stripe get --json %s: mirror %v, want %v", path, m, want)
+		}
+	}
+	if m := markOf(filepath.Join(dir, "f")); m != nil {
+		t.Fatalf("stripe get --json of a file says mirror %v", *m)
+	}
+	if out := run("stripe", "get", dir); !strings.Contains(string(out), "mirror:       on") {
+		t.Fatalf("stripe get of a mirrored directory: %s", out)
+	}
+	run("stripe", "set", "--mirror=false", filepath.Join(dir, "new"))
+	if out := run("stripe", "get", filepath.Join(dir, "new")); !strings.Contains(string(out), "mirror:       off") {
+		t.Fatalf("stripe get after stripe set --mirror=false: %s", out)
+	}
 }
 
 // TestUpRestartRightAfterKill: a strata up started again at once after

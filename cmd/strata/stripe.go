@@ -17,6 +17,7 @@ import (
 	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/mountinfo"
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 func init() {
@@ -97,8 +98,12 @@ func init() {
 			if err != nil {
 				return err
 			}
+			mirror, mirrorErr := dirMirrorMark(cmd.Context(), args[0])
 			if asJSON {
-				return json.NewEncoder(os.Stdout).Encode(l)
+				return json.NewEncoder(os.Stdout).Encode(struct {
+					admin.Layout
+					Mirror *bool `json:"mirror,omitempty"`
+				}{l, mirror})
 			}
 			countText := strconv.Itoa(int(l.StripeCount))
 			if l.StripeCount == 0 {
@@ -124,10 +129,18 @@ func init() {
 			if l.MaxFileBytes > 0 {
 				fmt.Printf("max_file_size: %s (%d bytes)\n", humanBytes(uint64(l.MaxFileBytes)), l.MaxFileBytes)
 			}
+			switch {
+			case mirror != nil && *mirror:
+				fmt.Printf("mirror:       on (new files go on mirror groups)\n")
+			case mirror != nil:
+				fmt.Printf("mirror:       off\n")
+			case mirrorErr != nil:
+				fmt.Printf("mirror:       unknown (%v)\n", mirrorErr)
+			}
 			return nil
 		},
 	}
-	get.Flags().BoolVar(&asJSON, "json", false, `print {"stripe_size": …, "stripe_count": …, "targets": [ids], "max_file_bytes": … (files)}`)
+	get.Flags().BoolVar(&asJSON, "json", false, `print {"stripe_size": …, "stripe_count": …, "targets": [ids], "max_file_bytes": … (files), "mirror": … (directories)}`)
 	stripe.AddCommand(set, get)
 	rootCmd.AddCommand(stripe)
 }
@@ -143,15 +156,10 @@ func setDirMirror(ctx context.Context, dir string, cur admin.Layout, count, size
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return usagef("stripe set --mirror: %s is not a directory", dir)
 	}
-	c, err := admin.Locate(admin.Query{Dir: dir})
+	m, err := dirMetaClient(dir)
 	if err != nil {
-		return fmt.Errorf("stripe set --mirror: find the cluster of %s: %w", dir, err)
+		return fmt.Errorf("stripe set --mirror: %w", err)
 	}
-	key, err := readKeyFile(c.KeyFile)
-	if err != nil {
-		return err
-	}
-	m := adminMetaClient(strings.Join(c.MetaAddrs, ","), key)
 	defer m.Close()
 	req := &rpc.SetDirLayoutReq{Dir: st.Ino, StripeSize: cur.StripeSize, StripeCount: cur.StripeCount, Mirror: rpc.DirMirrorOff}
 	if count != nil {
@@ -167,6 +175,41 @@ func setDirMirror(ctx context.Context, dir string, cur admin.Layout, count, size
 		return fmt.Errorf("set layout of %s: %w", dir, err)
 	}
 	return nil
+}
+
+// dirMetaClient is an admin client of the metadata service of the mount
+// dir is on (it needs the cluster's key file).
+func dirMetaClient(dir string) (*transport.Multi, error) {
+	c, err := admin.Locate(admin.Query{Dir: dir})
+	if err != nil {
+		return nil, fmt.Errorf("find the cluster of %s: %w", dir, err)
+	}
+	key, err := readKeyFile(c.KeyFile)
+	if err != nil {
+		return nil, err
+	}
+	return adminMetaClient(strings.Join(c.MetaAddrs, ","), key), nil
+}
+
+// dirMirrorMark answers the mirror mark of path if it is a directory:
+// nil and no error for anything else, nil and why when it cannot be
+// read (no access to the key file, an older metadata service). The layout
+// xattr has no word for the mark, so it comes from the metadata service.
+func dirMirrorMark(ctx context.Context, path string) (*bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return nil, nil
+	}
+	m, err := dirMetaClient(path)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	var r rpc.DirLayoutResp
+	if err := m.Call(ctx, rpc.MDirLayout, &rpc.GetAttrReq{Ino: st.Ino}, &r); err != nil {
+		return nil, fmt.Errorf("ask the metadata service: %w", err)
+	}
+	return &r.Mirror, nil
 }
 
 // requireStrata refuses a path that is not on a Strata mount: a layout

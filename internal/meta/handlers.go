@@ -205,6 +205,16 @@ func (s *Service) register() {
 		}
 		return &rpc.AttrResp{Attr: a}, nil
 	})
+	handle(s, rpc.MDirLayout, func(_ context.Context, r *rpc.GetAttrReq) (rpc.Message, error) {
+		in, err := s.readInode(r.Ino)
+		if err != nil {
+			return nil, err
+		}
+		if in.Mode&modeType != modeDir {
+			return nil, rpc.Errorf(syscall.ENOTDIR, "inode %d is not a directory: only directories have a default layout", r.Ino)
+		}
+		return &rpc.DirLayoutResp{StripeSize: in.Layout.StripeSize, StripeCount: in.Layout.StripeCount, Mirror: in.Mirror}, nil
+	})
 	handle(s, rpc.MSetAttr, func(_ context.Context, r *rpc.SetAttrReq) (rpc.Message, error) {
 		return s.mutate(&command{Op: opSetAttr, Now: s.now(), Hdr: hdrOf(r.Hdr), Ino: r.Ino, Valid: r.Valid, Mode: r.Mode,
 			Uid: r.Uid, Gid: r.Gid, Size: r.Size, Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime})

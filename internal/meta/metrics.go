@@ -46,7 +46,7 @@ var methodNames = map[rpc.Method]string{
 	rpc.MSetAtimes: "set_atimes", rpc.MMetaInfo: "meta_info", rpc.MAddVoter: "add_voter", rpc.MRemoveVoter: "remove_voter",
 	rpc.MTransferLeader: "transfer_leader", rpc.MListGroups: "list_groups", rpc.MMirrorCreate: "mirror_create",
 	rpc.MMirrorFailOver: "mirror_fail_over", rpc.MMirrorReport: "mirror_report", rpc.MMirrorReplace: "mirror_replace",
-	rpc.MHALease: "ha_lease",
+	rpc.MHALease: "ha_lease", rpc.MDirLayout: "dir_layout",
 }
 
 func newMetrics() *metrics {

@@ -847,3 +847,35 @@ func metricValue(t *testing.T, s *Service, name, label string) float64 {
 	}
 	return 0
 }
+
+// TestDirLayoutAnswer: MDirLayout answers a directory's default layout
+// and mirror mark as set, ENOTDIR for a file and ENOENT for no inode.
+func TestDirLayoutAnswer(t *testing.T) {
+	_, c := newNamespace(t)
+	d := c.mustCreate(1, "d", dirMode)
+	f := c.mustCreate(d.Ino, "f", fileMode)
+	get := func(ino uint64) (rpc.DirLayoutResp, error) {
+		var r rpc.DirLayoutResp
+		err := c.call(rpc.MDirLayout, &rpc.GetAttrReq{Ino: ino}, &r)
+		return r, err
+	}
+	if r, err := get(d.Ino); err != nil || r != (rpc.DirLayoutResp{}) {
+		t.Fatalf("new directory: %+v %v", r, err)
+	}
+	if err := c.call(rpc.MSetDirLayout, &rpc.SetDirLayoutReq{Hdr: c.hdr(), Dir: d.Ino, StripeCount: 1, StripeSize: 2 << 20, Mirror: rpc.DirMirrorOn}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := get(d.Ino); err != nil || r != (rpc.DirLayoutResp{StripeSize: 2 << 20, StripeCount: 1, Mirror: true}) {
+		t.Fatalf("after set: %+v %v", r, err)
+	}
+	if err := c.call(rpc.MSetDirLayout, &rpc.SetDirLayoutReq{Hdr: c.hdr(), Dir: d.Ino, StripeCount: 1, StripeSize: 2 << 20, Mirror: rpc.DirMirrorOff}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := get(d.Ino); err != nil || r.Mirror {
+		t.Fatalf("after clearing the mark: %+v %v", r, err)
+	}
+	_, err := get(f.Ino)
+	wantErrno(t, err, syscall.ENOTDIR, "MDirLayout of a file")
+	_, err = get(1 << 40)
+	wantErrno(t, err, syscall.ENOENT, "MDirLayout of no inode")
+}

@@ -118,6 +118,9 @@
 // MHALease (HALeaseReq, HALeaseResp) was added at the end of the metadata
 // methods for the NFS gateway's HA pair (an older service: ENOSYS; the
 // gateways then stay standby, logging each failed ask).
+// MDirLayout (GetAttrReq, DirLayoutResp) was added after it, for `strata
+// stripe get` of a directory's mirror mark (an older service: ENOSYS;
+// the command then says the mark is unknown).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

@@ -84,6 +84,10 @@ const (
 	// gateway HA pair (docs/design/0015 § HA pair). Only the leader
 	// answers (others: ENOTCONN naming it).
 	MHALease
+	// MDirLayout (GetAttrReq, DirLayoutResp) answers a directory's
+	// default layout for new files with its mirror mark (strata stripe
+	// get). ENOTDIR for anything else.
+	MDirLayout
 )
 
 // InodesKnownReq asks which of Inos exist (as files, directories, or
@@ -1611,4 +1615,20 @@ func (m *HALeaseResp) Decode(d *Dec) {
 	m.Holder = d.String()
 	m.RemainingMs = d.U32()
 	m.Epoch = d.U64()
+}
+
+// DirLayoutResp is a directory's default layout for new files (zero: the
+// system default) and its mirror mark: new files under it go on mirror
+// groups.
+type DirLayoutResp struct {
+	StripeSize  uint32
+	StripeCount uint32
+	Mirror      bool
+}
+
+func (m *DirLayoutResp) Encode(e *Enc) { e.U32(m.StripeSize); e.U32(m.StripeCount); e.Bool(m.Mirror) }
+func (m *DirLayoutResp) Decode(d *Dec) {
+	m.StripeSize = d.U32()
+	m.StripeCount = d.U32()
+	m.Mirror = d.Bool()
 }

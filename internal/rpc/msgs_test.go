@@ -116,6 +116,7 @@ func messageSamples() map[string][]Message {
 		"MirrorReplaceReq": {&MirrorReplaceReq{Hdr: hdr, Group: 3, Target: 9}},
 		"HALeaseReq":       {&HALeaseReq{Name: "nfs-ha/10.0.0.100", Holder: "gw-a/0a1b", TTLMs: 4000}, &HALeaseReq{Name: "x", Holder: "y", Release: true}},
 		"HALeaseResp":      {&HALeaseResp{Granted: true, Holder: "gw-a/0a1b", RemainingMs: 3999, Epoch: 7}, &HALeaseResp{}},
+		"DirLayoutResp":    {&DirLayoutResp{StripeSize: 4 << 20, StripeCount: 3, Mirror: true}, &DirLayoutResp{}},
 		"MirrorReportReq":  {&MirrorReportReq{ServerID: 2, Group: 3, Epoch: 7, Target: 4, Event: MirrorResyncProgress, Done: 1 << 30, Total: 1 << 33, Detail: "chunk 4/99"}},
 		"ServerHeartbeatResp": {&ServerHeartbeatResp{Groups: []GroupInfo{group}, LeaseMs: 2000, FailoverTimeoutMs: 3000},
 			&ServerHeartbeatResp{Groups: []GroupInfo{{ID: 4, Epoch: 3, Primary: 6, Secondary: 5, State: GroupResyncing, FullResync: true}}, LeaseMs: 2000}},
