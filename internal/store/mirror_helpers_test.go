@@ -255,6 +255,18 @@ func newMirrorPairNet(t *testing.T, mod func(*Config), network bool) *mirrorPair
 		}
 	}
 	p.ta, p.tb = p.a.s.TargetIDs()[0], p.b.s.TargetIDs()[0]
+	// Each server sends its first heartbeat at once; an answer made
+	// before the group exists but installed after the push below would
+	// remove the group from its map (a full install). Wait for both.
+	for _, e := range []*env{p.a, p.b} {
+		deadline := time.Now().Add(10 * time.Second)
+		for e.s.groups.seen().installs == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("no first heartbeat answer installed within 10s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 	p.meta.setGroup(rpc.GroupInfo{ID: 1, Epoch: 1, Primary: p.ta, Secondary: p.tb, State: rpc.GroupInSync})
 	p.push()
 	return p
