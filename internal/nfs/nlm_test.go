@@ -439,3 +439,47 @@ func TestNLMGarbage(t *testing.T) {
 	st, err = h.Lock(nfstest.Lock{FH: []byte("not a handle"), Svid: 1, Len: 1}, false, false)
 	wantNLM(t, "LOCK of a bad handle", st, err, xdr.NLM4_STALE_FH)
 }
+
+// TestNLMUnlockEndsGrant: a blocked lock granted while its GRANTED
+// callbacks are lost (the client took it at its next poll) and then
+// unlocked is forgotten at the UNLOCK: once another client holds the range,
+// a new LOCK of it is DENIED — not answered GRANTED from the old grant,
+// which the callback retries (1+2+4+8 s) would keep around — and the
+// retries ending later release nothing of the other client's.
+func TestNLMUnlockEndsGrant(t *testing.T) {
+	cl, _, h, fh, ino := lockGateway(t, 0)
+	other := cl.newClient()
+	if err := setLib(other, libLock(ino, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	h.Drop.Store(true)
+	l := nfstest.Lock{FH: fh, Svid: 9, Len: 10, Exclusive: true}
+	st, err := h.Lock(l, true, false)
+	wantNLM(t, "NLM LOCK (blocking)", st, err, xdr.NLM4_BLOCKED)
+	if err := setLib(other, client.Lock{Ino: ino, Owner: 77, End: ^uint64(0), Type: rpc.LockUnlock}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.WaitFor(10*time.Second, func() error {
+		st, err := h.Lock(l, true, false)
+		if err == nil && st != xdr.NLM4_GRANTED {
+			err = errors.New(st.String())
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("polling for the blocked lock: %v", err)
+	}
+	st, err = h.Unlock(l)
+	wantNLM(t, "NLM UNLOCK", st, err, xdr.NLM4_GRANTED)
+	if err := setLib(other, libLock(ino, 0, 0)); err != nil {
+		t.Fatalf("another client after the UNLOCK: %v", err)
+	}
+	st, err = h.Lock(l, false, false)
+	wantNLM(t, "NLM LOCK (non-blocking) under another client's lock", st, err, xdr.NLM4_DENIED)
+	st, err = h.Lock(l, true, false)
+	if err != nil || st == xdr.NLM4_GRANTED {
+		t.Fatalf("NLM LOCK (blocking) under another client's lock: %v %v", st, err)
+	}
+	if _, err := h.Cancel(l); err != nil {
+		t.Fatal(err)
+	}
+}
