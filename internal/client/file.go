@@ -461,10 +461,13 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 		}
 		if pw == nil {
 			pw = &wbuf{slot: r.slot, chunkOff: r.chunkOff, budgeted: true}
-			if r.n >= maxWbufBytes/4 {
+			switch {
+			case r.n >= maxWbufBytes/4:
 				pw.buf, pw.pooled = getBuf(), true
-			} else {
-				pw.buf = make([]byte, 0, max(r.n, 64<<10))
+			case r.n <= smallWbufBytes:
+				pw.buf, pw.pooled = getSmallBuf(), true
+			default:
+				pw.buf = make([]byte, 0, r.n)
 			}
 		}
 		pw.buf = gather(pw.buf, r, p, off)
