@@ -119,12 +119,20 @@ func (s *Server) resolveWith(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs
 // durable makes a sync export's namespace change durable before the reply
 // (RFC 1813: a server answers a change once it is on stable storage); an
 // async export answers at once (scratch-grade).
-func (s *Server) durable(ctx context.Context, t target) error {
+//
+// Concurrent changes share one barrier (metaSyncs, a group commit): a
+// caller joins the next round that starts after its change was answered,
+// and one SyncMeta covers every change the client made before it began.
+// The round runs on a context of its own (the client's IO timeout bounds
+// it): its callers' calls may end before it does.
+func (s *Server) durable(_ context.Context, t target) error {
 	if t.exp.Async {
 		return nil
 	}
-	return s.c.SyncMeta(ctx)
+	return s.metaSyncs.Join(struct{}{}, s.syncMeta)
 }
+
+func (s *Server) syncMeta([]struct{}) error { return s.c.SyncMeta(context.Background()) }
 
 func isDir(a *rpc.Attr) bool { return a.Mode&syscall.S_IFMT == syscall.S_IFDIR }
 func isReg(a *rpc.Attr) bool { return a.Mode&syscall.S_IFMT == syscall.S_IFREG }

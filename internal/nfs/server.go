@@ -16,6 +16,7 @@ import (
 	"github.com/stratafs/strata/internal/client"
 	"github.com/stratafs/strata/internal/nfs/oncrpc"
 	"github.com/stratafs/strata/internal/nfs/xdr"
+	"github.com/stratafs/strata/internal/rounds"
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -130,10 +131,13 @@ type Server struct {
 	// UNSTABLE writes a restarted gateway may have lost (RFC 1813 3.3.7).
 	verifier [8]byte
 	files    *openFiles
-	attrs    *attrCache
-	cookies  *cookieTable
-	rpc      *oncrpc.Server
-	nlm      *nlm
+	// metaSyncs is the group commit of sync exports' namespace changes
+	// (durable).
+	metaSyncs rounds.Rounds[struct{}]
+	attrs     *attrCache
+	cookies   *cookieTable
+	rpc       *oncrpc.Server
+	nlm       *nlm
 	// notify: the hosts to tell of the restart, once serving.
 	notify     map[string]monitored
 	notifyOnce sync.Once
