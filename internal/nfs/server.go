@@ -243,7 +243,10 @@ func serve[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) PR, fn 
 }
 
 // serveRelease is serve for a procedure whose results use memory it gives
-// back (release, when not nil) once they are encoded.
+// back (release, when not nil) once they are sent. Results whose last
+// field is bulk data (READ's: SplitData) are encoded without it, and the
+// data is sent after them from its own memory (oncrpc's Call.SetTail),
+// not copied into the reply.
 func serveRelease[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) PR, fn func(context.Context, *oncrpc.Call, *A) (*R, func())) oncrpc.Proc {
 	return func(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 		var a A
@@ -251,13 +254,24 @@ func serveRelease[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) 
 			return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
 		}
 		r, release := fn(ctx, call, &a)
-		if release != nil {
-			defer release()
+		var data []byte
+		if sp, ok := any(r).(interface{ SplitData() []byte }); ok {
+			data = sp.SplitData()
 		}
-		if h, ok := any(r).(interface{ SizeHint() int }); ok {
-			res.Grow(h.SizeHint())
+		if data == nil {
+			if release != nil {
+				defer release()
+			}
+			return xdr.Encode(res, resx(r))
 		}
-		return xdr.Encode(res, resx(r))
+		if err := xdr.Encode(res, resx(r)); err != nil {
+			if release != nil {
+				release()
+			}
+			return err
+		}
+		call.SetTail(release, data, xdr.EndData(res.Bytes(), data))
+		return nil
 	}
 }
 

@@ -41,6 +41,39 @@ type Call struct {
 	// Local is the address the call came in on (a callback to the caller
 	// comes from it: the address the caller knows the server by).
 	Local netip.AddrPort
+	// tail is what SetTail added to the reply; tailDone gives its memory
+	// back once the reply is written (or dropped).
+	tail     [][]byte
+	tailDone func()
+}
+
+// SetTail makes bufs the end of the reply, after the results the procedure
+// wrote to res, sent from their own memory (one writev with the rest)
+// rather than copied into the reply buffer: a READ's data. done, if not
+// nil, is called once the reply is written or dropped; the procedure must
+// not change bufs until then. A procedure that fails after SetTail drops
+// the tail.
+func (c *Call) SetTail(done func(), bufs ...[]byte) {
+	c.endTail()
+	c.tail, c.tailDone = bufs, done
+}
+
+// tailBytes is the length of the tail.
+func (c *Call) tailBytes() int {
+	n := 0
+	for _, b := range c.tail {
+		n += len(b)
+	}
+	return n
+}
+
+// endTail forgets the tail and gives its memory back.
+func (c *Call) endTail() {
+	done := c.tailDone
+	c.tail, c.tailDone = nil, nil
+	if done != nil {
+		done()
+	}
 }
 
 // ErrGarbageArgs: a procedure could not decode its arguments; the caller
@@ -329,6 +362,7 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 	call := &Call{Xid: h.msg.Xid, Prog: cb.Prog, Vers: cb.Vers, Proc: cb.Proc, Remote: cn.remote, Local: cn.local}
 	out := replyBufs.Get().(*bytes.Buffer)
 	defer putReplyBuf(out)
+	defer call.endTail()
 	out.Reset()
 	out.Write([]byte{0, 0, 0, 0}) // the record mark, FinishRecord fills it
 	switch {
@@ -357,6 +391,10 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 			return
 		}
 		ok := cn.s.dispatch(ctx, call, args, out)
+		for _, t := range call.tail {
+			out.Write(t) // the cache keeps the whole reply
+		}
+		call.endTail()
 		b := out.Bytes()
 		FinishRecord(b)
 		if !ok {
@@ -368,16 +406,28 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 		return
 	}
 	b := out.Bytes()
-	FinishRecord(b)
-	cn.write(b)
+	if len(call.tail) == 0 {
+		FinishRecord(b)
+		cn.write(b)
+		return
+	}
+	binary.BigEndian.PutUint32(b[:4], uint32(len(b)-4+call.tailBytes())|lastFragment)
+	cn.write(append(net.Buffers{b}, call.tail...)...)
 }
 
-// write sends one reply record.
-func (cn *conn) write(b []byte) {
+// write sends one reply record, whose pieces go out in one writev.
+func (cn *conn) write(b ...[]byte) {
 	cn.wmu.Lock()
 	defer cn.wmu.Unlock()
 	cn.c.SetWriteDeadline(time.Now().Add(time.Minute))
-	if _, err := cn.c.Write(b); err != nil && !errors.Is(err, net.ErrClosed) {
+	var err error
+	if len(b) == 1 {
+		_, err = cn.c.Write(b[0])
+	} else {
+		bufs := net.Buffers(b)
+		_, err = bufs.WriteTo(cn.c)
+	}
+	if err != nil && !errors.Is(err, net.ErrClosed) {
 		cn.s.cfg.Log.Debug("oncrpc: writing a reply", "remote", cn.remote, "err", err)
 	}
 }
@@ -427,6 +477,7 @@ func (s *Server) dispatch(ctx context.Context, call *Call, args []byte, out *byt
 		return true
 	}
 	out.Truncate(mark)
+	call.endTail()
 	if errors.Is(err, ErrGarbageArgs) {
 		s.cfg.Log.Warn("oncrpc: garbage arguments", "remote", call.Remote, "prog", prog.Name, "proc", call.Proc, "err", err)
 		writeAccepted(out, call.Xid, xdr.GARBAGE_ARGS, nil)

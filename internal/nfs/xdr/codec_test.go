@@ -96,3 +96,38 @@ func TestEncodeMatchesXdrOut(t *testing.T) {
 		t.Fatal("a handle over NFS3_FHSIZE encoded")
 	}
 }
+
+// A READ answer sent as its encoding without the data, then the data and
+// EndData's padding, is the answer's encoding, for every length modulo 4.
+func TestReadSplitData(t *testing.T) {
+	for n := 1; n <= 8; n++ {
+		var r READ3res
+		r.Status = NFS3_OK
+		ok := r.Resok()
+		ok.Count, ok.Eof, ok.Data = uint32(n), true, bytes.Repeat([]byte{0xab}, n)
+		ok.File_attributes.Attributes_follow = true
+		ok.File_attributes.Attributes().Size = 99
+		var whole bytes.Buffer
+		if err := Encode(&whole, &r); err != nil {
+			t.Fatal(err)
+		}
+		data := r.SplitData()
+		if len(data) != n || r.Resok().Data != nil {
+			t.Fatalf("SplitData took %d bytes, left %d", len(data), len(r.Resok().Data))
+		}
+		var split bytes.Buffer
+		if err := Encode(&split, &r); err != nil {
+			t.Fatal(err)
+		}
+		pad := EndData(split.Bytes(), data)
+		got := append(append(split.Bytes(), data...), pad...)
+		if !bytes.Equal(got, whole.Bytes()) {
+			t.Fatalf("%d bytes: split\n%x\nwhole\n%x", n, got, whole.Bytes())
+		}
+	}
+	var fail READ3res
+	fail.Status = NFS3ERR_IO
+	if fail.SplitData() != nil {
+		t.Fatal("a failed READ has data")
+	}
+}
