@@ -332,7 +332,7 @@ func ioCheck(c cred, a *rpc.Attr, want uint32) error {
 }
 
 // read3 answers READ; the data is read into a pooled buffer that release
-// gives back once the answer is encoded.
+// gives back once the answer is sent.
 func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args) (_ *xdr.READ3res, release func()) {
 	res := &xdr.READ3res{}
 	var data []byte
@@ -342,8 +342,10 @@ func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args)
 	}
 	if err == nil && a.Offset < attr.Size && a.Count > 0 {
 		buf := readBufs.Get().(*[]byte)
-		release = func() { readBufs.Put(buf) }
 		data, err = s.read(ctx, t.ino, int64(a.Offset), (*buf)[:min(a.Count, maxIOBytes)])
+		if err == nil {
+			release = func() { readBufs.Put(buf) }
+		} // else a store may still be reading into it (ReadAtOwned): the collector takes it
 	}
 	if res.Status = s.status("read", t.ino, err); res.Status == xdr.NFS3_OK {
 		ok := res.Resok()
@@ -361,14 +363,15 @@ func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args)
 // would otherwise have a megabyte allocated and collected per call.
 var readBufs = sync.Pool{New: func() any { b := make([]byte, maxIOBytes); return &b }}
 
-// read reads into buf at off.
+// read reads into buf at off; after a failure buf must be dropped
+// (File.ReadAtOwned).
 func (s *Server) read(ctx context.Context, ino uint64, off int64, buf []byte) ([]byte, error) {
 	of, err := s.files.get(ctx, ino)
 	if err != nil {
 		return nil, staleIfGone(err)
 	}
 	defer s.files.put(of, false)
-	got, err := of.f.ReadAt(ctx, buf, off)
+	got, err := of.f.ReadAtOwned(ctx, buf, off)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}

@@ -146,10 +146,11 @@ func DefaultConfig() Config {
 
 // Server serves RPC programs on a TCP listener.
 //
-// Goroutines: Serve's accept loop; per connection a reader (reads records,
-// decodes call headers, hands each call to a worker, bounded by
-// MaxInFlight); workers (workers.go: goroutines kept between calls, at
-// most MaxCalls) serve calls and write their replies under the
+// Goroutines: Serve's accept loop; per connection a reader (conn.read:
+// reads a record, decodes its call header, hands the reading of the next
+// record to a worker and serves the call itself, bounded by MaxInFlight);
+// workers (workers.go: goroutines kept between calls, at most MaxCalls
+// serving) read and serve calls and write their replies under the
 // connection's write lock.
 type Server struct {
 	cfg   Config
@@ -268,6 +269,9 @@ func (s *Server) Close() error {
 type conn struct {
 	s      *Server
 	c      net.Conn
+	r      *bufio.Reader // read by one goroutine at a time (read)
+	ctx    context.Context
+	cancel context.CancelFunc
 	remote netip.AddrPort
 	local  netip.AddrPort
 	wmu    sync.Mutex // serialises replies
@@ -277,62 +281,76 @@ type conn struct {
 
 func (s *Server) serveConn(c net.Conn) {
 	ctx, cancel := context.WithCancel(context.Background())
-	cn := &conn{s: s, c: c, slots: make(chan struct{}, s.cfg.MaxInFlight)}
+	cn := &conn{s: s, c: c, slots: make(chan struct{}, s.cfg.MaxInFlight), ctx: ctx, cancel: cancel,
+		r: bufio.NewReaderSize(c, 64<<10)}
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		cn.remote = ta.AddrPort()
 	}
 	if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
 		cn.local = ta.AddrPort()
 	}
-	defer func() {
-		cancel()
-		cn.calls.Wait()
-		c.Close()
-		s.mu.Lock()
-		delete(s.mu.open, c)
-		s.mu.Unlock()
-		<-s.conns
-		s.wg.Done()
-	}()
-	r := bufio.NewReaderSize(c, 64<<10)
+	cn.read()
+}
+
+// read is the connection's reader: it reads the next call and serves it
+// on its own goroutine, having handed the reading of the calls after it to
+// a worker first (the goroutine that read a call serves it: no hand-over
+// between the call's arrival and its procedure, which a client waiting for
+// each answer would wait for). At the end of the stream it closes the
+// connection once its calls are answered.
+func (cn *conn) read() {
+	s := cn.s
 	release := func() { <-s.calls; <-cn.slots }
-	for {
-		// Bounded: at most MaxInFlight records held by this connection,
-		// MaxCalls by all.
-		cn.slots <- struct{}{}
-		select {
-		case s.calls <- struct{}{}:
-		case <-s.done:
-			<-cn.slots
-			return
-		}
-		if s.cfg.IdleTimeout > 0 {
-			c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
-		}
-		rec, err := ReadRecord(r, nil, s.cfg.MaxRecordBytes)
-		if err != nil {
-			release()
-			switch {
-			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
-			case errors.Is(err, syscall.ECONNRESET), errors.Is(err, os.ErrDeadlineExceeded):
-				s.cfg.Log.Debug("oncrpc: connection ended", "remote", cn.remote, "err", err)
-			default:
-				s.cfg.Log.Warn("oncrpc: closing connection", "remote", cn.remote, "err", err)
-			}
-			return
-		}
-		call, args, err := decodeCall(rec)
-		if err != nil {
-			release()
-			s.cfg.Log.Warn("oncrpc: undecodable call header, closing connection", "remote", cn.remote, "bytes", len(rec), "err", err)
-			return
-		}
-		cn.calls.Add(1)
-		s.work.run(func() {
-			defer func() { release(); cn.calls.Done() }()
-			cn.serveCall(ctx, call, args)
-		})
+	// Bounded: at most MaxInFlight records held by this connection,
+	// MaxCalls by all.
+	cn.slots <- struct{}{}
+	select {
+	case s.calls <- struct{}{}:
+	case <-s.done:
+		<-cn.slots
+		cn.end()
+		return
 	}
+	if s.cfg.IdleTimeout > 0 {
+		cn.c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+	}
+	rec, err := ReadRecord(cn.r, nil, s.cfg.MaxRecordBytes)
+	if err != nil {
+		release()
+		switch {
+		case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
+		case errors.Is(err, syscall.ECONNRESET), errors.Is(err, os.ErrDeadlineExceeded):
+			s.cfg.Log.Debug("oncrpc: connection ended", "remote", cn.remote, "err", err)
+		default:
+			s.cfg.Log.Warn("oncrpc: closing connection", "remote", cn.remote, "err", err)
+		}
+		cn.end()
+		return
+	}
+	call, args, err := decodeCall(rec)
+	if err != nil {
+		release()
+		s.cfg.Log.Warn("oncrpc: undecodable call header, closing connection", "remote", cn.remote, "bytes", len(rec), "err", err)
+		cn.end()
+		return
+	}
+	cn.calls.Add(1)
+	s.work.run(cn.read)
+	defer func() { release(); cn.calls.Done() }()
+	cn.serveCall(cn.ctx, call, args)
+}
+
+// end closes the connection once its calls are answered.
+func (cn *conn) end() {
+	s := cn.s
+	cn.cancel()
+	cn.calls.Wait()
+	cn.c.Close()
+	s.mu.Lock()
+	delete(s.mu.open, cn.c)
+	s.mu.Unlock()
+	<-s.conns
+	s.wg.Done()
 }
 
 // header is a decoded call: the message and the arguments after it.
