@@ -61,8 +61,16 @@ func (s *Server) attr(ctx context.Context, ino uint64) (*rpc.Attr, error) {
 	if err != nil {
 		return nil, staleIfGone(err)
 	}
-	s.attrs.put(&a, since, at)
+	s.fresh(&a, since, at)
 	return liveAttr(&a)
+}
+
+// fresh keeps attributes the metadata service answered to a call begun
+// when SizeSeq was since, at: in the attribute cache, and as the sign that
+// a client may have revalidated the file (its read-ahead piece goes).
+func (s *Server) fresh(a *rpc.Attr, since uint64, at time.Time) {
+	s.attrs.put(a, since, at)
+	s.files.dropAheadIno(a.Ino)
 }
 
 func liveAttr(a *rpc.Attr) (*rpc.Attr, error) {
@@ -279,7 +287,7 @@ func (s *Server) setattr(ctx context.Context, t target, before *rpc.Attr, sa *xd
 		s.attrs.drop(t.ino) // it may have changed
 		return nil, staleIfGone(err)
 	}
-	s.attrs.put(&after, since, at)
+	s.fresh(&after, since, at)
 	return &after, s.durable(ctx, t)
 }
 
@@ -341,11 +349,7 @@ func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args)
 		err = ioCheck(t.cred, attr, mayRead)
 	}
 	if err == nil && a.Offset < attr.Size && a.Count > 0 {
-		buf := readBufs.Get().(*[]byte)
-		data, err = s.read(ctx, t.ino, int64(a.Offset), (*buf)[:min(a.Count, maxIOBytes)])
-		if err == nil {
-			release = func() { readBufs.Put(buf) }
-		} // else a store may still be reading into it (ReadAtOwned): the collector takes it
+		data, release, err = s.readData(ctx, t.ino, int64(a.Offset), int(min(a.Count, maxIOBytes)))
 	}
 	if res.Status = s.status("read", t.ino, err); res.Status == xdr.NFS3_OK {
 		ok := res.Resok()
@@ -363,20 +367,7 @@ func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args)
 // would otherwise have a megabyte allocated and collected per call.
 var readBufs = sync.Pool{New: func() any { b := make([]byte, maxIOBytes); return &b }}
 
-// read reads into buf at off; after a failure buf must be dropped
-// (File.ReadAtOwned).
-func (s *Server) read(ctx context.Context, ino uint64, off int64, buf []byte) ([]byte, error) {
-	of, err := s.files.get(ctx, ino)
-	if err != nil {
-		return nil, staleIfGone(err)
-	}
-	defer s.files.put(of, false)
-	got, err := of.f.ReadAtOwned(ctx, buf, off)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
-	}
-	return buf[:got], nil
-}
+func isEOF(err error) bool { return errors.Is(err, io.EOF) }
 
 // write3 writes through the file's client.File. A DATA_SYNC or FILE_SYNC
 // write is made durable — data and the file's size, File.Fsync — before
@@ -450,6 +441,7 @@ func (s *Server) write(ctx context.Context, ino uint64, off int64, p []byte, uns
 	if err != nil {
 		return 0, staleIfGone(err)
 	}
+	s.files.dropAheadOf(of)
 	n, err := of.f.WriteAt(ctx, p, off)
 	if err == nil && !unstable {
 		err = of.f.Fsync(ctx)
