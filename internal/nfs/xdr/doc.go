@@ -9,8 +9,10 @@
 //   - nlm4.x: the Network Lock Manager v4 (Open Group XNFS, Version 3W, ch. 10),
 //   - sm_inter.x: the Network Status Monitor v1 (XNFS 3W, ch. 11).
 //
-// Nothing here is written by hand except this file and the .x files: edit a
-// .x file and run `go generate ./internal/nfs/xdr`. The generated
+// No message's encoding is written by hand: xdr_gen.go is generated (edit a
+// .x file and run `go generate ./internal/nfs/xdr`); codec.go drives the
+// generated traversal over bytes in memory (Decode, Encode), and
+// readdata.go splits a READ answer's data off its encoding. The generated
 // unmarshalers panic with XdrError on malformed input; Decode turns that
 // into an error.
 package xdr
