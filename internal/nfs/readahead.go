@@ -126,13 +126,7 @@ func (o *openFiles) startAhead(of *openFile, off int64, count int) {
 		close(a.done)
 		o.put(of, false)
 	}()
-	of.amu.Lock()
-	old := of.ahead
-	of.ahead = a
-	of.amu.Unlock()
-	if old != nil {
-		o.dropAhead(old)
-	}
+	o.setAhead(of, a)
 }
 
 // dropAhead forgets a piece nobody will use, its buffer given back once
@@ -147,16 +141,19 @@ func (o *openFiles) dropAhead(a *ahead) {
 	}()
 }
 
-// dropAheadOf drops of's piece (a write of the file).
-func (o *openFiles) dropAheadOf(of *openFile) {
+// setAhead makes a (nil: none) of's piece, dropping the one it had.
+func (o *openFiles) setAhead(of *openFile, a *ahead) {
 	of.amu.Lock()
-	a := of.ahead
-	of.ahead = nil
+	old := of.ahead
+	of.ahead = a
 	of.amu.Unlock()
-	if a != nil {
-		o.dropAhead(a)
+	if old != nil {
+		o.dropAhead(old)
 	}
 }
+
+// dropAheadOf drops of's piece (a write of the file).
+func (o *openFiles) dropAheadOf(of *openFile) { o.setAhead(of, nil) }
 
 // dropAheadIno drops ino's piece, if the file is open (an attribute answer
 // about it: the NFS client may have revalidated).

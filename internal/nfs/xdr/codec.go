@@ -120,14 +120,19 @@ func (m *memOut) put32(v uint32) {
 	m.b.Write(m.num[:4])
 }
 
-// bounded checks n bytes against v's bound, when it has one.
-func bounded(v XdrType, n int) {
+// length writes the length n of v, a variable-length value, checked
+// against v's bound when it has one.
+func (m *memOut) length(v XdrType, n int) {
 	if bd, ok := v.(interface{ XdrBound() uint32 }); ok && uint64(n) > uint64(bd.XdrBound()) {
 		XdrPanic("%d bytes in %s<%d>", n, v.XdrTypeName(), bd.XdrBound())
 	}
+	m.put32(uint32(n))
 }
 
 var zeros [4]byte
+
+// pad writes the zeros that follow n bytes of opaque data or a string.
+func (m *memOut) pad(n int) { m.b.Write(zeros[:(4-n&3)&3]) }
 
 func (m *memOut) Marshal(name string, i XdrType) {
 	switch v := i.(type) {
@@ -138,20 +143,18 @@ func (m *memOut) Marshal(name string, i XdrType) {
 		m.b.Write(m.num[:])
 	case XdrString:
 		s := v.GetString()
-		bounded(v, len(s))
-		m.put32(uint32(len(s)))
+		m.length(v, len(s))
 		m.b.WriteString(s)
-		m.b.Write(zeros[:(4-len(s)&3)&3])
+		m.pad(len(s))
 	case XdrVarBytes:
 		p := v.GetByteSlice()
-		bounded(v, len(p))
-		m.put32(uint32(len(p)))
+		m.length(v, len(p))
 		m.b.Write(p)
-		m.b.Write(zeros[:(4-len(p)&3)&3])
+		m.pad(len(p))
 	case XdrBytes:
 		p := v.GetByteSlice()
 		m.b.Write(p)
-		m.b.Write(zeros[:(4-len(p)&3)&3])
+		m.pad(len(p))
 	case XdrAggregate:
 		v.XdrRecurse(m, name)
 	default:
