@@ -226,7 +226,17 @@ func (f *File) Committed() rpc.Attr {
 // end of the file (then with a nil error: callers treat n < len(p) as EOF).
 // Holes read as zeros.
 func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	d, err := f.read(ctx, p, off, false)
+	d, err := f.read(ctx, p, off, false, false)
+	return d.n, err
+}
+
+// ReadAtOwned is ReadAt into a buffer that the caller drops, never reuses,
+// after a failure (a store may still be writing into it then): an
+// in-process store reads the bytes straight into p (rpc.ReadResp.Direct)
+// instead of into a buffer of its own copied into p. The NFS gateway's
+// READs, whose buffers come from a pool.
+func (f *File) ReadAtOwned(ctx context.Context, p []byte, off int64) (int, error) {
+	d, err := f.read(ctx, p, off, false, true)
 	return d.n, err
 }
 
@@ -262,11 +272,11 @@ func (d *ReadData) Release() {
 // Bufs is p[:n]. The FUSE layer hands Bufs to the kernel and releases them
 // after the reply, which saves one copy per byte on sequential reads.
 func (f *File) ReadBuffers(ctx context.Context, p []byte, off int64) (ReadData, error) {
-	return f.read(ctx, p, off, true)
+	return f.read(ctx, p, off, true, false)
 }
 
-// read is ReadAt and, with zeroCopy, ReadBuffers.
-func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy bool) (ReadData, error) {
+// read is ReadAt and, with zeroCopy, ReadBuffers; owned: ReadAtOwned.
+func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy, owned bool) (ReadData, error) {
 	if off < 0 {
 		return ReadData{}, syscall.EINVAL
 	}
@@ -295,7 +305,7 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy bool) (Re
 	var err error
 	var d ReadData
 	if f.direct || f.c.cfg.ReadAheadBytes == 0 {
-		err = f.c.readRange(ctx, in, p, off, false)
+		err = f.c.readRange(ctx, in, p, off, owned)
 	} else {
 		d, err = f.ra.read(ctx, p, off, size, gen, zeroCopy)
 	}
@@ -461,10 +471,13 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 		}
 		if pw == nil {
 			pw = &wbuf{slot: r.slot, chunkOff: r.chunkOff, budgeted: true}
-			if r.n >= maxWbufBytes/4 {
+			switch {
+			case r.n >= maxWbufBytes/4:
 				pw.buf, pw.pooled = getBuf(), true
-			} else {
-				pw.buf = make([]byte, 0, max(r.n, 64<<10))
+			case r.n <= smallWbufBytes:
+				pw.buf, pw.pooled = getSmallBuf(), true
+			default:
+				pw.buf = make([]byte, 0, r.n)
 			}
 		}
 		pw.buf = gather(pw.buf, r, p, off)

@@ -25,7 +25,7 @@ type wbuf struct {
 	chunkOff int64
 	buf      []byte
 	budgeted bool // len(buf) bytes are held in the client's budget
-	pooled   bool // buf came from bufPool
+	pooled   bool // buf came from bufPool or smallPool (putBuf)
 	sync     bool // WriteReq.Sync (O_SYNC writes)
 	sticky   bool // a failure is also kept for the next Flush/Fsync (large buffered writes)
 	done     chan struct{}
@@ -43,14 +43,29 @@ func (w *wbuf) overlaps(slot int, off, end int64) bool {
 	return w.slot == slot && w.chunkOff < end && off < w.end()
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, maxWbufBytes); return &b }}
+// smallWbufBytes is the size of the write-behind buffers of small writes
+// (smallPool): a random 4 KiB writer took a fresh, zeroed 64 KiB buffer
+// per write, whose clearing and collection cost more than the write.
+const smallWbufBytes = 64 << 10
 
-func getBuf() []byte { return (*bufPool.Get().(*[]byte))[:0] }
+var (
+	bufPool   = sync.Pool{New: func() any { b := make([]byte, maxWbufBytes); return &b }}
+	smallPool = sync.Pool{New: func() any { b := make([]byte, smallWbufBytes); return &b }}
+)
 
+func getBuf() []byte      { return (*bufPool.Get().(*[]byte))[:0] }
+func getSmallBuf() []byte { return (*smallPool.Get().(*[]byte))[:0] }
+
+// putBuf gives a pooled buffer back to its pool (one grown out of its
+// size by append is left to the collector).
 func putBuf(b []byte) {
-	if cap(b) == maxWbufBytes {
+	switch cap(b) {
+	case maxWbufBytes:
 		b = b[:maxWbufBytes]
 		bufPool.Put(&b)
+	case smallWbufBytes:
+		b = b[:smallWbufBytes]
+		smallPool.Put(&b)
 	}
 }
 
@@ -337,11 +352,16 @@ func (in *inode) submitLocked(w *wbuf) {
 		}
 		in.mu.cond.Wait()
 	}
-	if w.pooled && len(w.buf) < maxWbufBytes/4 {
+	if w.pooled && cap(w.buf) == maxWbufBytes && len(w.buf) < maxWbufBytes/4 {
 		// Do not pin a 1 MiB buffer for a small write.
-		small := append([]byte(nil), w.buf...)
+		var small []byte
+		if len(w.buf) <= smallWbufBytes {
+			small = append(getSmallBuf(), w.buf...)
+		} else {
+			small = append([]byte(nil), w.buf...)
+		}
 		putBuf(w.buf)
-		w.buf, w.pooled = small, false
+		w.buf, w.pooled = small, len(small) <= smallWbufBytes
 	}
 	w.done = make(chan struct{})
 	for _, x := range in.mu.inflight {

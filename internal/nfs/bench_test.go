@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"sync"
 	"syscall"
 	"testing"
@@ -133,6 +135,7 @@ func benchStreams4(b *testing.B, op string) {
 		before[i] = cl.c.Calls(k.svc, k.m)
 	}
 	cpu0 := cpuTime(b)
+	stopProfile := profileTimed(b)
 	b.ResetTimer()
 	var wg sync.WaitGroup
 	errs := make([]error, len(ss))
@@ -157,6 +160,7 @@ func benchStreams4(b *testing.B, op string) {
 	}
 	wg.Wait()
 	b.StopTimer()
+	stopProfile()
 	if err := errors.Join(errs...); err != nil {
 		b.Fatal(err)
 	}
@@ -167,6 +171,30 @@ func benchStreams4(b *testing.B, op string) {
 	for i, k := range counted {
 		if d := cl.c.Calls(k.svc, k.m) - before[i]; d > 0 {
 			b.ReportMetric(float64(d)/n, fmt.Sprintf("%s-%d/op", k.svc, k.m))
+		}
+	}
+}
+
+// profileTimed writes a CPU profile of the timed part alone to the file
+// $STRATA_BENCH_CPUPROFILE names, if set (go test's -cpuprofile also
+// covers the setup: a cluster, and for REMOVE the files it removes).
+func profileTimed(b *testing.B) (stop func()) {
+	path := os.Getenv("STRATA_BENCH_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Error(err)
 		}
 	}
 }

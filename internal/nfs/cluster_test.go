@@ -24,6 +24,7 @@ type cluster struct {
 	t        testing.TB
 	key      []byte
 	metaAddr string
+	meta     *meta.Service
 	c        *client.Client
 	cfg      client.Config
 	// gatewayCfg, when set, changes the gateways' configuration.
@@ -32,10 +33,21 @@ type cluster struct {
 
 func startCluster(t testing.TB) *cluster {
 	t.Helper()
+	return startClusterWith(t, nil)
+}
+
+// startClusterWith is startCluster with the metadata service's
+// configuration changed by mod.
+func startClusterWith(t testing.TB, mod func(*meta.Config)) *cluster {
+	t.Helper()
 	dir := t.TempDir()
 	key := []byte("nfs-test-cluster-key")
-	m, err := meta.Open(meta.Config{DataDir: filepath.Join(dir, "meta"), ListenAddr: "127.0.0.1:0", ClusterKey: key,
-		SessionLease: 6 * time.Second, OrphanGrace: time.Second, SyncDelay: 5 * time.Millisecond})
+	mcfg := meta.Config{DataDir: filepath.Join(dir, "meta"), ListenAddr: "127.0.0.1:0", ClusterKey: key,
+		SessionLease: 6 * time.Second, OrphanGrace: time.Second, SyncDelay: 5 * time.Millisecond}
+	if mod != nil {
+		mod(&mcfg)
+	}
+	m, err := meta.Open(mcfg)
 	if err != nil {
 		t.Fatalf("meta.Open: %v", err)
 	}
@@ -55,7 +67,7 @@ func startCluster(t testing.TB) *cluster {
 	}
 	t.Cleanup(func() { s.Close() })
 	waitTargets(t, m.Addr(), key, len(scfg.Targets))
-	cl := &cluster{t: t, key: key, metaAddr: m.Addr()}
+	cl := &cluster{t: t, key: key, metaAddr: m.Addr(), meta: m}
 	cl.cfg = client.DefaultConfig()
 	cl.cfg.MetaAddr, cl.cfg.ClusterKey, cl.cfg.IOTimeout = m.Addr(), key, 10*time.Second
 	cl.c = cl.newClient()

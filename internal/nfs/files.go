@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/stratafs/strata/internal/client"
@@ -32,13 +33,21 @@ type openFiles struct {
 	}
 	stop chan struct{}
 	done chan struct{}
+	// aheads counts the read-ahead pieces held (readahead.go); wg waits
+	// for their reads at close.
+	aheads atomic.Int64
+	wg     sync.WaitGroup
 }
 
 type openFile struct {
 	f        *client.File
-	refs     int       // calls using f now
+	refs     int       // calls using f now (and a read-ahead reading)
 	lastUse  time.Time // last call's end
 	unstable bool      // UNSTABLE writes not committed since
+	amu      sync.Mutex
+	next     int64  // the offset after the last READ (amu)
+	reading  int    // READs of the file under way (amu)
+	ahead    *ahead // the piece read ahead of the next READ (amu)
 }
 
 func newOpenFiles(c *client.Client, log *slog.Logger, idle time.Duration, maxFiles int) *openFiles {
@@ -143,6 +152,7 @@ func (o *openFiles) releaseIdle(before time.Time) {
 }
 
 func (o *openFiles) release(of *openFile) {
+	o.dropAheadOf(of)
 	ctx := context.Background()
 	if of.unstable {
 		if err := of.f.Fsync(ctx); err != nil {
@@ -164,8 +174,10 @@ func (o *openFiles) releaseAll() {
 	}
 }
 
-// close releases every file and stops the reaper.
+// close releases every file and stops the reaper, once the read-ahead
+// pieces' reads have ended.
 func (o *openFiles) close() {
+	o.wg.Wait()
 	close(o.stop)
 	<-o.done
 }

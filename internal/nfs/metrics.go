@@ -38,7 +38,8 @@ type metrics struct {
 	reg        prometheus.Registerer
 	collectors []prometheus.Collector
 	ops        *prometheus.CounterVec
-	total      atomic.Uint64 // calls counted, all procedures
+	readAhead  prometheus.Counter // READs answered from a read-ahead piece
+	total      atomic.Uint64      // calls counted, all procedures
 	mu         struct {
 		sync.Mutex
 		seen map[netip.Addr]time.Time
@@ -50,12 +51,14 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{reg: reg, ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "strata_nfs_ops_total", Help: "NFS v3 and MOUNT v3 calls answered, by procedure (mount_ prefix: MOUNT).",
-	}, []string{"proc"})}
+	}, []string{"proc"}), readAhead: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "strata_nfs_read_ahead_hits_total", Help: "NFS READs answered from the piece the previous sequential READ of the file read ahead.",
+	})}
 	m.mu.seen = map[netip.Addr]time.Time{}
 	clients := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "strata_nfs_clients", Help: "NFS client addresses that called in the last 5 minutes.",
 	}, func() float64 { return float64(m.clients(time.Now())) })
-	for _, c := range []prometheus.Collector{m.ops, clients} {
+	for _, c := range []prometheus.Collector{m.ops, m.readAhead, clients} {
 		if err := reg.Register(c); err != nil {
 			m.close()
 			return nil, fmt.Errorf("nfs: metrics (another gateway on this client?): %w", err)

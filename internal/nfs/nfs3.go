@@ -61,8 +61,16 @@ func (s *Server) attr(ctx context.Context, ino uint64) (*rpc.Attr, error) {
 	if err != nil {
 		return nil, staleIfGone(err)
 	}
-	s.attrs.put(&a, since, at)
+	s.fresh(&a, since, at)
 	return liveAttr(&a)
+}
+
+// fresh keeps attributes the metadata service answered to a call begun
+// when SizeSeq was since, at: in the attribute cache, and as the sign that
+// a client may have revalidated the file (its read-ahead piece goes).
+func (s *Server) fresh(a *rpc.Attr, since uint64, at time.Time) {
+	s.attrs.put(a, since, at)
+	s.files.dropAheadIno(a.Ino)
 }
 
 func liveAttr(a *rpc.Attr) (*rpc.Attr, error) {
@@ -119,12 +127,20 @@ func (s *Server) resolveWith(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs
 // durable makes a sync export's namespace change durable before the reply
 // (RFC 1813: a server answers a change once it is on stable storage); an
 // async export answers at once (scratch-grade).
-func (s *Server) durable(ctx context.Context, t target) error {
+//
+// Concurrent changes share one barrier (metaSyncs, a group commit): a
+// caller joins the next round that starts after its change was answered,
+// and one SyncMeta covers every change the client made before it began.
+// The round runs on a context of its own (the client's IO timeout bounds
+// it): its callers' calls may end before it does.
+func (s *Server) durable(_ context.Context, t target) error {
 	if t.exp.Async {
 		return nil
 	}
-	return s.c.SyncMeta(ctx)
+	return s.metaSyncs.Join(struct{}{}, s.syncMeta)
 }
+
+func (s *Server) syncMeta([]struct{}) error { return s.c.SyncMeta(context.Background()) }
 
 func isDir(a *rpc.Attr) bool { return a.Mode&syscall.S_IFMT == syscall.S_IFDIR }
 func isReg(a *rpc.Attr) bool { return a.Mode&syscall.S_IFMT == syscall.S_IFREG }
@@ -271,7 +287,7 @@ func (s *Server) setattr(ctx context.Context, t target, before *rpc.Attr, sa *xd
 		s.attrs.drop(t.ino) // it may have changed
 		return nil, staleIfGone(err)
 	}
-	s.attrs.put(&after, since, at)
+	s.fresh(&after, since, at)
 	return &after, s.durable(ctx, t)
 }
 
@@ -324,7 +340,7 @@ func ioCheck(c cred, a *rpc.Attr, want uint32) error {
 }
 
 // read3 answers READ; the data is read into a pooled buffer that release
-// gives back once the answer is encoded.
+// gives back once the answer is sent.
 func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args) (_ *xdr.READ3res, release func()) {
 	res := &xdr.READ3res{}
 	var data []byte
@@ -333,9 +349,7 @@ func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args)
 		err = ioCheck(t.cred, attr, mayRead)
 	}
 	if err == nil && a.Offset < attr.Size && a.Count > 0 {
-		buf := readBufs.Get().(*[]byte)
-		release = func() { readBufs.Put(buf) }
-		data, err = s.read(ctx, t.ino, int64(a.Offset), (*buf)[:min(a.Count, maxIOBytes)])
+		data, release, err = s.readData(ctx, t.ino, int64(a.Offset), int(min(a.Count, maxIOBytes)))
 	}
 	if res.Status = s.status("read", t.ino, err); res.Status == xdr.NFS3_OK {
 		ok := res.Resok()
@@ -353,19 +367,7 @@ func (s *Server) read3(ctx context.Context, call *oncrpc.Call, a *xdr.READ3args)
 // would otherwise have a megabyte allocated and collected per call.
 var readBufs = sync.Pool{New: func() any { b := make([]byte, maxIOBytes); return &b }}
 
-// read reads into buf at off.
-func (s *Server) read(ctx context.Context, ino uint64, off int64, buf []byte) ([]byte, error) {
-	of, err := s.files.get(ctx, ino)
-	if err != nil {
-		return nil, staleIfGone(err)
-	}
-	defer s.files.put(of, false)
-	got, err := of.f.ReadAt(ctx, buf, off)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
-	}
-	return buf[:got], nil
-}
+func isEOF(err error) bool { return errors.Is(err, io.EOF) }
 
 // write3 writes through the file's client.File. A DATA_SYNC or FILE_SYNC
 // write is made durable — data and the file's size, File.Fsync — before
@@ -439,6 +441,7 @@ func (s *Server) write(ctx context.Context, ino uint64, off int64, p []byte, uns
 	if err != nil {
 		return 0, staleIfGone(err)
 	}
+	s.files.dropAheadOf(of)
 	n, err := of.f.WriteAt(ctx, p, off)
 	if err == nil && !unstable {
 		err = of.f.Fsync(ctx)

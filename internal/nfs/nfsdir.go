@@ -109,7 +109,7 @@ func (s *Server) lookup(ctx context.Context, t target, dir *rpc.Attr, name strin
 	if err != nil {
 		return nil, err
 	}
-	s.attrs.put(&a, since, at)
+	s.fresh(&a, since, at)
 	return &a, nil
 }
 
@@ -134,7 +134,7 @@ func (s *Server) makeNode(ctx context.Context, call *oncrpc.Call, where *xdr.Dir
 	since, at := s.c.SizeSeq(), time.Now()
 	a, err := mk(t)
 	if err == nil {
-		s.attrs.put(&a, since, at)
+		s.fresh(&a, since, at)
 	}
 	if err == nil && sa != nil {
 		rest := *sa
@@ -500,7 +500,7 @@ func (s *Server) list(ctx context.Context, call *oncrpc.Call, fh *xdr.Nfs_fh3, c
 	}
 	if plus {
 		for i := range entries {
-			s.attrs.put(&entries[i].Attr, since, at)
+			s.fresh(&entries[i].Attr, since, at)
 		}
 	}
 	n := 0

@@ -16,6 +16,7 @@ import (
 	"github.com/stratafs/strata/internal/client"
 	"github.com/stratafs/strata/internal/nfs/oncrpc"
 	"github.com/stratafs/strata/internal/nfs/xdr"
+	"github.com/stratafs/strata/internal/rounds"
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -130,10 +131,13 @@ type Server struct {
 	// UNSTABLE writes a restarted gateway may have lost (RFC 1813 3.3.7).
 	verifier [8]byte
 	files    *openFiles
-	attrs    *attrCache
-	cookies  *cookieTable
-	rpc      *oncrpc.Server
-	nlm      *nlm
+	// metaSyncs is the group commit of sync exports' namespace changes
+	// (durable).
+	metaSyncs rounds.Rounds[struct{}]
+	attrs     *attrCache
+	cookies   *cookieTable
+	rpc       *oncrpc.Server
+	nlm       *nlm
 	// notify: the hosts to tell of the restart, once serving.
 	notify     map[string]monitored
 	notifyOnce sync.Once
@@ -239,7 +243,10 @@ func serve[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) PR, fn 
 }
 
 // serveRelease is serve for a procedure whose results use memory it gives
-// back (release, when not nil) once they are encoded.
+// back (release, when not nil) once they are sent. Results whose last
+// field is bulk data (READ's: SplitData) are encoded without it, and the
+// data is sent after them from its own memory (oncrpc's Call.SetTail),
+// not copied into the reply.
 func serveRelease[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) PR, fn func(context.Context, *oncrpc.Call, *A) (*R, func())) oncrpc.Proc {
 	return func(ctx context.Context, call *oncrpc.Call, args []byte, res *bytes.Buffer) error {
 		var a A
@@ -247,13 +254,24 @@ func serveRelease[A, R any, PA, PR xdr.XdrType](argx func(*A) PA, resx func(*R) 
 			return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
 		}
 		r, release := fn(ctx, call, &a)
-		if release != nil {
-			defer release()
+		var data []byte
+		if sp, ok := any(r).(interface{ SplitData() []byte }); ok {
+			data = sp.SplitData()
 		}
-		if h, ok := any(r).(interface{ SizeHint() int }); ok {
-			res.Grow(h.SizeHint())
+		if data == nil {
+			if release != nil {
+				defer release()
+			}
+			return xdr.Encode(res, resx(r))
 		}
-		return xdr.Encode(res, resx(r))
+		if err := xdr.Encode(res, resx(r)); err != nil {
+			if release != nil {
+				release()
+			}
+			return err
+		}
+		call.SetTail(release, data, xdr.EndData(res.Bytes(), data))
+		return nil
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stratafs/strata/internal/rounds"
 )
 
 // Intent log of the dirty flag (docs/design/0010 § a4)
@@ -224,7 +226,7 @@ type dirtyLog struct {
 	// the round's callers are answered.
 	durable map[uint64]struct{}
 
-	rounds rounds[uint64] // one write (and fdatasync) of inodes per round
+	rounds rounds.Rounds[uint64] // one write (and fdatasync) of inodes per round
 
 	syncs atomic.Uint64 // fdatasyncs of the log, for tests and measurements
 }
@@ -383,7 +385,7 @@ func (l *dirtyLog) record(ino uint64) error {
 	if named {
 		return nil // named already (a mutation whose header write failed)
 	}
-	return l.rounds.join(ino, l.write)
+	return l.rounds.Join(ino, l.write)
 }
 
 // write makes the records of inos durable: after the run's records, from

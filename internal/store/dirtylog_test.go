@@ -100,7 +100,7 @@ func TestConcurrentFirstMutationsShareLogSyncs(t *testing.T) {
 		go func() { errs <- mutate(i) }()
 	}
 	waitFor(t, "the later first mutations to join the next round", func() bool {
-		return l.rounds.waiting() == int(n-1)
+		return l.rounds.Waiting() == int(n-1)
 	})
 	select {
 	case err := <-errs:

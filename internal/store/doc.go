@@ -55,7 +55,7 @@
 // dirtyLog.mu (a leaf). chunkCache.mu, target.ours, target.unsynced,
 // target.unsyncedDirs
 // (except around the mkdirs of a chunk's fan-out directories) and
-// rounds.mu (the group commit of rounds.go, under groupSync and dirtyLog)
+// rounds.mu (the group commit of internal/rounds, under groupSync and dirtyLog)
 // are leaves, taken for map and list updates only, never across other
 // I/O. Mirror groups (forward.go) add, above all of these: a group's gate
 // (RWMutex; mutations shared from admission to answer, a starting resync

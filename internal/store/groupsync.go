@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stratafs/strata/internal/rounds"
 )
 
 // Group commit of chunk syncs (docs/design/0010)
@@ -82,7 +84,7 @@ type groupSync struct {
 	refs    int       // targets in the group; guarded by fsGroups
 	targets []*target // guarded by fsGroups
 
-	rounds rounds[struct{}] // one syncAll per round
+	rounds rounds.Rounds[struct{}] // one syncAll per round
 	// errEpoch counts failed rounds (see the essay above).
 	errEpoch atomic.Uint64
 	// blind: syncfs does nothing here (a FUSE file system).
@@ -153,7 +155,7 @@ func (t *target) canGroupSync(epoch uint64) bool {
 // durable, data, sidecars and directory entries alike: one syncfs round
 // (rounds) that started after the call.
 func (g *groupSync) wait() error {
-	return g.rounds.join(struct{}{}, func([]struct{}) error { return g.syncAll() })
+	return g.rounds.Join(struct{}{}, func([]struct{}) error { return g.syncAll() })
 }
 
 // syncAll syncfs's the file system and forgets the directory changes of

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stratafs/strata/internal/rounds"
 )
 
 // The changed record of a mirror group's primary (docs/design/0014 §
@@ -415,7 +417,7 @@ type mirrorLog struct {
 	// suspect, asked by every read at a secondary).
 	suspectsLeft atomic.Bool
 
-	rounds rounds[[]mlRec]
+	rounds rounds.Rounds[[]mlRec]
 }
 
 // openMirrorLog opens (or creates) the target's mirror.log.
@@ -474,7 +476,7 @@ func (l *mirrorLog) record(recs []mlRec) error {
 	if len(todo) == 0 {
 		return nil
 	}
-	return l.rounds.join(todo, l.write)
+	return l.rounds.Join(todo, l.write)
 }
 
 // write appends a round's records and syncs, then adds them to the sets.

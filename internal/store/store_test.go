@@ -1018,7 +1018,7 @@ func TestConcurrentSyncsShareOneRound(t *testing.T) {
 	}
 	tg := e.s.targets[0]
 	waitFor(t, "the later syncs to join the next round", func() bool {
-		return tg.gs.rounds.waiting() == n-1
+		return tg.gs.rounds.Waiting() == n-1
 	})
 	close(release)
 	if err := <-first; err != nil {

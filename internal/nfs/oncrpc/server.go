@@ -41,6 +41,39 @@ type Call struct {
 	// Local is the address the call came in on (a callback to the caller
 	// comes from it: the address the caller knows the server by).
 	Local netip.AddrPort
+	// tail is what SetTail added to the reply; tailDone gives its memory
+	// back once the reply is written (or dropped).
+	tail     [][]byte
+	tailDone func()
+}
+
+// SetTail makes bufs the end of the reply, after the results the procedure
+// wrote to res, sent from their own memory (one writev with the rest)
+// rather than copied into the reply buffer: a READ's data. done, if not
+// nil, is called once the reply is written or dropped; the procedure must
+// not change bufs until then. A procedure that fails after SetTail drops
+// the tail.
+func (c *Call) SetTail(done func(), bufs ...[]byte) {
+	c.endTail()
+	c.tail, c.tailDone = bufs, done
+}
+
+// tailBytes is the length of the tail.
+func (c *Call) tailBytes() int {
+	n := 0
+	for _, b := range c.tail {
+		n += len(b)
+	}
+	return n
+}
+
+// endTail forgets the tail and gives its memory back.
+func (c *Call) endTail() {
+	done := c.tailDone
+	c.tail, c.tailDone = nil, nil
+	if done != nil {
+		done()
+	}
 }
 
 // ErrGarbageArgs: a procedure could not decode its arguments; the caller
@@ -113,10 +146,11 @@ func DefaultConfig() Config {
 
 // Server serves RPC programs on a TCP listener.
 //
-// Goroutines: Serve's accept loop; per connection a reader (reads records,
-// decodes call headers, hands each call to a worker, bounded by
-// MaxInFlight); workers (workers.go: goroutines kept between calls, at
-// most MaxCalls) serve calls and write their replies under the
+// Goroutines: Serve's accept loop; per connection a reader (conn.read:
+// reads a record, decodes its call header, hands the reading of the next
+// record to a worker and serves the call itself, bounded by MaxInFlight);
+// workers (workers.go: goroutines kept between calls, at most MaxCalls
+// serving) read and serve calls and write their replies under the
 // connection's write lock.
 type Server struct {
 	cfg   Config
@@ -235,6 +269,9 @@ func (s *Server) Close() error {
 type conn struct {
 	s      *Server
 	c      net.Conn
+	r      *bufio.Reader // read by one goroutine at a time (read)
+	ctx    context.Context
+	cancel context.CancelFunc
 	remote netip.AddrPort
 	local  netip.AddrPort
 	wmu    sync.Mutex // serialises replies
@@ -244,62 +281,76 @@ type conn struct {
 
 func (s *Server) serveConn(c net.Conn) {
 	ctx, cancel := context.WithCancel(context.Background())
-	cn := &conn{s: s, c: c, slots: make(chan struct{}, s.cfg.MaxInFlight)}
+	cn := &conn{s: s, c: c, slots: make(chan struct{}, s.cfg.MaxInFlight), ctx: ctx, cancel: cancel,
+		r: bufio.NewReaderSize(c, 64<<10)}
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		cn.remote = ta.AddrPort()
 	}
 	if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
 		cn.local = ta.AddrPort()
 	}
-	defer func() {
-		cancel()
-		cn.calls.Wait()
-		c.Close()
-		s.mu.Lock()
-		delete(s.mu.open, c)
-		s.mu.Unlock()
-		<-s.conns
-		s.wg.Done()
-	}()
-	r := bufio.NewReaderSize(c, 64<<10)
+	cn.read()
+}
+
+// read is the connection's reader: it reads the next call and serves it
+// on its own goroutine, having handed the reading of the calls after it to
+// a worker first (the goroutine that read a call serves it: no hand-over
+// between the call's arrival and its procedure, which a client waiting for
+// each answer would wait for). At the end of the stream it closes the
+// connection once its calls are answered.
+func (cn *conn) read() {
+	s := cn.s
 	release := func() { <-s.calls; <-cn.slots }
-	for {
-		// Bounded: at most MaxInFlight records held by this connection,
-		// MaxCalls by all.
-		cn.slots <- struct{}{}
-		select {
-		case s.calls <- struct{}{}:
-		case <-s.done:
-			<-cn.slots
-			return
-		}
-		if s.cfg.IdleTimeout > 0 {
-			c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
-		}
-		rec, err := ReadRecord(r, nil, s.cfg.MaxRecordBytes)
-		if err != nil {
-			release()
-			switch {
-			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
-			case errors.Is(err, syscall.ECONNRESET), errors.Is(err, os.ErrDeadlineExceeded):
-				s.cfg.Log.Debug("oncrpc: connection ended", "remote", cn.remote, "err", err)
-			default:
-				s.cfg.Log.Warn("oncrpc: closing connection", "remote", cn.remote, "err", err)
-			}
-			return
-		}
-		call, args, err := decodeCall(rec)
-		if err != nil {
-			release()
-			s.cfg.Log.Warn("oncrpc: undecodable call header, closing connection", "remote", cn.remote, "bytes", len(rec), "err", err)
-			return
-		}
-		cn.calls.Add(1)
-		s.work.run(func() {
-			defer func() { release(); cn.calls.Done() }()
-			cn.serveCall(ctx, call, args)
-		})
+	// Bounded: at most MaxInFlight records held by this connection,
+	// MaxCalls by all.
+	cn.slots <- struct{}{}
+	select {
+	case s.calls <- struct{}{}:
+	case <-s.done:
+		<-cn.slots
+		cn.end()
+		return
 	}
+	if s.cfg.IdleTimeout > 0 {
+		cn.c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+	}
+	rec, err := ReadRecord(cn.r, nil, s.cfg.MaxRecordBytes)
+	if err != nil {
+		release()
+		switch {
+		case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
+		case errors.Is(err, syscall.ECONNRESET), errors.Is(err, os.ErrDeadlineExceeded):
+			s.cfg.Log.Debug("oncrpc: connection ended", "remote", cn.remote, "err", err)
+		default:
+			s.cfg.Log.Warn("oncrpc: closing connection", "remote", cn.remote, "err", err)
+		}
+		cn.end()
+		return
+	}
+	call, args, err := decodeCall(rec)
+	if err != nil {
+		release()
+		s.cfg.Log.Warn("oncrpc: undecodable call header, closing connection", "remote", cn.remote, "bytes", len(rec), "err", err)
+		cn.end()
+		return
+	}
+	cn.calls.Add(1)
+	s.work.run(cn.read)
+	defer func() { release(); cn.calls.Done() }()
+	cn.serveCall(cn.ctx, call, args)
+}
+
+// end closes the connection once its calls are answered.
+func (cn *conn) end() {
+	s := cn.s
+	cn.cancel()
+	cn.calls.Wait()
+	cn.c.Close()
+	s.mu.Lock()
+	delete(s.mu.open, cn.c)
+	s.mu.Unlock()
+	<-s.conns
+	s.wg.Done()
 }
 
 // header is a decoded call: the message and the arguments after it.
@@ -329,6 +380,7 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 	call := &Call{Xid: h.msg.Xid, Prog: cb.Prog, Vers: cb.Vers, Proc: cb.Proc, Remote: cn.remote, Local: cn.local}
 	out := replyBufs.Get().(*bytes.Buffer)
 	defer putReplyBuf(out)
+	defer call.endTail()
 	out.Reset()
 	out.Write([]byte{0, 0, 0, 0}) // the record mark, FinishRecord fills it
 	switch {
@@ -357,6 +409,10 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 			return
 		}
 		ok := cn.s.dispatch(ctx, call, args, out)
+		for _, t := range call.tail {
+			out.Write(t) // the cache keeps the whole reply
+		}
+		call.endTail()
 		b := out.Bytes()
 		FinishRecord(b)
 		if !ok {
@@ -368,16 +424,28 @@ func (cn *conn) serveCall(ctx context.Context, h *header, args []byte) {
 		return
 	}
 	b := out.Bytes()
-	FinishRecord(b)
-	cn.write(b)
+	if len(call.tail) == 0 {
+		FinishRecord(b)
+		cn.write(b)
+		return
+	}
+	binary.BigEndian.PutUint32(b[:4], uint32(len(b)-4+call.tailBytes())|lastFragment)
+	cn.write(append(net.Buffers{b}, call.tail...)...)
 }
 
-// write sends one reply record.
-func (cn *conn) write(b []byte) {
+// write sends one reply record, whose pieces go out in one writev.
+func (cn *conn) write(b ...[]byte) {
 	cn.wmu.Lock()
 	defer cn.wmu.Unlock()
 	cn.c.SetWriteDeadline(time.Now().Add(time.Minute))
-	if _, err := cn.c.Write(b); err != nil && !errors.Is(err, net.ErrClosed) {
+	var err error
+	if len(b) == 1 {
+		_, err = cn.c.Write(b[0])
+	} else {
+		bufs := net.Buffers(b)
+		_, err = bufs.WriteTo(cn.c)
+	}
+	if err != nil && !errors.Is(err, net.ErrClosed) {
 		cn.s.cfg.Log.Debug("oncrpc: writing a reply", "remote", cn.remote, "err", err)
 	}
 }
@@ -427,6 +495,7 @@ func (s *Server) dispatch(ctx context.Context, call *Call, args []byte, out *byt
 		return true
 	}
 	out.Truncate(mark)
+	call.endTail()
 	if errors.Is(err, ErrGarbageArgs) {
 		s.cfg.Log.Warn("oncrpc: garbage arguments", "remote", call.Remote, "prog", prog.Name, "proc", call.Proc, "err", err)
 		writeAccepted(out, call.Xid, xdr.GARBAGE_ARGS, nil)

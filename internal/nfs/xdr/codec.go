@@ -92,12 +92,91 @@ func (m *memIn) Marshal(name string, i XdrType) {
 
 // Encode appends v's encoding to b. A value out of its declared bounds (a
 // string or vector longer than its bound) is an error.
+//
+// It drives the generated code with memOut rather than goxdr's XdrOut,
+// whose every 4-byte field is a slice allocated and written through an
+// io.Writer: memOut writes each field straight into b.
 func Encode(b *bytes.Buffer, v XdrType) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("xdr: encoding %s: %v", v.XdrTypeName(), p)
 		}
 	}()
-	v.XdrMarshal(&XdrOut{Out: b}, "")
+	v.XdrMarshal(&memOut{b: b}, "")
 	return nil
+}
+
+// memOut is an XDR encoder into a bytes.Buffer (the generated code's XDR
+// interface). Variable-length values are checked against their bound.
+type memOut struct {
+	b   *bytes.Buffer
+	num [8]byte
+}
+
+func (m *memOut) Sprintf(string, ...interface{}) string { return "" } // names are not used
+
+func (m *memOut) put32(v uint32) {
+	binary.BigEndian.PutUint32(m.num[:4], v)
+	m.b.Write(m.num[:4])
+}
+
+// length writes the length n of v, a variable-length value, checked
+// against v's bound when it has one.
+func (m *memOut) length(v XdrType, n int) {
+	if bd, ok := v.(interface{ XdrBound() uint32 }); ok && uint64(n) > uint64(bd.XdrBound()) {
+		XdrPanic("%d bytes in %s<%d>", n, v.XdrTypeName(), bd.XdrBound())
+	}
+	m.put32(uint32(n))
+}
+
+var zeros [4]byte
+
+// pad writes the zeros that follow n bytes of opaque data or a string.
+func (m *memOut) pad(n int) { m.b.Write(zeros[:(4-n&3)&3]) }
+
+func (m *memOut) Marshal(name string, i XdrType) {
+	switch v := i.(type) {
+	case XdrNum32:
+		m.put32(v.GetU32())
+	case XdrNum64:
+		binary.BigEndian.PutUint64(m.num[:], v.GetU64())
+		m.b.Write(m.num[:])
+	case XdrString:
+		s := v.GetString()
+		m.length(v, len(s))
+		m.b.WriteString(s)
+		m.pad(len(s))
+	case XdrVarBytes:
+		p := v.GetByteSlice()
+		m.length(v, len(p))
+		m.b.Write(p)
+		m.pad(len(p))
+	case XdrBytes:
+		p := v.GetByteSlice()
+		m.b.Write(p)
+		m.pad(len(p))
+	case XdrAggregate:
+		v.XdrRecurse(m, name)
+	default:
+		XdrPanic("memOut: unhandled type %T", i)
+	}
+}
+
+// nameless marks the package's codecs, which drop the field names the
+// generated traversal builds (their Sprintf answers "").
+type nameless interface{ nameless() }
+
+func (*memIn) nameless()  {}
+func (*memOut) nameless() {}
+
+// xdrField is the generated traversal's name of field within name (the
+// third go:generate step puts it where goxdr calls x.Sprintf("%sfield",
+// name)): for the package's codecs "" without the variadic call, which
+// allocated its argument list for every field; for others (goxdr's
+// XdrPrint, XdrOut) what Sprintf makes of it.
+func xdrField(x XDR, name, field string) string {
+	if _, ok := x.(nameless); ok {
+		return ""
+	}
+	return x.Sprintf("%s%s", name, field)
 }

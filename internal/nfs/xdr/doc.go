@@ -9,8 +9,10 @@
 //   - nlm4.x: the Network Lock Manager v4 (Open Group XNFS, Version 3W, ch. 10),
 //   - sm_inter.x: the Network Status Monitor v1 (XNFS 3W, ch. 11).
 //
-// Nothing here is written by hand except this file and the .x files: edit a
-// .x file and run `go generate ./internal/nfs/xdr`. The generated
+// No message's encoding is written by hand: xdr_gen.go is generated (edit a
+// .x file and run `go generate ./internal/nfs/xdr`); codec.go drives the
+// generated traversal over bytes in memory (Decode, Encode), and
+// readdata.go splits a READ answer's data off its encoding. The generated
 // unmarshalers panic with XdrError on malformed input; Decode turns that
 // into an error.
 package xdr
@@ -21,3 +23,9 @@ package xdr
 // second step gives it a constant format.
 //go:generate go run github.com/xdrpp/goxdr/cmd/goxdr -B -fmt -enum-comments -p xdr -o xdr_gen.go rpc.x mount.x nfs.x portmap.x nlm4.x sm_inter.x
 //go:generate sed -i "s/XdrPanic(err.Error())/XdrPanic(\"%s\", err.Error())/" xdr_gen.go
+//
+// The third step routes the field names the traversal builds for each
+// field (x.Sprintf("%sfield", name): a variadic call through an interface,
+// an allocation per field even when the names are dropped) through
+// xdrField, which skips the call for the package's own codecs.
+//go:generate sed -i -E "s/x\\.Sprintf\\(\"%s([A-Za-z0-9_]+)\", name\\)/xdrField(x, name, \"\\1\")/g" xdr_gen.go

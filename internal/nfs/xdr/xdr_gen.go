@@ -1502,8 +1502,8 @@ func (v *Opaque_auth) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sflavor", name), XDR_uint32(&v.Flavor))
-	x.Marshal(x.Sprintf("%sbody", name), XdrVecOpaque{&v.Body, 400})
+	x.Marshal(xdrField(x, name, "flavor"), XDR_uint32(&v.Flavor))
+	x.Marshal(xdrField(x, name, "body"), XdrVecOpaque{&v.Body, 400})
 }
 func XDR_Opaque_auth(v *Opaque_auth) *Opaque_auth { return v }
 
@@ -1776,8 +1776,8 @@ func (v *Mismatch_info) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%slow", name), XDR_uint32(&v.Low))
-	x.Marshal(x.Sprintf("%shigh", name), XDR_uint32(&v.High))
+	x.Marshal(xdrField(x, name, "low"), XDR_uint32(&v.Low))
+	x.Marshal(xdrField(x, name, "high"), XDR_uint32(&v.High))
 }
 func XDR_Mismatch_info(v *Mismatch_info) *Mismatch_info { return v }
 
@@ -1791,12 +1791,12 @@ func (v *Call_body) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%srpcvers", name), XDR_uint32(&v.Rpcvers))
-	x.Marshal(x.Sprintf("%sprog", name), XDR_uint32(&v.Prog))
-	x.Marshal(x.Sprintf("%svers", name), XDR_uint32(&v.Vers))
-	x.Marshal(x.Sprintf("%sproc", name), XDR_uint32(&v.Proc))
-	x.Marshal(x.Sprintf("%scred", name), XDR_Opaque_auth(&v.Cred))
-	x.Marshal(x.Sprintf("%sverf", name), XDR_Opaque_auth(&v.Verf))
+	x.Marshal(xdrField(x, name, "rpcvers"), XDR_uint32(&v.Rpcvers))
+	x.Marshal(xdrField(x, name, "prog"), XDR_uint32(&v.Prog))
+	x.Marshal(xdrField(x, name, "vers"), XDR_uint32(&v.Vers))
+	x.Marshal(xdrField(x, name, "proc"), XDR_uint32(&v.Proc))
+	x.Marshal(xdrField(x, name, "cred"), XDR_Opaque_auth(&v.Cred))
+	x.Marshal(xdrField(x, name, "verf"), XDR_Opaque_auth(&v.Verf))
 }
 func XDR_Call_body(v *Call_body) *Call_body { return v }
 func (_ Accepted_reply_data) XdrValidTags() map[int32]bool {
@@ -1857,12 +1857,12 @@ func (u *Accepted_reply_data) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Accept_stat(&u.Stat).XdrMarshal(x, x.Sprintf("%sstat", name))
+	XDR_Accept_stat(&u.Stat).XdrMarshal(x, xdrField(x, name, "stat"))
 	switch u.Stat {
 	case SUCCESS:
 		return
 	case PROG_MISMATCH:
-		x.Marshal(x.Sprintf("%smismatch", name), XDR_Mismatch_info(u.Mismatch()))
+		x.Marshal(xdrField(x, name, "mismatch"), XDR_Mismatch_info(u.Mismatch()))
 		return
 	default:
 		return
@@ -1880,8 +1880,8 @@ func (v *Accepted_reply) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sverf", name), XDR_Opaque_auth(&v.Verf))
-	x.Marshal(x.Sprintf("%sreply_data", name), XDR_Accepted_reply_data(&v.Reply_data))
+	x.Marshal(xdrField(x, name, "verf"), XDR_Opaque_auth(&v.Verf))
+	x.Marshal(xdrField(x, name, "reply_data"), XDR_Accepted_reply_data(&v.Reply_data))
 }
 func XDR_Accepted_reply(v *Accepted_reply) *Accepted_reply { return v }
 
@@ -1965,13 +1965,13 @@ func (u *Rejected_reply) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Reject_stat(&u.Stat).XdrMarshal(x, x.Sprintf("%sstat", name))
+	XDR_Reject_stat(&u.Stat).XdrMarshal(x, xdrField(x, name, "stat"))
 	switch u.Stat {
 	case RPC_MISMATCH:
-		x.Marshal(x.Sprintf("%smismatch", name), XDR_Mismatch_info(u.Mismatch()))
+		x.Marshal(xdrField(x, name, "mismatch"), XDR_Mismatch_info(u.Mismatch()))
 		return
 	case AUTH_ERROR:
-		x.Marshal(x.Sprintf("%sauth", name), XDR_Auth_stat(u.Auth()))
+		x.Marshal(xdrField(x, name, "auth"), XDR_Auth_stat(u.Auth()))
 		return
 	}
 	XdrPanic("invalid Stat (%v) in Rejected_reply", u.Stat)
@@ -2058,13 +2058,13 @@ func (u *Reply_body) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Reply_stat(&u.Stat).XdrMarshal(x, x.Sprintf("%sstat", name))
+	XDR_Reply_stat(&u.Stat).XdrMarshal(x, xdrField(x, name, "stat"))
 	switch u.Stat {
 	case MSG_ACCEPTED:
-		x.Marshal(x.Sprintf("%sareply", name), XDR_Accepted_reply(u.Areply()))
+		x.Marshal(xdrField(x, name, "areply"), XDR_Accepted_reply(u.Areply()))
 		return
 	case MSG_DENIED:
-		x.Marshal(x.Sprintf("%srreply", name), XDR_Rejected_reply(u.Rreply()))
+		x.Marshal(xdrField(x, name, "rreply"), XDR_Rejected_reply(u.Rreply()))
 		return
 	}
 	XdrPanic("invalid Stat (%v) in Reply_body", u.Stat)
@@ -2151,13 +2151,13 @@ func (u *Rpc_msg_body) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Msg_type(&u.Mtype).XdrMarshal(x, x.Sprintf("%smtype", name))
+	XDR_Msg_type(&u.Mtype).XdrMarshal(x, xdrField(x, name, "mtype"))
 	switch u.Mtype {
 	case CALL:
-		x.Marshal(x.Sprintf("%scbody", name), XDR_Call_body(u.Cbody()))
+		x.Marshal(xdrField(x, name, "cbody"), XDR_Call_body(u.Cbody()))
 		return
 	case REPLY:
-		x.Marshal(x.Sprintf("%srbody", name), XDR_Reply_body(u.Rbody()))
+		x.Marshal(xdrField(x, name, "rbody"), XDR_Reply_body(u.Rbody()))
 		return
 	}
 	XdrPanic("invalid Mtype (%v) in Rpc_msg_body", u.Mtype)
@@ -2174,8 +2174,8 @@ func (v *Rpc_msg) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sxid", name), XDR_uint32(&v.Xid))
-	x.Marshal(x.Sprintf("%sbody", name), XDR_Rpc_msg_body(&v.Body))
+	x.Marshal(xdrField(x, name, "xid"), XDR_uint32(&v.Xid))
+	x.Marshal(xdrField(x, name, "body"), XDR_Rpc_msg_body(&v.Body))
 }
 func XDR_Rpc_msg(v *Rpc_msg) *Rpc_msg { return v }
 
@@ -2246,11 +2246,11 @@ func (v *Authsys_parms) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sstamp", name), XDR_uint32(&v.Stamp))
-	x.Marshal(x.Sprintf("%smachinename", name), XdrString{&v.Machinename, 255})
-	x.Marshal(x.Sprintf("%suid", name), XDR_uint32(&v.Uid))
-	x.Marshal(x.Sprintf("%sgid", name), XDR_uint32(&v.Gid))
-	x.Marshal(x.Sprintf("%sgids", name), (*_XdrVec_16_uint32)(&v.Gids))
+	x.Marshal(xdrField(x, name, "stamp"), XDR_uint32(&v.Stamp))
+	x.Marshal(xdrField(x, name, "machinename"), XdrString{&v.Machinename, 255})
+	x.Marshal(xdrField(x, name, "uid"), XDR_uint32(&v.Uid))
+	x.Marshal(xdrField(x, name, "gid"), XDR_uint32(&v.Gid))
+	x.Marshal(xdrField(x, name, "gids"), (*_XdrVec_16_uint32)(&v.Gids))
 }
 func XDR_Authsys_parms(v *Authsys_parms) *Authsys_parms { return v }
 
@@ -2429,8 +2429,8 @@ func (v *Mountres3_ok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfhandle", name), XDR_Fhandle3(&v.Fhandle))
-	x.Marshal(x.Sprintf("%sauth_flavors", name), (*_XdrVec_unbounded_int32)(&v.Auth_flavors))
+	x.Marshal(xdrField(x, name, "fhandle"), XDR_Fhandle3(&v.Fhandle))
+	x.Marshal(xdrField(x, name, "auth_flavors"), (*_XdrVec_unbounded_int32)(&v.Auth_flavors))
 }
 func XDR_Mountres3_ok(v *Mountres3_ok) *Mountres3_ok { return v }
 func (_ Mountres3) XdrValidTags() map[int32]bool {
@@ -2487,10 +2487,10 @@ func (u *Mountres3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Mountstat3(&u.Fhs_status).XdrMarshal(x, x.Sprintf("%sfhs_status", name))
+	XDR_Mountstat3(&u.Fhs_status).XdrMarshal(x, xdrField(x, name, "fhs_status"))
 	switch u.Fhs_status {
 	case MNT3_OK:
-		x.Marshal(x.Sprintf("%smountinfo", name), XDR_Mountres3_ok(u.Mountinfo()))
+		x.Marshal(xdrField(x, name, "mountinfo"), XDR_Mountres3_ok(u.Mountinfo()))
 		return
 	default:
 		return
@@ -2581,9 +2581,9 @@ func (v *Mountbody) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sml_hostname", name), XDR_Name(&v.Ml_hostname))
-	x.Marshal(x.Sprintf("%sml_directory", name), XDR_Dirpath(&v.Ml_directory))
-	x.Marshal(x.Sprintf("%sml_next", name), _XdrPtr_Mountbody{&v.Ml_next})
+	x.Marshal(xdrField(x, name, "ml_hostname"), XDR_Name(&v.Ml_hostname))
+	x.Marshal(xdrField(x, name, "ml_directory"), XDR_Dirpath(&v.Ml_directory))
+	x.Marshal(xdrField(x, name, "ml_next"), _XdrPtr_Mountbody{&v.Ml_next})
 }
 func XDR_Mountbody(v *Mountbody) *Mountbody { return v }
 
@@ -2680,8 +2680,8 @@ func (v *Groupnode) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sgr_name", name), XDR_Name(&v.Gr_name))
-	x.Marshal(x.Sprintf("%sgr_next", name), _XdrPtr_Groupnode{&v.Gr_next})
+	x.Marshal(xdrField(x, name, "gr_name"), XDR_Name(&v.Gr_name))
+	x.Marshal(xdrField(x, name, "gr_next"), _XdrPtr_Groupnode{&v.Gr_next})
 }
 func XDR_Groupnode(v *Groupnode) *Groupnode { return v }
 
@@ -2778,9 +2778,9 @@ func (v *Exportnode) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sex_dir", name), XDR_Dirpath(&v.Ex_dir))
-	x.Marshal(x.Sprintf("%sex_groups", name), XDR_Groups(&v.Ex_groups))
-	x.Marshal(x.Sprintf("%sex_next", name), _XdrPtr_Exportnode{&v.Ex_next})
+	x.Marshal(xdrField(x, name, "ex_dir"), XDR_Dirpath(&v.Ex_dir))
+	x.Marshal(xdrField(x, name, "ex_groups"), XDR_Groups(&v.Ex_groups))
+	x.Marshal(xdrField(x, name, "ex_next"), _XdrPtr_Exportnode{&v.Ex_next})
 }
 func XDR_Exportnode(v *Exportnode) *Exportnode { return v }
 
@@ -3524,8 +3524,8 @@ func (v *Specdata3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sspecdata1", name), XDR_Uint32(&v.Specdata1))
-	x.Marshal(x.Sprintf("%sspecdata2", name), XDR_Uint32(&v.Specdata2))
+	x.Marshal(xdrField(x, name, "specdata1"), XDR_Uint32(&v.Specdata1))
+	x.Marshal(xdrField(x, name, "specdata2"), XDR_Uint32(&v.Specdata2))
 }
 func XDR_Specdata3(v *Specdata3) *Specdata3 { return v }
 
@@ -3539,7 +3539,7 @@ func (v *Nfs_fh3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdata", name), XdrVecOpaque{&v.Data, NFS3_FHSIZE})
+	x.Marshal(xdrField(x, name, "data"), XdrVecOpaque{&v.Data, NFS3_FHSIZE})
 }
 func XDR_Nfs_fh3(v *Nfs_fh3) *Nfs_fh3 { return v }
 
@@ -3553,8 +3553,8 @@ func (v *Nfstime3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sseconds", name), XDR_Uint32(&v.Seconds))
-	x.Marshal(x.Sprintf("%snseconds", name), XDR_Uint32(&v.Nseconds))
+	x.Marshal(xdrField(x, name, "seconds"), XDR_Uint32(&v.Seconds))
+	x.Marshal(xdrField(x, name, "nseconds"), XDR_Uint32(&v.Nseconds))
 }
 func XDR_Nfstime3(v *Nfstime3) *Nfstime3 { return v }
 
@@ -3568,19 +3568,19 @@ func (v *Fattr3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%stype", name), XDR_Ftype3(&v.Type))
-	x.Marshal(x.Sprintf("%smode", name), XDR_Mode3(&v.Mode))
-	x.Marshal(x.Sprintf("%snlink", name), XDR_Uint32(&v.Nlink))
-	x.Marshal(x.Sprintf("%suid", name), XDR_Uid3(&v.Uid))
-	x.Marshal(x.Sprintf("%sgid", name), XDR_Gid3(&v.Gid))
-	x.Marshal(x.Sprintf("%ssize", name), XDR_Size3(&v.Size))
-	x.Marshal(x.Sprintf("%sused", name), XDR_Size3(&v.Used))
-	x.Marshal(x.Sprintf("%srdev", name), XDR_Specdata3(&v.Rdev))
-	x.Marshal(x.Sprintf("%sfsid", name), XDR_Uint64(&v.Fsid))
-	x.Marshal(x.Sprintf("%sfileid", name), XDR_Fileid3(&v.Fileid))
-	x.Marshal(x.Sprintf("%satime", name), XDR_Nfstime3(&v.Atime))
-	x.Marshal(x.Sprintf("%smtime", name), XDR_Nfstime3(&v.Mtime))
-	x.Marshal(x.Sprintf("%sctime", name), XDR_Nfstime3(&v.Ctime))
+	x.Marshal(xdrField(x, name, "type"), XDR_Ftype3(&v.Type))
+	x.Marshal(xdrField(x, name, "mode"), XDR_Mode3(&v.Mode))
+	x.Marshal(xdrField(x, name, "nlink"), XDR_Uint32(&v.Nlink))
+	x.Marshal(xdrField(x, name, "uid"), XDR_Uid3(&v.Uid))
+	x.Marshal(xdrField(x, name, "gid"), XDR_Gid3(&v.Gid))
+	x.Marshal(xdrField(x, name, "size"), XDR_Size3(&v.Size))
+	x.Marshal(xdrField(x, name, "used"), XDR_Size3(&v.Used))
+	x.Marshal(xdrField(x, name, "rdev"), XDR_Specdata3(&v.Rdev))
+	x.Marshal(xdrField(x, name, "fsid"), XDR_Uint64(&v.Fsid))
+	x.Marshal(xdrField(x, name, "fileid"), XDR_Fileid3(&v.Fileid))
+	x.Marshal(xdrField(x, name, "atime"), XDR_Nfstime3(&v.Atime))
+	x.Marshal(xdrField(x, name, "mtime"), XDR_Nfstime3(&v.Mtime))
+	x.Marshal(xdrField(x, name, "ctime"), XDR_Nfstime3(&v.Ctime))
 }
 func XDR_Fattr3(v *Fattr3) *Fattr3 { return v }
 
@@ -3649,10 +3649,10 @@ func (u *Post_op_attr) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_bool(&u.Attributes_follow).XdrMarshal(x, x.Sprintf("%sattributes_follow", name))
+	XDR_bool(&u.Attributes_follow).XdrMarshal(x, xdrField(x, name, "attributes_follow"))
 	switch u.Attributes_follow {
 	case true:
-		x.Marshal(x.Sprintf("%sattributes", name), XDR_Fattr3(u.Attributes()))
+		x.Marshal(xdrField(x, name, "attributes"), XDR_Fattr3(u.Attributes()))
 		return
 	case false:
 		return
@@ -3671,9 +3671,9 @@ func (v *Wcc_attr) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%ssize", name), XDR_Size3(&v.Size))
-	x.Marshal(x.Sprintf("%smtime", name), XDR_Nfstime3(&v.Mtime))
-	x.Marshal(x.Sprintf("%sctime", name), XDR_Nfstime3(&v.Ctime))
+	x.Marshal(xdrField(x, name, "size"), XDR_Size3(&v.Size))
+	x.Marshal(xdrField(x, name, "mtime"), XDR_Nfstime3(&v.Mtime))
+	x.Marshal(xdrField(x, name, "ctime"), XDR_Nfstime3(&v.Ctime))
 }
 func XDR_Wcc_attr(v *Wcc_attr) *Wcc_attr { return v }
 
@@ -3742,10 +3742,10 @@ func (u *Pre_op_attr) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_bool(&u.Attributes_follow).XdrMarshal(x, x.Sprintf("%sattributes_follow", name))
+	XDR_bool(&u.Attributes_follow).XdrMarshal(x, xdrField(x, name, "attributes_follow"))
 	switch u.Attributes_follow {
 	case true:
-		x.Marshal(x.Sprintf("%sattributes", name), XDR_Wcc_attr(u.Attributes()))
+		x.Marshal(xdrField(x, name, "attributes"), XDR_Wcc_attr(u.Attributes()))
 		return
 	case false:
 		return
@@ -3764,8 +3764,8 @@ func (v *Wcc_data) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sbefore", name), XDR_Pre_op_attr(&v.Before))
-	x.Marshal(x.Sprintf("%safter", name), XDR_Post_op_attr(&v.After))
+	x.Marshal(xdrField(x, name, "before"), XDR_Pre_op_attr(&v.Before))
+	x.Marshal(xdrField(x, name, "after"), XDR_Post_op_attr(&v.After))
 }
 func XDR_Wcc_data(v *Wcc_data) *Wcc_data { return v }
 
@@ -3834,10 +3834,10 @@ func (u *Post_op_fh3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_bool(&u.Handle_follows).XdrMarshal(x, x.Sprintf("%shandle_follows", name))
+	XDR_bool(&u.Handle_follows).XdrMarshal(x, xdrField(x, name, "handle_follows"))
 	switch u.Handle_follows {
 	case true:
-		x.Marshal(x.Sprintf("%shandle", name), XDR_Nfs_fh3(u.Handle()))
+		x.Marshal(xdrField(x, name, "handle"), XDR_Nfs_fh3(u.Handle()))
 		return
 	case false:
 		return
@@ -3946,10 +3946,10 @@ func (u *Set_mode3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_bool(&u.Set_it).XdrMarshal(x, x.Sprintf("%sset_it", name))
+	XDR_bool(&u.Set_it).XdrMarshal(x, xdrField(x, name, "set_it"))
 	switch u.Set_it {
 	case true:
-		x.Marshal(x.Sprintf("%smode", name), XDR_Mode3(u.Mode()))
+		x.Marshal(xdrField(x, name, "mode"), XDR_Mode3(u.Mode()))
 		return
 	default:
 		return
@@ -4010,10 +4010,10 @@ func (u *Set_uid3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_bool(&u.Set_it).XdrMarshal(x, x.Sprintf("%sset_it", name))
+	XDR_bool(&u.Set_it).XdrMarshal(x, xdrField(x, name, "set_it"))
 	switch u.Set_it {
 	case true:
-		x.Marshal(x.Sprintf("%suid", name), XDR_Uid3(u.Uid()))
+		x.Marshal(xdrField(x, name, "uid"), XDR_Uid3(u.Uid()))
 		return
 	default:
 		return
@@ -4074,10 +4074,10 @@ func (u *Set_gid3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_bool(&u.Set_it).XdrMarshal(x, x.Sprintf("%sset_it", name))
+	XDR_bool(&u.Set_it).XdrMarshal(x, xdrField(x, name, "set_it"))
 	switch u.Set_it {
 	case true:
-		x.Marshal(x.Sprintf("%sgid", name), XDR_Gid3(u.Gid()))
+		x.Marshal(xdrField(x, name, "gid"), XDR_Gid3(u.Gid()))
 		return
 	default:
 		return
@@ -4138,10 +4138,10 @@ func (u *Set_size3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_bool(&u.Set_it).XdrMarshal(x, x.Sprintf("%sset_it", name))
+	XDR_bool(&u.Set_it).XdrMarshal(x, xdrField(x, name, "set_it"))
 	switch u.Set_it {
 	case true:
-		x.Marshal(x.Sprintf("%ssize", name), XDR_Size3(u.Size()))
+		x.Marshal(xdrField(x, name, "size"), XDR_Size3(u.Size()))
 		return
 	default:
 		return
@@ -4202,10 +4202,10 @@ func (u *Set_atime) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Time_how(&u.Set_it).XdrMarshal(x, x.Sprintf("%sset_it", name))
+	XDR_Time_how(&u.Set_it).XdrMarshal(x, xdrField(x, name, "set_it"))
 	switch u.Set_it {
 	case SET_TO_CLIENT_TIME:
-		x.Marshal(x.Sprintf("%satime", name), XDR_Nfstime3(u.Atime()))
+		x.Marshal(xdrField(x, name, "atime"), XDR_Nfstime3(u.Atime()))
 		return
 	default:
 		return
@@ -4266,10 +4266,10 @@ func (u *Set_mtime) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Time_how(&u.Set_it).XdrMarshal(x, x.Sprintf("%sset_it", name))
+	XDR_Time_how(&u.Set_it).XdrMarshal(x, xdrField(x, name, "set_it"))
 	switch u.Set_it {
 	case SET_TO_CLIENT_TIME:
-		x.Marshal(x.Sprintf("%smtime", name), XDR_Nfstime3(u.Mtime()))
+		x.Marshal(xdrField(x, name, "mtime"), XDR_Nfstime3(u.Mtime()))
 		return
 	default:
 		return
@@ -4287,12 +4287,12 @@ func (v *Sattr3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%smode", name), XDR_Set_mode3(&v.Mode))
-	x.Marshal(x.Sprintf("%suid", name), XDR_Set_uid3(&v.Uid))
-	x.Marshal(x.Sprintf("%sgid", name), XDR_Set_gid3(&v.Gid))
-	x.Marshal(x.Sprintf("%ssize", name), XDR_Set_size3(&v.Size))
-	x.Marshal(x.Sprintf("%satime", name), XDR_Set_atime(&v.Atime))
-	x.Marshal(x.Sprintf("%smtime", name), XDR_Set_mtime(&v.Mtime))
+	x.Marshal(xdrField(x, name, "mode"), XDR_Set_mode3(&v.Mode))
+	x.Marshal(xdrField(x, name, "uid"), XDR_Set_uid3(&v.Uid))
+	x.Marshal(xdrField(x, name, "gid"), XDR_Set_gid3(&v.Gid))
+	x.Marshal(xdrField(x, name, "size"), XDR_Set_size3(&v.Size))
+	x.Marshal(xdrField(x, name, "atime"), XDR_Set_atime(&v.Atime))
+	x.Marshal(xdrField(x, name, "mtime"), XDR_Set_mtime(&v.Mtime))
 }
 func XDR_Sattr3(v *Sattr3) *Sattr3 { return v }
 
@@ -4306,8 +4306,8 @@ func (v *Diropargs3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir", name), XDR_Nfs_fh3(&v.Dir))
-	x.Marshal(x.Sprintf("%sname", name), XDR_Filename3(&v.Name))
+	x.Marshal(xdrField(x, name, "dir"), XDR_Nfs_fh3(&v.Dir))
+	x.Marshal(xdrField(x, name, "name"), XDR_Filename3(&v.Name))
 }
 func XDR_Diropargs3(v *Diropargs3) *Diropargs3 { return v }
 
@@ -4321,7 +4321,7 @@ func (v *GETATTR3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobject", name), XDR_Nfs_fh3(&v.Object))
+	x.Marshal(xdrField(x, name, "object"), XDR_Nfs_fh3(&v.Object))
 }
 func XDR_GETATTR3args(v *GETATTR3args) *GETATTR3args { return v }
 
@@ -4335,7 +4335,7 @@ func (v *GETATTR3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Fattr3(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Fattr3(&v.Obj_attributes))
 }
 func XDR_GETATTR3resok(v *GETATTR3resok) *GETATTR3resok { return v }
 func (_ GETATTR3res) XdrValidTags() map[int32]bool {
@@ -4392,10 +4392,10 @@ func (u *GETATTR3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_GETATTR3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_GETATTR3resok(u.Resok()))
 		return
 	default:
 		return
@@ -4468,10 +4468,10 @@ func (u *Sattrguard3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_bool(&u.Check).XdrMarshal(x, x.Sprintf("%scheck", name))
+	XDR_bool(&u.Check).XdrMarshal(x, xdrField(x, name, "check"))
 	switch u.Check {
 	case true:
-		x.Marshal(x.Sprintf("%sobj_ctime", name), XDR_Nfstime3(u.Obj_ctime()))
+		x.Marshal(xdrField(x, name, "obj_ctime"), XDR_Nfstime3(u.Obj_ctime()))
 		return
 	case false:
 		return
@@ -4490,9 +4490,9 @@ func (v *SETATTR3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobject", name), XDR_Nfs_fh3(&v.Object))
-	x.Marshal(x.Sprintf("%snew_attributes", name), XDR_Sattr3(&v.New_attributes))
-	x.Marshal(x.Sprintf("%sguard", name), XDR_Sattrguard3(&v.Guard))
+	x.Marshal(xdrField(x, name, "object"), XDR_Nfs_fh3(&v.Object))
+	x.Marshal(xdrField(x, name, "new_attributes"), XDR_Sattr3(&v.New_attributes))
+	x.Marshal(xdrField(x, name, "guard"), XDR_Sattrguard3(&v.Guard))
 }
 func XDR_SETATTR3args(v *SETATTR3args) *SETATTR3args { return v }
 
@@ -4506,7 +4506,7 @@ func (v *SETATTR3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_wcc", name), XDR_Wcc_data(&v.Obj_wcc))
+	x.Marshal(xdrField(x, name, "obj_wcc"), XDR_Wcc_data(&v.Obj_wcc))
 }
 func XDR_SETATTR3resok(v *SETATTR3resok) *SETATTR3resok { return v }
 
@@ -4520,7 +4520,7 @@ func (v *SETATTR3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_wcc", name), XDR_Wcc_data(&v.Obj_wcc))
+	x.Marshal(xdrField(x, name, "obj_wcc"), XDR_Wcc_data(&v.Obj_wcc))
 }
 func XDR_SETATTR3resfail(v *SETATTR3resfail) *SETATTR3resfail { return v }
 func (_ SETATTR3res) XdrValidTags() map[int32]bool {
@@ -4592,13 +4592,13 @@ func (u *SETATTR3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_SETATTR3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_SETATTR3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_SETATTR3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_SETATTR3resfail(u.Resfail()))
 		return
 	}
 }
@@ -4614,7 +4614,7 @@ func (v *LOOKUP3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%swhat", name), XDR_Diropargs3(&v.What))
+	x.Marshal(xdrField(x, name, "what"), XDR_Diropargs3(&v.What))
 }
 func XDR_LOOKUP3args(v *LOOKUP3args) *LOOKUP3args { return v }
 
@@ -4628,9 +4628,9 @@ func (v *LOOKUP3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobject", name), XDR_Nfs_fh3(&v.Object))
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
-	x.Marshal(x.Sprintf("%sdir_attributes", name), XDR_Post_op_attr(&v.Dir_attributes))
+	x.Marshal(xdrField(x, name, "object"), XDR_Nfs_fh3(&v.Object))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "dir_attributes"), XDR_Post_op_attr(&v.Dir_attributes))
 }
 func XDR_LOOKUP3resok(v *LOOKUP3resok) *LOOKUP3resok { return v }
 
@@ -4644,7 +4644,7 @@ func (v *LOOKUP3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_attributes", name), XDR_Post_op_attr(&v.Dir_attributes))
+	x.Marshal(xdrField(x, name, "dir_attributes"), XDR_Post_op_attr(&v.Dir_attributes))
 }
 func XDR_LOOKUP3resfail(v *LOOKUP3resfail) *LOOKUP3resfail { return v }
 func (_ LOOKUP3res) XdrValidTags() map[int32]bool {
@@ -4716,13 +4716,13 @@ func (u *LOOKUP3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_LOOKUP3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_LOOKUP3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_LOOKUP3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_LOOKUP3resfail(u.Resfail()))
 		return
 	}
 }
@@ -4738,8 +4738,8 @@ func (v *ACCESS3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobject", name), XDR_Nfs_fh3(&v.Object))
-	x.Marshal(x.Sprintf("%saccess", name), XDR_Uint32(&v.Access))
+	x.Marshal(xdrField(x, name, "object"), XDR_Nfs_fh3(&v.Object))
+	x.Marshal(xdrField(x, name, "access"), XDR_Uint32(&v.Access))
 }
 func XDR_ACCESS3args(v *ACCESS3args) *ACCESS3args { return v }
 
@@ -4753,8 +4753,8 @@ func (v *ACCESS3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
-	x.Marshal(x.Sprintf("%saccess", name), XDR_Uint32(&v.Access))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "access"), XDR_Uint32(&v.Access))
 }
 func XDR_ACCESS3resok(v *ACCESS3resok) *ACCESS3resok { return v }
 
@@ -4768,7 +4768,7 @@ func (v *ACCESS3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
 }
 func XDR_ACCESS3resfail(v *ACCESS3resfail) *ACCESS3resfail { return v }
 func (_ ACCESS3res) XdrValidTags() map[int32]bool {
@@ -4840,13 +4840,13 @@ func (u *ACCESS3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_ACCESS3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_ACCESS3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_ACCESS3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_ACCESS3resfail(u.Resfail()))
 		return
 	}
 }
@@ -4862,7 +4862,7 @@ func (v *READLINK3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%ssymlink", name), XDR_Nfs_fh3(&v.Symlink))
+	x.Marshal(xdrField(x, name, "symlink"), XDR_Nfs_fh3(&v.Symlink))
 }
 func XDR_READLINK3args(v *READLINK3args) *READLINK3args { return v }
 
@@ -4876,8 +4876,8 @@ func (v *READLINK3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%ssymlink_attributes", name), XDR_Post_op_attr(&v.Symlink_attributes))
-	x.Marshal(x.Sprintf("%sdata", name), XDR_Nfspath3(&v.Data))
+	x.Marshal(xdrField(x, name, "symlink_attributes"), XDR_Post_op_attr(&v.Symlink_attributes))
+	x.Marshal(xdrField(x, name, "data"), XDR_Nfspath3(&v.Data))
 }
 func XDR_READLINK3resok(v *READLINK3resok) *READLINK3resok { return v }
 
@@ -4891,7 +4891,7 @@ func (v *READLINK3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%ssymlink_attributes", name), XDR_Post_op_attr(&v.Symlink_attributes))
+	x.Marshal(xdrField(x, name, "symlink_attributes"), XDR_Post_op_attr(&v.Symlink_attributes))
 }
 func XDR_READLINK3resfail(v *READLINK3resfail) *READLINK3resfail { return v }
 func (_ READLINK3res) XdrValidTags() map[int32]bool {
@@ -4963,13 +4963,13 @@ func (u *READLINK3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_READLINK3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_READLINK3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_READLINK3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_READLINK3resfail(u.Resfail()))
 		return
 	}
 }
@@ -4985,9 +4985,9 @@ func (v *READ3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile", name), XDR_Nfs_fh3(&v.File))
-	x.Marshal(x.Sprintf("%soffset", name), XDR_Offset3(&v.Offset))
-	x.Marshal(x.Sprintf("%scount", name), XDR_Count3(&v.Count))
+	x.Marshal(xdrField(x, name, "file"), XDR_Nfs_fh3(&v.File))
+	x.Marshal(xdrField(x, name, "offset"), XDR_Offset3(&v.Offset))
+	x.Marshal(xdrField(x, name, "count"), XDR_Count3(&v.Count))
 }
 func XDR_READ3args(v *READ3args) *READ3args { return v }
 
@@ -5001,10 +5001,10 @@ func (v *READ3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile_attributes", name), XDR_Post_op_attr(&v.File_attributes))
-	x.Marshal(x.Sprintf("%scount", name), XDR_Count3(&v.Count))
-	x.Marshal(x.Sprintf("%seof", name), XDR_bool(&v.Eof))
-	x.Marshal(x.Sprintf("%sdata", name), XdrVecOpaque{&v.Data, 0xffffffff})
+	x.Marshal(xdrField(x, name, "file_attributes"), XDR_Post_op_attr(&v.File_attributes))
+	x.Marshal(xdrField(x, name, "count"), XDR_Count3(&v.Count))
+	x.Marshal(xdrField(x, name, "eof"), XDR_bool(&v.Eof))
+	x.Marshal(xdrField(x, name, "data"), XdrVecOpaque{&v.Data, 0xffffffff})
 }
 func XDR_READ3resok(v *READ3resok) *READ3resok { return v }
 
@@ -5018,7 +5018,7 @@ func (v *READ3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile_attributes", name), XDR_Post_op_attr(&v.File_attributes))
+	x.Marshal(xdrField(x, name, "file_attributes"), XDR_Post_op_attr(&v.File_attributes))
 }
 func XDR_READ3resfail(v *READ3resfail) *READ3resfail { return v }
 func (_ READ3res) XdrValidTags() map[int32]bool {
@@ -5090,13 +5090,13 @@ func (u *READ3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_READ3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_READ3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_READ3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_READ3resfail(u.Resfail()))
 		return
 	}
 }
@@ -5159,11 +5159,11 @@ func (v *WRITE3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile", name), XDR_Nfs_fh3(&v.File))
-	x.Marshal(x.Sprintf("%soffset", name), XDR_Offset3(&v.Offset))
-	x.Marshal(x.Sprintf("%scount", name), XDR_Count3(&v.Count))
-	x.Marshal(x.Sprintf("%sstable", name), XDR_Stable_how(&v.Stable))
-	x.Marshal(x.Sprintf("%sdata", name), XdrVecOpaque{&v.Data, 0xffffffff})
+	x.Marshal(xdrField(x, name, "file"), XDR_Nfs_fh3(&v.File))
+	x.Marshal(xdrField(x, name, "offset"), XDR_Offset3(&v.Offset))
+	x.Marshal(xdrField(x, name, "count"), XDR_Count3(&v.Count))
+	x.Marshal(xdrField(x, name, "stable"), XDR_Stable_how(&v.Stable))
+	x.Marshal(xdrField(x, name, "data"), XdrVecOpaque{&v.Data, 0xffffffff})
 }
 func XDR_WRITE3args(v *WRITE3args) *WRITE3args { return v }
 
@@ -5177,10 +5177,10 @@ func (v *WRITE3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile_wcc", name), XDR_Wcc_data(&v.File_wcc))
-	x.Marshal(x.Sprintf("%scount", name), XDR_Count3(&v.Count))
-	x.Marshal(x.Sprintf("%scommitted", name), XDR_Stable_how(&v.Committed))
-	x.Marshal(x.Sprintf("%sverf", name), XDR_Writeverf3(&v.Verf))
+	x.Marshal(xdrField(x, name, "file_wcc"), XDR_Wcc_data(&v.File_wcc))
+	x.Marshal(xdrField(x, name, "count"), XDR_Count3(&v.Count))
+	x.Marshal(xdrField(x, name, "committed"), XDR_Stable_how(&v.Committed))
+	x.Marshal(xdrField(x, name, "verf"), XDR_Writeverf3(&v.Verf))
 }
 func XDR_WRITE3resok(v *WRITE3resok) *WRITE3resok { return v }
 
@@ -5194,7 +5194,7 @@ func (v *WRITE3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile_wcc", name), XDR_Wcc_data(&v.File_wcc))
+	x.Marshal(xdrField(x, name, "file_wcc"), XDR_Wcc_data(&v.File_wcc))
 }
 func XDR_WRITE3resfail(v *WRITE3resfail) *WRITE3resfail { return v }
 func (_ WRITE3res) XdrValidTags() map[int32]bool {
@@ -5266,13 +5266,13 @@ func (u *WRITE3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_WRITE3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_WRITE3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_WRITE3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_WRITE3resfail(u.Resfail()))
 		return
 	}
 }
@@ -5406,13 +5406,13 @@ func (u *Createhow3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Createmode3(&u.Mode).XdrMarshal(x, x.Sprintf("%smode", name))
+	XDR_Createmode3(&u.Mode).XdrMarshal(x, xdrField(x, name, "mode"))
 	switch u.Mode {
 	case UNCHECKED, GUARDED:
-		x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Sattr3(u.Obj_attributes()))
+		x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Sattr3(u.Obj_attributes()))
 		return
 	case EXCLUSIVE:
-		x.Marshal(x.Sprintf("%sverf", name), XDR_Createverf3(u.Verf()))
+		x.Marshal(xdrField(x, name, "verf"), XDR_Createverf3(u.Verf()))
 		return
 	}
 	XdrPanic("invalid Mode (%v) in Createhow3", u.Mode)
@@ -5429,8 +5429,8 @@ func (v *CREATE3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%swhere", name), XDR_Diropargs3(&v.Where))
-	x.Marshal(x.Sprintf("%show", name), XDR_Createhow3(&v.How))
+	x.Marshal(xdrField(x, name, "where"), XDR_Diropargs3(&v.Where))
+	x.Marshal(xdrField(x, name, "how"), XDR_Createhow3(&v.How))
 }
 func XDR_CREATE3args(v *CREATE3args) *CREATE3args { return v }
 
@@ -5444,9 +5444,9 @@ func (v *CREATE3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj", name), XDR_Post_op_fh3(&v.Obj))
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "obj"), XDR_Post_op_fh3(&v.Obj))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_CREATE3resok(v *CREATE3resok) *CREATE3resok { return v }
 
@@ -5460,7 +5460,7 @@ func (v *CREATE3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_CREATE3resfail(v *CREATE3resfail) *CREATE3resfail { return v }
 func (_ CREATE3res) XdrValidTags() map[int32]bool {
@@ -5532,13 +5532,13 @@ func (u *CREATE3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_CREATE3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_CREATE3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_CREATE3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_CREATE3resfail(u.Resfail()))
 		return
 	}
 }
@@ -5554,8 +5554,8 @@ func (v *MKDIR3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%swhere", name), XDR_Diropargs3(&v.Where))
-	x.Marshal(x.Sprintf("%sattributes", name), XDR_Sattr3(&v.Attributes))
+	x.Marshal(xdrField(x, name, "where"), XDR_Diropargs3(&v.Where))
+	x.Marshal(xdrField(x, name, "attributes"), XDR_Sattr3(&v.Attributes))
 }
 func XDR_MKDIR3args(v *MKDIR3args) *MKDIR3args { return v }
 
@@ -5569,9 +5569,9 @@ func (v *MKDIR3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj", name), XDR_Post_op_fh3(&v.Obj))
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "obj"), XDR_Post_op_fh3(&v.Obj))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_MKDIR3resok(v *MKDIR3resok) *MKDIR3resok { return v }
 
@@ -5585,7 +5585,7 @@ func (v *MKDIR3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_MKDIR3resfail(v *MKDIR3resfail) *MKDIR3resfail { return v }
 func (_ MKDIR3res) XdrValidTags() map[int32]bool {
@@ -5657,13 +5657,13 @@ func (u *MKDIR3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_MKDIR3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_MKDIR3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_MKDIR3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_MKDIR3resfail(u.Resfail()))
 		return
 	}
 }
@@ -5679,8 +5679,8 @@ func (v *Symlinkdata3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%ssymlink_attributes", name), XDR_Sattr3(&v.Symlink_attributes))
-	x.Marshal(x.Sprintf("%ssymlink_data", name), XDR_Nfspath3(&v.Symlink_data))
+	x.Marshal(xdrField(x, name, "symlink_attributes"), XDR_Sattr3(&v.Symlink_attributes))
+	x.Marshal(xdrField(x, name, "symlink_data"), XDR_Nfspath3(&v.Symlink_data))
 }
 func XDR_Symlinkdata3(v *Symlinkdata3) *Symlinkdata3 { return v }
 
@@ -5694,8 +5694,8 @@ func (v *SYMLINK3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%swhere", name), XDR_Diropargs3(&v.Where))
-	x.Marshal(x.Sprintf("%ssymlink", name), XDR_Symlinkdata3(&v.Symlink))
+	x.Marshal(xdrField(x, name, "where"), XDR_Diropargs3(&v.Where))
+	x.Marshal(xdrField(x, name, "symlink"), XDR_Symlinkdata3(&v.Symlink))
 }
 func XDR_SYMLINK3args(v *SYMLINK3args) *SYMLINK3args { return v }
 
@@ -5709,9 +5709,9 @@ func (v *SYMLINK3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj", name), XDR_Post_op_fh3(&v.Obj))
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "obj"), XDR_Post_op_fh3(&v.Obj))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_SYMLINK3resok(v *SYMLINK3resok) *SYMLINK3resok { return v }
 
@@ -5725,7 +5725,7 @@ func (v *SYMLINK3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_SYMLINK3resfail(v *SYMLINK3resfail) *SYMLINK3resfail { return v }
 func (_ SYMLINK3res) XdrValidTags() map[int32]bool {
@@ -5797,13 +5797,13 @@ func (u *SYMLINK3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_SYMLINK3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_SYMLINK3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_SYMLINK3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_SYMLINK3resfail(u.Resfail()))
 		return
 	}
 }
@@ -5819,8 +5819,8 @@ func (v *Devicedata3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdev_attributes", name), XDR_Sattr3(&v.Dev_attributes))
-	x.Marshal(x.Sprintf("%sspec", name), XDR_Specdata3(&v.Spec))
+	x.Marshal(xdrField(x, name, "dev_attributes"), XDR_Sattr3(&v.Dev_attributes))
+	x.Marshal(xdrField(x, name, "spec"), XDR_Specdata3(&v.Spec))
 }
 func XDR_Devicedata3(v *Devicedata3) *Devicedata3 { return v }
 func (_ Mknoddata3) XdrValidTags() map[int32]bool {
@@ -5896,13 +5896,13 @@ func (u *Mknoddata3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Ftype3(&u.Type).XdrMarshal(x, x.Sprintf("%stype", name))
+	XDR_Ftype3(&u.Type).XdrMarshal(x, xdrField(x, name, "type"))
 	switch u.Type {
 	case NF3CHR, NF3BLK:
-		x.Marshal(x.Sprintf("%sdevice", name), XDR_Devicedata3(u.Device()))
+		x.Marshal(xdrField(x, name, "device"), XDR_Devicedata3(u.Device()))
 		return
 	case NF3SOCK, NF3FIFO:
-		x.Marshal(x.Sprintf("%spipe_attributes", name), XDR_Sattr3(u.Pipe_attributes()))
+		x.Marshal(xdrField(x, name, "pipe_attributes"), XDR_Sattr3(u.Pipe_attributes()))
 		return
 	default:
 		return
@@ -5920,8 +5920,8 @@ func (v *MKNOD3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%swhere", name), XDR_Diropargs3(&v.Where))
-	x.Marshal(x.Sprintf("%swhat", name), XDR_Mknoddata3(&v.What))
+	x.Marshal(xdrField(x, name, "where"), XDR_Diropargs3(&v.Where))
+	x.Marshal(xdrField(x, name, "what"), XDR_Mknoddata3(&v.What))
 }
 func XDR_MKNOD3args(v *MKNOD3args) *MKNOD3args { return v }
 
@@ -5935,9 +5935,9 @@ func (v *MKNOD3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj", name), XDR_Post_op_fh3(&v.Obj))
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "obj"), XDR_Post_op_fh3(&v.Obj))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_MKNOD3resok(v *MKNOD3resok) *MKNOD3resok { return v }
 
@@ -5951,7 +5951,7 @@ func (v *MKNOD3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_MKNOD3resfail(v *MKNOD3resfail) *MKNOD3resfail { return v }
 func (_ MKNOD3res) XdrValidTags() map[int32]bool {
@@ -6023,13 +6023,13 @@ func (u *MKNOD3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_MKNOD3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_MKNOD3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_MKNOD3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_MKNOD3resfail(u.Resfail()))
 		return
 	}
 }
@@ -6045,7 +6045,7 @@ func (v *REMOVE3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobject", name), XDR_Diropargs3(&v.Object))
+	x.Marshal(xdrField(x, name, "object"), XDR_Diropargs3(&v.Object))
 }
 func XDR_REMOVE3args(v *REMOVE3args) *REMOVE3args { return v }
 
@@ -6059,7 +6059,7 @@ func (v *REMOVE3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_REMOVE3resok(v *REMOVE3resok) *REMOVE3resok { return v }
 
@@ -6073,7 +6073,7 @@ func (v *REMOVE3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_REMOVE3resfail(v *REMOVE3resfail) *REMOVE3resfail { return v }
 func (_ REMOVE3res) XdrValidTags() map[int32]bool {
@@ -6145,13 +6145,13 @@ func (u *REMOVE3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_REMOVE3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_REMOVE3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_REMOVE3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_REMOVE3resfail(u.Resfail()))
 		return
 	}
 }
@@ -6167,7 +6167,7 @@ func (v *RMDIR3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobject", name), XDR_Diropargs3(&v.Object))
+	x.Marshal(xdrField(x, name, "object"), XDR_Diropargs3(&v.Object))
 }
 func XDR_RMDIR3args(v *RMDIR3args) *RMDIR3args { return v }
 
@@ -6181,7 +6181,7 @@ func (v *RMDIR3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_RMDIR3resok(v *RMDIR3resok) *RMDIR3resok { return v }
 
@@ -6195,7 +6195,7 @@ func (v *RMDIR3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_wcc", name), XDR_Wcc_data(&v.Dir_wcc))
+	x.Marshal(xdrField(x, name, "dir_wcc"), XDR_Wcc_data(&v.Dir_wcc))
 }
 func XDR_RMDIR3resfail(v *RMDIR3resfail) *RMDIR3resfail { return v }
 func (_ RMDIR3res) XdrValidTags() map[int32]bool {
@@ -6267,13 +6267,13 @@ func (u *RMDIR3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_RMDIR3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_RMDIR3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_RMDIR3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_RMDIR3resfail(u.Resfail()))
 		return
 	}
 }
@@ -6289,8 +6289,8 @@ func (v *RENAME3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfrom", name), XDR_Diropargs3(&v.From))
-	x.Marshal(x.Sprintf("%sto", name), XDR_Diropargs3(&v.To))
+	x.Marshal(xdrField(x, name, "from"), XDR_Diropargs3(&v.From))
+	x.Marshal(xdrField(x, name, "to"), XDR_Diropargs3(&v.To))
 }
 func XDR_RENAME3args(v *RENAME3args) *RENAME3args { return v }
 
@@ -6304,8 +6304,8 @@ func (v *RENAME3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfromdir_wcc", name), XDR_Wcc_data(&v.Fromdir_wcc))
-	x.Marshal(x.Sprintf("%stodir_wcc", name), XDR_Wcc_data(&v.Todir_wcc))
+	x.Marshal(xdrField(x, name, "fromdir_wcc"), XDR_Wcc_data(&v.Fromdir_wcc))
+	x.Marshal(xdrField(x, name, "todir_wcc"), XDR_Wcc_data(&v.Todir_wcc))
 }
 func XDR_RENAME3resok(v *RENAME3resok) *RENAME3resok { return v }
 
@@ -6319,8 +6319,8 @@ func (v *RENAME3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfromdir_wcc", name), XDR_Wcc_data(&v.Fromdir_wcc))
-	x.Marshal(x.Sprintf("%stodir_wcc", name), XDR_Wcc_data(&v.Todir_wcc))
+	x.Marshal(xdrField(x, name, "fromdir_wcc"), XDR_Wcc_data(&v.Fromdir_wcc))
+	x.Marshal(xdrField(x, name, "todir_wcc"), XDR_Wcc_data(&v.Todir_wcc))
 }
 func XDR_RENAME3resfail(v *RENAME3resfail) *RENAME3resfail { return v }
 func (_ RENAME3res) XdrValidTags() map[int32]bool {
@@ -6392,13 +6392,13 @@ func (u *RENAME3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_RENAME3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_RENAME3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_RENAME3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_RENAME3resfail(u.Resfail()))
 		return
 	}
 }
@@ -6414,8 +6414,8 @@ func (v *LINK3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile", name), XDR_Nfs_fh3(&v.File))
-	x.Marshal(x.Sprintf("%slink", name), XDR_Diropargs3(&v.Link))
+	x.Marshal(xdrField(x, name, "file"), XDR_Nfs_fh3(&v.File))
+	x.Marshal(xdrField(x, name, "link"), XDR_Diropargs3(&v.Link))
 }
 func XDR_LINK3args(v *LINK3args) *LINK3args { return v }
 
@@ -6429,8 +6429,8 @@ func (v *LINK3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile_attributes", name), XDR_Post_op_attr(&v.File_attributes))
-	x.Marshal(x.Sprintf("%slinkdir_wcc", name), XDR_Wcc_data(&v.Linkdir_wcc))
+	x.Marshal(xdrField(x, name, "file_attributes"), XDR_Post_op_attr(&v.File_attributes))
+	x.Marshal(xdrField(x, name, "linkdir_wcc"), XDR_Wcc_data(&v.Linkdir_wcc))
 }
 func XDR_LINK3resok(v *LINK3resok) *LINK3resok { return v }
 
@@ -6444,8 +6444,8 @@ func (v *LINK3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile_attributes", name), XDR_Post_op_attr(&v.File_attributes))
-	x.Marshal(x.Sprintf("%slinkdir_wcc", name), XDR_Wcc_data(&v.Linkdir_wcc))
+	x.Marshal(xdrField(x, name, "file_attributes"), XDR_Post_op_attr(&v.File_attributes))
+	x.Marshal(xdrField(x, name, "linkdir_wcc"), XDR_Wcc_data(&v.Linkdir_wcc))
 }
 func XDR_LINK3resfail(v *LINK3resfail) *LINK3resfail { return v }
 func (_ LINK3res) XdrValidTags() map[int32]bool {
@@ -6517,13 +6517,13 @@ func (u *LINK3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_LINK3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_LINK3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_LINK3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_LINK3resfail(u.Resfail()))
 		return
 	}
 }
@@ -6539,10 +6539,10 @@ func (v *READDIR3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir", name), XDR_Nfs_fh3(&v.Dir))
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Cookie3(&v.Cookie))
-	x.Marshal(x.Sprintf("%scookieverf", name), XDR_Cookieverf3(&v.Cookieverf))
-	x.Marshal(x.Sprintf("%scount", name), XDR_Count3(&v.Count))
+	x.Marshal(xdrField(x, name, "dir"), XDR_Nfs_fh3(&v.Dir))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Cookie3(&v.Cookie))
+	x.Marshal(xdrField(x, name, "cookieverf"), XDR_Cookieverf3(&v.Cookieverf))
+	x.Marshal(xdrField(x, name, "count"), XDR_Count3(&v.Count))
 }
 func XDR_READDIR3args(v *READDIR3args) *READDIR3args { return v }
 
@@ -6629,10 +6629,10 @@ func (v *Entry3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfileid", name), XDR_Fileid3(&v.Fileid))
-	x.Marshal(x.Sprintf("%sname", name), XDR_Filename3(&v.Name))
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Cookie3(&v.Cookie))
-	x.Marshal(x.Sprintf("%snextentry", name), _XdrPtr_Entry3{&v.Nextentry})
+	x.Marshal(xdrField(x, name, "fileid"), XDR_Fileid3(&v.Fileid))
+	x.Marshal(xdrField(x, name, "name"), XDR_Filename3(&v.Name))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Cookie3(&v.Cookie))
+	x.Marshal(xdrField(x, name, "nextentry"), _XdrPtr_Entry3{&v.Nextentry})
 }
 func XDR_Entry3(v *Entry3) *Entry3 { return v }
 
@@ -6646,8 +6646,8 @@ func (v *Dirlist3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sentries", name), _XdrPtr_Entry3{&v.Entries})
-	x.Marshal(x.Sprintf("%seof", name), XDR_bool(&v.Eof))
+	x.Marshal(xdrField(x, name, "entries"), _XdrPtr_Entry3{&v.Entries})
+	x.Marshal(xdrField(x, name, "eof"), XDR_bool(&v.Eof))
 }
 func XDR_Dirlist3(v *Dirlist3) *Dirlist3 { return v }
 
@@ -6661,9 +6661,9 @@ func (v *READDIR3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_attributes", name), XDR_Post_op_attr(&v.Dir_attributes))
-	x.Marshal(x.Sprintf("%scookieverf", name), XDR_Cookieverf3(&v.Cookieverf))
-	x.Marshal(x.Sprintf("%sreply", name), XDR_Dirlist3(&v.Reply))
+	x.Marshal(xdrField(x, name, "dir_attributes"), XDR_Post_op_attr(&v.Dir_attributes))
+	x.Marshal(xdrField(x, name, "cookieverf"), XDR_Cookieverf3(&v.Cookieverf))
+	x.Marshal(xdrField(x, name, "reply"), XDR_Dirlist3(&v.Reply))
 }
 func XDR_READDIR3resok(v *READDIR3resok) *READDIR3resok { return v }
 
@@ -6677,7 +6677,7 @@ func (v *READDIR3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_attributes", name), XDR_Post_op_attr(&v.Dir_attributes))
+	x.Marshal(xdrField(x, name, "dir_attributes"), XDR_Post_op_attr(&v.Dir_attributes))
 }
 func XDR_READDIR3resfail(v *READDIR3resfail) *READDIR3resfail { return v }
 func (_ READDIR3res) XdrValidTags() map[int32]bool {
@@ -6749,13 +6749,13 @@ func (u *READDIR3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_READDIR3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_READDIR3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_READDIR3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_READDIR3resfail(u.Resfail()))
 		return
 	}
 }
@@ -6771,11 +6771,11 @@ func (v *READDIRPLUS3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir", name), XDR_Nfs_fh3(&v.Dir))
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Cookie3(&v.Cookie))
-	x.Marshal(x.Sprintf("%scookieverf", name), XDR_Cookieverf3(&v.Cookieverf))
-	x.Marshal(x.Sprintf("%sdircount", name), XDR_Count3(&v.Dircount))
-	x.Marshal(x.Sprintf("%smaxcount", name), XDR_Count3(&v.Maxcount))
+	x.Marshal(xdrField(x, name, "dir"), XDR_Nfs_fh3(&v.Dir))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Cookie3(&v.Cookie))
+	x.Marshal(xdrField(x, name, "cookieverf"), XDR_Cookieverf3(&v.Cookieverf))
+	x.Marshal(xdrField(x, name, "dircount"), XDR_Count3(&v.Dircount))
+	x.Marshal(xdrField(x, name, "maxcount"), XDR_Count3(&v.Maxcount))
 }
 func XDR_READDIRPLUS3args(v *READDIRPLUS3args) *READDIRPLUS3args { return v }
 
@@ -6862,12 +6862,12 @@ func (v *Entryplus3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfileid", name), XDR_Fileid3(&v.Fileid))
-	x.Marshal(x.Sprintf("%sname", name), XDR_Filename3(&v.Name))
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Cookie3(&v.Cookie))
-	x.Marshal(x.Sprintf("%sname_attributes", name), XDR_Post_op_attr(&v.Name_attributes))
-	x.Marshal(x.Sprintf("%sname_handle", name), XDR_Post_op_fh3(&v.Name_handle))
-	x.Marshal(x.Sprintf("%snextentry", name), _XdrPtr_Entryplus3{&v.Nextentry})
+	x.Marshal(xdrField(x, name, "fileid"), XDR_Fileid3(&v.Fileid))
+	x.Marshal(xdrField(x, name, "name"), XDR_Filename3(&v.Name))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Cookie3(&v.Cookie))
+	x.Marshal(xdrField(x, name, "name_attributes"), XDR_Post_op_attr(&v.Name_attributes))
+	x.Marshal(xdrField(x, name, "name_handle"), XDR_Post_op_fh3(&v.Name_handle))
+	x.Marshal(xdrField(x, name, "nextentry"), _XdrPtr_Entryplus3{&v.Nextentry})
 }
 func XDR_Entryplus3(v *Entryplus3) *Entryplus3 { return v }
 
@@ -6881,8 +6881,8 @@ func (v *Dirlistplus3) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sentries", name), _XdrPtr_Entryplus3{&v.Entries})
-	x.Marshal(x.Sprintf("%seof", name), XDR_bool(&v.Eof))
+	x.Marshal(xdrField(x, name, "entries"), _XdrPtr_Entryplus3{&v.Entries})
+	x.Marshal(xdrField(x, name, "eof"), XDR_bool(&v.Eof))
 }
 func XDR_Dirlistplus3(v *Dirlistplus3) *Dirlistplus3 { return v }
 
@@ -6896,9 +6896,9 @@ func (v *READDIRPLUS3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_attributes", name), XDR_Post_op_attr(&v.Dir_attributes))
-	x.Marshal(x.Sprintf("%scookieverf", name), XDR_Cookieverf3(&v.Cookieverf))
-	x.Marshal(x.Sprintf("%sreply", name), XDR_Dirlistplus3(&v.Reply))
+	x.Marshal(xdrField(x, name, "dir_attributes"), XDR_Post_op_attr(&v.Dir_attributes))
+	x.Marshal(xdrField(x, name, "cookieverf"), XDR_Cookieverf3(&v.Cookieverf))
+	x.Marshal(xdrField(x, name, "reply"), XDR_Dirlistplus3(&v.Reply))
 }
 func XDR_READDIRPLUS3resok(v *READDIRPLUS3resok) *READDIRPLUS3resok { return v }
 
@@ -6912,7 +6912,7 @@ func (v *READDIRPLUS3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sdir_attributes", name), XDR_Post_op_attr(&v.Dir_attributes))
+	x.Marshal(xdrField(x, name, "dir_attributes"), XDR_Post_op_attr(&v.Dir_attributes))
 }
 func XDR_READDIRPLUS3resfail(v *READDIRPLUS3resfail) *READDIRPLUS3resfail { return v }
 func (_ READDIRPLUS3res) XdrValidTags() map[int32]bool {
@@ -6984,13 +6984,13 @@ func (u *READDIRPLUS3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_READDIRPLUS3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_READDIRPLUS3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_READDIRPLUS3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_READDIRPLUS3resfail(u.Resfail()))
 		return
 	}
 }
@@ -7006,7 +7006,7 @@ func (v *FSSTAT3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfsroot", name), XDR_Nfs_fh3(&v.Fsroot))
+	x.Marshal(xdrField(x, name, "fsroot"), XDR_Nfs_fh3(&v.Fsroot))
 }
 func XDR_FSSTAT3args(v *FSSTAT3args) *FSSTAT3args { return v }
 
@@ -7020,14 +7020,14 @@ func (v *FSSTAT3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
-	x.Marshal(x.Sprintf("%stbytes", name), XDR_Size3(&v.Tbytes))
-	x.Marshal(x.Sprintf("%sfbytes", name), XDR_Size3(&v.Fbytes))
-	x.Marshal(x.Sprintf("%sabytes", name), XDR_Size3(&v.Abytes))
-	x.Marshal(x.Sprintf("%stfiles", name), XDR_Size3(&v.Tfiles))
-	x.Marshal(x.Sprintf("%sffiles", name), XDR_Size3(&v.Ffiles))
-	x.Marshal(x.Sprintf("%safiles", name), XDR_Size3(&v.Afiles))
-	x.Marshal(x.Sprintf("%sinvarsec", name), XDR_Uint32(&v.Invarsec))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "tbytes"), XDR_Size3(&v.Tbytes))
+	x.Marshal(xdrField(x, name, "fbytes"), XDR_Size3(&v.Fbytes))
+	x.Marshal(xdrField(x, name, "abytes"), XDR_Size3(&v.Abytes))
+	x.Marshal(xdrField(x, name, "tfiles"), XDR_Size3(&v.Tfiles))
+	x.Marshal(xdrField(x, name, "ffiles"), XDR_Size3(&v.Ffiles))
+	x.Marshal(xdrField(x, name, "afiles"), XDR_Size3(&v.Afiles))
+	x.Marshal(xdrField(x, name, "invarsec"), XDR_Uint32(&v.Invarsec))
 }
 func XDR_FSSTAT3resok(v *FSSTAT3resok) *FSSTAT3resok { return v }
 
@@ -7041,7 +7041,7 @@ func (v *FSSTAT3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
 }
 func XDR_FSSTAT3resfail(v *FSSTAT3resfail) *FSSTAT3resfail { return v }
 func (_ FSSTAT3res) XdrValidTags() map[int32]bool {
@@ -7113,13 +7113,13 @@ func (u *FSSTAT3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_FSSTAT3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_FSSTAT3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_FSSTAT3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_FSSTAT3resfail(u.Resfail()))
 		return
 	}
 }
@@ -7135,7 +7135,7 @@ func (v *FSINFO3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfsroot", name), XDR_Nfs_fh3(&v.Fsroot))
+	x.Marshal(xdrField(x, name, "fsroot"), XDR_Nfs_fh3(&v.Fsroot))
 }
 func XDR_FSINFO3args(v *FSINFO3args) *FSINFO3args { return v }
 
@@ -7149,17 +7149,17 @@ func (v *FSINFO3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
-	x.Marshal(x.Sprintf("%srtmax", name), XDR_Uint32(&v.Rtmax))
-	x.Marshal(x.Sprintf("%srtpref", name), XDR_Uint32(&v.Rtpref))
-	x.Marshal(x.Sprintf("%srtmult", name), XDR_Uint32(&v.Rtmult))
-	x.Marshal(x.Sprintf("%swtmax", name), XDR_Uint32(&v.Wtmax))
-	x.Marshal(x.Sprintf("%swtpref", name), XDR_Uint32(&v.Wtpref))
-	x.Marshal(x.Sprintf("%swtmult", name), XDR_Uint32(&v.Wtmult))
-	x.Marshal(x.Sprintf("%sdtpref", name), XDR_Uint32(&v.Dtpref))
-	x.Marshal(x.Sprintf("%smaxfilesize", name), XDR_Size3(&v.Maxfilesize))
-	x.Marshal(x.Sprintf("%stime_delta", name), XDR_Nfstime3(&v.Time_delta))
-	x.Marshal(x.Sprintf("%sproperties", name), XDR_Uint32(&v.Properties))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "rtmax"), XDR_Uint32(&v.Rtmax))
+	x.Marshal(xdrField(x, name, "rtpref"), XDR_Uint32(&v.Rtpref))
+	x.Marshal(xdrField(x, name, "rtmult"), XDR_Uint32(&v.Rtmult))
+	x.Marshal(xdrField(x, name, "wtmax"), XDR_Uint32(&v.Wtmax))
+	x.Marshal(xdrField(x, name, "wtpref"), XDR_Uint32(&v.Wtpref))
+	x.Marshal(xdrField(x, name, "wtmult"), XDR_Uint32(&v.Wtmult))
+	x.Marshal(xdrField(x, name, "dtpref"), XDR_Uint32(&v.Dtpref))
+	x.Marshal(xdrField(x, name, "maxfilesize"), XDR_Size3(&v.Maxfilesize))
+	x.Marshal(xdrField(x, name, "time_delta"), XDR_Nfstime3(&v.Time_delta))
+	x.Marshal(xdrField(x, name, "properties"), XDR_Uint32(&v.Properties))
 }
 func XDR_FSINFO3resok(v *FSINFO3resok) *FSINFO3resok { return v }
 
@@ -7173,7 +7173,7 @@ func (v *FSINFO3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
 }
 func XDR_FSINFO3resfail(v *FSINFO3resfail) *FSINFO3resfail { return v }
 func (_ FSINFO3res) XdrValidTags() map[int32]bool {
@@ -7245,13 +7245,13 @@ func (u *FSINFO3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_FSINFO3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_FSINFO3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_FSINFO3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_FSINFO3resfail(u.Resfail()))
 		return
 	}
 }
@@ -7267,7 +7267,7 @@ func (v *PATHCONF3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobject", name), XDR_Nfs_fh3(&v.Object))
+	x.Marshal(xdrField(x, name, "object"), XDR_Nfs_fh3(&v.Object))
 }
 func XDR_PATHCONF3args(v *PATHCONF3args) *PATHCONF3args { return v }
 
@@ -7281,13 +7281,13 @@ func (v *PATHCONF3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
-	x.Marshal(x.Sprintf("%slinkmax", name), XDR_Uint32(&v.Linkmax))
-	x.Marshal(x.Sprintf("%sname_max", name), XDR_Uint32(&v.Name_max))
-	x.Marshal(x.Sprintf("%sno_trunc", name), XDR_bool(&v.No_trunc))
-	x.Marshal(x.Sprintf("%schown_restricted", name), XDR_bool(&v.Chown_restricted))
-	x.Marshal(x.Sprintf("%scase_insensitive", name), XDR_bool(&v.Case_insensitive))
-	x.Marshal(x.Sprintf("%scase_preserving", name), XDR_bool(&v.Case_preserving))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "linkmax"), XDR_Uint32(&v.Linkmax))
+	x.Marshal(xdrField(x, name, "name_max"), XDR_Uint32(&v.Name_max))
+	x.Marshal(xdrField(x, name, "no_trunc"), XDR_bool(&v.No_trunc))
+	x.Marshal(xdrField(x, name, "chown_restricted"), XDR_bool(&v.Chown_restricted))
+	x.Marshal(xdrField(x, name, "case_insensitive"), XDR_bool(&v.Case_insensitive))
+	x.Marshal(xdrField(x, name, "case_preserving"), XDR_bool(&v.Case_preserving))
 }
 func XDR_PATHCONF3resok(v *PATHCONF3resok) *PATHCONF3resok { return v }
 
@@ -7301,7 +7301,7 @@ func (v *PATHCONF3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sobj_attributes", name), XDR_Post_op_attr(&v.Obj_attributes))
+	x.Marshal(xdrField(x, name, "obj_attributes"), XDR_Post_op_attr(&v.Obj_attributes))
 }
 func XDR_PATHCONF3resfail(v *PATHCONF3resfail) *PATHCONF3resfail { return v }
 func (_ PATHCONF3res) XdrValidTags() map[int32]bool {
@@ -7373,13 +7373,13 @@ func (u *PATHCONF3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_PATHCONF3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_PATHCONF3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_PATHCONF3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_PATHCONF3resfail(u.Resfail()))
 		return
 	}
 }
@@ -7395,9 +7395,9 @@ func (v *COMMIT3args) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile", name), XDR_Nfs_fh3(&v.File))
-	x.Marshal(x.Sprintf("%soffset", name), XDR_Offset3(&v.Offset))
-	x.Marshal(x.Sprintf("%scount", name), XDR_Count3(&v.Count))
+	x.Marshal(xdrField(x, name, "file"), XDR_Nfs_fh3(&v.File))
+	x.Marshal(xdrField(x, name, "offset"), XDR_Offset3(&v.Offset))
+	x.Marshal(xdrField(x, name, "count"), XDR_Count3(&v.Count))
 }
 func XDR_COMMIT3args(v *COMMIT3args) *COMMIT3args { return v }
 
@@ -7411,8 +7411,8 @@ func (v *COMMIT3resok) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile_wcc", name), XDR_Wcc_data(&v.File_wcc))
-	x.Marshal(x.Sprintf("%sverf", name), XDR_Writeverf3(&v.Verf))
+	x.Marshal(xdrField(x, name, "file_wcc"), XDR_Wcc_data(&v.File_wcc))
+	x.Marshal(xdrField(x, name, "verf"), XDR_Writeverf3(&v.Verf))
 }
 func XDR_COMMIT3resok(v *COMMIT3resok) *COMMIT3resok { return v }
 
@@ -7426,7 +7426,7 @@ func (v *COMMIT3resfail) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sfile_wcc", name), XDR_Wcc_data(&v.File_wcc))
+	x.Marshal(xdrField(x, name, "file_wcc"), XDR_Wcc_data(&v.File_wcc))
 }
 func XDR_COMMIT3resfail(v *COMMIT3resfail) *COMMIT3resfail { return v }
 func (_ COMMIT3res) XdrValidTags() map[int32]bool {
@@ -7498,13 +7498,13 @@ func (u *COMMIT3res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nfsstat3(&u.Status).XdrMarshal(x, x.Sprintf("%sstatus", name))
+	XDR_Nfsstat3(&u.Status).XdrMarshal(x, xdrField(x, name, "status"))
 	switch u.Status {
 	case NFS3_OK:
-		x.Marshal(x.Sprintf("%sresok", name), XDR_COMMIT3resok(u.Resok()))
+		x.Marshal(xdrField(x, name, "resok"), XDR_COMMIT3resok(u.Resok()))
 		return
 	default:
-		x.Marshal(x.Sprintf("%sresfail", name), XDR_COMMIT3resfail(u.Resfail()))
+		x.Marshal(xdrField(x, name, "resfail"), XDR_COMMIT3resfail(u.Resfail()))
 		return
 	}
 }
@@ -8828,10 +8828,10 @@ func (v *Mapping) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sprog", name), XDR_uint32(&v.Prog))
-	x.Marshal(x.Sprintf("%svers", name), XDR_uint32(&v.Vers))
-	x.Marshal(x.Sprintf("%sprot", name), XDR_uint32(&v.Prot))
-	x.Marshal(x.Sprintf("%sport", name), XDR_uint32(&v.Port))
+	x.Marshal(xdrField(x, name, "prog"), XDR_uint32(&v.Prog))
+	x.Marshal(xdrField(x, name, "vers"), XDR_uint32(&v.Vers))
+	x.Marshal(xdrField(x, name, "prot"), XDR_uint32(&v.Prot))
+	x.Marshal(xdrField(x, name, "port"), XDR_uint32(&v.Port))
 }
 func XDR_Mapping(v *Mapping) *Mapping { return v }
 
@@ -9109,11 +9109,11 @@ func (v *Rpcb) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sr_prog", name), XDR_uint32(&v.R_prog))
-	x.Marshal(x.Sprintf("%sr_vers", name), XDR_uint32(&v.R_vers))
-	x.Marshal(x.Sprintf("%sr_netid", name), XdrString{&v.R_netid, 0xffffffff})
-	x.Marshal(x.Sprintf("%sr_addr", name), XdrString{&v.R_addr, 0xffffffff})
-	x.Marshal(x.Sprintf("%sr_owner", name), XdrString{&v.R_owner, 0xffffffff})
+	x.Marshal(xdrField(x, name, "r_prog"), XDR_uint32(&v.R_prog))
+	x.Marshal(xdrField(x, name, "r_vers"), XDR_uint32(&v.R_vers))
+	x.Marshal(xdrField(x, name, "r_netid"), XdrString{&v.R_netid, 0xffffffff})
+	x.Marshal(xdrField(x, name, "r_addr"), XdrString{&v.R_addr, 0xffffffff})
+	x.Marshal(xdrField(x, name, "r_owner"), XdrString{&v.R_owner, 0xffffffff})
 }
 func XDR_Rpcb(v *Rpcb) *Rpcb { return v }
 
@@ -9350,11 +9350,11 @@ func (v *Nlm4_holder) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sexclusive", name), XDR_bool(&v.Exclusive))
-	x.Marshal(x.Sprintf("%ssvid", name), XDR_Int32(&v.Svid))
-	x.Marshal(x.Sprintf("%soh", name), XDR_Netobj(&v.Oh))
-	x.Marshal(x.Sprintf("%sl_offset", name), XDR_Uint64(&v.L_offset))
-	x.Marshal(x.Sprintf("%sl_len", name), XDR_Uint64(&v.L_len))
+	x.Marshal(xdrField(x, name, "exclusive"), XDR_bool(&v.Exclusive))
+	x.Marshal(xdrField(x, name, "svid"), XDR_Int32(&v.Svid))
+	x.Marshal(xdrField(x, name, "oh"), XDR_Netobj(&v.Oh))
+	x.Marshal(xdrField(x, name, "l_offset"), XDR_Uint64(&v.L_offset))
+	x.Marshal(xdrField(x, name, "l_len"), XDR_Uint64(&v.L_len))
 }
 func XDR_Nlm4_holder(v *Nlm4_holder) *Nlm4_holder { return v }
 func (_ Nlm4_testrply) XdrValidTags() map[int32]bool {
@@ -9411,10 +9411,10 @@ func (u *Nlm4_testrply) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	XDR_Nlm4_stats(&u.Stat).XdrMarshal(x, x.Sprintf("%sstat", name))
+	XDR_Nlm4_stats(&u.Stat).XdrMarshal(x, xdrField(x, name, "stat"))
 	switch u.Stat {
 	case NLM4_DENIED:
-		x.Marshal(x.Sprintf("%sholder", name), XDR_Nlm4_holder(u.Holder()))
+		x.Marshal(xdrField(x, name, "holder"), XDR_Nlm4_holder(u.Holder()))
 		return
 	default:
 		return
@@ -9432,7 +9432,7 @@ func (v *Nlm4_stat) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sstat", name), XDR_Nlm4_stats(&v.Stat))
+	x.Marshal(xdrField(x, name, "stat"), XDR_Nlm4_stats(&v.Stat))
 }
 func XDR_Nlm4_stat(v *Nlm4_stat) *Nlm4_stat { return v }
 
@@ -9446,8 +9446,8 @@ func (v *Nlm4_res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Netobj(&v.Cookie))
-	x.Marshal(x.Sprintf("%sstat", name), XDR_Nlm4_stat(&v.Stat))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Netobj(&v.Cookie))
+	x.Marshal(xdrField(x, name, "stat"), XDR_Nlm4_stat(&v.Stat))
 }
 func XDR_Nlm4_res(v *Nlm4_res) *Nlm4_res { return v }
 
@@ -9461,8 +9461,8 @@ func (v *Nlm4_testres) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Netobj(&v.Cookie))
-	x.Marshal(x.Sprintf("%sstat", name), XDR_Nlm4_testrply(&v.Stat))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Netobj(&v.Cookie))
+	x.Marshal(xdrField(x, name, "stat"), XDR_Nlm4_testrply(&v.Stat))
 }
 func XDR_Nlm4_testres(v *Nlm4_testres) *Nlm4_testres { return v }
 
@@ -9476,12 +9476,12 @@ func (v *Nlm4_lock) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%scaller_name", name), XdrString{&v.Caller_name, LM_MAXSTRLEN})
-	x.Marshal(x.Sprintf("%sfh", name), XDR_Netobj(&v.Fh))
-	x.Marshal(x.Sprintf("%soh", name), XDR_Netobj(&v.Oh))
-	x.Marshal(x.Sprintf("%ssvid", name), XDR_Int32(&v.Svid))
-	x.Marshal(x.Sprintf("%sl_offset", name), XDR_Uint64(&v.L_offset))
-	x.Marshal(x.Sprintf("%sl_len", name), XDR_Uint64(&v.L_len))
+	x.Marshal(xdrField(x, name, "caller_name"), XdrString{&v.Caller_name, LM_MAXSTRLEN})
+	x.Marshal(xdrField(x, name, "fh"), XDR_Netobj(&v.Fh))
+	x.Marshal(xdrField(x, name, "oh"), XDR_Netobj(&v.Oh))
+	x.Marshal(xdrField(x, name, "svid"), XDR_Int32(&v.Svid))
+	x.Marshal(xdrField(x, name, "l_offset"), XDR_Uint64(&v.L_offset))
+	x.Marshal(xdrField(x, name, "l_len"), XDR_Uint64(&v.L_len))
 }
 func XDR_Nlm4_lock(v *Nlm4_lock) *Nlm4_lock { return v }
 
@@ -9495,12 +9495,12 @@ func (v *Nlm4_lockargs) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Netobj(&v.Cookie))
-	x.Marshal(x.Sprintf("%sblock", name), XDR_bool(&v.Block))
-	x.Marshal(x.Sprintf("%sexclusive", name), XDR_bool(&v.Exclusive))
-	x.Marshal(x.Sprintf("%salock", name), XDR_Nlm4_lock(&v.Alock))
-	x.Marshal(x.Sprintf("%sreclaim", name), XDR_bool(&v.Reclaim))
-	x.Marshal(x.Sprintf("%sstate", name), XDR_Int32(&v.State))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Netobj(&v.Cookie))
+	x.Marshal(xdrField(x, name, "block"), XDR_bool(&v.Block))
+	x.Marshal(xdrField(x, name, "exclusive"), XDR_bool(&v.Exclusive))
+	x.Marshal(xdrField(x, name, "alock"), XDR_Nlm4_lock(&v.Alock))
+	x.Marshal(xdrField(x, name, "reclaim"), XDR_bool(&v.Reclaim))
+	x.Marshal(xdrField(x, name, "state"), XDR_Int32(&v.State))
 }
 func XDR_Nlm4_lockargs(v *Nlm4_lockargs) *Nlm4_lockargs { return v }
 
@@ -9514,10 +9514,10 @@ func (v *Nlm4_cancargs) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Netobj(&v.Cookie))
-	x.Marshal(x.Sprintf("%sblock", name), XDR_bool(&v.Block))
-	x.Marshal(x.Sprintf("%sexclusive", name), XDR_bool(&v.Exclusive))
-	x.Marshal(x.Sprintf("%salock", name), XDR_Nlm4_lock(&v.Alock))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Netobj(&v.Cookie))
+	x.Marshal(xdrField(x, name, "block"), XDR_bool(&v.Block))
+	x.Marshal(xdrField(x, name, "exclusive"), XDR_bool(&v.Exclusive))
+	x.Marshal(xdrField(x, name, "alock"), XDR_Nlm4_lock(&v.Alock))
 }
 func XDR_Nlm4_cancargs(v *Nlm4_cancargs) *Nlm4_cancargs { return v }
 
@@ -9531,9 +9531,9 @@ func (v *Nlm4_testargs) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Netobj(&v.Cookie))
-	x.Marshal(x.Sprintf("%sexclusive", name), XDR_bool(&v.Exclusive))
-	x.Marshal(x.Sprintf("%salock", name), XDR_Nlm4_lock(&v.Alock))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Netobj(&v.Cookie))
+	x.Marshal(xdrField(x, name, "exclusive"), XDR_bool(&v.Exclusive))
+	x.Marshal(xdrField(x, name, "alock"), XDR_Nlm4_lock(&v.Alock))
 }
 func XDR_Nlm4_testargs(v *Nlm4_testargs) *Nlm4_testargs { return v }
 
@@ -9547,8 +9547,8 @@ func (v *Nlm4_unlockargs) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Netobj(&v.Cookie))
-	x.Marshal(x.Sprintf("%salock", name), XDR_Nlm4_lock(&v.Alock))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Netobj(&v.Cookie))
+	x.Marshal(xdrField(x, name, "alock"), XDR_Nlm4_lock(&v.Alock))
 }
 func XDR_Nlm4_unlockargs(v *Nlm4_unlockargs) *Nlm4_unlockargs { return v }
 
@@ -9671,11 +9671,11 @@ func (v *Nlm4_share) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%scaller_name", name), XdrString{&v.Caller_name, LM_MAXSTRLEN})
-	x.Marshal(x.Sprintf("%sfh", name), XDR_Netobj(&v.Fh))
-	x.Marshal(x.Sprintf("%soh", name), XDR_Netobj(&v.Oh))
-	x.Marshal(x.Sprintf("%smode", name), XDR_Fsh4_mode(&v.Mode))
-	x.Marshal(x.Sprintf("%saccess", name), XDR_Fsh4_access(&v.Access))
+	x.Marshal(xdrField(x, name, "caller_name"), XdrString{&v.Caller_name, LM_MAXSTRLEN})
+	x.Marshal(xdrField(x, name, "fh"), XDR_Netobj(&v.Fh))
+	x.Marshal(xdrField(x, name, "oh"), XDR_Netobj(&v.Oh))
+	x.Marshal(xdrField(x, name, "mode"), XDR_Fsh4_mode(&v.Mode))
+	x.Marshal(xdrField(x, name, "access"), XDR_Fsh4_access(&v.Access))
 }
 func XDR_Nlm4_share(v *Nlm4_share) *Nlm4_share { return v }
 
@@ -9689,9 +9689,9 @@ func (v *Nlm4_shareargs) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Netobj(&v.Cookie))
-	x.Marshal(x.Sprintf("%sshare", name), XDR_Nlm4_share(&v.Share))
-	x.Marshal(x.Sprintf("%sreclaim", name), XDR_bool(&v.Reclaim))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Netobj(&v.Cookie))
+	x.Marshal(xdrField(x, name, "share"), XDR_Nlm4_share(&v.Share))
+	x.Marshal(xdrField(x, name, "reclaim"), XDR_bool(&v.Reclaim))
 }
 func XDR_Nlm4_shareargs(v *Nlm4_shareargs) *Nlm4_shareargs { return v }
 
@@ -9705,9 +9705,9 @@ func (v *Nlm4_shareres) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%scookie", name), XDR_Netobj(&v.Cookie))
-	x.Marshal(x.Sprintf("%sstat", name), XDR_Nlm4_stats(&v.Stat))
-	x.Marshal(x.Sprintf("%ssequence", name), XDR_Int32(&v.Sequence))
+	x.Marshal(xdrField(x, name, "cookie"), XDR_Netobj(&v.Cookie))
+	x.Marshal(xdrField(x, name, "stat"), XDR_Nlm4_stats(&v.Stat))
+	x.Marshal(xdrField(x, name, "sequence"), XDR_Int32(&v.Sequence))
 }
 func XDR_Nlm4_shareres(v *Nlm4_shareres) *Nlm4_shareres { return v }
 
@@ -9721,8 +9721,8 @@ func (v *Nlm4_notify) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sname", name), XdrString{&v.Name, LM_MAXNAMELEN})
-	x.Marshal(x.Sprintf("%sstate", name), XDR_Int32(&v.State))
+	x.Marshal(xdrField(x, name, "name"), XdrString{&v.Name, LM_MAXNAMELEN})
+	x.Marshal(xdrField(x, name, "state"), XDR_Int32(&v.State))
 }
 func XDR_Nlm4_notify(v *Nlm4_notify) *Nlm4_notify { return v }
 
@@ -10895,7 +10895,7 @@ func (v *Sm_name) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%smon_name", name), XdrString{&v.Mon_name, SM_MAXSTRLEN})
+	x.Marshal(xdrField(x, name, "mon_name"), XdrString{&v.Mon_name, SM_MAXSTRLEN})
 }
 func XDR_Sm_name(v *Sm_name) *Sm_name { return v }
 
@@ -10909,10 +10909,10 @@ func (v *My_id) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%smy_name", name), XdrString{&v.My_name, SM_MAXSTRLEN})
-	x.Marshal(x.Sprintf("%smy_prog", name), XDR_int32(&v.My_prog))
-	x.Marshal(x.Sprintf("%smy_vers", name), XDR_int32(&v.My_vers))
-	x.Marshal(x.Sprintf("%smy_proc", name), XDR_int32(&v.My_proc))
+	x.Marshal(xdrField(x, name, "my_name"), XdrString{&v.My_name, SM_MAXSTRLEN})
+	x.Marshal(xdrField(x, name, "my_prog"), XDR_int32(&v.My_prog))
+	x.Marshal(xdrField(x, name, "my_vers"), XDR_int32(&v.My_vers))
+	x.Marshal(xdrField(x, name, "my_proc"), XDR_int32(&v.My_proc))
 }
 func XDR_My_id(v *My_id) *My_id { return v }
 
@@ -10926,8 +10926,8 @@ func (v *Mon_id) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%smon_name", name), XdrString{&v.Mon_name, SM_MAXSTRLEN})
-	x.Marshal(x.Sprintf("%smy_id", name), XDR_My_id(&v.My_id))
+	x.Marshal(xdrField(x, name, "mon_name"), XdrString{&v.Mon_name, SM_MAXSTRLEN})
+	x.Marshal(xdrField(x, name, "my_id"), XDR_My_id(&v.My_id))
 }
 func XDR_Mon_id(v *Mon_id) *Mon_id { return v }
 
@@ -10957,8 +10957,8 @@ func (v *Mon) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%smon_id", name), XDR_Mon_id(&v.Mon_id))
-	x.Marshal(x.Sprintf("%spriv", name), (*_XdrArray_16_opaque)(&v.Priv))
+	x.Marshal(xdrField(x, name, "mon_id"), XDR_Mon_id(&v.Mon_id))
+	x.Marshal(xdrField(x, name, "priv"), (*_XdrArray_16_opaque)(&v.Priv))
 }
 func XDR_Mon(v *Mon) *Mon { return v }
 
@@ -11026,8 +11026,8 @@ func (v *Sm_stat_res) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sres_stat", name), XDR_Sm_res(&v.Res_stat))
-	x.Marshal(x.Sprintf("%sstate", name), XDR_int32(&v.State))
+	x.Marshal(xdrField(x, name, "res_stat"), XDR_Sm_res(&v.Res_stat))
+	x.Marshal(xdrField(x, name, "state"), XDR_int32(&v.State))
 }
 func XDR_Sm_stat_res(v *Sm_stat_res) *Sm_stat_res { return v }
 
@@ -11041,7 +11041,7 @@ func (v *Sm_stat) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%sstate", name), XDR_int32(&v.State))
+	x.Marshal(xdrField(x, name, "state"), XDR_int32(&v.State))
 }
 func XDR_Sm_stat(v *Sm_stat) *Sm_stat { return v }
 
@@ -11055,8 +11055,8 @@ func (v *Stat_chge) XdrRecurse(x XDR, name string) {
 	if name != "" {
 		name = x.Sprintf("%s.", name)
 	}
-	x.Marshal(x.Sprintf("%smon_name", name), XdrString{&v.Mon_name, SM_MAXSTRLEN})
-	x.Marshal(x.Sprintf("%sstate", name), XDR_int32(&v.State))
+	x.Marshal(xdrField(x, name, "mon_name"), XdrString{&v.Mon_name, SM_MAXSTRLEN})
+	x.Marshal(xdrField(x, name, "state"), XDR_int32(&v.State))
 }
 func XDR_Stat_chge(v *Stat_chge) *Stat_chge { return v }
 
