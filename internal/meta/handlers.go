@@ -401,19 +401,10 @@ func (s *Service) register() {
 	})
 }
 
+// readInode reads ino's record (through the FSM's cache: the answer's
+// slices must not be changed).
 func (s *Service) readInode(ino uint64) (*schema.Inode, error) {
-	v, err := s.db.Get(schema.InodeKey(ino))
-	if errors.Is(err, kv.ErrNotFound) {
-		return nil, rpc.Errorf(syscall.ENOENT, "inode %d does not exist", ino)
-	}
-	if err != nil {
-		return nil, rpc.Errorf(syscall.EIO, "read inode %d: %v", ino, err)
-	}
-	in := new(schema.Inode)
-	if err := schema.DecodeInode(v, in); err != nil {
-		return nil, rpc.Errorf(syscall.EIO, "inode %d: %v", ino, err)
-	}
-	return in, nil
+	return s.fsm.readInode(ino)
 }
 
 func (s *Service) getAttr(ino uint64) (rpc.Attr, error) {
