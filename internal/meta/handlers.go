@@ -427,7 +427,7 @@ func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, erro
 	if err := checkName(r.Name); err != nil {
 		return nil, err
 	}
-	v, err := s.db.Get(schema.DentryKey(r.Parent, r.Name))
+	de, err := s.fsm.readEntry(schema.DentryKey(r.Parent, r.Name))
 	if errors.Is(err, kv.ErrNotFound) {
 		// Absent from a directory, or the parent is no directory: tell
 		// which. A parent once seen as a directory is one for good (inode
@@ -447,10 +447,6 @@ func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, erro
 	}
 	if err != nil {
 		return nil, rpc.Errorf(syscall.EIO, "lookup %d/%q: %v", r.Parent, r.Name, err)
-	}
-	de, err := schema.DecodeDentry(v)
-	if err != nil {
-		return nil, rpc.Errorf(syscall.EIO, "entry %d/%q: %v", r.Parent, r.Name, err)
 	}
 	a, err := s.getAttr(de.Ino)
 	if err != nil {

@@ -153,11 +153,15 @@ func (x *opCtx) dentry(parent uint64, name string) (schema.Dentry, bool, error) 
 }
 
 func (x *opCtx) setDentry(parent uint64, name string, de schema.Dentry) error {
-	return x.b.Set(schema.DentryKey(parent, name), schema.AppendDentry(nil, de))
+	k := schema.DentryKey(parent, name)
+	x.f.batch.noteEntry(k, &de)
+	return x.b.Set(k, schema.AppendDentry(nil, de))
 }
 
 func (x *opCtx) delDentry(parent uint64, name string) error {
-	return x.b.Delete(schema.DentryKey(parent, name))
+	k := schema.DentryKey(parent, name)
+	x.f.batch.noteEntry(k, nil)
+	return x.b.Delete(k)
 }
 
 func (x *opCtx) flush() error {
@@ -165,12 +169,12 @@ func (x *opCtx) flush() error {
 		s := &x.c[i]
 		switch {
 		case s.deleted:
-			x.f.touched[s.ino] = struct{}{}
+			x.f.batch.noteInode(s.ino, nil)
 			if err := x.deleteInode(s.ino); err != nil {
 				return err
 			}
 		case s.dirty:
-			x.f.touched[s.ino] = struct{}{}
+			x.f.batch.noteInode(s.ino, &s.in)
 			x.buf = schema.AppendInode(x.buf[:0], &s.in)
 			if err := x.b.Set(schema.InodeKey(s.ino), x.buf); err != nil {
 				return err

@@ -170,3 +170,62 @@ func TestInodeCacheConcurrentCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Lookups served from cached entries follow every change of a name:
+// renames (also over another name and exchanges), removals, links and
+// re-creations.
+func TestRecordCacheEntries(t *testing.T) {
+	_, c := newNamespace(t)
+	ino := func(name string) uint64 {
+		t.Helper()
+		a, err := c.lookup(1, name)
+		if err != nil {
+			if errno, ok := err.(*rpc.Error); ok && errno.Errno == syscall.ENOENT {
+				return 0
+			}
+			t.Fatalf("lookup %s: %v", name, err)
+		}
+		return a.Ino
+	}
+	a := c.mustCreate(1, "a", fileMode)
+	if got := ino("a"); got != a.Ino {
+		t.Fatalf("lookup a = %d, want %d", got, a.Ino)
+	}
+	if err := c.rename(1, "a", 1, "b", 0); err != nil {
+		t.Fatal(err)
+	}
+	if ino("a") != 0 || ino("b") != a.Ino {
+		t.Fatalf("after rename a→b: a=%d b=%d", ino("a"), ino("b"))
+	}
+	a2 := c.mustCreate(1, "a", fileMode)
+	if ino("a") != a2.Ino {
+		t.Fatalf("re-created a: %d, want %d", ino("a"), a2.Ino)
+	}
+	if err := c.rename(1, "b", 1, "a", 0); err != nil { // over a
+		t.Fatal(err)
+	}
+	if ino("a") != a.Ino || ino("b") != 0 {
+		t.Fatalf("after rename b over a: a=%d b=%d", ino("a"), ino("b"))
+	}
+	if _, err := c.link(a.Ino, 1, "c"); err != nil {
+		t.Fatal(err)
+	}
+	d := c.mustCreate(1, "d", fileMode)
+	ino("c")
+	ino("d")
+	if err := c.rename(1, "c", 1, "d", rpc.RenameExchange); err != nil {
+		t.Fatal(err)
+	}
+	if ino("c") != d.Ino || ino("d") != a.Ino {
+		t.Fatalf("after exchange c↔d: c=%d d=%d", ino("c"), ino("d"))
+	}
+	if _, err := c.unlink(1, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if ino("d") != 0 || ino("a") != a.Ino {
+		t.Fatalf("after unlink d: d=%d a=%d", ino("d"), ino("a"))
+	}
+	if a := c.mustGetattr(a.Ino); a.Nlink != 1 {
+		t.Fatalf("nlink after unlink of one of two names: %d", a.Nlink)
+	}
+}
