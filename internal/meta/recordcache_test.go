@@ -12,9 +12,9 @@ import (
 )
 
 // Every kind of change to a file is seen by the reads that follow it,
-// although those reads are served from the inode cache once a lookup or
+// although those reads are served from the record cache once a lookup or
 // getattr has filled it.
-func TestInodeCacheSeesEveryChange(t *testing.T) {
+func TestRecordCacheSeesEveryChange(t *testing.T) {
 	_, c := newNamespace(t)
 	f := c.mustCreate(1, "f", fileMode)
 	read := func(what string) rpc.Attr {
@@ -82,7 +82,7 @@ func TestInodeCacheSeesEveryChange(t *testing.T) {
 // An apply that starts from a cached record changes its own copy: a
 // record read before a commit keeps its values (the cache shares its
 // slices with readers).
-func TestInodeCacheApplyCopies(t *testing.T) {
+func TestRecordCacheApplyCopies(t *testing.T) {
 	s, c := newNamespace(t)
 	f := c.mustCreate(1, "f", fileMode)
 	c.mustGetattr(f.Ino)
@@ -117,7 +117,7 @@ func TestInodeCacheApplyCopies(t *testing.T) {
 
 // Readers racing a stream of size commits never see a size go back, and
 // a read begun after a commit was answered sees at least that size.
-func TestInodeCacheConcurrentCommits(t *testing.T) {
+func TestRecordCacheConcurrentCommits(t *testing.T) {
 	_, c := newNamespace(t)
 	f := c.mustCreate(1, "f", fileMode)
 	var answered atomic.Uint64 // the largest size whose commit was answered
