@@ -293,7 +293,7 @@ func (c *Client) metaCall(ctx context.Context, m rpc.Method, req, resp rpc.Messa
 	backoff := 20 * time.Millisecond
 	changed := c.metaChanged.Load()
 	for attempt := 0; ; attempt++ {
-		cctx, cancel := context.WithDeadline(ctx, deadline)
+		cctx, cancel := withDeadline(ctx, deadline)
 		err := c.meta.Call(cctx, m, req, resp)
 		cancel()
 		if err == nil || !retryableMeta(err) {

@@ -103,7 +103,7 @@ func (c *Client) startOpenRead(ino uint64, flags int) *openRead {
 	r := &openRead{c: c, b: &raBlock{n: n, buf: make([]byte, n), done: make(chan struct{}), refs: 1}, mtime: l.mtime, layout: l.layout}
 	tmp := &inode{c: c, ino: ino, layout: l.layout} // readRange reads ino and layout only
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.IOTimeout)
+		ctx, cancel := withDeadline(context.Background(), time.Now().Add(c.cfg.IOTimeout))
 		r.b.err = c.readRange(ctx, tmp, r.b.buf, 0, true)
 		cancel()
 		c.m.bytesRA.Add(float64(n))

@@ -184,7 +184,7 @@ func (c *Client) chunkCall(ctx context.Context, op string, chunk *rpc.ChunkID, s
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	ctx, cancel := context.WithDeadline(ctx, deadline)
+	ctx, cancel := withDeadline(ctx, deadline)
 	defer cancel()
 	backoff := 20 * time.Millisecond
 	var addr string

@@ -58,12 +58,18 @@ type fsm struct {
 
 	// onBatch, if set, observes the number of entries in each applied batch.
 	onBatch func(n int)
+
+	// cache keeps decoded inode records and directory entries for readers
+	// and applies (recordcache.go); batch holds what the batch being
+	// applied wrote (guarded by mu), written to the cache at the commit.
+	cache recordCache
+	batch batchRecords
 }
 
 var _ consensus.StateMachine = (*fsm)(nil)
 
 func newFSM(db kv.Store) (*fsm, error) {
-	f := &fsm{db: db}
+	f := &fsm{db: db, cache: newRecordCache(), batch: newBatchRecords()}
 	if err := f.loadCounters(); err != nil {
 		return nil, err
 	}
@@ -216,9 +222,12 @@ func (f *fsm) commitLocked(b kv.Batch) {
 	}
 	// A failed write leaves the replicas' states unknown; the only safe
 	// answer is to stop and let the restart replay the log.
+	f.cache.begin()
 	if err := b.Apply(false); err != nil {
 		panic(fmt.Sprintf("meta: applying raft batch to the metadata store failed: %v", err))
 	}
+	f.cache.end(&f.batch)
+	f.batch.reset()
 	f.applied.Store(f.ctr.AppliedIndex)
 	f.inodes.Store(f.ctr.Inodes)
 }
@@ -396,6 +405,11 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// Every record may change: the cache is emptied and stays out of use
+	// (odd seq) until the restore ends, when it is emptied again.
+	f.cache.begin()
+	f.cache.clearAll()
+	defer f.cache.end(nil)
 	br := bufio.NewReaderSize(rc, 1<<20)
 	head := make([]byte, len(snapMagic)+1)
 	if _, err := io.ReadFull(br, head); err != nil {

@@ -411,19 +411,10 @@ func (s *Service) register() {
 	})
 }
 
+// readInode reads ino's record (through the FSM's cache: the answer's
+// slices must not be changed).
 func (s *Service) readInode(ino uint64) (*schema.Inode, error) {
-	v, err := s.db.Get(schema.InodeKey(ino))
-	if errors.Is(err, kv.ErrNotFound) {
-		return nil, rpc.Errorf(syscall.ENOENT, "inode %d does not exist", ino)
-	}
-	if err != nil {
-		return nil, rpc.Errorf(syscall.EIO, "read inode %d: %v", ino, err)
-	}
-	in := new(schema.Inode)
-	if err := schema.DecodeInode(v, in); err != nil {
-		return nil, rpc.Errorf(syscall.EIO, "inode %d: %v", ino, err)
-	}
-	return in, nil
+	return s.fsm.readInode(ino)
 }
 
 func (s *Service) getAttr(ino uint64) (rpc.Attr, error) {
@@ -446,7 +437,7 @@ func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, erro
 	if err := checkName(r.Name); err != nil {
 		return nil, err
 	}
-	v, err := s.db.Get(schema.DentryKey(r.Parent, r.Name))
+	de, err := s.fsm.readEntry(schema.DentryKey(r.Parent, r.Name))
 	if errors.Is(err, kv.ErrNotFound) {
 		// Absent from a directory, or the parent is no directory: tell
 		// which. A parent once seen as a directory is one for good (inode
@@ -466,10 +457,6 @@ func (s *Service) lookup(_ context.Context, r *rpc.LookupReq) (rpc.Message, erro
 	}
 	if err != nil {
 		return nil, rpc.Errorf(syscall.EIO, "lookup %d/%q: %v", r.Parent, r.Name, err)
-	}
-	de, err := schema.DecodeDentry(v)
-	if err != nil {
-		return nil, rpc.Errorf(syscall.EIO, "entry %d/%q: %v", r.Parent, r.Name, err)
 	}
 	a, err := s.getAttr(de.Ino)
 	if err != nil {

@@ -74,13 +74,6 @@ func (x *opCtx) inode(ino uint64) (*schema.Inode, error) {
 			return &x.c[i].in, nil
 		}
 	}
-	v, err := x.b.Get(schema.InodeKey(ino))
-	if errors.Is(err, kv.ErrNotFound) {
-		return nil, rpc.Errorf(syscall.ENOENT, "inode %d does not exist", ino)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read inode %d: %w", ino, err)
-	}
 	if x.n == len(x.c) {
 		panic("meta: opCtx inode cache overflow") // an op touching > 6 inodes is a bug
 	}
@@ -91,6 +84,17 @@ func (x *opCtx) inode(ino uint64) (*schema.Inode, error) {
 		dirty   bool
 		deleted bool
 	}{ino: ino}
+	if x.f.cachedForApply(ino, &s.in) { // the committed record, unchanged in this batch
+		x.n++
+		return &s.in, nil
+	}
+	v, err := x.b.Get(schema.InodeKey(ino))
+	if errors.Is(err, kv.ErrNotFound) {
+		return nil, rpc.Errorf(syscall.ENOENT, "inode %d does not exist", ino)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read inode %d: %w", ino, err)
+	}
 	if err := schema.DecodeInode(v, &s.in); err != nil {
 		return nil, rpc.Errorf(syscall.EIO, "inode %d: %v", ino, err)
 	}
@@ -149,11 +153,15 @@ func (x *opCtx) dentry(parent uint64, name string) (schema.Dentry, bool, error) 
 }
 
 func (x *opCtx) setDentry(parent uint64, name string, de schema.Dentry) error {
-	return x.b.Set(schema.DentryKey(parent, name), schema.AppendDentry(nil, de))
+	k := schema.DentryKey(parent, name)
+	x.f.batch.noteEntry(k, &de)
+	return x.b.Set(k, schema.AppendDentry(nil, de))
 }
 
 func (x *opCtx) delDentry(parent uint64, name string) error {
-	return x.b.Delete(schema.DentryKey(parent, name))
+	k := schema.DentryKey(parent, name)
+	x.f.batch.noteEntry(k, nil)
+	return x.b.Delete(k)
 }
 
 func (x *opCtx) flush() error {
@@ -161,10 +169,12 @@ func (x *opCtx) flush() error {
 		s := &x.c[i]
 		switch {
 		case s.deleted:
+			x.f.batch.noteInode(s.ino, nil)
 			if err := x.deleteInode(s.ino); err != nil {
 				return err
 			}
 		case s.dirty:
+			x.f.batch.noteInode(s.ino, &s.in)
 			x.buf = schema.AppendInode(x.buf[:0], &s.in)
 			if err := x.b.Set(schema.InodeKey(s.ino), x.buf); err != nil {
 				return err

@@ -167,10 +167,14 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	if !ok {
 		return &rpc.Error{Errno: syscall.ENOSYS, Msg: fmt.Sprintf("method %d not served here", m)}
 	}
+	t, isTailer := req.(rpc.Tailer)
+	if s.inline[m] && !isTailer {
+		return c.callInline(ctx, s, h, deadline, m, req, resp)
+	}
 	var e rpc.Enc
 	var lentTail []byte
 	var lent *lendGuard
-	if t, ok := req.(rpc.Tailer); ok {
+	if isTailer {
 		lentTail = t.EncodeHead(&e) // the write's data is lent, not copied
 		if len(lentTail) > 0 {
 			lent = &lendGuard{}
@@ -186,15 +190,7 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 	// The handler's context carries the deadline. When the caller's ctx
 	// already ends by then (the usual case: clients set one per call),
 	// ctx serves as both the handler's bound and ours — no second timer.
-	hctx := context.WithValue(ctx, peerKey{}, inProcessPeer)
-	if lent != nil {
-		hctx = context.WithValue(hctx, lendKey{}, lent)
-	}
-	if dd, ok := resp.(rpc.DirectDecoder); ok {
-		if b := dd.DirectDest(); b != nil {
-			hctx = context.WithValue(hctx, readDestKey{}, b)
-		}
-	}
+	hctx := handlerCtx(ctx, lent, resp)
 	var timeout <-chan time.Time
 	if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
 		var cancel context.CancelFunc
@@ -249,11 +245,7 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		done <- r
 		mu.Unlock()
 	}
-	if s.inline[m] {
-		run() // a quick read: no goroutine hand-over (Server.Inline)
-	} else {
-		goLocal(run)
-	}
+	goLocal(run)
 	giveUp := func() {
 		if lent != nil {
 			lent.abandon() // waits while the handler reads our bytes
@@ -293,6 +285,88 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		giveUp()
 		return fmt.Errorf("%w: call %d to %s timed out", ErrUnavailable, m, c.addr)
 	}
+}
+
+// handlerCtx is the context of an in-process handler: the caller's, with
+// the in-process peer, the lent request bytes' guard and the caller's read
+// destination.
+func handlerCtx(ctx context.Context, lent *lendGuard, resp rpc.Message) context.Context {
+	hctx := context.WithValue(ctx, peerKey{}, inProcessPeer)
+	if lent != nil {
+		hctx = context.WithValue(hctx, lendKey{}, lent)
+	}
+	if dd, ok := resp.(rpc.DirectDecoder); ok {
+		if b := dd.DirectDest(); b != nil {
+			hctx = context.WithValue(hctx, readDestKey{}, b)
+		}
+	}
+	return hctx
+}
+
+// inlineBufs recycles the request encodings of Inline calls: the handler
+// has returned before the buffer goes back, and handlers keep no request
+// bytes after returning.
+var inlineBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+// callInline runs the handler of an Inline method on the caller's
+// goroutine (a quick read: no goroutine hand-over, no channel, no result
+// to hand over, since nobody can give up while it runs) and decodes its
+// answer into resp. A handler that waits does so within its context,
+// which ends by deadline.
+func (c *Client) callInline(ctx context.Context, s *Server, h HandlerFunc, deadline time.Time, m rpc.Method, req, resp rpc.Message) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: call %d to %s: %v", ErrUnavailable, m, c.addr, err)
+	}
+	bp := inlineBufs.Get().(*[]byte)
+	e := rpc.Enc{B: (*bp)[:0]}
+	defer func() {
+		if cap(e.B) <= 64<<10 { // large ones are left to the collector
+			*bp = e.B[:0]
+			inlineBufs.Put(bp)
+		}
+	}()
+	req.Encode(&e)
+	if err := checkRequestSize(m, len(e.B)); err != nil {
+		return err
+	}
+	dec := rpc.NewDec(e.B)
+	hctx := handlerCtx(ctx, nil, resp)
+	if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
+		var cancel context.CancelFunc
+		hctx, cancel = context.WithDeadline(hctx, deadline)
+		defer cancel()
+	}
+	var start time.Time
+	if s.Observe != nil {
+		start = time.Now()
+	}
+	out, err := h(hctx, dec)
+	if s.Observe != nil {
+		s.Observe(m, time.Since(start), err)
+	}
+	if rel, ok := out.(Releaser); ok {
+		defer rel.Release()
+	}
+	if err != nil {
+		en := rpc.ErrnoOf(err)
+		if en == 0 {
+			en = syscall.EIO
+		}
+		return &rpc.Error{Errno: en, Msg: err.Error()}
+	}
+	if resp == nil {
+		return nil
+	}
+	var oe rpc.Enc
+	if out != nil {
+		out.Encode(&oe)
+	}
+	d := rpc.NewDec(oe.B)
+	resp.Decode(d)
+	if d.Err() != nil {
+		return fmt.Errorf("response %d from %s: %w", m, c.addr, d.Err())
+	}
+	return nil
 }
 
 // Handlers of in-process calls run on a pool of long-lived goroutines

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"strings"
@@ -344,6 +345,56 @@ func TestInProcessInline(t *testing.T) {
 	}
 	if err := c.Call(context.Background(), rpc.MGetAttr, &rpc.GetAttrReq{Ino: 9}, &a); err != nil || a.Attr.Ino != 9 {
 		t.Fatalf("goroutine call: %+v %v", a, err)
+	}
+}
+
+// TestInProcessInlineAnswers: an Inline method's errno reaches the caller,
+// an answer-less handler answers an empty message, and a handler that waits
+// on its context is bounded by the call's deadline although it runs on the
+// caller's goroutine (the caller's own context has none).
+func TestInProcessInlineAnswers(t *testing.T) {
+	s := NewServer([]byte("k"))
+	Handle(s, rpc.MLookup, func(ctx context.Context, r *rpc.LookupReq) (*rpc.AttrResp, error) {
+		switch r.Name {
+		case "absent":
+			return nil, rpc.Errorf(syscall.ENOENT, "no %q", r.Name)
+		case "wait":
+			select {
+			case <-ctx.Done():
+				return nil, rpc.Errorf(syscall.ETIMEDOUT, "waited: %v", ctx.Err())
+			case <-time.After(20 * time.Second):
+				return &rpc.AttrResp{}, nil
+			}
+		}
+		return &rpc.AttrResp{Attr: rpc.Attr{Ino: r.Parent}}, nil
+	})
+	s.Inline(rpc.MLookup)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close() })
+	if err := waitLocal(ln.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(ln.Addr().String(), ClientConfig{Key: []byte("k"), CallTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	var a rpc.AttrResp
+	err = c.Call(context.Background(), rpc.MLookup, &rpc.LookupReq{Parent: 1, Name: "absent"}, &a)
+	if rpc.ErrnoOf(err) != syscall.ENOENT {
+		t.Fatalf("inline error: %v, want ENOENT", err)
+	}
+	for i := 0; i < 3; i++ { // the pooled request buffers are reused
+		name := fmt.Sprintf("n%d", i)
+		if err := c.Call(context.Background(), rpc.MLookup, &rpc.LookupReq{Parent: uint64(10 + i), Name: name}, &a); err != nil || a.Attr.Ino != uint64(10+i) {
+			t.Fatalf("inline call %d: %+v %v", i, a, err)
+		}
+	}
+	start := time.Now()
+	err = c.Call(context.Background(), rpc.MLookup, &rpc.LookupReq{Parent: 1, Name: "wait"}, &a)
+	if rpc.ErrnoOf(err) != syscall.ETIMEDOUT || time.Since(start) > 10*time.Second {
+		t.Fatalf("waiting inline handler: %v after %v, want ETIMEDOUT at the call's deadline", err, time.Since(start))
 	}
 }
 
