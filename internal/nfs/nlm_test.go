@@ -383,25 +383,24 @@ func TestNLMAsync(t *testing.T) {
 	}
 }
 
-// TestNLMPollGranted: a client whose GRANTED callbacks fail (a firewall)
-// learns of its blocked lock at its next poll (LOCK asked again), and the
-// gateway keeps the lock for it when its callbacks give up.
-func TestNLMPollGranted(t *testing.T) {
-	cl, g, h, fh, ino := lockGateway(t, 0)
+// grantAtPoll has h block on a lock of fh (owner svid) that another
+// client of cl holds, with h's GRANTED callbacks dropped, then has the
+// other client let go and polls (LOCK again) within bound until the lock
+// is GRANTED. It answers the other client and h's lock.
+func grantAtPoll(t *testing.T, cl *cluster, h *nfstest.LockHost, fh []byte, ino uint64, svid int32, bound time.Duration) (*client.Client, nfstest.Lock) {
+	t.Helper()
 	other := cl.newClient()
 	if err := setLib(other, libLock(ino, 0, 0)); err != nil {
 		t.Fatal(err)
 	}
 	h.Drop.Store(true)
-	l := nfstest.Lock{FH: fh, Svid: 8, Len: 10, Exclusive: true}
+	l := nfstest.Lock{FH: fh, Svid: svid, Len: 10, Exclusive: true}
 	st, err := h.Lock(l, true, false)
 	wantNLM(t, "NLM LOCK (blocking)", st, err, xdr.NLM4_BLOCKED)
 	if err := setLib(other, client.Lock{Ino: ino, Owner: 77, End: ^uint64(0), Type: rpc.LockUnlock}); err != nil {
 		t.Fatal(err)
 	}
-	// Within 12 s: the callbacks give up (and, before the fix, released
-	// the lock for a later poll to take anew) only after 1+2+4+8 s.
-	if err := testutil.WaitFor(12*time.Second, func() error {
+	if err := testutil.WaitFor(bound, func() error {
 		st, err := h.Lock(l, true, false)
 		if err == nil && st != xdr.NLM4_GRANTED {
 			err = errors.New(st.String())
@@ -410,6 +409,17 @@ func TestNLMPollGranted(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("polling for the blocked lock: %v", err)
 	}
+	return other, l
+}
+
+// TestNLMPollGranted: a client whose GRANTED callbacks fail (a firewall)
+// learns of its blocked lock at its next poll (LOCK asked again), and the
+// gateway keeps the lock for it when its callbacks give up.
+func TestNLMPollGranted(t *testing.T) {
+	cl, g, h, fh, ino := lockGateway(t, 0)
+	// Within 12 s: the callbacks give up (and, before the fix, released
+	// the lock for a later poll to take anew) only after 1+2+4+8 s.
+	other, _ := grantAtPoll(t, cl, h, fh, ino, 8, 12*time.Second)
 	wantEAGAIN(t, "another client under the polled lock", setLib(other, libLock(ino, 0, 0)))
 	g.stop() // ends the callback's retries
 	wantEAGAIN(t, "another client once the callbacks gave up", setLib(other, libLock(ino, 0, 0)))
@@ -448,27 +458,8 @@ func TestNLMGarbage(t *testing.T) {
 // retries ending later release nothing of the other client's.
 func TestNLMUnlockEndsGrant(t *testing.T) {
 	cl, _, h, fh, ino := lockGateway(t, 0)
-	other := cl.newClient()
-	if err := setLib(other, libLock(ino, 0, 0)); err != nil {
-		t.Fatal(err)
-	}
-	h.Drop.Store(true)
-	l := nfstest.Lock{FH: fh, Svid: 9, Len: 10, Exclusive: true}
-	st, err := h.Lock(l, true, false)
-	wantNLM(t, "NLM LOCK (blocking)", st, err, xdr.NLM4_BLOCKED)
-	if err := setLib(other, client.Lock{Ino: ino, Owner: 77, End: ^uint64(0), Type: rpc.LockUnlock}); err != nil {
-		t.Fatal(err)
-	}
-	if err := testutil.WaitFor(10*time.Second, func() error {
-		st, err := h.Lock(l, true, false)
-		if err == nil && st != xdr.NLM4_GRANTED {
-			err = errors.New(st.String())
-		}
-		return err
-	}); err != nil {
-		t.Fatalf("polling for the blocked lock: %v", err)
-	}
-	st, err = h.Unlock(l)
+	other, l := grantAtPoll(t, cl, h, fh, ino, 9, 10*time.Second)
+	st, err := h.Unlock(l)
 	wantNLM(t, "NLM UNLOCK", st, err, xdr.NLM4_GRANTED)
 	if err := setLib(other, libLock(ino, 0, 0)); err != nil {
 		t.Fatalf("another client after the UNLOCK: %v", err)

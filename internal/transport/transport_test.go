@@ -369,19 +369,9 @@ func TestInProcessInlineAnswers(t *testing.T) {
 		return &rpc.AttrResp{Attr: rpc.Attr{Ino: r.Parent}}, nil
 	})
 	s.Inline(rpc.MLookup)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Close() })
-	if err := waitLocal(ln.Addr().String()); err != nil {
-		t.Fatal(err)
-	}
-	c := NewClient(ln.Addr().String(), ClientConfig{Key: []byte("k"), CallTimeout: 200 * time.Millisecond})
-	t.Cleanup(func() { c.Close() })
+	c := serveInProcessWith(t, s, ClientConfig{Key: []byte("k"), CallTimeout: 200 * time.Millisecond})
 	var a rpc.AttrResp
-	err = c.Call(context.Background(), rpc.MLookup, &rpc.LookupReq{Parent: 1, Name: "absent"}, &a)
+	err := c.Call(context.Background(), rpc.MLookup, &rpc.LookupReq{Parent: 1, Name: "absent"}, &a)
 	if rpc.ErrnoOf(err) != syscall.ENOENT {
 		t.Fatalf("inline error: %v, want ENOENT", err)
 	}
@@ -473,6 +463,12 @@ func TestInProcessDirectRead(t *testing.T) {
 // reaches it in-process (the local path), both closed with the test.
 func serveInProcess(t *testing.T, s *Server, key []byte) *Client {
 	t.Helper()
+	return serveInProcessWith(t, s, ClientConfig{Key: key})
+}
+
+// serveInProcessWith is serveInProcess with the client configured by cfg.
+func serveInProcessWith(t *testing.T, s *Server, cfg ClientConfig) *Client {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -482,7 +478,7 @@ func serveInProcess(t *testing.T, s *Server, key []byte) *Client {
 	if err := waitLocal(ln.Addr().String()); err != nil {
 		t.Fatal(err)
 	}
-	c := NewClient(ln.Addr().String(), ClientConfig{Key: key})
+	c := NewClient(ln.Addr().String(), cfg)
 	t.Cleanup(func() { c.Close() })
 	return c
 }
