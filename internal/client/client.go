@@ -353,7 +353,7 @@ func changeRefused(err error) bool {
 func answeredBeforeDurable(m rpc.Method, req rpc.Message) bool {
 	switch m {
 	case rpc.MCreate, rpc.MTmpfile, rpc.MSetAttr, rpc.MUnlink, rpc.MRmdir, rpc.MRename, rpc.MLink,
-		rpc.MSetXattr, rpc.MRemoveXattr, rpc.MSetDirLayout:
+		rpc.MSetXattr, rpc.MRemoveXattr, rpc.MSetDirLayout, rpc.MCreateBatch, rpc.MReturnDelegation:
 		return true
 	case rpc.MCommitSize:
 		return isDeferredCommit(req)

@@ -36,7 +36,7 @@ func (c *Client) Lookup(ctx context.Context, parent uint64, name string) (rpc.At
 	}
 	var resp rpc.AttrResp
 	since := c.sizeSeq.Load()
-	if err := c.metaCall(ctx, rpc.MLookup, &rpc.LookupReq{Parent: parent, Name: name}, &resp); err != nil {
+	if err := c.metaCall(ctx, rpc.MLookup, &rpc.LookupReq{Parent: parent, Name: name, Client: c.ClientID()}, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "lookup", err)
 	}
 	c.mergeLocal(&resp.Attr, since)
@@ -53,7 +53,7 @@ func (c *Client) GetAttr(ctx context.Context, ino uint64) (rpc.Attr, error) {
 	}
 	var resp rpc.AttrResp
 	since := c.sizeSeq.Load()
-	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
+	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino, Client: c.ClientID()}, &resp); err != nil {
 		return rpc.Attr{}, metaErr(c, "getattr", err)
 	}
 	c.mergeLocal(&resp.Attr, since)
@@ -356,7 +356,7 @@ func (c *Client) ReadDir(ctx context.Context, dir uint64, after string, limit in
 	}
 	var resp rpc.ReadDirResp
 	since := c.sizeSeq.Load()
-	if err := c.metaCall(ctx, rpc.MReadDir, &rpc.ReadDirReq{Dir: dir, After: after, Limit: uint32(limit), Plus: plus}, &resp); err != nil {
+	if err := c.metaCall(ctx, rpc.MReadDir, &rpc.ReadDirReq{Dir: dir, After: after, Limit: uint32(limit), Plus: plus, Client: c.ClientID()}, &resp); err != nil {
 		return nil, false, metaErr(c, "readdir", err)
 	}
 	if plus {

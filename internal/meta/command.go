@@ -40,6 +40,11 @@ const (
 	opMirrorReplace  // a new (empty) target in place of the group's out-of-sync copy
 	opMirrorResync   // the degraded group's secondary is back: resync it
 	opHALease        // a named lease asked for, renewed or released (halease.go), appended
+	// Create delegations (inoranges.go, delegation.go, docs/design/0016), appended:
+	opReserveInos // Size inode numbers reserved for the session Hdr.ClientID
+	opCreateBatch // empty regular files with the session's numbers, each deduplicated alone
+	opDelegate    // the create delegation on directory Ino for the session Hdr.ClientID
+	opReturn      // the delegation on Ino of session Client (granted at Epoch; 0: any) ends
 )
 
 // command is one state-machine command: the payload of a raft log entry.
@@ -91,6 +96,13 @@ const (
 //	MirrorResync                          Group, Epoch
 //	HALease                               Name (lease), Host (holder), LeaseMs (TTL),
 //	                                      Flags (1: release)
+//	ReserveInos                           Size (how many)
+//	CreateBatch                           Cands (ID, FreeBytes each), RRStart, then
+//	                                      count and per create: Seq, Parent, Name, Ino,
+//	                                      Mode, Uid, Gid, Time, Layout (StripeSize,
+//	                                      StripeCount, Targets)
+//	Delegate                              Ino (directory)
+//	Return                                Ino (directory), Client (holder), Epoch
 //
 // The flag fields keep the values of the wire's constants of the same
 // meaning, which are frozen by TestCommandFlagValues: Valid holds the
@@ -110,6 +122,11 @@ const (
 //	   nothing: upgrade every voter before the stores); then opHALease
 //	   (an NFS gateway HA pair's lease; a node that does not know it
 //	   stops at the entry: upgrade every voter before starting a pair).
+//	   Then opReserveInos, opCreateBatch, opDelegate and opReturn (create
+//	   delegations, docs/design/0016; a node that does not know them
+//	   stops at the entry: upgrade every voter before the clients). A
+//	   batch's Hdr names the session with Seq 0: each of its creates is
+//	   deduplicated by its own (ClientID, Seq).
 //
 // A node refuses an entry of a newer version (errNewerCommand) and stops
 // rather than skip it: a state machine that skipped an entry its peers
@@ -162,6 +179,11 @@ type command struct {
 	// rpc.DirMirrorKeep, DirMirrorOn or DirMirrorOff
 	MirrorMode uint8
 
+	// Batch: the creates of opCreateBatch; Client: the holder whose
+	// delegation opReturn ends
+	Batch  []batchCreate
+	Client uint64
+
 	// Deferred: the request asked for its answer before its entry is
 	// durable (rpc.CommitSizeReq.Deferred). Not in the log: it changes
 	// only when the proposer answers, never what the entry does.
@@ -186,6 +208,15 @@ func targetRegsOf(ts []rpc.TargetReg) []targetReg {
 		out[i] = targetReg{UUID: t.UUID, Path: t.Path, InoCeiling: t.InoCeiling}
 	}
 	return out
+}
+
+// batchCreate is one create of opCreateBatch (rpc.BatchCreate).
+type batchCreate struct {
+	Seq, Parent, Ino uint64
+	Name             string
+	Mode, Uid, Gid   uint32
+	Time             int64
+	Layout           layout.Layout
 }
 
 // slotAlloc is the space (bytes) the chunk of layout slot Slot takes.
@@ -222,7 +253,8 @@ const commandFormatV1 = 1
 // what is on the targets.
 func (c *command) answerBeforeDurable() bool {
 	switch c.Op {
-	case opCreate, opTmpfile, opUnlink, opRmdir, opRename, opLink, opSetXattr, opRemoveXattr, opSetDirLayout, opSetAtimes:
+	case opCreate, opTmpfile, opUnlink, opRmdir, opRename, opLink, opSetXattr, opRemoveXattr, opSetDirLayout, opSetAtimes,
+		opCreateBatch, opReturn:
 		return true
 	case opSetAttr:
 		return c.Valid&rpc.SetSize == 0
@@ -357,6 +389,36 @@ func (c *command) encode(b []byte) []byte {
 		e.String(c.Host)
 		e.U32(c.LeaseMs)
 		e.U32(c.Flags)
+	case opReserveInos:
+		e.U64(c.Size)
+	case opCreateBatch:
+		e.U64(uint64(len(c.Cands)))
+		for _, x := range c.Cands {
+			e.U32(x.ID)
+			e.U64(x.FreeBytes)
+		}
+		e.U64(c.RRStart)
+		e.U64(uint64(len(c.Batch)))
+		for i := range c.Batch {
+			b := &c.Batch[i]
+			e.U64(b.Seq)
+			e.U64(b.Parent)
+			e.String(b.Name)
+			e.U64(b.Ino)
+			e.U32(b.Mode)
+			e.U32(b.Uid)
+			e.U32(b.Gid)
+			e.I64(b.Time)
+			e.U32(b.Layout.StripeSize)
+			e.U32(b.Layout.StripeCount)
+			e.U32s(b.Layout.Targets)
+		}
+	case opDelegate:
+		e.U64(c.Ino)
+	case opReturn:
+		e.U64(c.Ino)
+		e.U64(c.Client)
+		e.U64(c.Epoch)
 	}
 	return e.B
 }
@@ -502,6 +564,40 @@ func decodeCommand(b []byte, c *command) error {
 		c.Host = d.String()
 		c.LeaseMs = d.U32()
 		c.Flags = d.U32()
+	case opReserveInos:
+		c.Size = d.U64()
+	case opCreateBatch:
+		if n := d.Count(); n > 0 {
+			c.Cands = make([]layout.Candidate, n)
+			for i := range c.Cands {
+				c.Cands[i].ID = d.U32()
+				c.Cands[i].FreeBytes = d.U64()
+			}
+		}
+		c.RRStart = d.U64()
+		if n := d.Count(); n > 0 {
+			c.Batch = make([]batchCreate, n)
+			for i := range c.Batch {
+				b := &c.Batch[i]
+				b.Seq = d.U64()
+				b.Parent = d.U64()
+				b.Name = d.String()
+				b.Ino = d.U64()
+				b.Mode = d.U32()
+				b.Uid = d.U32()
+				b.Gid = d.U32()
+				b.Time = d.I64()
+				b.Layout.StripeSize = d.U32()
+				b.Layout.StripeCount = d.U32()
+				b.Layout.Targets = d.U32s()
+			}
+		}
+	case opDelegate:
+		c.Ino = d.U64()
+	case opReturn:
+		c.Ino = d.U64()
+		c.Client = d.U64()
+		c.Epoch = d.U64()
 	default:
 		return fmt.Errorf("unknown command op %d", c.Op)
 	}

@@ -75,6 +75,14 @@ func commandSamples() []struct {
 		{command{Op: opMirrorResync, Now: now, Group: 3, Epoch: 10}, "0118aab4aef2eda9fefa300000030a"},
 		// Appended within version 1 for the NFS gateway's HA pair (issue 22).
 		{command{Op: opHALease, Now: now, Name: "nfs-ha", Host: "gw-a/01", LeaseMs: 4000, Flags: haLeaseFlagRelease}, "0119aab4aef2eda9fefa300000066e66732d68610767772d612f3031a01f01"},
+		// Appended within version 1 for create delegations (docs/design/0016).
+		{command{Op: opReserveInos, Now: now, Hdr: h, Size: 4096}, "011aaab4aef2eda9fefa3007ac028020"},
+		{command{Op: opCreateBatch, Now: now, Hdr: reqHeader{ClientID: 7}, Cands: []layout.Candidate{{ID: 1, FreeBytes: 9}}, RRStart: 5,
+			Batch: []batchCreate{{Seq: 301, Parent: 2, Ino: 1 << 20, Name: "f0", Mode: 0o644, Uid: 1, Gid: 2, Time: now},
+				{Seq: 302, Parent: 2, Ino: 1<<20 + 1, Name: "f1", Mode: 0o600, Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}}}}},
+			"011baab4aef2eda9fefa3007000101090502ad0202026630808040a4030102aab4aef2eda9fefa30000000ae02020266318180408003000000808040010103"},
+		{command{Op: opDelegate, Now: now, Hdr: h, Ino: 2}, "011caab4aef2eda9fefa3007ac0202"},
+		{command{Op: opReturn, Now: now, Hdr: h, Ino: 2, Client: 7, Epoch: 99}, "011daab4aef2eda9fefa3007ac02020763"},
 	}
 }
 

@@ -73,7 +73,7 @@ func (d *diskSpace) low(now time.Time) string {
 // the service's own bookkeeping are not).
 func (c *command) grows() bool {
 	switch c.Op {
-	case opCreate, opTmpfile, opLink, opRename, opSetXattr, opSetDirLayout:
+	case opCreate, opTmpfile, opLink, opRename, opSetXattr, opSetDirLayout, opCreateBatch, opReserveInos:
 		return true
 	}
 	return false

@@ -64,6 +64,10 @@ type fsm struct {
 	// applied wrote (guarded by mu), written to the cache at the commit.
 	cache recordCache
 	batch batchRecords
+
+	// delegs mirrors the delegation records for the leader's recall gate
+	// (delegation.go); published at each commit.
+	delegs delegTable
 }
 
 var _ consensus.StateMachine = (*fsm)(nil)
@@ -103,6 +107,9 @@ func (f *fsm) loadCounters() error {
 		return fmt.Errorf("load mirror groups: %w", err)
 	}
 	f.groups.Store(int64(len(gs)))
+	if err := f.delegs.load(f.db); err != nil {
+		return err
+	}
 	return f.loadSessions()
 }
 
@@ -228,6 +235,7 @@ func (f *fsm) commitLocked(b kv.Batch) {
 	}
 	f.cache.end(&f.batch)
 	f.batch.reset()
+	f.delegs.publish()
 	f.applied.Store(f.ctr.AppliedIndex)
 	f.inodes.Store(f.ctr.Inodes)
 }
@@ -239,7 +247,10 @@ func (o op) deduped() bool {
 		// Mirror changes answer wire messages; they come from stores and
 		// admin commands without a session, and carry the epoch they
 		// expect instead (a request sent twice is refused the second time).
-		opMirrorCreate, opMirrorFailOver, opMirrorReport, opMirrorReplace, opMirrorResync:
+		opMirrorCreate, opMirrorFailOver, opMirrorReport, opMirrorReplace, opMirrorResync,
+		// A batch is not deduplicated as a whole: each of its creates is,
+		// by its own seq (createBatch).
+		opCreateBatch:
 		return false
 	}
 	return true
@@ -262,29 +273,10 @@ func (f *fsm) applyOne(b kv.Batch, data []byte, index, term uint64) *result {
 	}
 	record := false
 	if c.Op.deduped() && c.Hdr.ClientID != 0 {
-		// Only sessions' requests are remembered: their records are
-		// dropped with the session, so the table stays bounded. A seq above
-		// the session's highest recorded one has no record.
-		maxSeq, isSession := f.sess[c.Hdr.ClientID]
-		if !isSession || c.Hdr.Seq <= maxSeq {
-			key := schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq)
-			if v, err := b.Get(key); err == nil {
-				r, err := schema.DecodeResult(v)
-				if err != nil {
-					return errResult(fmt.Errorf("dedupe record of client %d seq %d: %w", c.Hdr.ClientID, c.Hdr.Seq, err))
-				}
-				res := &result{errno: syscall.Errno(r.Errno), msg: r.Msg}
-				switch {
-				case r.Errno != 0:
-				case r.Answer.Kind == schema.AnswerWire:
-					res.wire = r.Wire
-				case r.Answer.Kind != schema.AnswerNone:
-					res.ans = &answer{rec: r.Answer}
-				}
-				return res
-			}
+		var res *result
+		if res, record = f.deduped(b, c.Hdr); res != nil {
+			return res
 		}
-		record = isSession
 	}
 	x := &f.x
 	x.reset(f, b, c.Now)
@@ -300,26 +292,61 @@ func (f *fsm) applyOne(b kv.Batch, data []byte, index, term uint64) *result {
 		res = &result{ans: ans}
 	}
 	if record {
-		rec := schema.Result{Errno: uint32(res.errno), Msg: res.msg}
-		if res.ans != nil {
-			if res.ans.msg != nil {
-				panic(fmt.Sprintf("meta: deduplicated op %d answered a wire message", c.Op))
-			}
-			rec.Answer = res.ans.rec
-		}
-		if err := b.Set(schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq), schema.AppendResult(nil, &rec)); err != nil {
-			panic(fmt.Sprintf("meta: kv batch write: %v", err))
-		}
-		if _, ok := f.sess[c.Hdr.ClientID]; ok && c.Hdr.Seq > f.sess[c.Hdr.ClientID] {
-			f.sess[c.Hdr.ClientID] = c.Hdr.Seq
-		}
-		if c.Hdr.Seq > dedupeKeep {
-			if err := b.Delete(schema.DedupeKey(c.Hdr.ClientID, c.Hdr.Seq-dedupeKeep)); err != nil {
-				panic(fmt.Sprintf("meta: kv batch write: %v", err))
-			}
-		}
+		f.recordResult(b, c.Op, c.Hdr, res)
 	}
 	return res
+}
+
+// deduped looks (client, seq) up in the dedupe table: the recorded answer
+// of a request applied before (nil: none), and whether the answer of this
+// one is to be recorded (the client has a session). Only sessions'
+// requests are remembered: their records are dropped with the session, so
+// the table stays bounded. A seq above the session's highest recorded one
+// has no record.
+func (f *fsm) deduped(b kv.Batch, h reqHeader) (*result, bool) {
+	maxSeq, isSession := f.sess[h.ClientID]
+	if !isSession || h.Seq <= maxSeq {
+		key := schema.DedupeKey(h.ClientID, h.Seq)
+		if v, err := b.Get(key); err == nil {
+			r, err := schema.DecodeResult(v)
+			if err != nil {
+				return errResult(fmt.Errorf("dedupe record of client %d seq %d: %w", h.ClientID, h.Seq, err)), false
+			}
+			res := &result{errno: syscall.Errno(r.Errno), msg: r.Msg}
+			switch {
+			case r.Errno != 0:
+			case r.Answer.Kind == schema.AnswerWire:
+				res.wire = r.Wire
+			case r.Answer.Kind != schema.AnswerNone:
+				res.ans = &answer{rec: r.Answer}
+			}
+			return res, false
+		}
+	}
+	return nil, isSession
+}
+
+// recordResult writes the dedupe record of (client, seq) and drops the
+// one dedupeKeep requests older.
+func (f *fsm) recordResult(b kv.Batch, o op, h reqHeader, res *result) {
+	rec := schema.Result{Errno: uint32(res.errno), Msg: res.msg}
+	if res.ans != nil {
+		if res.ans.msg != nil {
+			panic(fmt.Sprintf("meta: deduplicated op %d answered a wire message", o))
+		}
+		rec.Answer = res.ans.rec
+	}
+	if err := b.Set(schema.DedupeKey(h.ClientID, h.Seq), schema.AppendResult(nil, &rec)); err != nil {
+		panic(fmt.Sprintf("meta: kv batch write: %v", err))
+	}
+	if _, ok := f.sess[h.ClientID]; ok && h.Seq > f.sess[h.ClientID] {
+		f.sess[h.ClientID] = h.Seq
+	}
+	if h.Seq > dedupeKeep {
+		if err := b.Delete(schema.DedupeKey(h.ClientID, h.Seq-dedupeKeep)); err != nil {
+			panic(fmt.Sprintf("meta: kv batch write: %v", err))
+		}
+	}
 }
 
 // Snapshot captures a consistent view of the store. Raft calls it on the

@@ -36,6 +36,13 @@ func handle[Req any, PReq interface {
 		if err := s.node.VerifyRead(readVerifyTimeout); err != nil {
 			return nil, s.notLeader()
 		}
+		// Another session's delegation on a directory the request works
+		// on is recalled first (delegation.go).
+		release, err := s.dg.gateReq(ctx, s, req)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 		return fn(ctx, req)
 	})
 }
@@ -156,6 +163,7 @@ func (s *Service) register() {
 	s.registerMembership()
 	s.registerMirror()
 	s.registerHALease()
+	s.registerDelegation()
 	// Reads of the leader's store, and the durability barrier (it waits
 	// only as long as its caller's context lets it): in-process callers
 	// (strata up) run them on their own goroutine.
@@ -637,7 +645,7 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 		LockGrace: ls.grace, LockGracePending: uint32(ls.pending),
 		Problems:         s.problems(),
 		FreePendingFiles: pendingFiles, FreePendingBytes: pendingBytes, Unsynced: s.unsyncedOf(targets),
-		Groups: groups, Gateways: gateways,
+		Groups: groups, Gateways: gateways, Delegations: s.dg.status(s),
 	}, nil
 }
 

@@ -570,6 +570,7 @@ func (s *Service) closeSession(id uint64) error {
 		return err
 	}
 	s.sess.remove(id)
+	s.dg.forget(id)
 	if n := s.locks.releaseClient(id); n > 0 {
 		s.log.Info("released locks of closed session", "client", id, "locks", n)
 	}

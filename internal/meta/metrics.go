@@ -47,6 +47,8 @@ var methodNames = map[rpc.Method]string{
 	rpc.MTransferLeader: "transfer_leader", rpc.MListGroups: "list_groups", rpc.MMirrorCreate: "mirror_create",
 	rpc.MMirrorFailOver: "mirror_fail_over", rpc.MMirrorReport: "mirror_report", rpc.MMirrorReplace: "mirror_replace",
 	rpc.MHALease: "ha_lease", rpc.MDirLayout: "dir_layout",
+	rpc.MReserveInos: "reserve_inos", rpc.MCreateBatch: "create_batch", rpc.MDelegate: "delegate",
+	rpc.MReturnDelegation: "return_delegation", rpc.MWaitRecall: "wait_recall",
 }
 
 func newMetrics() *metrics {

@@ -15,6 +15,7 @@ var opNames = [...]string{
 	opSessionOpen: "sessionopen", opSessionClose: "sessionclose", opRegister: "register",
 	opReap: "reap", opReapMany: "reapmany", opRaiseIno: "raiseino", opTmpfile: "tmpfile",
 	opSetAtimes: "setatimes", opHALease: "halease",
+	opReserveInos: "reserveinos", opCreateBatch: "createbatch", opDelegate: "delegate", opReturn: "return",
 }
 
 // String is the command's name, e.g. "create".

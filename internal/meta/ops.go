@@ -351,6 +351,14 @@ func (x *opCtx) apply(c *command) (*answer, error) {
 		return x.mirrorResync(c)
 	case opHALease:
 		return x.haLease(c)
+	case opReserveInos:
+		return x.reserveInos(c)
+	case opCreateBatch:
+		return x.createBatch(c)
+	case opDelegate:
+		return x.delegate(c)
+	case opReturn:
+		return x.returnDeleg(c)
 	case opReapMany:
 		// Each reap is a whole step of its own: flush it and empty the
 		// small inode cache before the next (reaps only fail on kv errors).
@@ -1109,9 +1117,13 @@ func (x *opCtx) sessionOpen(c *command) (*answer, error) {
 	return &answer{msg: &rpc.SessionOpenResp{ClientID: id, LeaseMs: c.LeaseMs}}, nil
 }
 
-// sessionClose drops a session and its dedupe records (idempotent).
+// sessionClose drops a session, its dedupe records, inode ranges and
+// delegations (idempotent).
 func (x *opCtx) sessionClose(c *command) (*answer, error) {
 	if err := x.b.Delete(schema.SessionKey(c.Ino)); err != nil {
+		return nil, err
+	}
+	if err := x.dropSessionHeld(c.Ino); err != nil {
 		return nil, err
 	}
 	p := schema.DedupePrefix(c.Ino)

@@ -63,6 +63,8 @@ type Service struct {
 	mir   mirrorState
 	// haLeases: the leader's memory of the named leases it granted (halease.go)
 	haLeases haLeases
+	// dg: the leader's memory of create delegations (delegation.go)
+	dg *delegMgr
 
 	ready       atomic.Bool  // leader and caught up: serve requests
 	leaderSince atomic.Int64 // ns since epoch when this node became leader
@@ -129,6 +131,7 @@ func Open(cfg Config) (s *Service, err error) {
 		log:   slog.Default().With("svc", "meta", "node", cfg.NodeID),
 		locks: newLockTable(slog.Default().With("svc", "meta", "node", cfg.NodeID), cfg.Clock),
 		sess:  newSessions(),
+		dg:    newDelegMgr(),
 		live:  newLiveness(cfg.ServerTimeout),
 		disk:  newDiskSpace(cfg.DataDir, cfg.DiskReserve),
 		stop:  make(chan struct{}),
@@ -360,6 +363,7 @@ func (s *Service) watchLeadership() {
 				stopLoop()
 				s.locks.reset()
 				s.live.reset()
+				s.dg.reset()
 				s.log.Warn("lost metadata leadership")
 				continue
 			}
@@ -396,6 +400,7 @@ func (s *Service) becomeLeader() error {
 	// Locks start empty under a new epoch; the sessions' clients reclaim
 	// theirs within a lease (they heartbeat every third of one).
 	s.locks.startGrace(s.sess.ids(), s.cfg.SessionLease)
+	s.dg.recallAll(s)
 	s.leaderSince.Store(s.now())
 	s.log.Info("metadata leader", "sessions", s.sess.count(), "applied", s.fsm.AppliedIndex())
 	return nil

@@ -31,6 +31,10 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&SessionHeartbeatReq{ClientID: 3, OpenInodes: []uint64{4, 5}, LockEpoch: 77, ListedAfter: 1763885000123456789},
 		&SessionHeartbeatReq{ClientID: 3, Gateway: &GatewayReport{Address: "a:2049", Exports: []string{"/=rw,clients=*"}, Ops: 5}},
 		&ClusterStatusResp{Targets: []TargetInfo{{ID: 3}}, Gateways: []GatewayStatus{{Client: 2, Report: GatewayReport{Address: "a:2049", Clients: 1}}}},
+		&ClusterStatusResp{Targets: []TargetInfo{{ID: 3}}, Delegations: []DelegationInfo{{Client: 2, Dir: 9, Epoch: 40, GrantedMs: 5, Recalled: true}}},
+		&LookupReq{Parent: 1, Name: "a", Client: 7},
+		&GetAttrReq{Ino: 5, Client: 7},
+		&ReadDirReq{Dir: 1, After: "b", Limit: 9, Plus: true, Client: 7},
 		&SessionHeartbeatResp{LockEpoch: 9, Now: 1763885000123456789},
 		&ListChunksReq{Target: 3, From: 300, Max: 8192},
 		&ListChunksResp{Inos: []uint64{5, 1 << 40}, Bytes: []uint64{7, 0}, Next: 301, Done: true},
@@ -155,10 +159,24 @@ func optionalTails(m Message) []int {
 			}
 		}
 		unsynced := func(e *Enc) { encodeUnsynced(e, x.Unsynced) }
-		add(gateways)
-		add(groups, gateways)
-		add(unsynced, groups, gateways)
-		add(func(e *Enc) { e.U64(x.FreePendingFiles); e.U64(x.FreePendingBytes) }, unsynced, groups, gateways)
+		delegs := func(e *Enc) { encodeDelegInfos(e, x.Delegations) }
+		add(delegs)
+		add(gateways, delegs)
+		add(groups, gateways, delegs)
+		add(unsynced, groups, gateways, delegs)
+		add(func(e *Enc) { e.U64(x.FreePendingFiles); e.U64(x.FreePendingBytes) }, unsynced, groups, gateways, delegs)
+	case *LookupReq:
+		if x.Client != 0 {
+			add(func(e *Enc) { e.U64(x.Client) })
+		}
+	case *GetAttrReq:
+		if x.Client != 0 {
+			add(func(e *Enc) { e.U64(x.Client) })
+		}
+	case *ReadDirReq:
+		if x.Client != 0 {
+			add(func(e *Enc) { e.U64(x.Client) })
+		}
 	case *ServerHeartbeatReq:
 		add(func(e *Enc) { encodeUnsynced(e, x.Unsynced) })
 	case *ServerHeartbeatResp:

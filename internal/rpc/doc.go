@@ -121,6 +121,14 @@
 // MDirLayout (GetAttrReq, DirLayoutResp) was added after it, for `strata
 // stripe get` of a directory's mirror mark (an older service: ENOSYS;
 // the command then says the mark is unknown).
+// Create delegations (deleg_msgs.go, docs/design/0016), one block:
+// MReserveInos, MCreateBatch, MDelegate, MReturnDelegation and
+// MWaitRecall were added at the end of the metadata methods (an older
+// service: ENOSYS; a client then creates one MCreate at a time, without
+// delegations); LookupReq, GetAttrReq and ReadDirReq gained a trailing
+// Client (the asking session, sent only when set; absent: unknown, taken
+// as another session's) and ClusterStatusResp a trailing Delegations list
+// (absent: none).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //

@@ -37,7 +37,8 @@ func RequestLimit(m Method) int {
 	switch m {
 	case SWrite:
 		return maxDataFrameBytes
-	case MInodesKnown, MSessionHeartbeat, MRegisterServer, MServerHeartbeat, SRemoveMany, MMirrorCreate, SMirrorSuspects:
+	case MInodesKnown, MSessionHeartbeat, MRegisterServer, MServerHeartbeat, SRemoveMany, MMirrorCreate, SMirrorSuspects,
+		MCreateBatch:
 		return maxListFrameBytes
 	}
 	return maxSmallFrameBytes
@@ -49,7 +50,8 @@ func ResponseLimit(m Method) int {
 	case SRead, SChunkSums:
 		return maxDataFrameBytes
 	case MReadDir, MListXattr, MInodesKnown, MClusterStatus, MListTargets, MRegisterServer, SListChunks,
-		MListGroups, MMirrorCreate, MServerHeartbeat:
+		MListGroups, MMirrorCreate, MServerHeartbeat,
+		MCreateBatch, MDelegate, MWaitRecall:
 		return maxListFrameBytes
 	}
 	return maxSmallFrameBytes

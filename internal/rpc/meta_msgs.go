@@ -88,6 +88,29 @@ const (
 	// default layout for new files with its mirror mark (strata stripe
 	// get). ENOTDIR for anything else.
 	MDirLayout
+
+	// Create delegations (deleg_msgs.go, docs/design/0016), appended in
+	// one block:
+	//
+	// MReserveInos (ReserveInosReq, ReserveInosResp) reserves a range of
+	// inode numbers for the caller's session (answered once durable).
+	MReserveInos
+	// MCreateBatch (CreateBatchReq, CreateBatchResp) makes up to
+	// MaxCreateBatch empty regular files with inode numbers from the
+	// session's ranges, in order, in one raft entry; each create has its
+	// own dedupe seq and its own status.
+	MCreateBatch
+	// MDelegate (DelegateReq, DelegateResp) asks for the create delegation
+	// on a directory: EBUSY while another session holds one or has an
+	// operation on it under way, E2BIG above MaxDelegEntries entries.
+	MDelegate
+	// MReturnDelegation (ReturnDelegationReq, Stamp) gives a delegation
+	// back (after the holder flushed its queued creates).
+	MReturnDelegation
+	// MWaitRecall (WaitRecallReq, WaitRecallResp) is the holder's
+	// long-poll: answered with the directories whose delegation the
+	// service recalls, or empty after the wait asked for.
+	MWaitRecall
 )
 
 // InodesKnownReq asks which of Inos exist (as files, directories, or
@@ -457,16 +480,52 @@ func (m *SessionCloseReq) Decode(d *Dec) { m.ClientID = d.U64() }
 type LookupReq struct {
 	Parent uint64
 	Name   string
+	// Client is the asking session (appended; absent or 0: unknown), so
+	// that a delegation holder's own reads of its directory do not recall
+	// the delegation (docs/design/0016).
+	Client uint64
 }
 
-func (m *LookupReq) Encode(e *Enc) { e.U64(m.Parent); e.String(m.Name) }
-func (m *LookupReq) Decode(d *Dec) { m.Parent = d.U64(); m.Name = d.String() }
+func (m *LookupReq) Encode(e *Enc) {
+	e.U64(m.Parent)
+	e.String(m.Name)
+	if m.Client != 0 {
+		e.U64(m.Client)
+	}
+}
+
+func (m *LookupReq) Decode(d *Dec) {
+	m.Parent = d.U64()
+	m.Name = d.String()
+	m.Client = decodeTrailingClient(d)
+}
 
 // GetAttrReq reads an inode's attributes. ENOENT if it does not exist.
-type GetAttrReq struct{ Ino uint64 }
+// Client: as LookupReq.Client (appended, only when set).
+type GetAttrReq struct {
+	Ino    uint64
+	Client uint64
+}
 
-func (m *GetAttrReq) Encode(e *Enc) { e.U64(m.Ino) }
-func (m *GetAttrReq) Decode(d *Dec) { m.Ino = d.U64() }
+func (m *GetAttrReq) Encode(e *Enc) {
+	e.U64(m.Ino)
+	if m.Client != 0 {
+		e.U64(m.Client)
+	}
+}
+
+func (m *GetAttrReq) Decode(d *Dec) {
+	m.Ino = d.U64()
+	m.Client = decodeTrailingClient(d)
+}
+
+// decodeTrailingClient reads an appended session id (absent: 0).
+func decodeTrailingClient(d *Dec) uint64 {
+	if d.Len() == 0 {
+		return 0
+	}
+	return d.U64()
+}
 
 // SetAttr Valid bits.
 const (
@@ -649,14 +708,26 @@ type ReadDirReq struct {
 	After string
 	Limit uint32
 	Plus  bool
+	// Client: as LookupReq.Client (appended, only when set).
+	Client uint64
 }
 
-func (m *ReadDirReq) Encode(e *Enc) { e.U64(m.Dir); e.String(m.After); e.U32(m.Limit); e.Bool(m.Plus) }
+func (m *ReadDirReq) Encode(e *Enc) {
+	e.U64(m.Dir)
+	e.String(m.After)
+	e.U32(m.Limit)
+	e.Bool(m.Plus)
+	if m.Client != 0 {
+		e.U64(m.Client)
+	}
+}
+
 func (m *ReadDirReq) Decode(d *Dec) {
 	m.Dir = d.U64()
 	m.After = d.String()
 	m.Limit = d.U32()
 	m.Plus = d.Bool()
+	m.Client = decodeTrailingClient(d)
 }
 
 // DirEntry is one listed name. Mode has the type bits (and, with Plus, the
@@ -1270,6 +1341,9 @@ type ClusterStatusResp struct {
 	Groups []GroupInfo
 	// Gateways are the NFS gateways' last reports, by session id.
 	Gateways []GatewayStatus
+	// Delegations are the create delegations held, in directory order
+	// (deleg_msgs.go). Appended: an older service sends none.
+	Delegations []DelegationInfo
 }
 
 // MaxStatusLocks bounds the locks one ClusterStatusResp lists.
@@ -1392,6 +1466,7 @@ func (m *ClusterStatusResp) Encode(e *Enc) {
 		e.U64(m.Gateways[i].Client)
 		m.Gateways[i].Report.Encode(e)
 	}
+	encodeDelegInfos(e, m.Delegations)
 }
 
 func (m *ClusterStatusResp) Decode(d *Dec) {
@@ -1457,6 +1532,7 @@ func (m *ClusterStatusResp) Decode(d *Dec) {
 			}
 		}
 	}
+	m.Delegations = decodeDelegInfos(d)
 }
 
 // SetAtimesReq sets each Inos[i]'s atime to Atimes[i] (ns since the

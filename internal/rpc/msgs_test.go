@@ -52,8 +52,8 @@ func messageSamples() map[string][]Message {
 			&SessionHeartbeatReq{ClientID: 3, Gateway: &GatewayReport{Address: "10.0.0.1:2049", Exports: []string{"/=rw,sync,clients=*"}, Clients: 2, Ops: 99, OpsPerSec: 7}}},
 		"SessionHeartbeatResp": {&SessionHeartbeatResp{LockEpoch: 9, Now: 1763885000123456789}},
 		"SessionCloseReq":      {&SessionCloseReq{ClientID: 3}},
-		"LookupReq":            {&LookupReq{Parent: 1, Name: "a name"}},
-		"GetAttrReq":           {&GetAttrReq{Ino: 1 << 50}},
+		"LookupReq":            {&LookupReq{Parent: 1, Name: "a name"}, &LookupReq{Parent: 1, Name: "b", Client: 9}},
+		"GetAttrReq":           {&GetAttrReq{Ino: 1 << 50}, &GetAttrReq{Ino: 2, Client: 9}},
 		"SetAttrReq": {&SetAttrReq{Hdr: hdr, Ino: 5, Valid: SetMode | SetSize, Mode: 0o640, Uid: 1, Gid: 2, Size: 1 << 40,
 			Atime: -5, Mtime: 6, Ctime: 7}},
 		"CreateReq":    {&CreateReq{Hdr: hdr, Parent: 1, Name: "a", Mode: 0o120777, Uid: 1, Gid: 2, Rdev: 3, SymlinkTarget: "x"}},
@@ -61,7 +61,7 @@ func messageSamples() map[string][]Message {
 		"RenameReq":    {&RenameReq{Hdr: hdr, OldParent: 1, OldName: "a", NewParent: 2, NewName: "b", Flags: RenameExchange}},
 		"LinkReq":      {&LinkReq{Hdr: hdr, Ino: 5, NewParent: 2, NewName: "hard"}},
 		"ReadlinkResp": {&ReadlinkResp{Target: "../t"}},
-		"ReadDirReq":   {&ReadDirReq{Dir: 1, After: "m", Limit: 128, Plus: true}},
+		"ReadDirReq":   {&ReadDirReq{Dir: 1, After: "m", Limit: 128, Plus: true}, &ReadDirReq{Dir: 1, Client: 9}},
 		"ReadDirResp": {&ReadDirResp{Entries: []DirEntry{{Name: "a", Ino: 5, Mode: 0o100644, Attr: attr},
 			{Name: "b", Ino: 6, Mode: 0o40755}}, EOF: true}},
 		"StatFSResp":    {&StatFSResp{TotalBytes: 1 << 40, FreeBytes: 1 << 39, AvailBytes: 1 << 38, Inodes: 5, FreeInodes: 6}},
@@ -91,7 +91,22 @@ func messageSamples() map[string][]Message {
 			Locks:      []LockInfo{{Ino: 1, Client: 2, Owner: 3, Pid: 4, Type: LockWrite, Flock: true, Start: 5, End: 6}},
 			LocksTotal: 1, LockGrace: true, LockGracePending: 2, Problems: []string{"p"}, FreePendingFiles: 12, FreePendingBytes: 13,
 			Unsynced: []TargetUnsynced{{Chunks: 14, Bytes: 15, OldestMs: 16}}, Groups: []GroupInfo{group},
-			Gateways: []GatewayStatus{{Client: 1, Report: GatewayReport{Address: "g:2049", Exports: []string{"/=ro,clients=*"}, Clients: 3, Ops: 4, OpsPerSec: 5}}}}},
+			Gateways:    []GatewayStatus{{Client: 1, Report: GatewayReport{Address: "g:2049", Exports: []string{"/=ro,clients=*"}, Clients: 3, Ops: 4, OpsPerSec: 5}}},
+			Delegations: []DelegationInfo{{Client: 1, Dir: 7, Epoch: 30, GrantedMs: 4, Recalled: true}}}},
+		"ReserveInosReq":  {&ReserveInosReq{Hdr: hdr, Count: 4096}},
+		"ReserveInosResp": {&ReserveInosResp{Start: 1 << 20, Count: 4096, Stamp: Stamp{Index: 9, Term: 2}}},
+		"BatchCreate": {&BatchCreate{Seq: 5, Parent: 2, Name: "f", Ino: 1 << 20, Mode: 0o644, Uid: 1, Gid: 2, Time: -3,
+			Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}}}},
+		"CreateBatchReq": {&CreateBatchReq{Hdr: hdr, Creates: []BatchCreate{{Seq: 5, Parent: 2, Name: "f", Ino: 9}, {Seq: 6, Parent: 2, Name: "g", Ino: 10, Mode: 0o600}}}},
+		"BatchResult": {&BatchResult{Attr: Attr{Ino: 9}, Dir: Attr{Ino: 2}, Stamp: Stamp{Index: 4, Term: 1}},
+			&BatchResult{Errno: 17, Msg: "exists"}},
+		"CreateBatchResp": {&CreateBatchResp{Results: []BatchResult{{Attr: Attr{Ino: 9}, Dir: Attr{Ino: 2}}, {Errno: 17, Msg: "x"}}, Stamp: Stamp{Index: 4, Term: 1}}},
+		"DelegateReq":     {&DelegateReq{Hdr: hdr, Dir: 2}},
+		"DelegateResp": {&DelegateResp{Epoch: 40, Dir: Attr{Ino: 2, Mode: 0o40755}, Entries: []DelegEntry{{Name: "a", Ino: 5, Mode: 0o100000}},
+			StripeSize: 1 << 20, StripeCount: 2, Cands: []PlacementCand{{ID: 1, FreeBytes: 5}}, RRStart: 7, Stamp: Stamp{Index: 40, Term: 2}}},
+		"ReturnDelegationReq": {&ReturnDelegationReq{Hdr: hdr, Dir: 2, Epoch: 40}},
+		"WaitRecallReq":       {&WaitRecallReq{Client: 3, WaitMs: 2000}},
+		"WaitRecallResp":      {&WaitRecallResp{Dirs: []uint64{2, 1 << 40}}},
 		"GatewayReport":  {&GatewayReport{Address: "g:2049", Exports: []string{"/=rw,sync,clients=*", "/s=ro,clients=10.0.0.0/8"}, Clients: 3, Ops: 1 << 40, OpsPerSec: 5}},
 		"ClientInfo":     {&ClientInfo{ID: 1, Host: "h", MountPoint: "/m", Pid: 2, OpenedMs: 3, LastSeenMs: 4, OpenFiles: 5, Locks: 6}},
 		"LockInfo":       {&LockInfo{Ino: 1, Client: 2, Owner: 3, Pid: 4, Type: LockWrite, Flock: true, Start: 5, End: 6}},
@@ -153,7 +168,7 @@ func decodedTypes(t *testing.T) []string {
 	t.Helper()
 	var out []string
 	fset := token.NewFileSet()
-	for _, name := range []string{"meta_msgs.go", "store_msgs.go", "member_msgs.go", "mirror_msgs.go"} {
+	for _, name := range []string{"meta_msgs.go", "store_msgs.go", "member_msgs.go", "mirror_msgs.go", "deleg_msgs.go"} {
 		f, err := parser.ParseFile(fset, name, nil, 0)
 		if err != nil {
 			t.Fatal(err)

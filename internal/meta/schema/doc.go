@@ -19,6 +19,12 @@
 //	                                                              O_TMPFILE) waiting for reaping
 //	'r'     'r' client(8) seq(8)                   Result         dedupe record: answer to (client, seq)
 //	's'     's' client(8)                          Session        open client session
+//	'n'     'n' client(8) 'r' start(8)             SessionRange   inode numbers reserved for the
+//	                                                              session: [start, End) (0016)
+//	'n'     'n' client(8) 'd' dir(8)               DelegRef       index: the session holds the
+//	                                                              delegation on dir
+//	'D'     'D' dir(8)                             Delegation     create delegation on directory
+//	                                                              dir: holder, epoch (0016)
 //	'R'     'R' 'S' server(4)                      Server         registered storage server
 //	'R'     'R' 'T' target(4)                      Target         registered storage target
 //	'R'     'R' 'U' uuid                           TargetRef      target UUID → target id
@@ -67,6 +73,11 @@
 //	Group     1        + optional trailing FullResync flag (absent: false;
 //	                   written only when true)
 //	HALease   1        initial (NFS gateway HA pair)
+//	SessionRange, Delegation, DelegRef
+//	          1        initial (create delegations, docs/design/0016);
+//	                   all under keys an older build never reads
+//	Result    2        + answer kind AnswerRange (5): Index, Term, Start,
+//	                   Count, the answer of an inode range reservation
 //
 // # Pitfalls
 //

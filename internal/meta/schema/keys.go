@@ -207,3 +207,71 @@ func DecodeGroupKey(k []byte) (uint32, error) {
 func HALeaseKey(name string) []byte {
 	return append([]byte{prefixRegistry, regLease}, name...)
 }
+
+// Client-session keys for inode ranges and create delegations
+// (docs/design/0016): everything a session holds besides its record and
+// dedupe table lives under 'n' client, so that the session's end drops it
+// with one range deletion.
+const (
+	prefixSessionHeld = 'n'
+	prefixDelegation  = 'D'
+
+	heldRange = 'r'
+	heldDeleg = 'd'
+)
+
+// SessionHeldPrefix covers every inode range and delegation index entry of
+// client.
+func SessionHeldPrefix(client uint64) []byte {
+	return be64(make([]byte, 0, 9), prefixSessionHeld, client)
+}
+
+// SessionRangeKey is 'n' client(8) 'r' start(8): an inode range reserved
+// for the session, starting at start (SessionRange has its end).
+func SessionRangeKey(client, start uint64) []byte {
+	b := append(SessionHeldPrefix(client), heldRange)
+	return binary.BigEndian.AppendUint64(b, start)
+}
+
+// SessionRangePrefix covers the inode ranges of client, in start order.
+func SessionRangePrefix(client uint64) []byte { return append(SessionHeldPrefix(client), heldRange) }
+
+// DecodeSessionRangeKey returns the client and start of a range key.
+func DecodeSessionRangeKey(k []byte) (client, start uint64, err error) {
+	if len(k) != 18 || k[0] != prefixSessionHeld || k[9] != heldRange {
+		return 0, 0, fmt.Errorf("%w: session range key %x", ErrCorrupt, k)
+	}
+	return binary.BigEndian.Uint64(k[1:9]), binary.BigEndian.Uint64(k[10:]), nil
+}
+
+// SessionDelegKey is 'n' client(8) 'd' dir(8): the index entry of a
+// delegation the session holds on dir (the record is DelegationKey(dir)).
+func SessionDelegKey(client, dir uint64) []byte {
+	b := append(SessionHeldPrefix(client), heldDeleg)
+	return binary.BigEndian.AppendUint64(b, dir)
+}
+
+// SessionDelegPrefix covers the delegation index entries of client.
+func SessionDelegPrefix(client uint64) []byte { return append(SessionHeldPrefix(client), heldDeleg) }
+
+// DecodeSessionDelegKey returns the client and directory of an index key.
+func DecodeSessionDelegKey(k []byte) (client, dir uint64, err error) {
+	if len(k) != 18 || k[0] != prefixSessionHeld || k[9] != heldDeleg {
+		return 0, 0, fmt.Errorf("%w: session delegation key %x", ErrCorrupt, k)
+	}
+	return binary.BigEndian.Uint64(k[1:9]), binary.BigEndian.Uint64(k[10:]), nil
+}
+
+// DelegationKey is 'D' dir(8): the create delegation on directory dir.
+func DelegationKey(dir uint64) []byte { return be64(make([]byte, 0, 9), prefixDelegation, dir) }
+
+// DelegationPrefix covers every delegation record, in directory order.
+func DelegationPrefix() []byte { return []byte{prefixDelegation} }
+
+// DecodeDelegationKey returns the directory of a delegation key.
+func DecodeDelegationKey(k []byte) (uint64, error) {
+	if len(k) != 9 || k[0] != prefixDelegation {
+		return 0, fmt.Errorf("%w: delegation key %x", ErrCorrupt, k)
+	}
+	return binary.BigEndian.Uint64(k[1:]), nil
+}

@@ -345,6 +345,7 @@ const (
 	AnswerAttr                     // Index, Term, Attr
 	AnswerChange                   // Index, Term, Attr, Dir
 	AnswerWire                     // a version 1 record: Result.Wire (never encoded)
+	AnswerRange                    // Index, Term, Start, Count: an inode range reserved
 )
 
 // Answer is what a deduplicated change answered: the raft entry it was
@@ -353,6 +354,8 @@ type Answer struct {
 	Kind        AnswerKind
 	Index, Term uint64
 	Attr, Dir   Attr
+	// Start, Count: the inode range [Start, Start+Count) (AnswerRange)
+	Start, Count uint64
 }
 
 // Attr is an inode's attributes as a change answers them.
@@ -376,6 +379,9 @@ type Attr struct {
 //	   AnswerAttr: Index, Term, Attr; AnswerChange: Index, Term, Attr, Dir.
 //	   Attr: Ino, Mode, Nlink, Uid, Gid, Rdev, Size, Atime, Mtime, Ctime,
 //	   Layout (StripeSize, StripeCount, Targets), Blocks, BlocksKnown.
+//	   Then kind AnswerRange (5): Index, Term, Start, Count (an older
+//	   build refuses such a record as corrupt; only sessions of a newer
+//	   client, which an older service never served, have them).
 const resultFormatV2 = 2
 
 func AppendResult(b []byte, r *Result) []byte {
@@ -393,11 +399,14 @@ func AppendResult(b []byte, r *Result) []byte {
 	a := &r.Answer
 	e.U8(uint8(a.Kind))
 	switch a.Kind {
-	case AnswerStamp, AnswerAttr, AnswerChange:
+	case AnswerStamp, AnswerAttr, AnswerChange, AnswerRange:
 		e.U64(a.Index)
 		e.U64(a.Term)
 	}
 	switch a.Kind {
+	case AnswerRange:
+		e.U64(a.Start)
+		e.U64(a.Count)
 	case AnswerAttr:
 		encodeAttr(e, &a.Attr)
 	case AnswerChange:
@@ -424,13 +433,16 @@ func DecodeResult(b []byte) (Result, error) {
 	a.Kind = AnswerKind(d.U8())
 	switch a.Kind {
 	case AnswerNone:
-	case AnswerStamp, AnswerAttr, AnswerChange:
+	case AnswerStamp, AnswerAttr, AnswerChange, AnswerRange:
 		a.Index = d.U64()
 		a.Term = d.U64()
 	default:
 		return Result{}, fmt.Errorf("%w: result value has answer kind %d", ErrCorrupt, a.Kind)
 	}
 	switch a.Kind {
+	case AnswerRange:
+		a.Start = d.U64()
+		a.Count = d.U64()
 	case AnswerAttr:
 		decodeAttr(d, &a.Attr)
 	case AnswerChange:
@@ -655,3 +667,59 @@ func DecodeHALease(b []byte) (HALease, error) {
 	l.Epoch = d.U64()
 	return l, finish("lease", d)
 }
+
+// SessionRange is an inode range reserved for a client session: the
+// numbers [start, End), start being in its key (SessionRangeKey). Numbers
+// leave the range as the session's creates use them, so none is used twice.
+type SessionRange struct {
+	End uint64
+}
+
+func AppendSessionRange(b []byte, r SessionRange) []byte {
+	e := begin(b)
+	e.U64(r.End)
+	return e.B
+}
+
+func DecodeSessionRange(b []byte) (SessionRange, error) {
+	d, err := open("session range", b)
+	if err != nil {
+		return SessionRange{}, err
+	}
+	var r SessionRange
+	r.End = d.U64()
+	return r, finish("session range", d)
+}
+
+// Delegation is a create delegation on a directory (its key names it):
+// the session holding it, the raft index of its grant (Epoch: a later grant
+// on the same directory has a higher one) and when it was granted.
+type Delegation struct {
+	Client  uint64
+	Epoch   uint64
+	Granted int64 // ns since the epoch, in the leader's stamps
+}
+
+func AppendDelegation(b []byte, g Delegation) []byte {
+	e := begin(b)
+	e.U64(g.Client)
+	e.U64(g.Epoch)
+	e.I64(g.Granted)
+	return e.B
+}
+
+func DecodeDelegation(b []byte) (Delegation, error) {
+	d, err := open("delegation", b)
+	if err != nil {
+		return Delegation{}, err
+	}
+	var g Delegation
+	g.Client = d.U64()
+	g.Epoch = d.U64()
+	g.Granted = d.I64()
+	return g, finish("delegation", d)
+}
+
+// DelegRef is the value of a session's delegation index entry
+// (SessionDelegKey): only the format byte.
+func DelegRef() []byte { return begin(nil).B }

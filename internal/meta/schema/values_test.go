@@ -73,6 +73,7 @@ var valueCodecs = map[string]valueCodec{
 			Result{Answer: Answer{Kind: AnswerChange, Index: 1 << 40, Term: 1, Attr: Attr{Ino: 5, Mode: 0o100644, Rdev: 0x103, Layout: sampleLayout},
 				Dir: Attr{Ino: 1, Mode: 0o40755, Nlink: 3, Uid: 4, Gid: 5, Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 2}}}},
 			Result{Answer: Answer{Kind: AnswerWire}, Wire: []byte{1, 2}},
+			Result{Answer: Answer{Kind: AnswerRange, Index: 9, Term: 2, Start: 1 << 20, Count: 4096}},
 		},
 		encode: func(v any) []byte { r := v.(Result); return AppendResult(nil, &r) },
 		decode: func(b []byte) (any, error) { return DecodeResult(b) },
@@ -99,6 +100,16 @@ var valueCodecs = map[string]valueCodec{
 		samples: []any{HALease{Holder: "gw-a/1f2e", Expiry: 1 << 60, Epoch: 3}, HALease{}},
 		encode:  func(v any) []byte { l := v.(HALease); return AppendHALease(nil, &l) },
 		decode:  func(b []byte) (any, error) { return DecodeHALease(b) },
+	},
+	"SessionRange": {
+		samples: []any{SessionRange{End: 1 << 40}, SessionRange{}},
+		encode:  func(v any) []byte { return AppendSessionRange(nil, v.(SessionRange)) },
+		decode:  func(b []byte) (any, error) { return DecodeSessionRange(b) },
+	},
+	"Delegation": {
+		samples: []any{Delegation{Client: 3, Epoch: 1 << 33, Granted: -5}, Delegation{}},
+		encode:  func(v any) []byte { return AppendDelegation(nil, v.(Delegation)) },
+		decode:  func(b []byte) (any, error) { return DecodeDelegation(b) },
 	},
 	"TargetRef": {
 		samples: []any{TargetRef{ID: 8}},
