@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -287,5 +288,270 @@ func TestCreateBatchExactlyOnceAcrossLeaderChange(t *testing.T) {
 	req2 := &rpc.CreateBatchReq{Hdr: rpc.ReqHeader{ClientID: c.id}, Creates: []rpc.BatchCreate{{Seq: c2.seq.Add(1), Parent: rootIno, Name: "dup", Ino: rr.Start, Layout: lay}}}
 	if err := c2.call(rpc.MCreateBatch, req2, &dup); err != nil || !errors.Is(dup.Results[0].Err(), syscall.EINVAL) {
 		t.Fatalf("a used number on the new leader: %v %v", err, dup.Results[0].Err())
+	}
+}
+
+// delegTestConfig is a single voter whose sessions expire after lease.
+func delegTestConfig(t testing.TB, lease time.Duration) Config {
+	cfg := testConfig(t, "")
+	cfg.SessionLease = lease
+	return cfg
+}
+
+// lookupAsync looks name up in dir from c on a goroutine.
+func lookupAsync(c *sclient.Client, dir uint64, name string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Lookup(context.Background(), dir, name)
+		done <- err
+	}()
+	return done
+}
+
+func statusDelegations(t *testing.T, c *sclient.Client) []rpc.DelegationInfo {
+	t.Helper()
+	st, err := c.ClusterStatus(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Delegations
+}
+
+// TestDelegationGrantAndRecall: a session gets a directory's delegation
+// with its listing; another is refused while it holds it; the holder's
+// own operations recall nothing; another session's lookup recalls it,
+// WaitRecall tells the holder, the lookup waits while the holder makes
+// its last changes and proceeds once the delegation is returned, seeing
+// them.
+func TestDelegationGrantAndRecall(t *testing.T) {
+	s := openService(t, delegTestConfig(t, 5*time.Second))
+	a, b := libClient(t, s.Addr()), libClient(t, s.Addr())
+	ctx := t.Context()
+	d, err := a.Mkdir(ctx, rootIno, "d", 0o755, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Mkdir(ctx, d.Ino, "sub", 0o755, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	g, err := a.Delegate(ctx, d.Ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Epoch == 0 || g.Dir.Ino != d.Ino || len(g.Entries) != 1 || g.Entries[0].Name != "sub" || g.Entries[0].Mode != modeDir {
+		t.Fatalf("grant answered epoch %d dir %d entries %+v", g.Epoch, g.Dir.Ino, g.Entries)
+	}
+	if again, err := a.Delegate(ctx, d.Ino); err != nil || again.Epoch != g.Epoch {
+		t.Fatalf("asking again: %v epoch %d, want %d", err, again.Epoch, g.Epoch)
+	}
+	if _, err := b.Delegate(ctx, d.Ino); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("second session's delegation: %v, want EBUSY", err)
+	}
+	// The holder's own reads and changes recall nothing.
+	if _, err := a.Lookup(ctx, d.Ino, "x"); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("holder's lookup: %v", err)
+	}
+	if _, _, err := a.ReadDir(ctx, d.Ino, "", 100, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Mkdir(ctx, d.Ino, "mine", 0o755, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if dirs, err := a.WaitRecall(ctx, 100*time.Millisecond); err != nil || len(dirs) != 0 {
+		t.Fatalf("recalls after the holder's own operations: %v %v", dirs, err)
+	}
+	if ds := statusDelegations(t, b); len(ds) != 1 || ds[0].Client != a.ClientID() || ds[0].Dir != d.Ino || ds[0].Recalled {
+		t.Fatalf("status delegations %+v", ds)
+	}
+
+	done := lookupAsync(b, d.Ino, "late")
+	dirs, err := a.WaitRecall(ctx, 2*time.Second)
+	if err != nil || len(dirs) != 1 || dirs[0] != d.Ino {
+		t.Fatalf("holder's recalls: %v %v, want [%d]", dirs, err, d.Ino)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("another session's lookup answered (%v) while the delegation is held", err)
+	default:
+	}
+	if ds := statusDelegations(t, a); len(ds) != 1 || !ds[0].Recalled {
+		t.Fatalf("status after the recall: %+v", ds)
+	}
+	// The holder flushes (its own changes still pass), then returns.
+	if _, err := a.Mkdir(ctx, d.Ino, "late", 0o755, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReturnDelegation(ctx, d.Ino, g.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("lookup after the return: %v (the holder's last create must be seen)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("lookup still waits after the delegation was returned")
+	}
+	if ds := statusDelegations(t, a); len(ds) != 0 {
+		t.Fatalf("delegations after the return: %+v", ds)
+	}
+	// Now the other session may have it.
+	if _, err := b.Delegate(ctx, d.Ino); err != nil {
+		t.Fatalf("delegation after the return: %v", err)
+	}
+}
+
+// TestDelegationHolderExpires: the holder stops (no heartbeats); another
+// session's operation waits for its session's expiry, then proceeds —
+// within the lease — and the holder's delegation and ranges are gone.
+func TestDelegationHolderExpires(t *testing.T) {
+	const lease = 1500 * time.Millisecond
+	s := openService(t, delegTestConfig(t, lease))
+	holder := newClient(t, s.Addr()) // a session that never renews: a killed client
+	b := libClient(t, s.Addr())
+	d, err := b.Mkdir(t.Context(), rootIno, "d", 0o755, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rr rpc.ReserveInosResp
+	if err := holder.call(rpc.MReserveInos, &rpc.ReserveInosReq{Hdr: holder.hdr(), Count: 8}, &rr); err != nil {
+		t.Fatal(err)
+	}
+	var g rpc.DelegateResp
+	if err := holder.call(rpc.MDelegate, &rpc.DelegateReq{Hdr: holder.hdr(), Dir: d.Ino}, &g); err != nil {
+		t.Fatal(err)
+	}
+	// Half a lease later (the holder's session expires half a lease into
+	// the wait, well before a revocation would be due) another session
+	// creates there.
+	time.Sleep(lease / 2)
+	start := time.Now()
+	if _, err := b.Mkdir(t.Context(), d.Ino, "after", 0o755, 0, 0); err != nil {
+		t.Fatalf("create in the dead holder's directory: %v", err)
+	}
+	if waited := time.Since(start); waited > 2*lease {
+		t.Fatalf("the create waited %v, more than the holder's lease (%v) allows", waited, lease)
+	}
+	if _, ok := s.fsm.delegs.holder(d.Ino); ok {
+		t.Fatal("the dead holder's delegation is still recorded")
+	}
+	if _, err := s.db.Get(schema.SessionKey(holder.id)); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("the create passed before the dead holder's session expired (%v)", err)
+	}
+	if n := sessionHeld(t, s, holder.id); n != 0 {
+		t.Fatalf("the expired session still holds %d range or delegation keys", n)
+	}
+}
+
+// TestDelegationRevokedAfterLease: a holder that renews its session but
+// never returns a recalled delegation loses it after a lease; the waiting
+// operation then proceeds.
+func TestDelegationRevokedAfterLease(t *testing.T) {
+	const lease = 1500 * time.Millisecond
+	s := openService(t, delegTestConfig(t, lease))
+	a, b := libClient(t, s.Addr()), libClient(t, s.Addr())
+	d, err := a.Mkdir(t.Context(), rootIno, "d", 0o755, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Delegate(t.Context(), d.Ino); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, _, err := b.ReadDir(t.Context(), d.Ino, "", 10, false); err != nil {
+		t.Fatalf("readdir of a directory whose holder never returns it: %v", err)
+	}
+	if waited := time.Since(start); waited < lease/2 {
+		t.Fatalf("readdir waited only %v: the delegation was not honoured", waited)
+	}
+	if _, ok := s.fsm.delegs.holder(d.Ino); ok {
+		t.Fatal("delegation not revoked")
+	}
+	if s.sess.known(a.ClientID()) == false {
+		t.Fatal("the holder's session ended: only its delegation should")
+	}
+}
+
+// TestDelegationRecalledAtLeaderChange: three voters; after a leader
+// change every delegation counts as recalled: the holder hears of it at
+// once, and another session's operation waits for its return.
+func TestDelegationRecalledAtLeaderChange(t *testing.T) {
+	g := newGroup(t, 3)
+	g.start(0, 1, 2)
+	l := g.leader()
+	a, b := libClient(t, g.peers...), libClient(t, g.peers...)
+	ctx := t.Context()
+	d, err := a.Mkdir(ctx, rootIno, "d", 0o755, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr, err := a.Delegate(ctx, d.Ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.stop(l)
+	g.leader()
+	dirs, err := a.WaitRecall(ctx, 100*time.Millisecond)
+	if err != nil || len(dirs) != 1 || dirs[0] != d.Ino {
+		t.Fatalf("recalls after a leader change: %v %v, want [%d] at once", dirs, err, d.Ino)
+	}
+	done := lookupAsync(b, d.Ino, "x")
+	time.Sleep(200 * time.Millisecond) // the lookup reaches the gate (it cannot pass it)
+	select {
+	case err := <-done:
+		t.Fatalf("lookup answered (%v) before the return", err)
+	default:
+	}
+	if err := a.ReturnDelegation(ctx, d.Ino, gr.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, syscall.ENOENT) {
+			t.Fatalf("lookup after the return: %v, want ENOENT", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("lookup still waits after the return")
+	}
+}
+
+// TestSnapshotKeepsRangesAndDelegations: a snapshot restored into another
+// state machine carries the sessions' ranges and delegations (the table
+// the recall gate reads is rebuilt from it).
+func TestSnapshotKeepsRangesAndDelegations(t *testing.T) {
+	now := int64(1_700_000_000_000_000_000)
+	src := newTestFSM(t)
+	applyAll(src, [][]byte{
+		(&command{Op: opInit, Now: now}).encode(nil),
+		(&command{Op: opSessionOpen, Now: now, Host: "h", LeaseMs: 1000}).encode(nil),
+		(&command{Op: opReserveInos, Now: now, Hdr: reqHeader{ClientID: 1, Seq: 1}, Size: 10}).encode(nil),
+		(&command{Op: opDelegate, Now: now, Hdr: reqHeader{ClientID: 1, Seq: 2}, Ino: rootIno}).encode(nil),
+	}, 4, 1)
+	snap, err := src.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	dst := newTestFSM(t)
+	if err := dst.Restore(nopCloser{bytes.NewReader(sink.Bytes())}); err != nil {
+		t.Fatal(err)
+	}
+	if g, ok := dst.delegs.holder(rootIno); !ok || g.Client != 1 || g.Epoch != 4 {
+		t.Fatalf("restored delegation %+v %v", g, ok)
+	}
+	if dst.ctr.NextIno != 12 {
+		t.Fatalf("restored NextIno %d, want 12 (2 + the 10 reserved)", dst.ctr.NextIno)
+	}
+	// The restored range is the session's: a batch uses it.
+	res := applyAll(dst, [][]byte{(&command{Op: opCreateBatch, Now: now, Hdr: reqHeader{ClientID: 1},
+		Cands: []layout.Candidate{{ID: 1, FreeBytes: 1}},
+		Batch: []batchCreate{{Seq: 3, Parent: rootIno, Name: "f", Ino: 5, Mode: 0o644}}}).encode(nil)}, 1, dst.AppliedIndex()+1)
+	resp := res[0].(*result).ans.msg.(*rpc.CreateBatchResp)
+	if e := resp.Results[0].Err(); e != nil || resp.Results[0].Attr.Ino != 5 {
+		t.Fatalf("batch on the restored range: %v %+v", e, resp.Results[0].Attr)
 	}
 }

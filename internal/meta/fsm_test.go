@@ -64,11 +64,28 @@ func randomCommands(seed int64, n int) [][]byte {
 		(&command{Op: opInit, Now: now}).encode(nil),
 		(&command{Op: opSessionOpen, Now: now, Host: "h", LeaseMs: 1000}).encode(nil),
 		(&command{Op: opRegister, Now: now, Addr: "a:1", Targets: []targetReg{{UUID: "x"}, {UUID: "y"}, {UUID: "z"}}}).encode(nil),
+		// Inode numbers 2 … 2+n for session 1 (NextIno is 2 here): the
+		// batches below use them, without drawing on rng.
+		(&command{Op: opReserveInos, Now: now, Hdr: reqHeader{ClientID: 1, Seq: 1}, Size: uint64(n)}).encode(nil),
 	}
 	dirs := []uint64{1}
-	var seq uint64
+	seq := uint64(1)
 	name := func() string { return fmt.Sprintf("n%d", rng.Intn(40)) }
 	for i := 0; i < n; i++ {
+		switch i % 100 {
+		case 10:
+			seq++
+			cmds = append(cmds, (&command{Op: opDelegate, Now: now, Hdr: reqHeader{ClientID: 1, Seq: seq}, Ino: 1}).encode(nil))
+		case 25, 75:
+			b := command{Op: opCreateBatch, Now: now, Hdr: reqHeader{ClientID: 1}, Cands: cands, RRStart: uint64(i)}
+			for k := range 2 {
+				seq++
+				b.Batch = append(b.Batch, batchCreate{Seq: seq, Parent: 1, Name: fmt.Sprintf("b%d", i/25+k%2), Ino: uint64(2 + i + k), Mode: 0o644})
+			}
+			cmds = append(cmds, b.encode(nil))
+		case 60:
+			cmds = append(cmds, (&command{Op: opReturn, Now: now, Ino: 1, Client: 1}).encode(nil))
+		}
 		now += int64(rng.Intn(1000))
 		seq++
 		h := reqHeader{ClientID: 1, Seq: seq}
