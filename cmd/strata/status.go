@@ -178,6 +178,23 @@ func printStatus(out io.Writer, st *rpc.ClusterStatusResp, capa admin.Capacity, 
 	printClients(out, st, showLocks)
 }
 
+// printDelegations lists the directory create delegations held
+// (docs/design/0016), if any.
+func printDelegations(out io.Writer, st *rpc.ClusterStatusResp) {
+	if len(st.Delegations) == 0 {
+		return
+	}
+	var ds []string
+	for _, d := range st.Delegations {
+		s := fmt.Sprintf("directory %d (client %d", d.Dir, d.Client)
+		if d.Recalled {
+			s += ", recalled"
+		}
+		ds = append(ds, s+")")
+	}
+	fmt.Fprintf(out, "create delegations: %s\n\n", strings.Join(ds, ", "))
+}
+
 // printNFSGateways lists the sessions that are NFS gateways (strata nfs
 // and strata up --nfs open theirs with MountPoint nfs://ADDR), then what
 // each reported with its last heartbeat: NFS clients seen in the last 5
@@ -228,6 +245,7 @@ func printClients(out io.Writer, st *rpc.ClusterStatusResp, showLocks bool) {
 	}
 	w.Flush()
 	fmt.Fprintln(out)
+	printDelegations(out, st)
 	printNFSGateways(out, st)
 	switch {
 	case st.LockGrace:

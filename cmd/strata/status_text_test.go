@@ -62,3 +62,20 @@ func TestStatusTextNFSGateways(t *testing.T) {
 		t.Fatalf("a gateway line without gateways:\n%s", b.String())
 	}
 }
+
+// Directory create delegations are listed below the clients, recalled
+// ones said so; a status without any prints no such line.
+func TestStatusTextDelegations(t *testing.T) {
+	st := &rpc.ClusterStatusResp{MetaAddr: "127.0.0.1:7400", Clients: []rpc.ClientInfo{{ID: 1, Host: "a", MountPoint: "/mnt/strata"}}}
+	var b bytes.Buffer
+	printStatus(&b, st, admin.Capacity{}, false)
+	if strings.Contains(b.String(), "delegations") {
+		t.Fatalf("a delegation line without delegations:\n%s", b.String())
+	}
+	st.Delegations = []rpc.DelegationInfo{{Client: 1, Dir: 12, Epoch: 9}, {Client: 1, Dir: 13, Recalled: true}}
+	b.Reset()
+	printStatus(&b, st, admin.Capacity{}, false)
+	if !strings.Contains(b.String(), "create delegations: directory 12 (client 1), directory 13 (client 1, recalled)\n") {
+		t.Fatalf("no delegation line in:\n%s", b.String())
+	}
+}

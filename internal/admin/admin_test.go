@@ -121,9 +121,15 @@ func TestStatusJSONConvention(t *testing.T) {
 		Clients:  []rpc.ClientInfo{{ID: 7, OpenedMs: 1764000000000, LastSeenMs: 250}},
 		Locks:    []rpc.LockInfo{{Ino: 5, Client: 7, Type: rpc.LockWrite, Flock: true, End: math.MaxUint64}},
 		Problems: []string{"disk full"}, LocksTotal: 1, FreePendingFiles: 2, FreePendingBytes: 8192,
-		Unsynced: []rpc.TargetUnsynced{{Chunks: 3, Bytes: 11703, OldestMs: 2500}},
+		Unsynced:    []rpc.TargetUnsynced{{Chunks: 3, Bytes: 11703, OldestMs: 2500}},
+		Delegations: []rpc.DelegationInfo{{Client: 7, Dir: 12, Epoch: 40, GrantedMs: 1764000000000, Recalled: true}, {Client: 8, Dir: 13}},
 	}
 	doc := StatusOf(st, rpc.StatFSResp{TotalBytes: 100, FreeBytes: 50, AvailBytes: 40}, true)
+	if ds := doc.Clients[0].Delegations; len(ds) != 1 || ds[0].Directory != 12 || ds[0].Epoch != 40 || !ds[0].Recalled {
+		t.Errorf("client 7's delegations %+v, want directory 12 (epoch 40, recalled)", ds)
+	} else if _, err := time.Parse(time.RFC3339, ds[0].GrantedAt); err != nil {
+		t.Errorf("granted_at %q: %v", ds[0].GrantedAt, err)
+	}
 	b, err := json.Marshal(doc)
 	if err != nil {
 		t.Fatal(err)

@@ -179,6 +179,17 @@ type ClientStatus struct {
 	HeartbeatAgeSeconds *float64 `json:"heartbeat_age_seconds"` // null: not known to a follower
 	OpenFiles           uint32   `json:"open_files"`
 	Locks               uint32   `json:"locks"`
+	// Delegations are the directory create delegations the session holds
+	// (docs/design/0016), in directory order.
+	Delegations []Delegation `json:"delegations"`
+}
+
+// Delegation is a create delegation a session holds on a directory.
+type Delegation struct {
+	Directory uint64 `json:"directory"`  // inode
+	Epoch     uint64 `json:"epoch"`      // the grant's raft index
+	GrantedAt string `json:"granted_at"` // RFC 3339
+	Recalled  bool   `json:"recalled"`   // the metadata leader asked for it back
 }
 
 // LockStatus summarises the locks the metadata service holds.
@@ -255,7 +266,7 @@ func StatusOf(st *rpc.ClusterStatusResp, fs rpc.StatFSResp, withLocks bool) Stat
 	for _, c := range st.Clients {
 		out.Clients = append(out.Clients, ClientStatus{ID: c.ID, Host: c.Host, MountPoint: c.MountPoint, Pid: c.Pid,
 			OpenedAt: time.UnixMilli(c.OpenedMs).UTC().Format(time.RFC3339), HeartbeatAgeSeconds: ageSeconds(c.LastSeenMs),
-			OpenFiles: c.OpenFiles, Locks: c.Locks})
+			OpenFiles: c.OpenFiles, Locks: c.Locks, Delegations: DelegationsOf(st, c.ID)})
 	}
 	out.NFSGateways = append(out.NFSGateways, NFSGatewaysOf(st)...)
 	if withLocks {
@@ -306,4 +317,16 @@ func ageSeconds(ms int64) *float64 {
 	}
 	s := float64(ms) / 1000
 	return &s
+}
+
+// DelegationsOf lists the create delegations session client holds.
+func DelegationsOf(st *rpc.ClusterStatusResp, client uint64) []Delegation {
+	out := []Delegation{}
+	for _, d := range st.Delegations {
+		if d.Client == client {
+			out = append(out, Delegation{Directory: d.Dir, Epoch: d.Epoch,
+				GrantedAt: time.UnixMilli(d.GrantedMs).UTC().Format(time.RFC3339), Recalled: d.Recalled})
+		}
+	}
+	return out
 }
