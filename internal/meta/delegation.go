@@ -175,8 +175,8 @@ func (x *opCtx) delegation(dir uint64) (schema.Delegation, bool, error) {
 // again for one held is no error. The grant's epoch is its raft index.
 func (x *opCtx) delegate(c *command) (*answer, error) {
 	client := c.Hdr.ClientID
-	if _, ok := x.f.sess[client]; !ok || client == 0 {
-		return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d: open a new one", client)
+	if err := x.session(client); err != nil {
+		return nil, err
 	}
 	dir, err := x.dir(c.Ino)
 	if err != nil {

@@ -23,7 +23,7 @@ func OpenVoter(t *testing.T, listen string) *Service {
 	t.Helper()
 	cfg := Config{DataDir: t.TempDir(), ListenAddr: listen, NodeID: listen, RaftAddr: "127.0.0.1:0", ClusterKey: testKey}.withDefaults()
 	lg := slog.Default().With("svc", "meta", "node", cfg.NodeID)
-	s := &Service{cfg: cfg, log: lg, locks: newLockTable(lg, cfg.Clock), sess: newSessions(), live: newLiveness(cfg.ServerTimeout),
+	s := &Service{cfg: cfg, log: lg, locks: newLockTable(lg, cfg.Clock), sess: newSessions(), dg: newDelegMgr(), live: newLiveness(cfg.ServerTimeout),
 		disk: newDiskSpace(cfg.DataDir, cfg.DiskReserve), stop: make(chan struct{}), m: newMetrics()}
 	s.peers.m = map[string]*transport.Client{}
 	var err error

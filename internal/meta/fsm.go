@@ -281,20 +281,23 @@ func (f *fsm) applyOne(b kv.Batch, data []byte, index, term uint64) *result {
 	x := &f.x
 	x.reset(f, b, c.Now)
 	x.index, x.term = index, term
-	var res *result
-	ans, err := x.apply(&c)
-	if err != nil {
-		res = errResult(err)
-	} else {
-		if err := x.flush(); err != nil {
-			panic(fmt.Sprintf("meta: kv batch write: %v", err))
-		}
-		res = &result{ans: ans}
-	}
+	res := x.resultOf(x.apply(&c))
 	if record {
 		f.recordResult(b, c.Op, c.Hdr, res)
 	}
 	return res
+}
+
+// resultOf is the result of an applied command's answer: on success the
+// command's inodes are written to the batch first.
+func (x *opCtx) resultOf(ans *answer, err error) *result {
+	if err != nil {
+		return errResult(err)
+	}
+	if err := x.flush(); err != nil {
+		panic(fmt.Sprintf("meta: kv batch write: %v", err))
+	}
+	return &result{ans: ans}
 }
 
 // deduped looks (client, seq) up in the dedupe table: the recorded answer

@@ -3,7 +3,6 @@ package meta
 import (
 	"context"
 	"errors"
-	"fmt"
 	"syscall"
 
 	"github.com/stratafs/strata/internal/kv"
@@ -27,8 +26,8 @@ import (
 // c.Hdr.ClientID.
 func (x *opCtx) reserveInos(c *command) (*answer, error) {
 	client := c.Hdr.ClientID
-	if _, ok := x.f.sess[client]; !ok || client == 0 {
-		return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d: open a new one", client)
+	if err := x.session(client); err != nil {
+		return nil, err
 	}
 	if c.Size == 0 || c.Size > rpc.MaxReserveInos {
 		return nil, rpc.Errorf(syscall.EINVAL, "cannot reserve %d inode numbers: 1 to %d at a time", c.Size, rpc.MaxReserveInos)
@@ -47,6 +46,14 @@ func (x *opCtx) reserveInos(c *command) (*answer, error) {
 		return nil, err
 	}
 	return &answer{rec: schema.Answer{Kind: schema.AnswerRange, Index: x.index, Term: x.term, Start: start, Count: c.Size}}, nil
+}
+
+// session checks that client is an open session (ESTALE otherwise).
+func (x *opCtx) session(client uint64) error {
+	if _, ok := x.f.sess[client]; !ok || client == 0 {
+		return rpc.Errorf(syscall.ESTALE, "unknown session %d: open a new one", client)
+	}
+	return nil
 }
 
 // countRanges counts the ranges session client holds.
@@ -117,8 +124,8 @@ func (x *opCtx) useIno(client, start, end, ino uint64) error {
 func (x *opCtx) createBatch(c *command) (*answer, error) {
 	f := x.f
 	client := c.Hdr.ClientID
-	if _, ok := f.sess[client]; !ok || client == 0 {
-		return nil, rpc.Errorf(syscall.ESTALE, "unknown session %d: open a new one", client)
+	if err := x.session(client); err != nil {
+		return nil, err
 	}
 	resp := &rpc.CreateBatchResp{Results: make([]rpc.BatchResult, len(c.Batch)), Stamp: rpc.Stamp{Index: x.index, Term: x.term}}
 	for i := range c.Batch {
@@ -126,15 +133,7 @@ func (x *opCtx) createBatch(c *command) (*answer, error) {
 		res, record := f.deduped(x.b, h)
 		if res == nil {
 			x.reset(f, x.b, x.now)
-			ans, err := x.createNumbered(c, i)
-			if err != nil {
-				res = errResult(err)
-			} else {
-				if err := x.flush(); err != nil {
-					panic(fmt.Sprintf("meta: kv batch write: %v", err))
-				}
-				res = &result{ans: ans}
-			}
+			res = x.resultOf(x.createNumbered(c, i))
 			if record {
 				f.recordResult(x.b, opCreate, h, res)
 			}
@@ -162,23 +161,12 @@ func batchResult(res *result) rpc.BatchResult {
 // anything is written.
 func (x *opCtx) createNumbered(c *command, i int) (*answer, error) {
 	bc := &c.Batch[i]
-	if err := checkName(bc.Name); err != nil {
-		return nil, err
-	}
 	if t := bc.Mode & modeType; t != 0 && t != modeReg {
 		return nil, rpc.Errorf(syscall.EINVAL, "a batch makes regular files, not type %o", t)
 	}
-	parent, err := x.dir(bc.Parent)
+	parent, err := x.newEntryDir(bc.Parent, bc.Name)
 	if err != nil {
 		return nil, err
-	}
-	if parent.Nlink == 0 {
-		return nil, rpc.Errorf(syscall.ENOENT, "directory %d was removed", bc.Parent)
-	}
-	if _, ok, err := x.dentry(bc.Parent, bc.Name); err != nil {
-		return nil, err
-	} else if ok {
-		return nil, rpc.Errorf(syscall.EEXIST, "%q exists in directory %d", bc.Name, bc.Parent)
 	}
 	start, end, err := x.rangeOf(c.Hdr.ClientID, bc.Ino)
 	if err != nil {

@@ -399,21 +399,31 @@ func (x *opCtx) touchDir(ino uint64, in *schema.Inode) {
 	x.mark(ino)
 }
 
-func (x *opCtx) create(c *command) (*answer, error) {
-	if err := checkName(c.Name); err != nil {
+// newEntryDir checks that name may be made in directory parent (a valid
+// name, a live directory, no such entry yet) and returns the directory.
+func (x *opCtx) newEntryDir(parentIno uint64, name string) (*schema.Inode, error) {
+	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	parent, err := x.dir(c.Parent)
+	parent, err := x.dir(parentIno)
 	if err != nil {
 		return nil, err
 	}
 	if parent.Nlink == 0 {
-		return nil, rpc.Errorf(syscall.ENOENT, "directory %d was removed", c.Parent)
+		return nil, rpc.Errorf(syscall.ENOENT, "directory %d was removed", parentIno)
 	}
-	if _, ok, err := x.dentry(c.Parent, c.Name); err != nil {
+	if _, ok, err := x.dentry(parentIno, name); err != nil {
 		return nil, err
 	} else if ok {
-		return nil, rpc.Errorf(syscall.EEXIST, "%q exists in directory %d", c.Name, c.Parent)
+		return nil, rpc.Errorf(syscall.EEXIST, "%q exists in directory %d", name, parentIno)
+	}
+	return parent, nil
+}
+
+func (x *opCtx) create(c *command) (*answer, error) {
+	parent, err := x.newEntryDir(c.Parent, c.Name)
+	if err != nil {
+		return nil, err
 	}
 	mode := c.Mode
 	if mode&modeType == 0 {
