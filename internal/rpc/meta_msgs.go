@@ -489,9 +489,7 @@ type LookupReq struct {
 func (m *LookupReq) Encode(e *Enc) {
 	e.U64(m.Parent)
 	e.String(m.Name)
-	if m.Client != 0 {
-		e.U64(m.Client)
-	}
+	encodeTrailingClient(e, m.Client)
 }
 
 func (m *LookupReq) Decode(d *Dec) {
@@ -509,14 +507,19 @@ type GetAttrReq struct {
 
 func (m *GetAttrReq) Encode(e *Enc) {
 	e.U64(m.Ino)
-	if m.Client != 0 {
-		e.U64(m.Client)
-	}
+	encodeTrailingClient(e, m.Client)
 }
 
 func (m *GetAttrReq) Decode(d *Dec) {
 	m.Ino = d.U64()
 	m.Client = decodeTrailingClient(d)
+}
+
+// encodeTrailingClient appends a session id, only when set.
+func encodeTrailingClient(e *Enc, client uint64) {
+	if client != 0 {
+		e.U64(client)
+	}
 }
 
 // decodeTrailingClient reads an appended session id (absent: 0).
@@ -717,9 +720,7 @@ func (m *ReadDirReq) Encode(e *Enc) {
 	e.String(m.After)
 	e.U32(m.Limit)
 	e.Bool(m.Plus)
-	if m.Client != 0 {
-		e.U64(m.Client)
-	}
+	encodeTrailingClient(e, m.Client)
 }
 
 func (m *ReadDirReq) Decode(d *Dec) {
