@@ -186,8 +186,8 @@ type mapAnswer struct {
 	full bool
 	// lease (a heartbeat answer): the primary lease runs until
 	// leaseUntil.
-	lease                bool
-	leaseUntil           time.Time
+	lease               bool
+	leaseUntil          time.Time
 	leaseMs, failoverMs uint32
 }
 
