@@ -95,7 +95,7 @@ type GroupInfo struct {
 	// field appended inside a list element would shift the rest of the
 	// list for an older decoder): ListGroupsResp and ServerHeartbeatResp
 	// carry the ids of such groups in a trailing list (fullResyncIDs);
-	// a lone GroupInfo (the MMirrorReport answer) does not carry it.
+	// a lone group (GroupResp, the MMirrorReport answer) does not carry it.
 	FullResync bool
 }
 
