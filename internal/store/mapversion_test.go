@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/meta"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/transport"
@@ -20,7 +21,8 @@ import (
 
 // versionRig is a metadata service and three stores of one target each.
 // The failover timeout is long, so the stores heartbeat once at start and
-// then only every couple of minutes: the test delivers the answers.
+// then only every couple of minutes — a's every aEvery if that is shorter:
+// the test delivers the answers.
 type versionRig struct {
 	t       *testing.T
 	m       *meta.Service
@@ -28,7 +30,7 @@ type versionRig struct {
 	a, b, c *env
 }
 
-func newVersionRig(t *testing.T) *versionRig {
+func newVersionRig(t *testing.T, aEvery time.Duration) *versionRig {
 	t.Helper()
 	m, err := meta.Open(meta.Config{DataDir: filepath.Join(t.TempDir(), "meta"), ListenAddr: "127.0.0.1:0", ClusterKey: testKey,
 		FailoverTimeout: 10 * time.Minute})
@@ -42,7 +44,11 @@ func newVersionRig(t *testing.T) *versionRig {
 		c.MetaAddr = m.Addr()
 		c.HeartbeatInterval = time.Hour
 	}
-	r.a, r.b, r.c = newEnv(t, 1, mod), newEnv(t, 1, mod), newEnv(t, 1, mod)
+	r.a = newEnv(t, 1, func(c *Config) {
+		mod(c)
+		c.HeartbeatInterval = min(c.HeartbeatInterval, aEvery)
+	})
+	r.b, r.c = newEnv(t, 1, mod), newEnv(t, 1, mod)
 	for _, e := range []*env{r.a, r.b, r.c} {
 		waitFor(t, "the store's first heartbeat answer", func() bool { return e.s.groups.seen().installs > 0 })
 	}
@@ -84,7 +90,7 @@ func (r *versionRig) refresh(e *env) {
 // report made before the replace), and does not drop the group from the
 // new secondary's store.
 func TestMirrorStaleMapAfterNewer(t *testing.T) {
-	r := newVersionRig(t)
+	r := newVersionRig(t, time.Hour)
 	ta, tb, tc := r.a.s.TargetIDs()[0], r.b.s.TargetIDs()[0], r.c.s.TargetIDs()[0]
 
 	// A group is created between a heartbeat answer and a refresh.
@@ -159,5 +165,47 @@ func TestMirrorStaleMapAfterNewer(t *testing.T) {
 	r.c.s.installHeartbeat(&rpc.ServerHeartbeatResp{LeaseMs: 1000}, time.Now())
 	if _, ok := r.c.s.groups.entry(g); ok || r.c.s.groups.gate.Version != 0 {
 		t.Fatal("an unversioned empty map (an older service) was not installed as before versions existed")
+	}
+}
+
+// TestMirrorLateHeartbeatAnswer is the race end to end: a's own heartbeat
+// loop holds an answer read before a group was created (failpoint
+// store/before-heartbeat-install) while a write for the group makes a read
+// the newer map (MListGroups, admitGroup's refresh) and forward to b. When
+// the held answer is installed, the group stays in a's map.
+func TestMirrorLateHeartbeatAnswer(t *testing.T) {
+	const (
+		point = "store/before-heartbeat-install"
+		hold  = 2 * time.Second
+	)
+	r := newVersionRig(t, 3*hold) // a's next heartbeat comes 3*hold after the held one's
+	ta, tb := r.a.s.TargetIDs()[0], r.b.s.TargetIDs()[0]
+	if err := failpoint.Arm(point, "1*sleep("+hold.String()+")"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { failpoint.Disarm(point) })
+	waitFor(t, "a heartbeat answer held", func() bool { return failpoint.Armed()[point] >= 1 })
+	held := time.Now()
+
+	var made rpc.ListGroupsResp
+	r.call(rpc.MMirrorCreate, &rpc.MirrorCreateReq{Pairs: []uint32{ta, tb}}, &made)
+	g := made.Groups[0].ID
+	id := rpc.ChunkID{Target: rpc.GroupBit | g, Ino: 7, Epoch: made.Groups[0].Epoch}
+	if err := r.a.cl.Call(context.Background(), rpc.SWrite, &rpc.WriteReq{Chunk: id, Data: []byte("late")}, &rpc.WriteResp{}); err != nil {
+		t.Fatalf("write to the new group: %v", err)
+	}
+	if took := time.Since(held); took > hold/2 {
+		t.Skipf("creating the group and writing took %v: the held answer may have been installed first", took)
+	}
+	if got := r.b.mustRead(tb, 7, 0, 4); string(got) != "late" {
+		t.Fatalf("the secondary's copy reads %q", got)
+	}
+	// The held answer is installed hold after it was held; a's next
+	// heartbeat comes 2*hold after that. Watch a's map in between.
+	for time.Since(held) < hold+hold/2 {
+		if _, ok := r.a.s.groups.entry(g); !ok {
+			t.Fatalf("%v after a heartbeat answer read before the group was created was held, the group left the store's map", time.Since(held).Round(time.Millisecond))
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
