@@ -20,13 +20,16 @@ import (
 // store answers ESTALE or EAGAIN for a group chunk or its server cannot be
 // reached (groupCall). Refreshes run one at a time; a caller that saw an
 // error waits for a refresh that started after it (refreshAfter), so a
-// burst of failing calls after a switch costs one MListGroups.
+// burst of failing calls after a switch costs one MListGroups. A map
+// older (rpc.MapVersion) than the one installed is not installed
+// (docs/design/0014 § Group map versions).
 type groupMap struct {
 	c *Client
 	// list asks the metadata service for every group (MListGroups through
-	// metaCall). Tests of routing against a service that has no groups
-	// yet replace it with their own source of the map.
-	list func(ctx context.Context) ([]rpc.GroupInfo, error)
+	// metaCall), and the map's version. Tests of routing against a
+	// service that has no groups yet replace it with their own source of
+	// the map.
+	list func(ctx context.Context) ([]rpc.GroupInfo, rpc.MapVersion, error)
 	// started counts refreshes begun (holding refreshing).
 	started atomic.Uint64
 	// refreshing is held (a token in it) by the refresh under way: a
@@ -39,7 +42,9 @@ type groupMap struct {
 		byID map[uint32]rpc.GroupInfo // by group number, without GroupBit
 		// from is the number (started) of the refresh whose answer
 		// byID is; 0 before the first.
-		from        uint64
+		from uint64
+		// gate holds byID's map version and refuses older maps.
+		gate        rpc.MapGate
 		lastRefresh time.Time
 		// unreachable: copies (target ids) a read could not reach, until
 		// when reads of an in-sync group prefer the other copy (the
@@ -59,16 +64,16 @@ func (g *groupMap) init(c *Client) {
 	g.mu.byID = map[uint32]rpc.GroupInfo{}
 	g.mu.unreachable = map[uint32]time.Time{}
 	g.refreshing = make(chan struct{}, 1)
-	g.list = func(ctx context.Context) ([]rpc.GroupInfo, error) {
+	g.list = func(ctx context.Context) ([]rpc.GroupInfo, rpc.MapVersion, error) {
 		var resp rpc.ListGroupsResp
 		err := c.metaCall(ctx, rpc.MListGroups, &rpc.Empty{}, &resp)
 		if errors.Is(err, syscall.ENOSYS) {
-			return nil, nil // a service without mirror groups
+			return nil, 0, nil // a service without mirror groups
 		}
 		if err != nil {
-			return nil, fmt.Errorf("list mirror groups: %w", err)
+			return nil, 0, fmt.Errorf("list mirror groups: %w", err)
 		}
-		return resp.Groups, nil
+		return resp.Groups, resp.Version, nil
 	}
 }
 
@@ -111,16 +116,19 @@ func (g *groupMap) unlockRefresh() { <-g.refreshing }
 
 func (g *groupMap) refreshLocked(ctx context.Context) error {
 	n := g.started.Add(1)
-	groups, err := g.list(ctx)
+	groups, version, err := g.list(ctx)
 	if err != nil {
 		return err
 	}
-	g.install(groups, n)
+	g.install(groups, version, n)
 	return nil
 }
 
-// install makes groups the map, as fetched by refresh number n.
-func (g *groupMap) install(groups []rpc.GroupInfo, n uint64) {
+// install makes groups, of map version version, the map, as fetched by
+// refresh number n: unless an answer fetched later (n) or read from a
+// newer state of the service (version) is installed already. Either way
+// the refresh counts as done (from): the map is at least that new.
+func (g *groupMap) install(groups []rpc.GroupInfo, version rpc.MapVersion, n uint64) {
 	byID := make(map[uint32]rpc.GroupInfo, len(groups))
 	for _, gi := range groups {
 		byID[gi.ID&^rpc.GroupBit] = gi
@@ -130,9 +138,19 @@ func (g *groupMap) install(groups []rpc.GroupInfo, n uint64) {
 	if n < g.mu.from {
 		return // an older answer than the one installed
 	}
-	g.mu.byID = byID
 	g.mu.from = n
 	g.mu.lastRefresh = time.Now()
+	installed := g.mu.gate.Version
+	ok, wentBack := g.mu.gate.Admit(version, time.Now())
+	if !ok {
+		g.c.log.Debug("mirror group map older than the one installed: not installed", "installed", installed, "answered", version)
+		return
+	}
+	if wentBack {
+		g.c.log.Warn("the metadata service's mirror group map went back in version: taking it (was its state restored from an older copy?)",
+			"installed", installed, "answered", version)
+	}
+	g.mu.byID = byID
 }
 
 // refreshAfter returns once the map was fetched by a refresh that began

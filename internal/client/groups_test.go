@@ -269,7 +269,8 @@ func (r *groupRig) setState(g uint32, st uint8) {
 	r.groups[g].Epoch++
 }
 
-func (r *groupRig) list(ctx context.Context) ([]rpc.GroupInfo, error) {
+// list answers the rig's map, of unknown version (as an older service).
+func (r *groupRig) list(ctx context.Context) ([]rpc.GroupInfo, rpc.MapVersion, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.lists++
@@ -277,7 +278,7 @@ func (r *groupRig) list(ctx context.Context) ([]rpc.GroupInfo, error) {
 	for g := uint32(1); g <= 2; g++ {
 		out = append(out, *r.groups[g])
 	}
-	return out, nil
+	return out, 0, nil
 }
 
 // calls returns what server i saw and forgets it.
@@ -793,7 +794,7 @@ func TestGroupRefreshCoalesces(t *testing.T) {
 	if err := c.groups.lockRefresh(bg); err != nil {
 		t.Fatal(err)
 	}
-	c.groups.list = func(ctx context.Context) ([]rpc.GroupInfo, error) {
+	c.groups.list = func(ctx context.Context) ([]rpc.GroupInfo, rpc.MapVersion, error) {
 		close(entered)
 		<-release
 		return r.list(ctx)

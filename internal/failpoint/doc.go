@@ -67,6 +67,9 @@
 //	                           each heartbeat (error: it is not sent, as
 //	                           if lost; registration, group map refreshes
 //	                           and mirror reports still go)
+//	store/before-heartbeat-install  the same loop, between a heartbeat's
+//	                           answer and its install (sleep: the answer
+//	                           arrives late, after newer group maps)
 //	meta/before-reply[/OP]     the metadata service's propose, once the
 //	                           state machine's answer is known (and durable
 //	                           when the reply waits for that), before it is

@@ -632,7 +632,7 @@ func (s *Service) clusterStatus(_ context.Context, _ *rpc.Empty) (rpc.Message, e
 	if err != nil {
 		return nil, err
 	}
-	groups, err := s.listGroups()
+	groups, _, err := s.listGroups()
 	if err != nil {
 		return nil, err
 	}

@@ -110,6 +110,25 @@ func readTargets(r kv.Reader) ([]schema.Target, error) {
 	return out, it.Error()
 }
 
+// readServers lists every registered storage server of r in id order.
+func readServers(r kv.Reader) ([]schema.Server, error) {
+	p := schema.ServerPrefix()
+	it, err := r.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []schema.Server
+	for ok := it.First(); ok; ok = it.Next() {
+		s, err := schema.DecodeServer(it.Value())
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "server record %x: %v", it.Key(), err)
+		}
+		out = append(out, s)
+	}
+	return out, it.Error()
+}
+
 // mirrorRegistry is what pairing and its checks need of the registry.
 type mirrorRegistry struct {
 	targets map[uint32]schema.Target
@@ -352,7 +371,7 @@ func (x *opCtx) mirrorCreate(c *command) (*answer, error) {
 		reg.inGroup[p], reg.inGroup[s] = g.ID, g.ID
 		made = append(made, g)
 	}
-	resp := &rpc.ListGroupsResp{}
+	resp := &rpc.ListGroupsResp{} // the new groups alone, no map: Version 0
 	for i := range made {
 		if err := x.putGroup(&made[i]); err != nil {
 			return nil, err
@@ -370,12 +389,13 @@ func groupInfoOf(g *schema.Group) rpc.GroupInfo {
 		SinceMs: g.Since / 1e6, ResyncDone: g.ResyncDone, ResyncTotal: g.ResyncTotal, FullResync: g.FullResync}
 }
 
-// groupAnswer answers a change of one group with it.
+// groupAnswer answers a change of one group with it, versioned by this
+// command's raft index (rpc.MapVersion: the group as of that index).
 func (x *opCtx) groupAnswer(g *schema.Group) (*answer, error) {
 	if err := x.putGroup(g); err != nil {
 		return nil, err
 	}
-	return &answer{msg: &rpc.ListGroupsResp{Groups: []rpc.GroupInfo{groupInfoOf(g)}}}, nil
+	return &answer{msg: &rpc.ListGroupsResp{Groups: []rpc.GroupInfo{groupInfoOf(g)}, Version: x.index}}, nil
 }
 
 // enter moves g to state st under a new epoch.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stratafs/strata/internal/kv"
 	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/meta/schema"
 	"github.com/stratafs/strata/internal/rpc"
@@ -99,18 +100,21 @@ type mirrorView struct {
 	addr     map[uint32]string // server → data address
 }
 
-func (s *Service) mirrorView() (*mirrorView, error) {
+func (s *Service) mirrorView() (*mirrorView, error) { return mirrorViewOf(s.db) }
+
+// mirrorViewOf reads the registry of r as group answers need it.
+func mirrorViewOf(r kv.Reader) (*mirrorView, error) {
 	v := &mirrorView{serverOf: map[uint32]uint32{}, addr: map[uint32]string{}}
-	ts, err := readTargets(s.db)
+	ts, err := readTargets(r)
 	if err != nil {
 		return nil, rpc.Errorf(syscall.EIO, "read targets: %v", err)
 	}
 	for _, t := range ts {
 		v.serverOf[t.ID] = t.ServerID
 	}
-	servers, _, err := s.registry()
+	servers, err := readServers(r)
 	if err != nil {
-		return nil, err
+		return nil, rpc.Errorf(syscall.EIO, "read storage servers: %v", err)
 	}
 	for _, sv := range servers {
 		v.addr[sv.ID] = sv.Addr
@@ -118,14 +122,58 @@ func (s *Service) mirrorView() (*mirrorView, error) {
 	return v, nil
 }
 
-// groupInfos puts the servers' addresses and liveness on groups.
-func (s *Service) groupInfos(infos []rpc.GroupInfo) ([]rpc.GroupInfo, error) {
+// groupMap is the group table and the registry it names as of one raft
+// index, its version (rpc.MapVersion): all three read from one snapshot
+// of the state, so that a map's version says exactly which state it is.
+type groupMap struct {
+	groups  []schema.Group
+	view    *mirrorView // nil when there are no groups
+	version uint64
+}
+
+// readGroupMap reads the group map from one snapshot of the state. The
+// version is the applied index stored with the state (fsm.commitLocked
+// writes it in each batch): a position in the replicated log, so answers
+// of different leaders compare as exactly as one leader's (§ Group map
+// versions in docs/design/0014).
+func (s *Service) readGroupMap() (*groupMap, error) {
+	snap := s.db.NewSnapshot()
+	defer snap.Close()
+	m := &groupMap{}
+	switch v, err := snap.Get(schema.CountersKey()); {
+	case errors.Is(err, kv.ErrNotFound): // nothing applied yet: version 0
+	case err != nil:
+		return nil, rpc.Errorf(syscall.EIO, "read counters: %v", err)
+	default:
+		ctr, err := schema.DecodeCounters(v)
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "counters: %v", err)
+		}
+		m.version = ctr.AppliedIndex
+	}
+	var err error
+	if m.groups, err = readGroups(snap); err != nil {
+		return nil, rpc.Errorf(syscall.EIO, "read mirror groups: %v", err)
+	}
+	if len(m.groups) > 0 {
+		if m.view, err = mirrorViewOf(snap); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// groupInfos puts the servers' addresses (of v; nil: as they are now)
+// and liveness on groups.
+func (s *Service) groupInfos(infos []rpc.GroupInfo, v *mirrorView) ([]rpc.GroupInfo, error) {
 	if len(infos) == 0 {
 		return infos, nil
 	}
-	v, err := s.mirrorView()
-	if err != nil {
-		return nil, err
+	if v == nil {
+		var err error
+		if v, err = s.mirrorView(); err != nil {
+			return nil, err
+		}
 	}
 	now := s.cfg.Clock.Now()
 	for i := range infos {
@@ -137,48 +185,52 @@ func (s *Service) groupInfos(infos []rpc.GroupInfo) ([]rpc.GroupInfo, error) {
 	return infos, nil
 }
 
-// listGroups is every group with its servers, in id order.
-func (s *Service) listGroups() ([]rpc.GroupInfo, error) {
-	gs, err := readGroups(s.db)
+// listGroups is every group with its servers, in id order, and the map's
+// version.
+func (s *Service) listGroups() ([]rpc.GroupInfo, uint64, error) {
+	m, err := s.readGroupMap()
 	if err != nil {
-		return nil, rpc.Errorf(syscall.EIO, "read mirror groups: %v", err)
+		return nil, 0, err
 	}
-	infos := make([]rpc.GroupInfo, len(gs))
-	for i := range gs {
-		infos[i] = groupInfoOf(&gs[i])
+	infos := make([]rpc.GroupInfo, len(m.groups))
+	for i := range m.groups {
+		infos[i] = groupInfoOf(&m.groups[i])
 	}
-	return s.groupInfos(infos)
+	infos, err = s.groupInfos(infos, m.view)
+	return infos, m.version, err
 }
 
 // mirrorChange proposes a mirror command and answers the groups it
-// changed or made, with their servers.
-func (s *Service) mirrorChange(c *command) ([]rpc.GroupInfo, error) {
+// changed or made, with their servers, and the version they are of (the
+// command's raft index; 0 for a create's new groups).
+func (s *Service) mirrorChange(c *command) ([]rpc.GroupInfo, uint64, error) {
 	res, err := s.propose(c)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := res.err(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	s.mir.mu.Lock()
 	s.mir.candsAt = time.Time{}
 	s.mir.mu.Unlock()
 	resp, ok := res.reply().(*rpc.ListGroupsResp)
 	if !ok {
-		return nil, rpc.Errorf(syscall.EIO, "mirror change answered %T", res.reply())
+		return nil, 0, rpc.Errorf(syscall.EIO, "mirror change answered %T", res.reply())
 	}
-	return s.groupInfos(resp.Groups)
+	gs, err := s.groupInfos(resp.Groups, nil)
+	return gs, resp.Version, err
 }
 
-// oneGroup answers a change of one group.
-func oneGroup(gs []rpc.GroupInfo, err error) (rpc.Message, error) {
+// oneGroup answers a change of one group, with its version.
+func oneGroup(gs []rpc.GroupInfo, version uint64, err error) (rpc.Message, error) {
 	if err != nil {
 		return nil, err
 	}
 	if len(gs) != 1 {
 		return nil, rpc.Errorf(syscall.EIO, "mirror change answered %d groups", len(gs))
 	}
-	return &gs[0], nil
+	return &rpc.GroupResp{Group: gs[0], Version: version}, nil
 }
 
 func groupLog(g *rpc.GroupInfo) []any {
@@ -188,11 +240,11 @@ func groupLog(g *rpc.GroupInfo) []any {
 
 func (s *Service) registerMirror() {
 	handle(s, rpc.MListGroups, func(_ context.Context, _ *rpc.Empty) (rpc.Message, error) {
-		gs, err := s.listGroups()
+		gs, version, err := s.listGroups()
 		if err != nil {
 			return nil, err
 		}
-		return &rpc.ListGroupsResp{Groups: gs}, nil
+		return &rpc.ListGroupsResp{Groups: gs, Version: version}, nil
 	})
 	handle(s, rpc.MMirrorCreate, func(_ context.Context, r *rpc.MirrorCreateReq) (rpc.Message, error) {
 		c := &command{Op: opMirrorCreate, Now: s.now(), Pairs: r.Pairs}
@@ -202,7 +254,7 @@ func (s *Service) registerMirror() {
 		if r.ByDomain {
 			c.Flags |= mirrorByDomain
 		}
-		gs, err := s.mirrorChange(c)
+		gs, _, err := s.mirrorChange(c)
 		if err != nil {
 			return nil, err
 		}
@@ -215,19 +267,19 @@ func (s *Service) registerMirror() {
 		if err := s.checkSecondaryAlive(r.Group); err != nil {
 			return nil, err
 		}
-		gs, err := s.mirrorChange(&command{Op: opMirrorFailOver, Now: s.now(), Group: r.Group, Epoch: r.Epoch})
+		gs, version, err := s.mirrorChange(&command{Op: opMirrorFailOver, Now: s.now(), Group: r.Group, Epoch: r.Epoch})
 		if err == nil && len(gs) == 1 {
 			s.m.mirror.failovers.WithLabelValues("planned").Inc()
 			s.log.Info("mirror group failed over", append([]any{"cause", "planned (strata mirror fail-over)"}, groupLog(&gs[0])...)...)
 		}
-		return oneGroup(gs, err)
+		return oneGroup(gs, version, err)
 	})
 	handle(s, rpc.MMirrorReplace, func(_ context.Context, r *rpc.MirrorReplaceReq) (rpc.Message, error) {
-		gs, err := s.mirrorChange(&command{Op: opMirrorReplace, Now: s.now(), Group: r.Group, Target: r.Target})
+		gs, version, err := s.mirrorChange(&command{Op: opMirrorReplace, Now: s.now(), Group: r.Group, Target: r.Target})
 		if err == nil && len(gs) == 1 {
 			s.log.Info("mirror group copy replaced: a full resync starts when the new target's server heartbeats", groupLog(&gs[0])...)
 		}
-		return oneGroup(gs, err)
+		return oneGroup(gs, version, err)
 	})
 	handle(s, rpc.MMirrorReport, s.mirrorReport)
 }
@@ -236,7 +288,7 @@ func (s *Service) registerMirror() {
 // server is silent: it would make a dead copy the primary (the group
 // degrades within the failover timeout; replace its copy then).
 func (s *Service) checkSecondaryAlive(id uint32) error {
-	gs, err := s.listGroups()
+	gs, _, err := s.listGroups()
 	if err != nil {
 		return err
 	}
@@ -253,7 +305,7 @@ func (s *Service) checkSecondaryAlive(id uint32) error {
 // the replicated group.
 func (s *Service) mirrorReport(_ context.Context, r *rpc.MirrorReportReq) (rpc.Message, error) {
 	if r.Event == rpc.MirrorCopyBad {
-		gs, err := s.listGroups()
+		gs, version, err := s.listGroups()
 		if err != nil {
 			return nil, err
 		}
@@ -265,7 +317,7 @@ func (s *Service) mirrorReport(_ context.Context, r *rpc.MirrorReportReq) (rpc.M
 				s.m.mirror.copyBad.Inc()
 				s.log.Warn("mirrored copy failed its checksums and was repaired from the other copy",
 					"group", g.ID, "target", r.Target, "server", r.ServerID, "detail", r.Detail)
-				return g, nil
+				return &rpc.GroupResp{Group: *g, Version: version}, nil
 			}
 		}
 		return nil, noGroup(r.Group)
@@ -278,7 +330,7 @@ func (s *Service) mirrorReport(_ context.Context, r *rpc.MirrorReportReq) (rpc.M
 			return nil, err
 		}
 	}
-	gs, err := s.mirrorChange(&command{Op: opMirrorReport, Now: s.now(), Group: r.Group, Epoch: r.Epoch,
+	gs, version, err := s.mirrorChange(&command{Op: opMirrorReport, Now: s.now(), Group: r.Group, Epoch: r.Epoch,
 		Target: r.Target, Flags: uint32(r.Event), Done: r.Done, Total: r.Total})
 	if err == nil && len(gs) == 1 {
 		g := &gs[0]
@@ -297,66 +349,71 @@ func (s *Service) mirrorReport(_ context.Context, r *rpc.MirrorReportReq) (rpc.M
 			}
 		}
 	}
-	return oneGroup(gs, err)
+	return oneGroup(gs, version, err)
 }
 
 // serverGroups answers a server's heartbeat: the groups with a copy on
-// its targets, and its lease. A degraded group whose secondary is on
-// this server, degraded for at least the failover timeout (a link that
-// flaps resyncs at most once per timeout) and whose primary is alive,
-// starts resyncing here.
+// its targets, its lease, and the map's version. A degraded group whose
+// secondary is on this server, degraded for at least the failover timeout
+// (a link that flaps resyncs at most once per timeout) and whose primary
+// is alive, starts resyncing here; the map is then read again, so that
+// the answer's groups and version are of one state, the resync's included.
 func (s *Service) serverGroups(srv *schema.Server, now time.Time) (*rpc.ServerHeartbeatResp, error) {
 	resp := &rpc.ServerHeartbeatResp{
 		LeaseMs:           uint32(min(leaseOf(s.cfg.FailoverTimeout).Milliseconds(), math.MaxUint32)),
 		FailoverTimeoutMs: uint32(min(s.cfg.FailoverTimeout.Milliseconds(), math.MaxUint32)),
 	}
-	if s.fsm.groups.Load() == 0 {
-		return resp, nil
-	}
-	gs, err := readGroups(s.db)
-	if err != nil {
-		return nil, rpc.Errorf(syscall.EIO, "read mirror groups: %v", err)
-	}
 	mine := map[uint32]bool{}
 	for _, t := range srv.Targets {
 		mine[t] = true
 	}
-	var infos []rpc.GroupInfo
-	for i := range gs {
-		g := &gs[i]
-		if !mine[g.Primary] && !mine[g.Secondary] {
+	for pass := 0; ; pass++ {
+		// Even without groups the answer carries its version: an empty
+		// map read before a group was created must not replace, when it
+		// arrives late, a newer map with the group.
+		m, err := s.readGroupMap()
+		if err != nil {
+			return nil, err
+		}
+		var infos []rpc.GroupInfo
+		started := false
+		for i := range m.groups {
+			g := &m.groups[i]
+			if !mine[g.Primary] && !mine[g.Secondary] {
+				continue
+			}
+			if pass == 0 && g.State == schema.GroupDegraded && mine[g.Secondary] && now.Sub(time.Unix(0, g.Since)) >= s.cfg.FailoverTimeout {
+				started = s.startResync(g, now) || started
+			}
+			infos = append(infos, groupInfoOf(g))
+		}
+		if started {
 			continue
 		}
-		info := groupInfoOf(g)
-		if g.State == schema.GroupDegraded && mine[g.Secondary] && now.Sub(time.Unix(0, g.Since)) >= s.cfg.FailoverTimeout {
-			if back, ok := s.startResync(g, now); ok {
-				info = back
-			}
+		if resp.Groups, err = s.groupInfos(infos, m.view); err != nil {
+			return nil, err
 		}
-		infos = append(infos, info)
+		resp.Version = m.version
+		return resp, nil
 	}
-	if resp.Groups, err = s.groupInfos(infos); err != nil {
-		return nil, err
-	}
-	return resp, nil
 }
 
 // startResync marks g resyncing when its primary's server is alive (the
-// primary does the copying).
-func (s *Service) startResync(g *schema.Group, now time.Time) (rpc.GroupInfo, bool) {
+// primary does the copying); true if it did.
+func (s *Service) startResync(g *schema.Group, now time.Time) bool {
 	v, err := s.mirrorView()
 	if err != nil || !s.heardWithin(v.serverOf[g.Primary], now) {
-		return rpc.GroupInfo{}, false
+		return false
 	}
-	gs, err := s.mirrorChange(&command{Op: opMirrorResync, Now: s.now(), Group: g.ID, Epoch: g.Epoch})
+	gs, _, err := s.mirrorChange(&command{Op: opMirrorResync, Now: s.now(), Group: g.ID, Epoch: g.Epoch})
 	if err != nil || len(gs) != 1 {
 		if err != nil && !errors.Is(err, syscall.ESTALE) {
 			s.log.Warn("could not start a mirror group's resync; the next heartbeat tries again", "group", g.ID, "err", err)
 		}
-		return rpc.GroupInfo{}, false
+		return false
 	}
 	s.log.Info("mirror group resyncing: its secondary's server is back", groupLog(&gs[0])...)
-	return gs[0], true
+	return true
 }
 
 // checkMirrors is the automatic switch, run on the leader loop's failover
@@ -391,7 +448,7 @@ func (s *Service) checkMirrors() {
 		switch {
 		case !pAlive && g.State == schema.GroupInSync && sAlive:
 			silent := s.silentFor(ps, now)
-			out, err := s.mirrorChange(&command{Op: opMirrorFailOver, Now: s.now(), Group: g.ID, Epoch: g.Epoch, Flags: mirrorAutomatic})
+			out, _, err := s.mirrorChange(&command{Op: opMirrorFailOver, Now: s.now(), Group: g.ID, Epoch: g.Epoch, Flags: mirrorAutomatic})
 			if err != nil {
 				s.log.Warn("automatic mirror fail-over failed; the next check tries again", "group", g.ID, "err", err)
 				break
@@ -414,7 +471,7 @@ func (s *Service) checkMirrors() {
 			}
 			s.mir.mu.Unlock()
 		case !sAlive && g.State != schema.GroupDegraded:
-			out, err := s.mirrorChange(&command{Op: opMirrorReport, Now: s.now(), Group: g.ID, Epoch: g.Epoch,
+			out, _, err := s.mirrorChange(&command{Op: opMirrorReport, Now: s.now(), Group: g.ID, Epoch: g.Epoch,
 				Target: g.Primary, Flags: uint32(rpc.MirrorSecondaryLost)})
 			if err != nil {
 				if !errors.Is(err, syscall.ESTALE) {

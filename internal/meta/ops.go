@@ -1255,23 +1255,7 @@ func (x *opCtx) register(c *command) (*answer, error) {
 	return &answer{msg: &resp}, nil
 }
 
-func (x *opCtx) servers() ([]schema.Server, error) {
-	p := schema.ServerPrefix()
-	it, err := x.b.NewIter(p, kv.PrefixEnd(p))
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
-	var out []schema.Server
-	for ok := it.First(); ok; ok = it.Next() {
-		s, err := schema.DecodeServer(it.Value())
-		if err != nil {
-			return nil, rpc.Errorf(syscall.EIO, "server record %x: %v", it.Key(), err)
-		}
-		out = append(out, s)
-	}
-	return out, it.Error()
-}
+func (x *opCtx) servers() ([]schema.Server, error) { return readServers(x.b) }
 
 // raiseIno makes sure no inode number below ceiling is handed out again:
 // a target holds chunk files up to there.

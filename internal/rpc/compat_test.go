@@ -19,6 +19,9 @@ func TestMessagesRoundTrip(t *testing.T) {
 		&ServerHeartbeatResp{Groups: []GroupInfo{{ID: 5, Epoch: 9, Primary: 1, Secondary: 2, State: GroupDegraded, PrimaryAddr: "a:1"}}, LeaseMs: 2000, FailoverTimeoutMs: 3000},
 		&ServerHeartbeatResp{Groups: []GroupInfo{{ID: 5, Epoch: 9, Primary: 1, Secondary: 2, State: GroupDegraded, FullResync: true}}, LeaseMs: 2000},
 		&ListGroupsResp{Groups: []GroupInfo{{ID: 1, Epoch: 2, Primary: 3, Secondary: 4}, {ID: 5, Epoch: 9, Primary: 1, Secondary: 2, State: GroupResyncing, FullResync: true}}},
+		&ListGroupsResp{Groups: []GroupInfo{{ID: 1, Epoch: 2, Primary: 3, Secondary: 4}}, Version: 1 << 40},
+		&ServerHeartbeatResp{Groups: []GroupInfo{{ID: 5, Epoch: 9, Primary: 1, Secondary: 2, FullResync: true}}, LeaseMs: 2000, Version: 77777},
+		&GroupResp{Group: GroupInfo{ID: 5, Epoch: 9, Primary: 1, Secondary: 2, PrimaryAddr: "a:1"}, Version: 1 << 33},
 		&MirrorCreateReq{Hdr: ReqHeader{1, 2}, Auto: true, Pairs: []uint32{1, 2}},
 		&MirrorReportReq{ServerID: 1, Group: 5, Epoch: 9, Target: 1, Event: MirrorSecondaryLost, Detail: "x"},
 		&RegisterServerReq{Addr: "a:1", Domain: "rack1"},
@@ -181,10 +184,16 @@ func optionalTails(m Message) []int {
 		add(func(e *Enc) { encodeUnsynced(e, x.Unsynced) })
 	case *ServerHeartbeatResp:
 		full := func(e *Enc) { e.U32s(fullResyncIDs(x.Groups)) }
-		add(full)
+		version := func(e *Enc) { e.U64(x.Version) }
+		add(version)
+		add(full, version)
 		add(func(e *Enc) { x.Encode(e) }) // older services answered Empty
 	case *ListGroupsResp:
-		add(func(e *Enc) { e.U32s(fullResyncIDs(x.Groups)) })
+		version := func(e *Enc) { e.U64(x.Version) }
+		add(version)
+		add(func(e *Enc) { e.U32s(fullResyncIDs(x.Groups)) }, version)
+	case *GroupResp:
+		add(func(e *Enc) { e.U64(x.Version) })
 	case *RegisterServerReq:
 		add(func(e *Enc) { e.String(x.Domain) })
 	case *SetDirLayoutReq:

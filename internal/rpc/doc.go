@@ -121,6 +121,13 @@
 // MDirLayout (GetAttrReq, DirLayoutResp) was added after it, for `strata
 // stripe get` of a directory's mirror mark (an older service: ENOSYS;
 // the command then says the mark is unknown).
+// Group map versions (docs/design/0014 § Group map versions):
+// ListGroupsResp and ServerHeartbeatResp gained a trailing Version (the
+// raft index the groups were read at; absent: 0, unknown, installed as
+// before), and MMirrorReport, MMirrorFailOver, MMirrorReplace and
+// SMirrorSuspects answer GroupResp — GroupInfo's bytes with a trailing
+// Version — instead of GroupInfo (an older caller reads the GroupInfo and
+// leaves the version unread; an older answer reads as version 0).
 // Create delegations (deleg_msgs.go, docs/design/0016), one block:
 // MReserveInos, MCreateBatch, MDelegate, MReturnDelegation and
 // MWaitRecall were added at the end of the metadata methods (an older

@@ -65,17 +65,17 @@ const (
 	// MMirrorCreate (MirrorCreateReq, ListGroupsResp: the groups made)
 	// pairs targets into mirror groups (strata mirror create).
 	MMirrorCreate
-	// MMirrorFailOver (MirrorGroupReq, GroupInfo) makes the secondary of
+	// MMirrorFailOver (MirrorGroupReq, GroupResp) makes the secondary of
 	// an in-sync group its primary, bumping the epoch (strata mirror
 	// fail-over: a planned switch).
 	MMirrorFailOver
-	// MMirrorReport (MirrorReportReq, GroupInfo) is a store telling the
+	// MMirrorReport (MirrorReportReq, GroupResp) is a store telling the
 	// service what it saw of a group it serves: a secondary it cannot
 	// reach (the group degrades and its epoch is bumped before the
 	// primary acknowledges anything the secondary lacks), resync
 	// progress, resync done (the group is in sync again).
 	MMirrorReport
-	// MMirrorReplace (MirrorReplaceReq, GroupInfo) replaces the group's
+	// MMirrorReplace (MirrorReplaceReq, GroupResp) replaces the group's
 	// out-of-sync copy with another (empty) target, which is filled by a
 	// full resync (strata mirror replace GROUP --target ID).
 	MMirrorReplace

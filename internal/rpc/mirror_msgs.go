@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/stratafs/strata/internal/layout"
 )
@@ -94,7 +95,7 @@ type GroupInfo struct {
 	// field appended inside a list element would shift the rest of the
 	// list for an older decoder): ListGroupsResp and ServerHeartbeatResp
 	// carry the ids of such groups in a trailing list (fullResyncIDs);
-	// a lone GroupInfo (the MMirrorReport answer) does not carry it.
+	// a lone group (GroupResp, the MMirrorReport answer) does not carry it.
 	FullResync bool
 }
 
@@ -157,8 +158,13 @@ func (g *GroupInfo) Decode(d *Dec) {
 
 // ListGroupsResp answers MListGroups (request Empty) and MMirrorCreate:
 // mirror groups in id order, then (appended) the ids of the groups with
-// FullResync set.
-type ListGroupsResp struct{ Groups []GroupInfo }
+// FullResync set, then (appended) the map's Version (see MapVersion).
+type ListGroupsResp struct {
+	Groups []GroupInfo
+	// Version: MListGroups' map version (MapVersion); 0 in MMirrorCreate's
+	// answer, which lists the new groups only and is no map.
+	Version uint64
+}
 
 func (m *ListGroupsResp) Encode(e *Enc) {
 	e.U64(uint64(len(m.Groups)))
@@ -166,6 +172,7 @@ func (m *ListGroupsResp) Encode(e *Enc) {
 		m.Groups[i].Encode(e)
 	}
 	e.U32s(fullResyncIDs(m.Groups))
+	e.U64(m.Version)
 }
 
 func (m *ListGroupsResp) Decode(d *Dec) {
@@ -174,6 +181,7 @@ func (m *ListGroupsResp) Decode(d *Dec) {
 		m.Groups[i].Decode(d)
 	}
 	decodeFullResync(d, m.Groups)
+	m.Version = decodeVersion(d)
 }
 
 // MirrorCreateReq pairs targets into mirror groups. With Auto, every
@@ -313,6 +321,8 @@ type ServerHeartbeatResp struct {
 	Groups            []GroupInfo
 	LeaseMs           uint32
 	FailoverTimeoutMs uint32
+	// Version: the map version of Groups (MapVersion; appended, absent 0).
+	Version uint64
 }
 
 func (m *ServerHeartbeatResp) Encode(e *Enc) {
@@ -323,6 +333,7 @@ func (m *ServerHeartbeatResp) Encode(e *Enc) {
 	e.U32(m.LeaseMs)
 	e.U32(m.FailoverTimeoutMs)
 	e.U32s(fullResyncIDs(m.Groups))
+	e.U64(m.Version)
 }
 
 func (m *ServerHeartbeatResp) Decode(d *Dec) {
@@ -337,4 +348,77 @@ func (m *ServerHeartbeatResp) Decode(d *Dec) {
 	m.LeaseMs = d.U32()
 	m.FailoverTimeoutMs = d.U32()
 	decodeFullResync(d, m.Groups)
+	m.Version = decodeVersion(d)
+}
+
+// Group map versions (appended; docs/design/0014 § Group map versions).
+//
+// A MapVersion orders the answers that carry mirror groups: it is the
+// raft index of the metadata service's replicated state the groups were
+// read from (the applied index, read from the same snapshot as the
+// groups, or the index of the command whose answer a lone group is). Two
+// answers read at different moments may arrive in the other order; a
+// holder of the map installs a full map only if its version is not older
+// than the map it has, and a lone group only if its version is not older
+// than what it knows of that group. 0: unknown (an older service, or a
+// test's stand-in), installed as before versions existed.
+type MapVersion = uint64
+
+// MapGate decides which full group maps their holder (a store's or a
+// client's group map) installs: not one older than the installed one's
+// Version — unless every full map has been older for MapRegressAfter,
+// when the metadata service's state must have gone back (restored from an
+// older copy), and the older one is taken. A map of unknown version (0)
+// is taken, as before versions existed, and leaves Version unknown.
+type MapGate struct {
+	Version      MapVersion
+	refusedSince time.Time
+}
+
+// MapRegressAfter: see MapGate. A late answer of the race versions close
+// is a single answer, with newer ones within a heartbeat of it.
+const MapRegressAfter = 30 * time.Second
+
+// Admit reports whether a full map of version v, answered at now, is to be
+// installed (the Version is then v), and whether it is taken although it is
+// older (wentBack: the holder forgets the versions of what it kept, and
+// logs it).
+func (g *MapGate) Admit(v MapVersion, now time.Time) (ok, wentBack bool) {
+	if v == 0 || v >= g.Version {
+		g.Version, g.refusedSince = v, time.Time{}
+		return true, false
+	}
+	if g.refusedSince.IsZero() {
+		g.refusedSince = now
+	}
+	if now.Sub(g.refusedSince) < MapRegressAfter {
+		return false, false
+	}
+	g.Version, g.refusedSince = v, time.Time{}
+	return true, true
+}
+
+// decodeVersion reads a trailing map version (absent: 0, unknown).
+func decodeVersion(d *Dec) MapVersion {
+	if d.Err() != nil || d.Len() == 0 {
+		return 0
+	}
+	return d.U64()
+}
+
+// GroupResp answers a change of one group (MMirrorReport,
+// MMirrorFailOver, MMirrorReplace) and SMirrorSuspects: the group, then
+// (appended) the map version it was read at. Its first part is
+// GroupInfo's encoding, so an older caller decoding a GroupInfo reads it
+// and leaves the version unread; an older answer decodes with Version 0.
+type GroupResp struct {
+	Group   GroupInfo
+	Version MapVersion
+}
+
+func (m *GroupResp) Encode(e *Enc) { m.Group.Encode(e); e.U64(m.Version) }
+
+func (m *GroupResp) Decode(d *Dec) {
+	m.Group.Decode(d)
+	m.Version = decodeVersion(d)
 }

@@ -36,7 +36,7 @@ const (
 	// It never heals from the asker unless told (Heal), so two copies
 	// never ask each other in a loop.
 	SChunkSums
-	// SMirrorSuspects (MirrorSuspectsReq, GroupInfo) is sent by a mirror
+	// SMirrorSuspects (MirrorSuspectsReq, GroupResp) is sent by a mirror
 	// group's secondary that an unclean stop left with chunks it may
 	// have lost writes of (its intent log's suspects) to the group's
 	// primary, which records them to be copied whole by the group's

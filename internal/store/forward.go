@@ -540,15 +540,15 @@ func (s *Server) mirrorReport(req *rpc.MirrorReportReq) (*rpc.GroupInfo, error) 
 	req.ServerID = s.serverID.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
 	defer cancel()
-	var gi rpc.GroupInfo
-	if err := s.meta.Call(ctx, rpc.MMirrorReport, req, &gi); err != nil {
+	var gr rpc.GroupResp
+	if err := s.meta.Call(ctx, rpc.MMirrorReport, req, &gr); err != nil {
 		if rpc.ErrnoOf(err) == syscall.ESTALE {
 			_ = s.refreshGroups(ctx, s.groups.seen())
 		}
 		return nil, fmt.Errorf("mirror report (group %d, event %d): %w", req.Group, req.Event, err)
 	}
-	s.installGroups([]rpc.GroupInfo{gi}, false)
-	return &gi, nil
+	s.installGroups([]rpc.GroupInfo{gr.Group}, gr.Version, false)
+	return &gr.Group, nil
 }
 
 // Handlers of group chunks: called by the S* handlers when the ChunkID

@@ -29,7 +29,7 @@ func newHealPair(t *testing.T) *healPair {
 	m.splitEpochs = func() {
 		g := p.meta.group(1)
 		g.Epoch++
-		p.b.s.installGroups([]rpc.GroupInfo{g}, false)
+		p.b.s.installGroups([]rpc.GroupInfo{g}, 0, false)
 	}
 	return m
 }

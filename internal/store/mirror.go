@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -88,6 +89,9 @@ type groupEntry struct {
 	// mutations of the degraded epoch only from then on (see
 	// degradeWait).
 	ackAfter time.Time
+	// ver is the map version (rpc.MapVersion) of the answer the entry
+	// came from; 0: unknown.
+	ver uint64
 }
 
 // groupMap is the server's view of its mirror groups.
@@ -97,6 +101,9 @@ type groupMap struct {
 	leaseUntil time.Time
 	leaseMs    uint32
 	failoverMs uint32
+	// gate holds the version of the last full map installed and refuses
+	// older ones.
+	gate rpc.MapGate
 	// installs counts installs and attempts the MListGroups calls
 	// started: a request that arrived before either moved has its
 	// refresh done (or failed) already, and makes none of its own.
@@ -114,9 +121,10 @@ type groupMap struct {
 	// changed, if set, is called (outside mu) after an install with the
 	// groups whose epoch changed.
 	changed func(changed []groupEntry)
+	log     *slog.Logger
 }
 
-func newGroupMap() *groupMap { return &groupMap{groups: map[uint32]groupEntry{}} }
+func newGroupMap() *groupMap { return &groupMap{groups: map[uint32]groupEntry{}, log: slog.Default()} }
 
 // peerOf answers the copy of group on this server: local target, peer,
 // epoch, role and whether the group is in sync.
@@ -167,17 +175,64 @@ func (m *groupMap) all() []groupEntry {
 	return out
 }
 
+// mapAnswer is an answer of the metadata service that carries groups.
+type mapAnswer struct {
+	groups []rpc.GroupInfo
+	// version: the map version the groups were read at (0: unknown).
+	version uint64
+	// full: groups is every group with a copy here (a heartbeat answer,
+	// or MListGroups' whole list): a known group missing from it is
+	// forgotten. Else they are lone groups (a report's answer).
+	full bool
+	// lease (a heartbeat answer): the primary lease runs until
+	// leaseUntil.
+	lease               bool
+	leaseUntil          time.Time
+	leaseMs, failoverMs uint32
+}
+
 // install adopts groups as the metadata service answered them. ours
-// answers whether a target id is served here. With full, groups is every
-// group with a copy here (a heartbeat answer, or MListGroups' whole list):
-// a known group missing from it is forgotten. A group's older epoch never
-// replaces a newer one. With lease set (a heartbeat answer), the primary
-// lease runs until leaseUntil.
-func (m *groupMap) install(groups []rpc.GroupInfo, ours func(uint32) bool, full bool, lease bool, leaseUntil time.Time, leaseMs, failoverMs uint32) {
+// answers whether a target id is served here. Versions order the answers
+// (docs/design/0014 § Group map versions): a full map older than the one
+// installed is refused whole; a group whose entry came from an answer newer
+// than this one is kept as it is; a lone group is taken only if its answer
+// is not older than the entry's, or, for a group without an entry here,
+// than the full map that had none. Unknown versions (0) install as before
+// versions existed. Besides, a group's older epoch never replaces a newer
+// one. The lease of a heartbeat answer counts whatever its map's version:
+// it is the service's receipt of the heartbeat that grants it.
+func (m *groupMap) install(a mapAnswer, ours func(uint32) bool) {
 	var changed []groupEntry
 	m.mu.Lock()
+	if a.lease {
+		if a.leaseUntil.After(m.leaseUntil) {
+			m.leaseUntil = a.leaseUntil
+		}
+		m.leaseMs, m.failoverMs = a.leaseMs, a.failoverMs
+	}
+	v := a.version
+	if a.full {
+		installed := m.gate.Version
+		ok, wentBack := m.gate.Admit(v, time.Now())
+		if !ok {
+			m.mu.Unlock()
+			return
+		}
+		if wentBack {
+			m.log.Warn("the metadata service's mirror group map went back in version: taking it (was its state restored from an older copy?)",
+				"installed", installed, "answered", v)
+		}
+		if v == 0 || wentBack {
+			m.forgetVersions()
+		}
+	}
 	seen := map[uint32]bool{}
-	for _, gi := range groups {
+	for _, gi := range a.groups {
+		old, had := m.groups[gi.ID]
+		if v != 0 && ((had && old.ver > v) || (!had && !a.full && v < m.gate.Version)) {
+			seen[gi.ID] = had
+			continue // older than what is known of the group
+		}
 		var e groupEntry
 		switch {
 		case ours(gi.Primary):
@@ -187,8 +242,8 @@ func (m *groupMap) install(groups []rpc.GroupInfo, ours func(uint32) bool, full 
 		default:
 			continue
 		}
+		e.ver = v
 		seen[gi.ID] = true
-		old, had := m.groups[gi.ID]
 		if had && old.info.Epoch > gi.Epoch {
 			continue
 		}
@@ -210,24 +265,26 @@ func (m *groupMap) install(groups []rpc.GroupInfo, ours func(uint32) bool, full 
 		m.groups[gi.ID] = e
 		changed = append(changed, e)
 	}
-	if full {
-		for id := range m.groups {
-			if !seen[id] {
+	if a.full {
+		for id, e := range m.groups {
+			if !seen[id] && (v == 0 || e.ver <= v) {
 				delete(m.groups, id)
 			}
 		}
-	}
-	if lease {
-		if leaseUntil.After(m.leaseUntil) {
-			m.leaseUntil = leaseUntil
-		}
-		m.leaseMs, m.failoverMs = leaseMs, failoverMs
 	}
 	m.installs++
 	fn := m.changed
 	m.mu.Unlock()
 	if fn != nil && len(changed) > 0 {
 		fn(changed)
+	}
+}
+
+// forgetVersions makes every entry's version unknown (mu held).
+func (m *groupMap) forgetVersions() {
+	for id, e := range m.groups {
+		e.ver = 0
+		m.groups[id] = e
 	}
 }
 
@@ -241,17 +298,18 @@ func (m *groupMap) expireLease() {
 // ours answers whether target id is served by s.
 func (s *Server) ours(id uint32) bool { return (*s.byID.Load())[id] != nil }
 
-// installGroups is the one way groups enter the map: heartbeat answers,
-// MListGroups, mirror report answers and tests.
-func (s *Server) installGroups(groups []rpc.GroupInfo, full bool) {
-	s.groups.install(groups, s.ours, full, false, time.Time{}, 0, 0)
+// installGroups is the one way groups enter the map besides heartbeat
+// answers: MListGroups (full, with its version), mirror report and
+// suspect hand-over answers (lone groups, each with its version) and tests.
+func (s *Server) installGroups(groups []rpc.GroupInfo, version uint64, full bool) {
+	s.groups.install(mapAnswer{groups: groups, version: version, full: full}, s.ours)
 }
 
 // installHeartbeat adopts a heartbeat answer sent at sent, and then deals
 // with the chunks an unclean stop left suspect (consumeSuspects).
 func (s *Server) installHeartbeat(resp *rpc.ServerHeartbeatResp, sent time.Time) {
-	s.groups.install(resp.Groups, s.ours, true, resp.LeaseMs > 0, sent.Add(time.Duration(resp.LeaseMs)*time.Millisecond),
-		resp.LeaseMs, resp.FailoverTimeoutMs)
+	s.groups.install(mapAnswer{groups: resp.Groups, version: resp.Version, full: true, lease: resp.LeaseMs > 0,
+		leaseUntil: sent.Add(time.Duration(resp.LeaseMs) * time.Millisecond), leaseMs: resp.LeaseMs, failoverMs: resp.FailoverTimeoutMs}, s.ours)
 	s.consumeSuspects()
 }
 
@@ -313,7 +371,7 @@ func (s *Server) refreshGroups(ctx context.Context, seen mapSeen) error {
 	if err := s.meta.Call(cctx, rpc.MListGroups, &rpc.Empty{}, &resp); err != nil {
 		return fmt.Errorf("list mirror groups: %w", err)
 	}
-	s.installGroups(resp.Groups, true)
+	s.installGroups(resp.Groups, resp.Version, true)
 	return nil
 }
 

@@ -175,6 +175,9 @@ func (s *Server) heartbeatUntilStale(ctx context.Context, cl *transport.Multi) {
 		cancel()
 		switch {
 		case err == nil:
+			// Tests hold an answer here, to have it arrive after a newer
+			// map (docs/design/0014 § Group map versions).
+			failpoint.Hit("store/before-heartbeat-install")
 			s.installHeartbeat(&resp, sent)
 			// A server with mirror groups heartbeats at least every
 			// third of its primary lease, so that one late answer does

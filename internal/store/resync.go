@@ -692,10 +692,10 @@ func (s *Server) sendSuspects(t *target, group uint32) {
 			return
 		}
 		n := min(len(inos), rpc.MaxSuspectsPerCall)
-		var gi rpc.GroupInfo
+		var gr rpc.GroupResp
 		cctx, ccancel := context.WithTimeout(ctx, suspectsCallTimeout)
 		err := s.peerCall(cctx, g.peerAddr, rpc.SMirrorSuspects,
-			&rpc.MirrorSuspectsReq{Group: group, Epoch: g.info.Epoch, Target: g.local, Inos: inos[:n]}, &gi)
+			&rpc.MirrorSuspectsReq{Group: group, Epoch: g.info.Epoch, Target: g.local, Inos: inos[:n]}, &gr)
 		ccancel()
 		if rpc.ErrnoOf(err) == syscall.ENOSYS {
 			// An older primary: nobody can take them. Reads of them
@@ -717,7 +717,7 @@ func (s *Server) sendSuspects(t *target, group uint32) {
 				"group", group, "primary", g.peerAddr, "target", t.path, "chunks", total, "err", err)
 			return
 		}
-		s.installGroups([]rpc.GroupInfo{gi}, false)
+		s.installGroups([]rpc.GroupInfo{gr.Group}, gr.Version, false)
 		inos = inos[n:]
 	}
 	t.mlog.take(suspectGroup)
@@ -735,8 +735,8 @@ func (s *Server) sendSuspects(t *target, group uint32) {
 // as for an unreachable secondary): from then on the secondary serves no
 // reads and cannot be promoted, and the resync that follows when the
 // service sees the secondary alive copies those chunks whole. Answers the
-// group after.
-func (s *Server) handleMirrorSuspects(ctx context.Context, r *rpc.MirrorSuspectsReq) (*rpc.GroupInfo, error) {
+// group after, with the map version this server had it from.
+func (s *Server) handleMirrorSuspects(ctx context.Context, r *rpc.MirrorSuspectsReq) (*rpc.GroupResp, error) {
 	if len(r.Inos) > rpc.MaxSuspectsPerCall {
 		return nil, rpc.Errorf(syscall.EINVAL, "mirror group %d: %d suspect chunks in one call, at most %d", r.Group, len(r.Inos), rpc.MaxSuspectsPerCall)
 	}
@@ -769,8 +769,7 @@ func (s *Server) handleMirrorSuspects(ctx context.Context, r *rpc.MirrorSuspects
 	}
 	s.log.Warn("mirror group's secondary restarted unsure of chunks; recorded for its resync", "group", r.Group,
 		"epoch", a.g.info.Epoch, "secondary", a.g.peerAddr, "chunks", len(r.Inos))
-	gi := a.g.info
-	return &gi, nil
+	return &rpc.GroupResp{Group: a.g.info, Version: a.g.ver}, nil
 }
 
 // dropSuspects rewrites t's mirror log without the suspects taken.

@@ -101,6 +101,7 @@ func Open(cfg Config) (*Server, error) {
 	s.peers.m = map[string]*transport.Client{}
 	s.mm = newMirrorMetrics(s.m.reg)
 	s.groups.changed = s.groupsChanged
+	s.groups.log = s.log
 	s.cache = newChunkCache(s, cfg.MaxOpenChunks)
 	s.heal = newHealer(s)
 	s.setPeerFinder(s.groups)
