@@ -140,3 +140,62 @@ func BenchmarkCreate64(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCreateClose is a FUSE mount's creates closed one by one under
+// the sync policy: 4 callers, each its own session and directory, each
+// create followed by the close's barrier (MSync for the create's entry).
+// The leader's early write-out of the log (consensus wal.go, "hot")
+// serves this shape.
+func BenchmarkCreateClose(b *testing.B) { benchChanges(b, "create", true) }
+
+// BenchmarkUnlink and BenchmarkUnlinkSync remove files (4 callers), the
+// second with a barrier after each (an NFS REMOVE on a sync export).
+func BenchmarkUnlink(b *testing.B)     { benchChanges(b, "unlink", false) }
+func BenchmarkUnlinkSync(b *testing.B) { benchChanges(b, "unlink", true) }
+
+func benchChanges(b *testing.B, op string, barrier bool) {
+	quietLogs(b)
+	s := openService(b, testConfig(b, ""))
+	setup := newClient(b, s.Addr())
+	setup.registerTargets("127.0.0.1:1", "u1", "u2")
+	const callers = 4
+	per := (b.N + callers - 1) / callers
+	clients := make([]*client, callers)
+	dirs := make([]uint64, callers)
+	for i := range clients {
+		clients[i] = newClient(b, s.Addr())
+		dirs[i] = clients[i].mustCreate(1, fmt.Sprintf("d%d", i), 0o040755).Ino
+		for k := 0; op == "unlink" && k < per; k++ {
+			clients[i].mustCreate(dirs[i], fmt.Sprintf("f%d", k), 0o100644)
+		}
+	}
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; k < per; k++ {
+				var r rpc.ChangeResp
+				m := rpc.MCreate
+				var req rpc.Message = &rpc.CreateReq{Hdr: c.hdr(), Parent: dirs[i], Name: fmt.Sprintf("f%d", k), Mode: 0o100644}
+				if op == "unlink" {
+					m, req = rpc.MUnlink, &rpc.EntryReq{Hdr: c.hdr(), Parent: dirs[i], Name: fmt.Sprintf("f%d", k)}
+				}
+				if err := c.call(m, req, &r); err != nil {
+					b.Error(err)
+					return
+				}
+				if barrier {
+					if err := c.call(rpc.MSync, &rpc.SyncReq{Index: r.Index, Term: r.Term}, &rpc.SyncResp{}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(per*callers)/b.Elapsed().Seconds(), op+"s/s")
+}

@@ -138,6 +138,9 @@ func (x *opCtx) dir(ino uint64) (*schema.Inode, error) {
 
 func (x *opCtx) dentry(parent uint64, name string) (schema.Dentry, bool, error) {
 	x.buf = schema.AppendDentryKey(x.buf[:0], parent, name)
+	if de, found, ok := x.f.entryForApply(x.buf); ok {
+		return de, found, nil // a map read, not a point read of the memtable
+	}
 	v, err := x.b.Get(x.buf)
 	if errors.Is(err, kv.ErrNotFound) {
 		return schema.Dentry{}, false, nil

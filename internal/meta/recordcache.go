@@ -241,3 +241,21 @@ func (f *fsm) cachedForApply(ino uint64, dst *schema.Inode) bool {
 	*dst = in
 	return true
 }
+
+// entryForApply answers an apply's read of the entry under key without the
+// store when it can: the batch's own value if the batch being applied wrote
+// the key (found false: deleted), else the cached committed value (an
+// unlink's or a rename's entry, cached by the create or lookup before);
+// ok false when neither knows. Called with f.mu held, as cachedForApply.
+func (f *fsm) entryForApply(key []byte) (de schema.Dentry, found, ok bool) {
+	if p, in := f.batch.entries[string(key)]; in {
+		if p == nil {
+			return schema.Dentry{}, false, true
+		}
+		return *p, true, true
+	}
+	if de, _, cached := f.cache.entry(key); cached {
+		return de, true, true
+	}
+	return schema.Dentry{}, false, false
+}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratafs/strata/internal/meta/schema"
 	"github.com/stratafs/strata/internal/rpc"
 )
 
@@ -228,4 +229,61 @@ func TestRecordCacheEntries(t *testing.T) {
 	if a := c.mustGetattr(a.Ino); a.Nlink != 1 {
 		t.Fatalf("nlink after unlink of one of two names: %d", a.Nlink)
 	}
+}
+
+// An apply reads the entries an earlier command of its own batch wrote,
+// not the cached committed ones: in one batch, a cached name removed is
+// absent for the next command, re-created is the new file, renamed is
+// under its new name only. (FIFOs: no storage targets needed.)
+func TestApplyEntriesWithinBatch(t *testing.T) {
+	f := newTestFSM(t)
+	cmd := func(c command) []byte { c.Now = 2; return c.encode(nil) }
+	ino := func(what string, r *result) uint64 {
+		t.Helper()
+		if r.errno != 0 {
+			t.Fatalf("%s: %v %s", what, r.errno, r.msg)
+		}
+		ch, ok := r.reply().(*rpc.ChangeResp)
+		if !ok {
+			t.Fatalf("%s answered %T", what, r.reply())
+		}
+		return ch.Attr.Ino
+	}
+	absent := func(what string, r *result) {
+		t.Helper()
+		if r.errno != syscall.ENOENT {
+			t.Fatalf("%s: errno %v (%s), want ENOENT", what, r.errno, r.msg)
+		}
+	}
+	f.applyLocal([][]byte{(&command{Op: opInit, Now: 1}).encode(nil)})
+	first := ino("create", f.applyLocal([][]byte{cmd(command{Op: opCreate, Parent: 1, Name: "x", Mode: modeFifo | 0o644})})[0])
+	if _, found, ok := f.entryForApply(schema.DentryKey(1, "x")); !ok || !found {
+		t.Fatal("a committed create's entry is not cached")
+	}
+	r := f.applyLocal([][]byte{
+		cmd(command{Op: opUnlink, Parent: 1, Name: "x"}),
+		cmd(command{Op: opUnlink, Parent: 1, Name: "x"}),
+		cmd(command{Op: opCreate, Parent: 1, Name: "x", Mode: modeFifo | 0o644}),
+		cmd(command{Op: opRename, Parent: 1, Name: "x", NewParent: 1, NewName: "y"}),
+		cmd(command{Op: opUnlink, Parent: 1, Name: "x"}),
+		cmd(command{Op: opUnlink, Parent: 1, Name: "y"}),
+	})
+	if got := ino("unlink", r[0]); got != first {
+		t.Fatalf("unlink removed inode %d, want %d", got, first)
+	}
+	absent("second unlink in the batch", r[1])
+	second := ino("create again", r[2])
+	if second == first {
+		t.Fatalf("re-created x has the removed file's inode %d", first)
+	}
+	if r[3].errno != 0 {
+		t.Fatalf("rename: %v %s", r[3].errno, r[3].msg)
+	}
+	absent("unlink of the renamed name", r[4])
+	if got := ino("unlink of the new name", r[5]); got != second {
+		t.Fatalf("unlink y removed inode %d, want %d", got, second)
+	}
+	r = f.applyLocal([][]byte{cmd(command{Op: opUnlink, Parent: 1, Name: "y"}), cmd(command{Op: opUnlink, Parent: 1, Name: "x"})})
+	absent("unlink y in the next batch", r[0])
+	absent("unlink x in the next batch", r[1])
 }
