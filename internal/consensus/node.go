@@ -78,7 +78,14 @@ type Config struct {
 	HeartbeatTimeout time.Duration
 	ElectionTimeout  time.Duration
 	// MaxAppendEntries bounds one group commit (entries per fsync and per
-	// ApplyBatch); default 512.
+	// ApplyBatch); default 128. hashicorp/raft allocates a slice of this
+	// many pointers at every commit (processLogs), on every voter: at 512
+	// that was 4 KiB, a third of the bytes an unlink allocated. Batches
+	// under load rarely pass a few dozen entries; 128 measured better
+	// than 512 in three alternated rounds on one voter (creates closed one
+	// by one 17.3-17.9 K/s against 9.4-16.5 K, unlinks 29.7-32.9 K against
+	// 19.2-28.7 K, an async NFS REMOVE 47-55 us against 55-86 us) and no
+	// worse with three voters.
 	MaxAppendEntries int
 	// SnapshotThreshold: entries since the last snapshot that trigger a new
 	// one; default 16384. TrailingLogs kept after a snapshot; default 10240.
@@ -147,7 +154,7 @@ func Open(cfg Config) (n *Node, err error) {
 		cfg.ElectionTimeout = 500 * time.Millisecond
 	}
 	if cfg.MaxAppendEntries <= 0 {
-		cfg.MaxAppendEntries = 512
+		cfg.MaxAppendEntries = 128
 	}
 	if cfg.SnapshotThreshold == 0 {
 		cfg.SnapshotThreshold = 16384
