@@ -157,6 +157,9 @@ type chunk struct {
 		dirty   bool // the on-disk header says dirty (or will before any data write)
 		removed bool // files unlinked; the handle must not be used for writes
 	}
+	// pages: the sidecar's sums of recently read regions (sumcache.go).
+	pages sumPages
+
 	// gen counts mutations; Sync clears the flag only if it did not move.
 	gen atomic.Uint64
 	// dirtyEpoch is the target's error epoch (groupSync.errEpoch) when
@@ -728,7 +731,7 @@ func (c *chunk) read(s *Server, off int64, n int, dest []byte) (*readResp, error
 	sp := getBuf(int(4 * nb))
 	defer putBuf(sp)
 	sums := *sp
-	k, err := c.readSums(sums, a0>>blockShift)
+	k, err := c.readSumsCached(sums, a0>>blockShift)
 	if err != nil {
 		putBuf(bp)
 		return nil, c.ioErr("read sums", off, err)
@@ -968,6 +971,7 @@ func removeChunkFiles(t *target, ino uint64) error {
 
 // closeFiles closes the descriptors. Called once, with no references left.
 func (c *chunk) closeFiles() {
+	c.pages.dropAll()
 	if c.dataFd >= 0 {
 		unix.Close(c.dataFd)
 		c.dataFd = -1
