@@ -184,7 +184,7 @@ func (c *chunk) open(create bool, s *Server) error {
 	dataPath := filepath.Join(dir, base+".data")
 	sumPath := filepath.Join(dir, base+".sum")
 	created := false
-	fd, err := openRetry(dataPath, unix.O_RDWR, 0)
+	fd, err := c.t.openChunkFile(dataPath, unix.O_RDWR, 0)
 	if errors.Is(err, unix.ENOENT) {
 		if !create {
 			return errNotExist
@@ -195,10 +195,10 @@ func (c *chunk) open(create bool, s *Server) error {
 		if err := c.t.makeChunkDir(dir); err != nil {
 			return c.ioErr("create chunk directory", 0, err)
 		}
-		fd, err = openRetry(dataPath, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o644)
+		fd, err = c.t.openChunkFile(dataPath, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o644)
 		created = err == nil
 		if errors.Is(err, unix.EEXIST) {
-			fd, err = openRetry(dataPath, unix.O_RDWR, 0)
+			fd, err = c.t.openChunkFile(dataPath, unix.O_RDWR, 0)
 		}
 	}
 	if err != nil {
@@ -218,7 +218,7 @@ func (c *chunk) open(create bool, s *Server) error {
 			c.inl.Store(&inlineSums{flags: flagDirty})
 		} else {
 			// A leftover sidecar (a remove cut by a crash) is stale: truncate.
-			sfd, err := openRetry(sumPath, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
+			sfd, err := c.t.openChunkFile(sumPath, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
 			if err != nil {
 				return c.ioErr("create sidecar", 0, err)
 			}
@@ -255,7 +255,7 @@ func (c *chunk) open(create bool, s *Server) error {
 	}
 	state := headerMissing
 	var hdr sumHeader
-	sfd, err := openRetry(sumPath, unix.O_RDWR, 0)
+	sfd, err := c.t.openChunkFile(sumPath, unix.O_RDWR, 0)
 	if errors.Is(err, unix.ENOENT) {
 		if c.t.sums == sumsInline {
 			// Neither form: a new chunk (or a conversion) cut by a crash,
@@ -267,7 +267,7 @@ func (c *chunk) open(create bool, s *Server) error {
 			}
 			return c.recover(s, headerMissing)
 		}
-		sfd, err = openRetry(sumPath, unix.O_RDWR|unix.O_CREAT, 0o644)
+		sfd, err = c.t.openChunkFile(sumPath, unix.O_RDWR|unix.O_CREAT, 0o644)
 	} else if err == nil {
 		var b [sumHeaderBytes]byte
 		n, rerr := preadFull(sfd, b[:], 0)
@@ -998,6 +998,28 @@ func errnoOf(err error) syscall.Errno {
 		return en
 	}
 	return syscall.EIO
+}
+
+// openChunkFile opens a chunk's data file or sidecar with O_NOATIME: a
+// chunk file's access time means nothing to Strata, and with the usual
+// relatime the first read of a chunk written since its last read would
+// otherwise dirty its inode — a journal handle in the read and an inode
+// block written back later, for every small file of a cold read phase.
+// O_NOATIME needs the caller to own the file (or CAP_FOWNER): on EPERM the
+// open is made without it, and if that works, never tried again on t.
+func (t *target) openChunkFile(path string, flags int, mode uint32) (int, error) {
+	if !t.atimeDenied.Load() {
+		fd, err := openRetry(path, flags|unix.O_NOATIME, mode)
+		if err != unix.EPERM {
+			return fd, err
+		}
+		fd, err = openRetry(path, flags, mode)
+		if err == nil {
+			t.atimeDenied.Store(true)
+		}
+		return fd, err
+	}
+	return openRetry(path, flags, mode)
 }
 
 // System call helpers: retry EINTR, loop over short transfers.
