@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/testutil"
 )
@@ -332,3 +333,46 @@ func TestOpenReadsSmallFileMeanwhile(t *testing.T) {
 
 // raHits is how many reads c answered from read-ahead memory.
 func raHits(t *testing.T, c *Client) float64 { return counterValue(t, c.m.raHits) }
+
+// TestOpenReadStalledStoreGivesEIO: the read an open starts runs the
+// in-process store's handler on its own goroutine (transport.OnCaller),
+// where a stalled disk holds it; the file's first read still fails with
+// EIO after the IO timeout instead of waiting for the disk, and once the
+// disk answers again the file reads normally.
+func TestOpenReadStalledStoreGivesEIO(t *testing.T) {
+	tc := startCluster(t, clusterOpts{stores: 1, targets: 1})
+	const timeout = 300 * time.Millisecond
+	c := tc.client(func(cfg *Config) { cfg.IOTimeout = timeout })
+	v := bytes.Repeat([]byte("s"), 3901)
+	ino := writeWhole(t, tc.client(nil), "stalled", v)
+	ctx := context.Background()
+	if _, err := c.Lookup(ctx, 1, "stalled"); err != nil { // the open reads meanwhile
+		t.Fatal(err)
+	}
+	t.Cleanup(failpoint.DisarmAll)
+	if err := failpoint.Arm("store/before-read", "1*sleep(4s)"); err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.Open(ctx, ino, syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 8192)
+	start := time.Now()
+	_, err = f.ReadAt(ctx, buf, 0)
+	if !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read while the store's disk stalls: %v after %v, want EIO after the %v IO timeout", err, time.Since(start), timeout)
+	}
+	f.Release(ctx)
+	if failpoint.Armed()["store/before-read"] != 1 {
+		t.Fatal("the open's read did not reach the stalled store")
+	}
+	f, err = c.Open(ctx, ino, syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Release(ctx)
+	if k, err := f.ReadAt(ctx, buf, 0); err != nil || !bytes.Equal(buf[:k], v) {
+		t.Fatalf("read after the stall: %d bytes, %v", k, err)
+	}
+}

@@ -2,7 +2,12 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // raBlockBytes is the unit of read-ahead: aligned 1 MiB pieces of the file.
@@ -95,12 +100,16 @@ func (ra *readahead) read(ctx context.Context, p []byte, off, size int64, gen ui
 			bufs = make([][]byte, 0, len(use))
 		}
 		for _, b := range use {
-			select {
-			case <-b.done:
-			case <-ctx.Done():
-				ok = false
+			done, err := c.waitBlock(ctx, b)
+			if err != nil {
+				ra.mu.Lock()
+				for _, b := range use {
+					ra.unrefLocked(b)
+				}
+				ra.mu.Unlock()
+				return ReadData{}, err
 			}
-			if !ok || b.err != nil {
+			if !done || b.err != nil {
 				ok = false
 				break
 			}
@@ -162,13 +171,36 @@ func (ra *readahead) prefetchLocked(from, size int64, gen uint64) {
 		}
 		b := &raBlock{off: off, n: n, buf: getBuf()[:n], gen: gen, done: make(chan struct{}), refs: 1}
 		ra.blocks = append(ra.blocks, b)
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.IOTimeout)
+		transport.Go(func() {
+			ctx, cancel := context.WithTimeout(transport.OnCaller(context.Background()), c.cfg.IOTimeout)
 			b.err = c.readRange(ctx, in, b.buf, b.off, true)
 			cancel()
 			c.m.bytesRA.Add(float64(b.n))
 			close(b.done)
-		}()
+		})
+	}
+}
+
+// waitBlock waits until b's read finished, for ctx and at most IOTimeout:
+// the read runs an in-process store's handler on its own goroutine
+// (transport.OnCaller), which a stuck disk would hold, so the bound of the
+// wait is the reader's. done is false when ctx ended first; a read that
+// did not finish in time is EIO, as a store call that timed out.
+func (c *Client) waitBlock(ctx context.Context, b *raBlock) (done bool, err error) {
+	select {
+	case <-b.done:
+		return true, nil
+	default:
+	}
+	t := time.NewTimer(c.cfg.IOTimeout)
+	defer t.Stop()
+	select {
+	case <-b.done:
+		return true, nil
+	case <-ctx.Done():
+		return false, nil
+	case <-t.C:
+		return false, fmt.Errorf("read-ahead of %d bytes at %d not answered within %v: %w", b.n, b.off, c.cfg.IOTimeout, syscall.EIO)
 	}
 }
 

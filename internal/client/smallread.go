@@ -9,6 +9,7 @@ import (
 
 	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/transport"
 )
 
 // Opening a small file for reading overlaps the open's attribute read
@@ -102,13 +103,13 @@ func (c *Client) startOpenRead(ino uint64, flags int) *openRead {
 	n := int64(l.size)
 	r := &openRead{c: c, b: &raBlock{n: n, buf: make([]byte, n), done: make(chan struct{}), refs: 1}, mtime: l.mtime, layout: l.layout}
 	tmp := &inode{c: c, ino: ino, layout: l.layout} // readRange reads ino and layout only
-	go func() {
-		ctx, cancel := withDeadline(context.Background(), time.Now().Add(c.cfg.IOTimeout))
+	transport.Go(func() {
+		ctx, cancel := withDeadline(transport.OnCaller(context.Background()), time.Now().Add(c.cfg.IOTimeout))
 		r.b.err = c.readRange(ctx, tmp, r.b.buf, 0, true)
 		cancel()
 		c.m.bytesRA.Add(float64(n))
 		close(r.b.done)
-	}()
+	})
 	return r
 }
 

@@ -40,11 +40,11 @@ func (fs *fileSystem) openFlags(f *client.File, flags uint32) uint32 {
 		return gofuse.FOPEN_DIRECT_IO
 	}
 	a := f.Attr()
-	prev, ok := fs.reported.Load(a.Ino)
-	if ok && prev.(reportedAttr) == (reportedAttr{size: a.Size, mtime: a.Mtime}) {
+	now := reportedAttr{size: a.Size, mtime: a.Mtime}
+	prev, ok := fs.notes.report(a.Ino, now)
+	if ok && prev == now {
 		return gofuse.FOPEN_KEEP_CACHE
 	}
-	fs.reported.Store(a.Ino, reportedAttr{size: a.Size, mtime: a.Mtime})
 	// An O_TRUNC open (atomic_o_trunc) has the kernel set the size to 0
 	// and drop the pages itself when it gets the answer. A notification
 	// now would only count as an attribute change racing with the reads
@@ -202,7 +202,7 @@ func (fs *fileSystem) Flush(cancel <-chan struct{}, in *gofuse.FlushIn) gofuse.S
 		// the next open if nobody else changes the file.
 		a := h.f.Committed()
 		if a.Ino != 0 {
-			fs.reported.Store(a.Ino, reportedAttr{size: a.Size, mtime: a.Mtime})
+			fs.notes.report(a.Ino, reportedAttr{size: a.Size, mtime: a.Mtime})
 			fs.noteBlocks(&a)
 		}
 	}
@@ -277,8 +277,7 @@ func (fs *fileSystem) noteBlocks(a *rpc.Attr) {
 	if !a.BlocksKnown || a.Ino == 0 {
 		return
 	}
-	if v, ok := fs.blocks.Load(a.Ino); ok && v.(uint64) != a.Blocks && fs.server != nil {
-		fs.blocks.Store(a.Ino, a.Blocks)
+	if fs.server != nil && fs.notes.blocksChanged(a.Ino, a.Blocks) {
 		fs.server.InodeNotify(a.Ino, -1, 0) // attributes only
 	}
 }

@@ -29,16 +29,9 @@ type fileSystem struct {
 	files  sync.Map // fh → *fileHandle
 	dirs   sync.Map // fh → *dirHandle
 
-	// reported remembers the size and mtime last sent to the kernel for
-	// each inode, so that open can tell whether the kernel's page cache is
-	// still valid (close-to-open). Entries are small; they are dropped
-	// when the kernel forgets the inode.
-	reported sync.Map // ino → reportedAttr
-	// blocks remembers the st_blocks last sent to the kernel for a
-	// regular file whose space is known, so that a close whose size
-	// commit changed it can have the kernel drop its cached attributes
-	// (du right after cp sees the copy's space).
-	blocks sync.Map // ino → uint64
+	// notes: the size, mtime and st_blocks last told the kernel of each
+	// regular file (notes.go).
+	notes inodeNotes
 
 	// lockOwners records, per inode, the POSIX lock owners that took
 	// record locks through this mount, so that flush can release them
@@ -47,11 +40,6 @@ type fileSystem struct {
 	lockOwners map[uint64]map[uint64]struct{}
 
 	stale staleOpens // OPENs of removed inodes answered ESTALE (stale.go)
-}
-
-type reportedAttr struct {
-	size  uint64
-	mtime int64
 }
 
 var _ gofuse.RawFileSystem = (*fileSystem)(nil)
@@ -102,7 +90,6 @@ func (fs *fileSystem) fillAttr(a *rpc.Attr, out *gofuse.Attr) {
 	out.Blocks = (a.Size + 511) / 512 // as if dense, when the space is not known
 	if a.BlocksKnown && a.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		out.Blocks = a.Blocks // what the chunks take (du, sparse-aware copies)
-		fs.blocks.Store(a.Ino, a.Blocks)
 	}
 	out.Atime, out.Atimensec = splitNs(a.Atime)
 	out.Mtime, out.Mtimensec = splitNs(a.Mtime)
@@ -117,7 +104,7 @@ func (fs *fileSystem) fillAttr(a *rpc.Attr, out *gofuse.Attr) {
 		if a.Layout.StripeSize != 0 {
 			out.Blksize = min(a.Layout.StripeSize, 1<<20)
 		}
-		fs.reported.Store(a.Ino, reportedAttr{size: a.Size, mtime: a.Mtime})
+		fs.notes.tell(a.Ino, reportedAttr{size: a.Size, mtime: a.Mtime}, a.Blocks, a.BlocksKnown)
 	}
 }
 
@@ -154,8 +141,7 @@ func (fs *fileSystem) Lookup(cancel <-chan struct{}, h *gofuse.InHeader, name st
 // what the adapter remembered of what it told the kernel goes too, so that
 // a scan of millions of files does not leave an entry per file behind.
 func (fs *fileSystem) Forget(nodeid, nlookup uint64) {
-	fs.reported.Delete(nodeid)
-	fs.blocks.Delete(nodeid)
+	fs.notes.forget(nodeid)
 	// No open file is left on it in this mount, so no lock through one:
 	// the owners noted for its flushes (OFD owners, which no flush names,
 	// stayed until now) go too.

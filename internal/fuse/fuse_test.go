@@ -363,11 +363,6 @@ func TestForgetDropsInodeNotes(t *testing.T) {
 	for i := 0; i < n; i++ {
 		must(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d", i)), []byte("x"), 0o644))
 	}
-	count := func(m *sync.Map) int {
-		k := 0
-		m.Range(func(any, any) bool { k++; return true })
-		return k
-	}
 	// Held open, the files' inodes stay in the kernel even if another test
 	// of the suite drops caches meanwhile (a lookup after such a drop makes
 	// the notes anew).
@@ -389,7 +384,8 @@ func TestForgetDropsInodeNotes(t *testing.T) {
 		defer fs.lockMu.Unlock()
 		return len(fs.lockOwners)
 	}
-	r, b, o := count(&fs.reported), count(&fs.blocks), owners()
+	r, b := fs.notes.count()
+	o := owners()
 	for _, f := range open {
 		f.Close()
 	}
@@ -400,7 +396,8 @@ func TestForgetDropsInodeNotes(t *testing.T) {
 	for {
 		unix.Sync()
 		must(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0o644))
-		r, b, o := count(&fs.reported), count(&fs.blocks), owners()
+		r, b := fs.notes.count()
+		o := owners()
 		if r < n/10 && b < n/10 && o < locked/10 {
 			return
 		}

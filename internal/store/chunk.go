@@ -157,6 +157,9 @@ type chunk struct {
 		dirty   bool // the on-disk header says dirty (or will before any data write)
 		removed bool // files unlinked; the handle must not be used for writes
 	}
+	// pages: the sidecar's sums of recently read regions (sumcache.go).
+	pages sumPages
+
 	// gen counts mutations; Sync clears the flag only if it did not move.
 	gen atomic.Uint64
 	// dirtyEpoch is the target's error epoch (groupSync.errEpoch) when
@@ -181,7 +184,7 @@ func (c *chunk) open(create bool, s *Server) error {
 	dataPath := filepath.Join(dir, base+".data")
 	sumPath := filepath.Join(dir, base+".sum")
 	created := false
-	fd, err := openRetry(dataPath, unix.O_RDWR, 0)
+	fd, err := c.t.openChunkFile(dataPath, unix.O_RDWR, 0)
 	if errors.Is(err, unix.ENOENT) {
 		if !create {
 			return errNotExist
@@ -192,10 +195,10 @@ func (c *chunk) open(create bool, s *Server) error {
 		if err := c.t.makeChunkDir(dir); err != nil {
 			return c.ioErr("create chunk directory", 0, err)
 		}
-		fd, err = openRetry(dataPath, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o644)
+		fd, err = c.t.openChunkFile(dataPath, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o644)
 		created = err == nil
 		if errors.Is(err, unix.EEXIST) {
-			fd, err = openRetry(dataPath, unix.O_RDWR, 0)
+			fd, err = c.t.openChunkFile(dataPath, unix.O_RDWR, 0)
 		}
 	}
 	if err != nil {
@@ -215,7 +218,7 @@ func (c *chunk) open(create bool, s *Server) error {
 			c.inl.Store(&inlineSums{flags: flagDirty})
 		} else {
 			// A leftover sidecar (a remove cut by a crash) is stale: truncate.
-			sfd, err := openRetry(sumPath, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
+			sfd, err := c.t.openChunkFile(sumPath, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o644)
 			if err != nil {
 				return c.ioErr("create sidecar", 0, err)
 			}
@@ -252,7 +255,7 @@ func (c *chunk) open(create bool, s *Server) error {
 	}
 	state := headerMissing
 	var hdr sumHeader
-	sfd, err := openRetry(sumPath, unix.O_RDWR, 0)
+	sfd, err := c.t.openChunkFile(sumPath, unix.O_RDWR, 0)
 	if errors.Is(err, unix.ENOENT) {
 		if c.t.sums == sumsInline {
 			// Neither form: a new chunk (or a conversion) cut by a crash,
@@ -264,7 +267,7 @@ func (c *chunk) open(create bool, s *Server) error {
 			}
 			return c.recover(s, headerMissing)
 		}
-		sfd, err = openRetry(sumPath, unix.O_RDWR|unix.O_CREAT, 0o644)
+		sfd, err = c.t.openChunkFile(sumPath, unix.O_RDWR|unix.O_CREAT, 0o644)
 	} else if err == nil {
 		var b [sumHeaderBytes]byte
 		n, rerr := preadFull(sfd, b[:], 0)
@@ -728,7 +731,7 @@ func (c *chunk) read(s *Server, off int64, n int, dest []byte) (*readResp, error
 	sp := getBuf(int(4 * nb))
 	defer putBuf(sp)
 	sums := *sp
-	k, err := c.readSums(sums, a0>>blockShift)
+	k, err := c.readSumsCached(sums, a0>>blockShift)
 	if err != nil {
 		putBuf(bp)
 		return nil, c.ioErr("read sums", off, err)
@@ -968,6 +971,7 @@ func removeChunkFiles(t *target, ino uint64) error {
 
 // closeFiles closes the descriptors. Called once, with no references left.
 func (c *chunk) closeFiles() {
+	c.pages.dropAll()
 	if c.dataFd >= 0 {
 		unix.Close(c.dataFd)
 		c.dataFd = -1
@@ -994,6 +998,28 @@ func errnoOf(err error) syscall.Errno {
 		return en
 	}
 	return syscall.EIO
+}
+
+// openChunkFile opens a chunk's data file or sidecar with O_NOATIME: a
+// chunk file's access time means nothing to Strata, and with the usual
+// relatime the first read of a chunk written since its last read would
+// otherwise dirty its inode — a journal handle in the read and an inode
+// block written back later, for every small file of a cold read phase.
+// O_NOATIME needs the caller to own the file (or CAP_FOWNER): on EPERM the
+// open is made without it, and if that works, never tried again on t.
+func (t *target) openChunkFile(path string, flags int, mode uint32) (int, error) {
+	if !t.atimeDenied.Load() {
+		fd, err := openRetry(path, flags|unix.O_NOATIME, mode)
+		if err != unix.EPERM {
+			return fd, err
+		}
+		fd, err = openRetry(path, flags, mode)
+		if err == nil {
+			t.atimeDenied.Store(true)
+		}
+		return fd, err
+	}
+	return openRetry(path, flags, mode)
 }
 
 // System call helpers: retry EINTR, loop over short transfers.

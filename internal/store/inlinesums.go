@@ -218,6 +218,7 @@ func (c *chunk) readSums(dst []byte, b0 int64) (int, error) {
 func (c *chunk) writeSums(src []byte, b0 int64) (int, error) {
 	inl := c.inl.Load()
 	if inl == nil {
+		defer c.pages.drop(b0, b0+int64(len(src))/4)
 		return pwritePartial(c.sumFd, src, sumOff(b0))
 	}
 	end := 4*b0 + int64(len(src))
@@ -246,6 +247,7 @@ func (c *chunk) writeSums(src []byte, b0 int64) (int, error) {
 func (c *chunk) truncateSums(nb int64) error {
 	inl := c.inl.Load()
 	if inl == nil {
+		defer c.pages.drop(nb, -1)
 		return unix.Ftruncate(c.sumFd, sumOff(nb))
 	}
 	inl.mu.Lock()
@@ -265,6 +267,7 @@ func (c *chunk) truncateSums(nb int64) error {
 func (c *chunk) zeroSumRange(b0, b1 int64) error {
 	inl := c.inl.Load()
 	if inl == nil {
+		defer c.pages.drop(b0, b1)
 		return zeroSums(c.sumFd, b0, b1)
 	}
 	n := max(0, min(b1, int64(len(inl.sums))/4)-b0)

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stratafs/strata/internal/failpoint"
 	"github.com/stratafs/strata/internal/layout"
 	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/transport"
@@ -473,6 +474,7 @@ func (s *Server) handleRead(ctx context.Context, r *rpc.ReadReq) (*readResp, err
 	if err != nil {
 		return nil, s.failed(err)
 	}
+	failpoint.Hit("store/before-read") // a stalled disk, for the callers' bounds
 	dest := transport.LocalReadDest(ctx)
 	resp, err := c.read(s, int64(r.Off), int(r.Len), dest)
 	if err != nil && rpc.IsGroup(group) {

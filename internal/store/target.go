@@ -152,6 +152,11 @@ type target struct {
 
 	id atomic.Uint32 // id assigned by the metadata service (or 1..n standalone)
 
+	// atimeDenied: an O_NOATIME open of a chunk file was refused (files
+	// of another owner, openChunkFile); chunk files are opened without it
+	// from then on.
+	atimeDenied atomic.Bool
+
 	// identMu serializes rewrites of the identity file.
 	identMu sync.Mutex
 	// inoCeiling is the identity file's InoCeiling; inoHigh is what the

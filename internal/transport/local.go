@@ -29,6 +29,7 @@ import (
 // handler runs in its own goroutine so the caller's deadline and
 // cancellation still bound the wait — except for methods the server marked
 // Inline (reads of its own memory or local store, done in microseconds),
+// and for callers that bound their waiters' waits themselves (OnCaller),
 // which run on the caller's goroutine — and a closed server is no longer
 // registered, so calls fall back to dialling and fail as for a dead peer.
 // Processes that host only one role (strata meta, strata store, strata
@@ -168,7 +169,7 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		return &rpc.Error{Errno: syscall.ENOSYS, Msg: fmt.Sprintf("method %d not served here", m)}
 	}
 	t, isTailer := req.(rpc.Tailer)
-	if s.inline[m] && !isTailer {
+	if !isTailer && (s.inline[m] || onCaller(ctx)) {
 		return c.callInline(ctx, s, h, deadline, m, req, resp)
 	}
 	var e rpc.Enc
@@ -201,10 +202,7 @@ func (c *Client) callLocal(ctx context.Context, s *Server, deadline time.Time, m
 		timeout = timer.C
 	}
 	// handOver: the answer's tail may be passed to resp without encoding.
-	td, handOver := resp.(rpc.TailDecoder)
-	if co, ok := resp.(rpc.CopyingDecoder); !handOver || !ok || !co.CopiesOut() {
-		handOver = false
-	}
+	td, handOver := tailDecoder(resp)
 	var mu sync.Mutex // orders the hand-over against the caller giving up
 	abandoned := false
 	done := make(chan localResult, 1)
@@ -303,16 +301,42 @@ func handlerCtx(ctx context.Context, lent *lendGuard, resp rpc.Message) context.
 	return hctx
 }
 
+// tailDecoder returns resp as a TailDecoder when an in-process answer's
+// tail may be handed to it without encoding (it copies out).
+func tailDecoder(resp rpc.Message) (rpc.TailDecoder, bool) {
+	td, ok := resp.(rpc.TailDecoder)
+	if co, cok := resp.(rpc.CopyingDecoder); !ok || !cok || !co.CopiesOut() {
+		return nil, false
+	}
+	return td, true
+}
+
+// OnCaller marks ctx as a caller's that may run an in-process handler
+// on its own goroutine, as for an Inline method, whatever the method: a
+// background goroutine (a client's read-ahead) whose waiters bound their
+// own waits, so that nobody needs it to give up while a handler is stuck
+// in a system call. It saves the hand-over to a worker and back.
+func OnCaller(ctx context.Context) context.Context {
+	return context.WithValue(ctx, onCallerKey{}, true)
+}
+
+type onCallerKey struct{}
+
+func onCaller(ctx context.Context) bool {
+	v, _ := ctx.Value(onCallerKey{}).(bool)
+	return v
+}
+
 // inlineBufs recycles the request encodings of Inline calls: the handler
 // has returned before the buffer goes back, and handlers keep no request
 // bytes after returning.
 var inlineBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
-// callInline runs the handler of an Inline method on the caller's
-// goroutine (a quick read: no goroutine hand-over, no channel, no result
-// to hand over, since nobody can give up while it runs) and decodes its
-// answer into resp. A handler that waits does so within its context,
-// which ends by deadline.
+// callInline runs the handler of an Inline method (or any method, for a
+// caller marked OnCaller) on the caller's goroutine (no goroutine
+// hand-over, no channel, no result to hand over, since nobody can give up
+// while it runs) and decodes its answer into resp. A handler that waits
+// does so within its context, which ends by deadline.
 func (c *Client) callInline(ctx context.Context, s *Server, h HandlerFunc, deadline time.Time, m rpc.Method, req, resp rpc.Message) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w: call %d to %s: %v", ErrUnavailable, m, c.addr, err)
@@ -358,6 +382,19 @@ func (c *Client) callInline(ctx context.Context, s *Server, h HandlerFunc, deadl
 		return nil
 	}
 	var oe rpc.Enc
+	if t, ok := out.(rpc.Tailer); ok {
+		if td, ok := tailDecoder(resp); ok {
+			// A read's bytes go straight from the handler's buffer (or
+			// the caller's own, ReadResp.Direct) into the destination.
+			tail := t.EncodeHead(&oe)
+			d := rpc.NewDec(oe.B)
+			td.DecodeTail(d, tail)
+			if d.Err() != nil {
+				return fmt.Errorf("response %d from %s: %w", m, c.addr, d.Err())
+			}
+			return nil
+		}
+	}
 	if out != nil {
 		out.Encode(&oe)
 	}
@@ -381,6 +418,12 @@ var (
 	localWork    = make(chan func())
 	localWorkers atomic.Int32 // long-lived workers started so far
 )
+
+// Go runs f on one of the same pool's long-lived goroutines (or a goroutine
+// of its own when none is idle and the pool is full): for callers that
+// start short background work per request, such as the client's
+// read-ahead, whose goroutines would otherwise grow a fresh stack each time.
+func Go(f func()) { goLocal(f) }
 
 func goLocal(f func()) {
 	select {

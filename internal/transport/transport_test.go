@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -458,6 +459,63 @@ func TestInProcessDirectRead(t *testing.T) {
 		t.Fatal("without Direct the handler was given the destination, or the copy failed")
 	}
 }
+
+// TestInProcessOnCaller: a caller marked OnCaller runs any method's
+// handler on its own goroutine, and a read answer still reaches it as on
+// the hand-over path: straight into Into when Direct, copied into Into
+// otherwise, the handler's buffer released after the copy. Unmarked
+// callers keep the hand-over to a worker.
+func TestInProcessOnCaller(t *testing.T) {
+	s := NewServer(nil)
+	onCaller := func() bool {
+		buf := make([]byte, 64<<10)
+		return strings.Contains(string(buf[:runtime.Stack(buf, false)]), ".TestInProcessOnCaller(")
+	}
+	var released atomic.Int32
+	Handle(s, rpc.SRead, func(ctx context.Context, r *rpc.ReadReq) (*releasingRead, error) {
+		if want := r.Off == 1; onCaller() != want {
+			return nil, rpc.Errorf(syscall.EIO, "handler on the caller's goroutine: %v, want %v", !want, want)
+		}
+		if dst := LocalReadDest(ctx); dst != nil {
+			for i := range dst[:r.Len] {
+				dst[i] = 'x'
+			}
+			return &releasingRead{ReadResp: rpc.ReadResp{Data: dst[:r.Len]}, n: &released}, nil
+		}
+		return &releasingRead{ReadResp: rpc.ReadResp{Data: bytes.Repeat([]byte{'c'}, int(r.Len))}, n: &released}, nil
+	})
+	c := serveInProcess(t, s, nil)
+	here := OnCaller(context.Background())
+	into := make([]byte, 4096)
+	direct := rpc.ReadResp{Into: into, Direct: true}
+	if err := c.Call(here, rpc.SRead, &rpc.ReadReq{Off: 1, Len: 4000}, &direct); err != nil {
+		t.Fatal(err)
+	}
+	if len(direct.Data) != 4000 || &direct.Data[0] != &into[0] || !bytes.Equal(direct.Data, bytes.Repeat([]byte{'x'}, 4000)) {
+		t.Fatalf("direct answer on the caller: %d bytes, aliasing Into: %v", len(direct.Data), len(direct.Data) > 0 && &direct.Data[0] == &into[0])
+	}
+	copied := rpc.ReadResp{Into: make([]byte, 4096)}
+	if err := c.Call(here, rpc.SRead, &rpc.ReadReq{Off: 1, Len: 4096}, &copied); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(copied.Data, bytes.Repeat([]byte{'c'}, 4096)) {
+		t.Fatal("copied answer on the caller wrong")
+	}
+	if err := c.Call(context.Background(), rpc.SRead, &rpc.ReadReq{Off: 0, Len: 10}, &rpc.ReadResp{Into: make([]byte, 10)}); err != nil {
+		t.Fatalf("unmarked caller: %v", err)
+	}
+	if n := released.Load(); n != 3 {
+		t.Fatalf("%d answers released, want 3", n)
+	}
+}
+
+// releasingRead is a read answer that counts its releases.
+type releasingRead struct {
+	rpc.ReadResp
+	n *atomic.Int32
+}
+
+func (r *releasingRead) Release() { r.n.Add(1) }
 
 // serveInProcess serves s on a loopback listener and returns a client that
 // reaches it in-process (the local path), both closed with the test.
