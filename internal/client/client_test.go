@@ -1683,6 +1683,11 @@ func TestSyncReportsSpace(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// Sent before the fsync, so that it syncs them (buffered writes
+		// would go as synced writes: TestSyncCloseSyncsThroughTheWrite).
+		if err := f.in.drain(ctx); err != nil {
+			t.Fatal(err)
+		}
 		syncs, stats := storeRequests(t, tc, "sync_stat"), storeRequests(t, tc, "chunk_stat")
 		if err := f.Fsync(ctx); err != nil {
 			t.Fatal(err)
