@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand"
-	"net/http"
 	"reflect"
 	"regexp"
 	"slices"
@@ -1642,16 +1640,7 @@ func storeRequests(t *testing.T, tc *testCluster, method string) int {
 	t.Helper()
 	re := regexp.MustCompile(`(?m)^strata_store_request_seconds_count\{method="` + method + `"\} (\d+)$`)
 	n := 0
-	for _, s := range tc.stores {
-		resp, err := http.Get("http://" + s.MetricsAddr() + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, body := range storesMetrics(t, tc) {
 		if m := re.FindSubmatch(body); m != nil {
 			k, _ := strconv.Atoi(string(m[1]))
 			n += k

@@ -114,6 +114,22 @@ func storeGaugeSum(t *testing.T, tc *testCluster, name string) float64 {
 	t.Helper()
 	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `\{[^}]*\} (\S+)$`)
 	sum := 0.0
+	for _, body := range storesMetrics(t, tc) {
+		for _, m := range re.FindAllSubmatch(body, -1) {
+			v, err := strconv.ParseFloat(string(m[1]), 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			sum += v
+		}
+	}
+	return sum
+}
+
+// storesMetrics reads every store's /metrics page.
+func storesMetrics(t *testing.T, tc *testCluster) [][]byte {
+	t.Helper()
+	var out [][]byte
 	for _, s := range tc.stores {
 		resp, err := http.Get("http://" + s.MetricsAddr() + "/metrics")
 		if err != nil {
@@ -124,13 +140,7 @@ func storeGaugeSum(t *testing.T, tc *testCluster, name string) float64 {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, m := range re.FindAllSubmatch(body, -1) {
-			v, err := strconv.ParseFloat(string(m[1]), 64)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			sum += v
-		}
+		out = append(out, body)
 	}
-	return sum
+	return out
 }
