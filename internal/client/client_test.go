@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand"
-	"net/http"
 	"reflect"
 	"regexp"
 	"slices"
@@ -1642,16 +1640,7 @@ func storeRequests(t *testing.T, tc *testCluster, method string) int {
 	t.Helper()
 	re := regexp.MustCompile(`(?m)^strata_store_request_seconds_count\{method="` + method + `"\} (\d+)$`)
 	n := 0
-	for _, s := range tc.stores {
-		resp, err := http.Get("http://" + s.MetricsAddr() + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, body := range storesMetrics(t, tc) {
 		if m := re.FindSubmatch(body); m != nil {
 			k, _ := strconv.Atoi(string(m[1]))
 			n += k
@@ -1682,6 +1671,11 @@ func TestSyncReportsSpace(t *testing.T) {
 			if _, err := f.WriteAt(ctx, data, off); err != nil {
 				t.Fatal(err)
 			}
+		}
+		// Sent before the fsync, so that it syncs them (buffered writes
+		// would go as synced writes: TestSyncCloseSyncsThroughTheWrite).
+		if err := f.in.drain(ctx); err != nil {
+			t.Fatal(err)
 		}
 		syncs, stats := storeRequests(t, tc, "sync_stat"), storeRequests(t, tc, "chunk_stat")
 		if err := f.Fsync(ctx); err != nil {

@@ -550,17 +550,23 @@ func (f *File) Flush(ctx context.Context) error {
 	}
 	f.c.m.op("flush")
 	in := f.in
-	if err := in.drain(ctx); err != nil {
-		return err
-	}
-	if err := in.takeErr(); err != nil {
-		return err
-	}
 	if f.c.cfg.SyncPolicy == SyncPolicyAsync {
+		if err := in.drain(ctx); err != nil {
+			return err
+		}
+		if err := in.takeErr(); err != nil {
+			return err
+		}
 		if err := in.commitDeferred(ctx); err != nil {
 			return err
 		}
 		return f.lockErr()
+	}
+	if err := in.drainSynced(ctx); err != nil {
+		return err
+	}
+	if err := in.takeErr(); err != nil {
+		return err
 	}
 	alloc, err := in.syncTargets(ctx)
 	if err != nil {
@@ -786,7 +792,7 @@ func (f *File) lockErr() error {
 func (f *File) Fsync(ctx context.Context) error {
 	f.c.m.op("fsync")
 	in := f.in
-	if err := in.drain(ctx); err != nil {
+	if err := in.drainSynced(ctx); err != nil {
 		return err
 	}
 	if err := in.takeErr(); err != nil {

@@ -467,6 +467,59 @@ func (in *inode) drain(ctx context.Context) error {
 	return nil
 }
 
+// drainSynced is drain for a close or fsync that makes the file durable.
+// When every slot written since its last sync still has its last bytes
+// buffered here and no write of the file is in flight, those buffers go
+// out as WriteReq.Sync: the store syncs the chunk after the write, in the
+// same group-commit round an SSync joins, and answers its space. Each slot
+// whose synced write completed alone (no other write or punch of the slot
+// while it was on its way) is then durable, and syncTargets skips it: a
+// small file's close makes one store call instead of a write and an
+// SSyncStat one after the other. Otherwise it is drain, and syncTargets
+// syncs the slots as before (a slot with writes in flight would be synced
+// twice).
+func (in *inode) drainSynced(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	var sent []*wbuf
+	if in.syncByWriteLocked() {
+		for s, w := range in.mu.pending {
+			if w != nil {
+				in.mu.pending[s] = nil
+				w.sync = true
+				in.submitLocked(w)
+				sent = append(sent, w)
+			}
+		}
+	}
+	in.flushPendingLocked()
+	for len(in.mu.inflight) > 0 {
+		in.mu.cond.Wait()
+	}
+	for _, w := range sent {
+		if w.err == nil && !w.shared && in.mu.allocGen[w.slot] == w.gen {
+			in.mu.unsynced[w.slot] = false
+			in.c.m.op("sync_by_write") // strata_client_ops_total: slots a synced write made durable
+		}
+	}
+	return nil
+}
+
+// syncByWriteLocked reports whether drainSynced can sync every unsynced
+// slot through its buffered write: nothing in flight, something buffered,
+// and no unsynced slot without a buffer.
+func (in *inode) syncByWriteLocked() bool {
+	if len(in.mu.inflight) > 0 || !in.hasPendingLocked() {
+		return false
+	}
+	for s, u := range in.mu.unsynced {
+		if u && in.mu.pending[s] == nil {
+			return false
+		}
+	}
+	return true
+}
+
 // invalidate makes prefetched data of every handle stale.
 func (in *inode) invalidate() {
 	in.mu.Lock()

@@ -962,8 +962,15 @@ func noGroupSync(t *testing.T) {
 // round: one syncfs for them all, and none of them is answered before
 // that round (which began after they asked) has ended. The chunks are
 // clean afterwards and the directories they made need no fsync of their
-// own.
+// own. The same holds for writes with Sync (a client's close under `sync`
+// sends its last bytes so): the sync after the write joins the round, it
+// does not fdatasync the chunk on its own.
 func TestConcurrentSyncsShareOneRound(t *testing.T) {
+	t.Run("SSync", func(t *testing.T) { testSyncsShareOneRound(t, false) })
+	t.Run("SWrite with Sync", func(t *testing.T) { testSyncsShareOneRound(t, true) })
+}
+
+func testSyncsShareOneRound(t *testing.T, viaWrite bool) {
 	if !syncfsReportsErrors {
 		t.Skip("syncfs reports no errors on this kernel: no rounds")
 	}
@@ -997,6 +1004,9 @@ func TestConcurrentSyncsShareOneRound(t *testing.T) {
 	}
 	dirSyncs.Store(0)
 	sync1 := func(ino uint64) error {
+		if viaWrite {
+			return e.write(1, ino, 3901, pattern(int(ino)+100, 3901), true)
+		}
 		return e.call(rpc.SSync, &rpc.ChunkReq{Chunk: rpc.ChunkID{Target: 1, Ino: ino}})
 	}
 	first := make(chan error, 1)
@@ -1043,6 +1053,12 @@ func TestConcurrentSyncsShareOneRound(t *testing.T) {
 	for i := uint64(1); i <= n; i++ {
 		if f := chunkFlags(t, e.dirs[0], i); f&flagDirty != 0 {
 			t.Fatalf("chunk %d still dirty after its sync", i)
+		}
+		if viaWrite {
+			want := append(pattern(int(i), 3901), pattern(int(i)+100, 3901)...)
+			if got := e.mustRead(1, i, 0, 2*3901); !bytes.Equal(got, want) {
+				t.Fatalf("chunk %d reads back %d bytes unlike the two writes", i, len(got))
+			}
 		}
 	}
 	tg.unsyncedDirs.Lock()
