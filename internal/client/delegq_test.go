@@ -27,6 +27,19 @@ func delegHeld(t *testing.T, c *Client, id uint64) []uint64 {
 	return out
 }
 
+// waitHolding waits (bounded) until c holds dir's delegation.
+func waitHolding(t *testing.T, c *Client, dir uint64) {
+	t.Helper()
+	if err := testutil.WaitFor(10*time.Second, func() error {
+		if !c.Holding(dir) {
+			return fmt.Errorf("client %d does not hold the delegation on %d", c.ClientID(), dir)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func createN(t *testing.T, c *Client, dir uint64, prefix string, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
@@ -50,14 +63,7 @@ func TestCreateDelegationGrantRecallReturn(t *testing.T) {
 		t.Fatal(err)
 	}
 	createN(t, a, d.Ino, "f", 2*delegAfterCreates)
-	if err := testutil.WaitFor(10*time.Second, func() error {
-		if !a.Holding(d.Ino) {
-			return errors.New("client does not hold the delegation")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitHolding(t, a, d.Ino)
 	if got := delegHeld(t, b, a.ClientID()); len(got) != 1 || got[0] != d.Ino {
 		t.Fatalf("service lists delegations %v of client A, want [%d]", got, d.Ino)
 	}
@@ -88,14 +94,7 @@ func TestCreateDelegationGrantRecallReturn(t *testing.T) {
 		t.Fatal(err)
 	}
 	createN(t, a, e.Ino, "f", 2*delegAfterCreates)
-	if err := testutil.WaitFor(10*time.Second, func() error {
-		if !a.Holding(e.Ino) {
-			return errors.New("client does not hold the delegation on e")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitHolding(t, a, e.Ino)
 	id := a.ClientID()
 	returns := a.Calls("meta", rpc.MReturnDelegation)
 	a.Close()
@@ -148,14 +147,7 @@ func TestCreateDelegationBackoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	createN(t, b, d.Ino, "b", delegAfterCreates)
-	if err := testutil.WaitFor(10*time.Second, func() error {
-		if !b.Holding(d.Ino) {
-			return errors.New("B does not hold the delegation")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitHolding(t, b, d.Ino)
 	// A's run of creates, noted without sending them (a create of A's
 	// would recall B's delegation).
 	for i := 0; i < delegAfterCreates; i++ {
