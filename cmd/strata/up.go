@@ -32,7 +32,7 @@ import (
 func init() {
 	var (
 		dataDir, mountDir, metaListen, syncPolicy string
-		strictMetaSync                            bool
+		strictMetaSync, createDeleg               bool
 		stores, targetsPerStore, metaVoters       int
 		writeThrough, kernelReadAhead             int64
 		pprofAddr, metaDiskReserve                string
@@ -80,6 +80,9 @@ on the same --data it serves the same files.`,
 			if !client.ValidSyncPolicy(syncPolicy) {
 				return usagef("--sync-policy %q: want sync, strict or async", syncPolicy)
 			}
+			if createDeleg && syncPolicy == client.SyncPolicyStrict {
+				return usagef("--create-delegation is not for --sync-policy strict")
+			}
 			if writeThrough < 0 {
 				return usagef("--write-through-bytes %d: must not be negative", writeThrough)
 			}
@@ -111,7 +114,8 @@ on the same --data it serves the same files.`,
 			err = runUp(cmd.Context(), upOptions{
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore, metaVoters: metaVoters, strictMetaSync: strictMetaSync,
-				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
+				createDelegation: createDeleg,
+				writeThrough:     writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
 				tls: tc, syncInterval: syncInterval, pprof: pprofAddr != "", debugFuse: debugFuse,
 				ha: ha, haRestartDelay: haRestartDelay, failoverTimeout: failoverTimeout, tlsFiles: tf, mirrorRoot: mirrorRoot,
 				nfs: serveNFS, nfsPort: nfsPort, nfsPortSet: cmd.Flags().Changed("nfs-port"), nfsExport: nfsExport,
@@ -129,6 +133,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().IntVar(&metaVoters, "meta-voters", 1, "metadata voters (1, 3 or 5), on consecutive loopback ports from --meta-listen's, in --data/meta, --data/meta-2, ...")
 	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
 	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", syncPolicyUsage)
+	cmd.Flags().BoolVar(&createDeleg, "create-delegation", false, createDelegationUsage)
 	cmd.Flags().BoolVar(&strictMetaSync, "strict-meta-sync", false, "answer every namespace change only once it is on stable storage (default: at the next fsync/close barrier, or within 5 ms)")
 	cmd.Flags().Int64Var(&writeThrough, "write-through-bytes", client.DefaultConfig().WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
 	cmd.Flags().Int64Var(&kernelReadAhead, "kernel-read-ahead-bytes", fuse.DefaultKernelReadAhead, kernelReadAheadUsage)
@@ -154,6 +159,7 @@ type upOptions struct {
 	stores, targetsPerStore                   int
 	metaVoters                                int // 1: a single node, as before
 	strictMetaSync                            bool
+	createDelegation                          bool // client.Config.CreateDelegation
 	writeThrough, kernelReadAhead             int64
 	metaDiskReserve                           int64       // 0: none
 	tls                                       *tls.Config // mutual TLS of the services and the client (nil: none)
@@ -248,6 +254,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	ccfg.ClusterKey = key
 	ccfg.TLS = o.tls
 	ccfg.SyncPolicy = o.syncPolicy
+	ccfg.CreateDelegation = o.createDelegation
 	ccfg.WriteThroughBytes = o.writeThrough
 	ccfg.MountPoint = mountDir
 	cl, err := client.New(ctx, ccfg)

@@ -124,6 +124,7 @@ type Client struct {
 	atimes    atimeBatch    // access times not sent yet (atime.go)
 	xattrs    xattrMisses   // xattrs known to be absent (xattrcache.go)
 	looked    recentLookups // small files lookups described, for Open's read (smallread.go)
+	deleg     *delegations  // create delegations (delegq.go)
 
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
@@ -198,6 +199,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 			_ = http.Serve(ln, mux)
 		}()
 	}
+	c.deleg = newDelegations(c)
 	c.wg.Add(3)
 	go c.heartbeatLoop()
 	go c.targets.refreshLoop()
@@ -223,6 +225,7 @@ func (c *Client) Close() error {
 	}
 	c.mu.closed = true
 	c.mu.Unlock()
+	c.deleg.closeAll()
 	ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.IOTimeout, 5*time.Second))
 	if err := c.FlushAtimes(ctx); err != nil {
 		c.log.Warn("access times of the last second not sent at unmount", "err", err)

@@ -97,6 +97,11 @@ type Config struct {
 	// rename, link, …), serve GetAttr without a metadata call. Keep it at most the mount's attribute timeout (the
 	// kernel caches attributes that long anyway); 0 turns it off.
 	DirAttrTTL time.Duration
+	// CreateDelegation (experimental, off by default) lets this client
+	// ask for a directory's create delegation (docs/design/0016) after a
+	// run of its own creates there, and give it back on recall, when idle
+	// and at unmount. Not with SyncPolicyStrict.
+	CreateDelegation bool
 	// Host and MountPoint describe this client in its session (shown by
 	// strata status). Host defaults to the hostname.
 	Host       string
@@ -132,6 +137,9 @@ func (c *Config) Validate() error {
 	}
 	if !ValidSyncPolicy(c.SyncPolicy) {
 		errs = append(errs, fmt.Errorf("sync policy %q: want %q, %q or %q", c.SyncPolicy, SyncPolicySync, SyncPolicyStrict, SyncPolicyAsync))
+	}
+	if c.CreateDelegation && c.SyncPolicy == SyncPolicyStrict {
+		errs = append(errs, fmt.Errorf("create delegation is not for sync policy %q (every create must be durable before it is answered)", SyncPolicyStrict))
 	}
 	if c.WriteBehindBytes < 4<<20 {
 		errs = append(errs, fmt.Errorf("write-behind bytes %d must be at least 4 MiB", c.WriteBehindBytes))

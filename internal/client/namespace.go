@@ -240,6 +240,7 @@ func (c *Client) createIdx(ctx context.Context, req *rpc.CreateReq) (rpc.Attr, *
 		return rpc.Attr{}, nil, metaErr(c, "create", err)
 	}
 	c.dirs.note(&resp.Dir, resp.Index, gen, at)
+	c.deleg.noteCreate(req.Parent, req.Name, resp.Attr.Ino)
 	c.m.op("create")
 	return resp.Attr, &resp, nil
 }
@@ -258,6 +259,7 @@ func (c *Client) Unlink(ctx context.Context, parent uint64, name string) (rpc.At
 		return rpc.Attr{}, metaErr(c, "unlink", err)
 	}
 	c.dirs.note(&resp.Dir, resp.Index, gen, at)
+	c.deleg.noteOther(parent, name, "", 0)
 	c.m.op("unlink")
 	return resp.Attr, nil
 }
@@ -273,6 +275,7 @@ func (c *Client) Rmdir(ctx context.Context, parent uint64, name string) error {
 		return metaErr(c, "rmdir", err)
 	}
 	c.noteDirs(&resp, gen, at)
+	c.deleg.noteOther(parent, name, "", 0)
 	c.m.op("rmdir")
 	return nil
 }
@@ -298,6 +301,7 @@ func (c *Client) Rename(ctx context.Context, oldParent uint64, oldName string, n
 		return metaErr(c, "rename", err)
 	}
 	c.noteDirs(&resp, gen, at)
+	c.deleg.noteRename(oldParent, oldName, newParent, newName, flags)
 	c.m.op("rename")
 	return nil
 }
@@ -334,6 +338,7 @@ func (c *Client) Link(ctx context.Context, ino, newParent uint64, newName string
 		c.dirs.changed(newParent, resp.Index)
 	}
 	c.mergeLocal(&resp.Attr, since)
+	c.deleg.noteOther(newParent, "", newName, ino)
 	c.m.op("link")
 	return resp.Attr, nil
 }

@@ -1,0 +1,67 @@
+package fuse
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stratafs/strata/internal/client"
+	"github.com/stratafs/strata/internal/rpc"
+	"github.com/stratafs/strata/internal/testutil"
+)
+
+// TestCreateDelegationMounts: a mount with --create-delegation creating,
+// writing and closing files in one directory gets the directory's
+// delegation; a second mount's reads there recall it and see every file
+// with its content; a name the second mount makes afterwards is seen by
+// the first; the mount without the option never asks.
+func TestCreateDelegationMounts(t *testing.T) {
+	requireFUSE(t)
+	tc := startCluster(t, 1, 2)
+	a, ca := tc.mount(func(c *client.Config) { c.CreateDelegation = true; c.SyncPolicy = client.SyncPolicyAsync })
+	b, cb := tc.mount(nil)
+	d := filepath.Join(a, "d")
+	must(t, os.Mkdir(d, 0o755))
+	var st syscall.Stat_t
+	must(t, syscall.Stat(d, &st))
+	const n = 40
+	content := func(i int) []byte { return bytes.Repeat([]byte(fmt.Sprintf("file %d;", i)), i+1) }
+	for i := 0; i < n; i++ {
+		must(t, os.WriteFile(filepath.Join(d, fmt.Sprint("f", i)), content(i), 0o644))
+	}
+	if err := testutil.WaitFor(10*time.Second, func() error {
+		if !ca.Holding(st.Ino) {
+			return errors.New("mount A does not hold the delegation")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		got, err := os.ReadFile(filepath.Join(b, "d", fmt.Sprint("f", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, content(i)) {
+			t.Fatalf("f%d read from B: %d bytes, want %d", i, len(got), len(content(i)))
+		}
+	}
+	if ca.Holding(st.Ino) {
+		t.Fatal("A holds the delegation after B's reads were answered")
+	}
+	must(t, os.WriteFile(filepath.Join(b, "d", "fromB"), []byte("b"), 0o644))
+	if _, err := os.Stat(filepath.Join(d, "fromB")); err != nil {
+		t.Fatalf("A does not see B's file after the recall: %v", err)
+	}
+	if ca.Calls("meta", rpc.MDelegate) == 0 || ca.Calls("meta", rpc.MReturnDelegation) == 0 {
+		t.Fatalf("A: %d MDelegate, %d MReturnDelegation calls, want both", ca.Calls("meta", rpc.MDelegate), ca.Calls("meta", rpc.MReturnDelegation))
+	}
+	if n := cb.Calls("meta", rpc.MDelegate); n != 0 {
+		t.Fatalf("B (option off) made %d MDelegate calls", n)
+	}
+}
