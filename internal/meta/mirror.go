@@ -74,57 +74,34 @@ func (x *opCtx) putGroup(g *schema.Group) error {
 
 // readGroups lists every group of r in id order.
 func readGroups(r kv.Reader) ([]schema.Group, error) {
-	p := schema.GroupPrefix()
-	it, err := r.NewIter(p, kv.PrefixEnd(p))
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
-	var out []schema.Group
-	for ok := it.First(); ok; ok = it.Next() {
-		g, err := schema.DecodeGroup(it.Value())
-		if err != nil {
-			return nil, rpc.Errorf(syscall.EIO, "mirror group record %x: %v", it.Key(), err)
-		}
-		out = append(out, g)
-	}
-	return out, it.Error()
+	return readRecords(r, schema.GroupPrefix(), schema.DecodeGroup, "mirror group")
 }
 
 // readTargets lists every registered target of r in id order.
 func readTargets(r kv.Reader) ([]schema.Target, error) {
-	p := schema.TargetPrefix()
-	it, err := r.NewIter(p, kv.PrefixEnd(p))
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
-	var out []schema.Target
-	for ok := it.First(); ok; ok = it.Next() {
-		t, err := schema.DecodeTarget(it.Value())
-		if err != nil {
-			return nil, rpc.Errorf(syscall.EIO, "target record %x: %v", it.Key(), err)
-		}
-		out = append(out, t)
-	}
-	return out, it.Error()
+	return readRecords(r, schema.TargetPrefix(), schema.DecodeTarget, "target")
 }
 
 // readServers lists every registered storage server of r in id order.
 func readServers(r kv.Reader) ([]schema.Server, error) {
-	p := schema.ServerPrefix()
+	return readRecords(r, schema.ServerPrefix(), schema.DecodeServer, "server")
+}
+
+// readRecords decodes every record of r under prefix p, in key order; a
+// record that does not decode is EIO naming what and its key.
+func readRecords[T any](r kv.Reader, p []byte, decode func([]byte) (T, error), what string) ([]T, error) {
 	it, err := r.NewIter(p, kv.PrefixEnd(p))
 	if err != nil {
 		return nil, err
 	}
 	defer it.Close()
-	var out []schema.Server
+	var out []T
 	for ok := it.First(); ok; ok = it.Next() {
-		s, err := schema.DecodeServer(it.Value())
+		v, err := decode(it.Value())
 		if err != nil {
-			return nil, rpc.Errorf(syscall.EIO, "server record %x: %v", it.Key(), err)
+			return nil, rpc.Errorf(syscall.EIO, "%s record %x: %v", what, it.Key(), err)
 		}
-		out = append(out, s)
+		out = append(out, v)
 	}
 	return out, it.Error()
 }
