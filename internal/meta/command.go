@@ -126,7 +126,11 @@ const (
 //	   delegations, docs/design/0016; a node that does not know them
 //	   stops at the entry: upgrade every voter before the clients). A
 //	   batch's Hdr names the session with Seq 0: each of its creates is
-//	   deduplicated by its own (ClientID, Seq).
+//	   deduplicated by its own (ClientID, Seq). Then opCreateBatch's
+//	   appended per-create records (Written, Size, Mtime, Alloc) of
+//	   files written and closed before their create was sent; an
+//	   older node stops at such an entry (trailing bytes): upgrade
+//	   every voter before the clients.
 //
 // A node refuses an entry of a newer version (errNewerCommand) and stops
 // rather than skip it: a state machine that skipped an entry its peers
@@ -217,6 +221,12 @@ type batchCreate struct {
 	Mode, Uid, Gid   uint32
 	Time             int64
 	Layout           layout.Layout
+	// Written, Size, Mtime, Alloc: a file written and closed before
+	// its create was sent (rpc.BatchCreate.Written)
+	Written bool
+	Size    uint64
+	Mtime   int64
+	Alloc   []slotAlloc
 }
 
 // slotAlloc is the space (bytes) the chunk of layout slot Slot takes.
@@ -413,6 +423,25 @@ func (c *command) encode(b []byte) []byte {
 			e.U32(b.Layout.StripeCount)
 			e.U32s(b.Layout.Targets)
 		}
+		// Appended, only when a create is Written (absent: none is):
+		// per create Written, Size, Mtime and the Alloc list.
+		written := false
+		for i := range c.Batch {
+			written = written || c.Batch[i].Written
+		}
+		if written {
+			for i := range c.Batch {
+				b := &c.Batch[i]
+				e.Bool(b.Written)
+				e.U64(b.Size)
+				e.I64(b.Mtime)
+				e.U64(uint64(len(b.Alloc)))
+				for _, a := range b.Alloc {
+					e.U32(a.Slot)
+					e.U64(a.Bytes)
+				}
+			}
+		}
 	case opDelegate:
 		e.U64(c.Ino)
 	case opReturn:
@@ -590,6 +619,20 @@ func decodeCommand(b []byte, c *command) error {
 				b.Layout.StripeSize = d.U32()
 				b.Layout.StripeCount = d.U32()
 				b.Layout.Targets = d.U32s()
+			}
+			if d.Len() > 0 { // written files' sizes (absent: none written)
+				for i := range c.Batch {
+					b := &c.Batch[i]
+					b.Written = d.Bool()
+					b.Size = d.U64()
+					b.Mtime = d.I64()
+					if n := d.Count(); n > 0 {
+						b.Alloc = make([]slotAlloc, n)
+						for j := range b.Alloc {
+							b.Alloc[j] = slotAlloc{Slot: d.U32(), Bytes: d.U64()}
+						}
+					}
+				}
 			}
 		}
 	case opDelegate:

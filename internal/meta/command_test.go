@@ -81,6 +81,10 @@ func commandSamples() []struct {
 			Batch: []batchCreate{{Seq: 301, Parent: 2, Ino: 1 << 20, Name: "f0", Mode: 0o644, Uid: 1, Gid: 2, Time: now},
 				{Seq: 302, Parent: 2, Ino: 1<<20 + 1, Name: "f1", Mode: 0o600, Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}}}}},
 			"011baab4aef2eda9fefa3007000101090502ad0202026630808040a4030102aab4aef2eda9fefa30000000ae02020266318180408003000000808040010103"},
+		// Then opCreateBatch's appended records of written files.
+		{command{Op: opCreateBatch, Now: now, Hdr: reqHeader{ClientID: 7}, Batch: []batchCreate{
+			{Seq: 303, Parent: 2, Ino: 1<<20 + 2, Name: "f2", Mode: 0o644, Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}},
+				Written: true, Size: 3901, Mtime: now, Alloc: []slotAlloc{{Slot: 0, Bytes: 4096}}}}}, "011baab4aef2eda9fefa300700000001af0202026632828040a40300000080804001010301bd1eaab4aef2eda9fefa3001008020"},
 		{command{Op: opDelegate, Now: now, Hdr: h, Ino: 2}, "011caab4aef2eda9fefa3007ac0202"},
 		{command{Op: opReturn, Now: now, Hdr: h, Ino: 2, Client: 7, Epoch: 99}, "011daab4aef2eda9fefa3007ac02020763"},
 	}

@@ -223,6 +223,29 @@ func TestCreateBatch(t *testing.T) {
 	if res, err = a.CreateBatch(t.Context(), dirs); err != nil || !errors.Is(res[0].Err(), syscall.EINVAL) {
 		t.Fatalf("a directory in a batch: %v %v", err, res[0].Err())
 	}
+	// A file written and closed before its create was sent: made with
+	// its size, mtime and space; a size its layout cannot hold, or a
+	// written file without a layout, is refused.
+	r2 := reserve(t, a, 4)
+	w := files(d.Ino, []string{"written", "toolarge"}, r2.start, r2.start+1)
+	for i := range w {
+		w[i].Layout = layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{reg.TargetIDs[0]}}
+		w[i].Written, w[i].Mtime = true, 12345
+	}
+	w[0].Size, w[0].Alloc = 3901, []rpc.SlotAlloc{{Slot: 0, Bytes: 4096}}
+	w[1].Size = 1 << 62
+	if res, err = a.CreateBatch(t.Context(), w); err != nil || res[0].Err() != nil || !errors.Is(res[1].Err(), syscall.EFBIG) {
+		t.Fatalf("written creates: %v / %v", err, res)
+	}
+	got, err := other.GetAttr(t.Context(), r2.start)
+	if err != nil || got.Size != 3901 || got.Mtime != 12345 || !got.BlocksKnown || got.Blocks != 8 {
+		t.Fatalf("a written file as made: %+v %v", got, err)
+	}
+	w = files(d.Ino, []string{"nolayout"}, r2.start+2)
+	w[0].Written, w[0].Size = true, 1
+	if _, err := a.CreateBatch(t.Context(), w); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("a written file without a layout: %v, want EINVAL", err)
+	}
 	// Creates in two directories are one batch each.
 	two := files(d.Ino, []string{"p", "q"}, r.start+14, r.start+15)
 	two[1].Parent = rootIno

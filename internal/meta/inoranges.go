@@ -197,6 +197,20 @@ func (x *opCtx) createNumbered(c *command, i int) (*answer, error) {
 	if parent.Mode&modeSetgid != 0 {
 		in.Gid = parent.Gid
 	}
+	if bc.Written { // what the close's size commit would have set
+		if limit := l.MaxFileSize(); bc.Size > uint64(limit) {
+			return nil, rpc.Errorf(syscall.EFBIG, "a written file of %d bytes: its layout holds %d", bc.Size, limit)
+		}
+		in.Size = bc.Size
+		if bc.Mtime != 0 {
+			in.Mtime, in.Ctime = bc.Mtime, bc.Mtime
+		}
+		for _, a := range bc.Alloc {
+			if int(a.Slot) < len(in.Alloc) {
+				in.Alloc[a.Slot] = a.Bytes
+			}
+		}
+	}
 	if err := x.useIno(c.Hdr.ClientID, start, end, bc.Ino); err != nil {
 		return nil, err
 	}
@@ -274,7 +288,10 @@ func (s *Service) createBatchHandler(ctx context.Context, r *rpc.CreateBatchReq)
 			return nil, rpc.Errorf(syscall.EINVAL, "a batch's creates are in one directory: %d and %d", dir, x.Parent)
 		}
 		c.Batch[i] = batchCreate{Seq: x.Seq, Parent: x.Parent, Ino: x.Ino, Name: x.Name, Mode: x.Mode, Uid: x.Uid, Gid: x.Gid,
-			Time: x.Time, Layout: x.Layout}
+			Time: x.Time, Layout: x.Layout, Written: x.Written, Size: x.Size, Mtime: x.Mtime, Alloc: slotAllocsOf(x.Alloc)}
+		if x.Written && len(x.Layout.Targets) == 0 {
+			return nil, rpc.Errorf(syscall.EINVAL, "create %q: a written file names its layout", x.Name)
+		}
 		place = place || len(x.Layout.Targets) == 0
 	}
 	release, err := s.dg.gate(ctx, s, r.Hdr.ClientID, dir)

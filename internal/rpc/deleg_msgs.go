@@ -54,6 +54,11 @@ func (m *ReserveInosResp) Decode(d *Dec) { m.Start = d.U64(); m.Count = d.U64();
 // client's choice from its delegation's template, checked: registered
 // targets, or mirror groups under a mirrored directory). Seq is the
 // create's own ReqHeader.Seq: each create is deduplicated alone.
+//
+// Written: the file was written and closed before its create was sent
+// (the client answered the create under a delegation): it is made with
+// Size bytes, modified at Mtime, its chunks taking Alloc — what the
+// close's size commit would have said (CommitSizeReq), in the same entry.
 type BatchCreate struct {
 	Seq    uint64
 	Parent uint64
@@ -64,6 +69,11 @@ type BatchCreate struct {
 	Gid    uint32
 	Time   int64
 	Layout layout.Layout
+
+	Written bool
+	Size    uint64
+	Mtime   int64
+	Alloc   []SlotAlloc
 }
 
 func (c *BatchCreate) Encode(e *Enc) {
@@ -93,6 +103,11 @@ func (c *BatchCreate) Decode(d *Dec) {
 // CreateBatchReq carries up to MaxCreateBatch creates of session
 // Hdr.ClientID (Hdr.Seq is unused: each create has its own), applied in
 // order by one raft entry.
+//
+// Format: the header, the creates (BatchCreate.Encode), then — appended,
+// only when a create is Written — one record per create: Written, Size,
+// Mtime, Alloc. A service that predates the appended records refuses such
+// a request (trailing bytes: EINVAL) rather than make the files empty.
 type CreateBatchReq struct {
 	Hdr     ReqHeader
 	Creates []BatchCreate
@@ -101,8 +116,19 @@ type CreateBatchReq struct {
 func (m *CreateBatchReq) Encode(e *Enc) {
 	m.Hdr.Encode(e)
 	e.U64(uint64(len(m.Creates)))
+	written := false
 	for i := range m.Creates {
 		m.Creates[i].Encode(e)
+		written = written || m.Creates[i].Written
+	}
+	if written {
+		for i := range m.Creates {
+			c := &m.Creates[i]
+			e.Bool(c.Written)
+			e.U64(c.Size)
+			e.I64(c.Mtime)
+			EncodeSlotAllocs(e, c.Alloc)
+		}
 	}
 }
 
@@ -116,6 +142,15 @@ func (m *CreateBatchReq) Decode(d *Dec) {
 	m.Creates = make([]BatchCreate, n)
 	for i := range m.Creates {
 		m.Creates[i].Decode(d)
+	}
+	if d.Len() > 0 { // the appended records of written files
+		for i := range m.Creates {
+			c := &m.Creates[i]
+			c.Written = d.Bool()
+			c.Size = d.U64()
+			c.Mtime = d.I64()
+			c.Alloc = DecodeSlotAllocs(d)
+		}
 	}
 }
 

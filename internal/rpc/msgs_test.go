@@ -97,7 +97,8 @@ func messageSamples() map[string][]Message {
 		"ReserveInosResp": {&ReserveInosResp{Start: 1 << 20, Count: 4096, Stamp: Stamp{Index: 9, Term: 2}}},
 		"BatchCreate": {&BatchCreate{Seq: 5, Parent: 2, Name: "f", Ino: 1 << 20, Mode: 0o644, Uid: 1, Gid: 2, Time: -3,
 			Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}}}},
-		"CreateBatchReq": {&CreateBatchReq{Hdr: hdr, Creates: []BatchCreate{{Seq: 5, Parent: 2, Name: "f", Ino: 9}, {Seq: 6, Parent: 2, Name: "g", Ino: 10, Mode: 0o600}}}},
+		"CreateBatchReq": {&CreateBatchReq{Hdr: hdr, Creates: []BatchCreate{{Seq: 5, Parent: 2, Name: "f", Ino: 9}, {Seq: 6, Parent: 2, Name: "g", Ino: 10, Mode: 0o600,
+			Written: true, Size: 3901, Mtime: 7, Alloc: []SlotAlloc{{Slot: 0, Bytes: 4096}}}}}},
 		"BatchResult": {&BatchResult{Attr: Attr{Ino: 9}, Dir: Attr{Ino: 2}, Stamp: Stamp{Index: 4, Term: 1}},
 			&BatchResult{Errno: 17, Msg: "exists"}},
 		"CreateBatchResp": {&CreateBatchResp{Results: []BatchResult{{Attr: Attr{Ino: 9}, Dir: Attr{Ino: 2}}, {Errno: 17, Msg: "x"}}, Stamp: Stamp{Index: 4, Term: 1}}},
@@ -161,7 +162,9 @@ func messageSamples() map[string][]Message {
 // set it); GroupInfo's FullResync, which ListGroupsResp and
 // ServerHeartbeatResp append at their end (their samples set it).
 var notOnWire = map[string]bool{"ReadResp.Into": true, "ReadResp.Direct": true,
-	"Attr.Blocks": true, "Attr.BlocksKnown": true, "GroupInfo.FullResync": true}
+	"Attr.Blocks": true, "Attr.BlocksKnown": true, "GroupInfo.FullResync": true,
+	// encoded by CreateBatchReq, in its appended records (CreateBatchReq's sample sets them)
+	"BatchCreate.Written": true, "BatchCreate.Size": true, "BatchCreate.Mtime": true, "BatchCreate.Alloc": true}
 
 // decodedTypes lists the types of the message files that have a Decode
 // method.
