@@ -476,10 +476,14 @@ func (c *Client) noteChange(err error, resp rpc.Message) {
 // change it had answered (a metadata machine crash before the change was
 // durable).
 func (c *Client) SyncMeta(ctx context.Context) error {
+	ferr := c.deleg.flushAll(ctx) // the creates answered here first
 	if err := c.FlushAtimes(ctx); err != nil {
 		c.log.Debug("access times not sent at a barrier", "err", err)
 	}
-	return c.syncMetaUpTo(ctx, c.metaChanged.Load())
+	if err := c.syncMetaUpTo(ctx, c.metaChanged.Load()); err != nil {
+		return err
+	}
+	return ferr
 }
 
 // syncMetaUpTo is SyncMeta for the client's changes counted up to seq.

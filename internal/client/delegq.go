@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -13,11 +14,9 @@ import (
 // The client's side of create delegations (docs/design/0016, slice 2),
 // behind Config.CreateDelegation: when to ask for a delegation, what the
 // holder knows about the directory (every name in it), giving it back on
-// recall, when idle and at unmount. Nothing is answered locally yet: a
-// holder's creates still go to the service one by one (the holder's own
-// operations do not recall), so holding a delegation changes no answer;
-// the per-directory queue, its flusher and the local LOOKUP/CREATE
-// answers are the next step, and will read the known names kept here.
+// recall, when idle and at unmount (after flushing what was answered
+// here). The creates answered under a held delegation, their queue and
+// its flusher are in createq.go.
 
 const (
 	// delegAfterCreates is how many consecutive creates by this mount in
@@ -45,6 +44,18 @@ type delegations struct {
 	dirs     map[uint64]*dirDeleg
 	watching bool // the recall watcher runs
 	closed   bool // the client is closing: ask for nothing more
+	// pending holds the creates answered here and not yet by the
+	// service, by inode number (npend counts them, for a lock-free
+	// check); failed the errors of those the service refused, until
+	// their file's fsync or close reports them (createq.go).
+	pending map[uint64]*queuedCreate
+	failed  map[uint64]error
+	npend   atomic.Int64
+	// refused counts the creates answered here that the service
+	// refused since the last barrier (SyncMeta) reported them: a file
+	// closed before that (async) learns it nowhere else.
+	refused atomic.Int64
+	pool    inoPool
 }
 
 // dirDeleg is what this client knows of one directory.
@@ -58,10 +69,56 @@ type dirDeleg struct {
 	// names are every entry of the directory while held: the grant's
 	// listing plus this mount's changes since (the only ones possible).
 	names map[string]uint64
+	// during holds this mount's changes of the directory's names
+	// answered while its delegation was asked for: the grant's listing
+	// may predate them (the holder's own calls are not held back by the
+	// grant), so they are replayed over it.
+	during []nameChange
+	// recalled: being given back; nothing more is answered here.
+	recalled bool
+	// tmpl is the grant's placement template and rr the files placed
+	// with it so far.
+	tmpl *template
+	rr   uint64
+	// queue holds the creates answered here not yet sent, in order;
+	// lastQ is the latest create answered here (sent or not); flushing:
+	// a flush runs (one at a time); timer sends the queue flushAfter
+	// after its first create.
+	queue    []*queuedCreate
+	lastQ    *queuedCreate
+	flushing bool
+	timer    *time.Timer
+}
+
+// nameChange is a name that left (ino 0) or arrived in a directory.
+type nameChange struct {
+	name    string
+	ino     uint64
+	arrived bool
+}
+
+// changeLocked applies a change of this mount to s's names, or records it
+// for the grant under way (d.mu held).
+func (s *dirDeleg) changeLocked(name string, ino uint64, arrived bool) {
+	if name == "" {
+		return
+	}
+	if s.asking && len(s.during) < 4*delegMaxDirs {
+		s.during = append(s.during, nameChange{name, ino, arrived})
+	}
+	if !s.held {
+		return
+	}
+	if arrived {
+		s.names[name] = ino
+	} else {
+		delete(s.names, name)
+	}
 }
 
 func newDelegations(c *Client) *delegations {
-	return &delegations{c: c, idle: delegIdle, dirs: make(map[uint64]*dirDeleg)}
+	return &delegations{c: c, idle: delegIdle, dirs: make(map[uint64]*dirDeleg),
+		pending: make(map[uint64]*queuedCreate), failed: make(map[uint64]error)}
 }
 
 func (d *delegations) on() bool { return d != nil && d.c.cfg.CreateDelegation }
@@ -78,8 +135,8 @@ func (d *delegations) noteCreate(dir uint64, name string, ino uint64) {
 	defer d.mu.Unlock()
 	s := d.dir(dir, now)
 	s.last = now
+	s.changeLocked(name, ino, true)
 	if s.held {
-		s.names[name] = ino
 		return
 	}
 	s.creates++
@@ -107,14 +164,8 @@ func (d *delegations) noteOther(dir uint64, left, arrived string, ino uint64) {
 	}
 	s.creates = 0
 	s.last = now
-	if s.held {
-		if left != "" {
-			delete(s.names, left)
-		}
-		if arrived != "" {
-			s.names[arrived] = ino
-		}
-	}
+	s.changeLocked(left, 0, false)
+	s.changeLocked(arrived, ino, true)
 }
 
 // noteRename records this mount's rename (an exchange moves no name out
@@ -149,7 +200,7 @@ func (d *delegations) forget(now time.Time) {
 	n := len(d.dirs)
 	for _, old := range []bool{true, false} {
 		for k, s := range d.dirs {
-			if !s.held && !s.asking && (!old || now.Sub(s.last) > delegBackoff) {
+			if !s.held && !s.asking && !s.flushing && len(s.queue) == 0 && (!old || now.Sub(s.last) > delegBackoff) {
 				delete(d.dirs, k)
 			}
 		}
@@ -172,6 +223,8 @@ func (d *delegations) ask(dir uint64) {
 	}
 	s.asking = false
 	s.creates = 0
+	during := s.during
+	s.during = nil
 	if err != nil {
 		s.until = time.Now().Add(delegBackoff)
 		d.mu.Unlock()
@@ -182,12 +235,23 @@ func (d *delegations) ask(dir uint64) {
 	}
 	give := d.closed
 	if !give {
-		s.held, s.epoch = true, resp.Epoch
+		s.held, s.epoch, s.recalled = true, resp.Epoch, false
 		s.names = make(map[string]uint64, len(resp.Entries))
 		for _, e := range resp.Entries {
 			s.names[e.Name] = e.Ino
 		}
+		for _, ch := range during { // in the order they were answered
+			if ch.arrived {
+				s.names[ch.name] = ch.ino
+			} else {
+				delete(s.names, ch.name)
+			}
+		}
+		s.tmpl, s.rr = templateOf(resp), 0
 		s.last = time.Now()
+		d.refillLocked() // numbers for the creates answered here
+		gen, at := d.c.dirs.begin()
+		d.c.dirs.note(&resp.Dir, resp.Index, gen, at)
 		if !d.watching {
 			d.watching = true
 			d.c.wg.Add(1)
@@ -259,17 +323,25 @@ func contains(l []uint64, v uint64) bool {
 	return false
 }
 
-// release stops holding dir's delegation here and gives it back. (With
-// the create queue, this is where the queue is flushed first.)
+// release stops holding dir's delegation here and gives it back, once
+// the creates answered here are flushed: from the recall on nothing more
+// is answered here, and this mount's calls about the directory wait for
+// the flush (before).
 func (d *delegations) release(dir uint64) {
 	d.mu.Lock()
 	s := d.dirs[dir]
-	if s == nil || !s.held {
+	if s == nil || !s.held || s.recalled {
 		d.mu.Unlock()
 		return
 	}
+	s.recalled = true
+	d.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), d.c.cfg.IOTimeout)
+	d.before(ctx, dir)
+	cancel()
+	d.mu.Lock()
 	epoch := s.epoch
-	s.held, s.epoch, s.names, s.creates = false, 0, nil, 0
+	s.held, s.recalled, s.epoch, s.names, s.creates, s.tmpl = false, false, 0, nil, 0, nil
 	s.until = time.Now().Add(delegBackoff) // recalled or idle: not at once again
 	d.mu.Unlock()
 	d.giveBack(dir, epoch)

@@ -107,6 +107,27 @@ func (d *dirCache) changed(ino, index uint64) {
 	d.mu.Unlock()
 }
 
+// touch records a create this client answered itself in directory ino,
+// which it holds the create delegation of (createq.go): its mtime and
+// ctime are t (ns). Nobody else changes the directory's entries while the
+// delegation is held, so the cached attributes stay this client's to keep
+// and are served for ttl from now; the batch's answer, at its index,
+// replaces them.
+func (d *dirCache) touch(ino uint64, t int64) {
+	if d.ttl <= 0 {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.m[ino]
+	if !ok || e.gone {
+		return
+	}
+	e.a.Mtime, e.a.Ctime = max(e.a.Mtime, t), max(e.a.Ctime, t)
+	e.at = time.Now()
+	d.m[ino] = e
+}
+
 // buryLocked leaves a tombstone for ino at index. It lives for ttl from
 // now: every answer of an earlier change was sent before now, so it is too
 // old to be served once the tombstone is gone.

@@ -48,6 +48,7 @@ func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error)
 	if c.closed() {
 		return nil, ErrClosed
 	}
+	c.deleg.before(ctx, ino)
 	tok := c.beginOpen()
 	rd := c.startOpenRead(ino, flags) // a small file's data, in parallel (smallread.go)
 	var resp rpc.AttrResp
@@ -91,6 +92,21 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 	}
 	tok := c.beginOpen()
 	since := c.sizeSeq.Load()
+	if err := checkName(name); err != nil {
+		c.endOpen(tok)
+		return nil, err
+	}
+	if a, _, ok := c.deleg.createLocal(parent, name, mode, uid, gid); ok {
+		// Answered here under the directory's create delegation
+		// (createq.go): the file's fsync and close wait for its flush.
+		f, err := c.openAttr(ctx, &a, since, flags&^syscall.O_TRUNC, tok, false)
+		if err != nil {
+			return nil, err
+		}
+		c.xattrs.none(a.Ino, c.cfg.DirAttrTTL)
+		c.m.op("create_local")
+		return f, nil
+	}
 	a, ch, err := c.createIdx(ctx, &rpc.CreateReq{Parent: parent, Name: name, Mode: syscall.S_IFREG | mode&07777, Uid: uid, Gid: gid})
 	if err != nil {
 		c.endOpen(tok)
@@ -557,6 +573,14 @@ func (f *File) Flush(ctx context.Context) error {
 		if err := in.takeErr(); err != nil {
 			return err
 		}
+		if f.c.deleg.fold(in, nil) {
+			// The file's create, answered here, is still queued and
+			// now carries its size: nothing to wait for (createq.go).
+			return f.lockErr()
+		}
+		if err := f.c.deleg.created(ctx, in); err != nil {
+			return err
+		}
 		if err := in.commitDeferred(ctx); err != nil {
 			return err
 		}
@@ -570,6 +594,25 @@ func (f *File) Flush(ctx context.Context) error {
 	}
 	alloc, err := in.syncTargets(ctx)
 	if err != nil {
+		return err
+	}
+	if f.c.deleg.fold(in, alloc) {
+		// The size rides the queued create: wait for it, then for its
+		// entry to be durable (one log sync for the batch).
+		if err := f.c.deleg.created(ctx, in); err != nil {
+			return err
+		}
+		in.mu.Lock()
+		idx, term, idxSeq := in.mu.metaIndex, in.mu.metaTerm, in.mu.metaIndexSeq
+		in.mu.Unlock()
+		if idx != 0 && f.c.metaDurable.Load() < idxSeq {
+			if err := f.c.syncMetaIndex(ctx, idx, term); err != nil {
+				return err
+			}
+		}
+		return f.lockErr()
+	}
+	if err := f.c.deleg.created(ctx, in); err != nil {
 		return err
 	}
 	if err := in.commit(ctx, alloc); err != nil {
@@ -792,6 +835,9 @@ func (f *File) lockErr() error {
 func (f *File) Fsync(ctx context.Context) error {
 	f.c.m.op("fsync")
 	in := f.in
+	if err := f.c.deleg.created(ctx, in); err != nil {
+		return err
+	}
 	if err := in.drainSynced(ctx); err != nil {
 		return err
 	}

@@ -63,6 +63,7 @@ func (c *Client) lockReq(l Lock, wait bool) *rpc.LockReq {
 // GetLk returns the first lock conflicting with l, or one with Type
 // rpc.LockUnlock when there is none.
 func (c *Client) GetLk(ctx context.Context, l Lock) (rpc.LockResp, error) {
+	c.deleg.before(ctx, l.Ino)
 	for {
 		var resp rpc.LockResp
 		err := c.metaCall(ctx, rpc.MGetLk, c.lockReq(l, false), &resp)
@@ -89,6 +90,7 @@ func (c *Client) GetLk(ctx context.Context, l Lock) (rpc.LockResp, error) {
 // (EBUSY), SetLk reclaims this client's own and asks again, wait or not:
 // the application sees the answer it would have had without the restart.
 func (c *Client) SetLk(ctx context.Context, l Lock, wait bool, cancel <-chan struct{}) error {
+	c.deleg.before(ctx, l.Ino)
 	for {
 		c.locks.rw.RLock()
 		var grant rpc.LockGrant

@@ -110,5 +110,15 @@ func (c *Client) Calls(service string, meth rpc.Method) uint64 {
 	return uint64(out.GetCounter().GetValue())
 }
 
+// Ops is how many operations of kind this client made (the
+// strata_client_ops_total counter; tests).
+func (c *Client) Ops(kind string) uint64 {
+	var out dto.Metric
+	if err := c.m.ops.WithLabelValues(kind).Write(&out); err != nil {
+		return 0
+	}
+	return uint64(out.GetCounter().GetValue())
+}
+
 // Registry exposes the client's metrics (for embedding in another server).
 func (c *Client) Registry() *prometheus.Registry { return c.m.reg }

@@ -34,6 +34,10 @@ func (c *Client) Lookup(ctx context.Context, parent uint64, name string) (rpc.At
 	if len(name) > MaxNameBytes {
 		return rpc.Attr{}, fmt.Errorf("lookup of a %d-byte name: %w", len(name), syscall.ENAMETOOLONG)
 	}
+	if c.deleg.lookupLocal(ctx, parent, name) {
+		c.m.op("lookup_local")
+		return rpc.Attr{}, fmt.Errorf("lookup of %q in directory %d (absent: this client holds its create delegation): %w", name, parent, syscall.ENOENT)
+	}
 	var resp rpc.AttrResp
 	since := c.sizeSeq.Load()
 	if err := c.metaCall(ctx, rpc.MLookup, &rpc.LookupReq{Parent: parent, Name: name, Client: c.ClientID()}, &resp); err != nil {
@@ -51,6 +55,7 @@ func (c *Client) GetAttr(ctx context.Context, ino uint64) (rpc.Attr, error) {
 	if a, ok := c.dirs.get(ino); ok {
 		return a, nil
 	}
+	c.deleg.before(ctx, ino)
 	var resp rpc.AttrResp
 	since := c.sizeSeq.Load()
 	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino, Client: c.ClientID()}, &resp); err != nil {
@@ -99,6 +104,7 @@ func (c *Client) openInode(ino uint64) *inode {
 func (c *Client) SetAttr(ctx context.Context, ino uint64, req rpc.SetAttrReq) (rpc.Attr, error) {
 	req.Ino = ino
 	req.Mode &= 07777
+	c.deleg.before(ctx, ino)
 	if req.Valid&(rpc.SetSize|rpc.SetMtime|rpc.SetMtimeNow) != 0 {
 		// Commit buffered writes first so that their (older) size and
 		// mtime cannot overwrite what this call sets, and keep other
@@ -233,6 +239,7 @@ func (c *Client) createIdx(ctx context.Context, req *rpc.CreateReq) (rpc.Attr, *
 	if err := checkName(req.Name); err != nil {
 		return rpc.Attr{}, nil, err
 	}
+	c.deleg.before(ctx, req.Parent) // after the creates answered here
 	req.Hdr = c.hdr()
 	var resp rpc.ChangeResp
 	gen, at := c.dirs.begin()
@@ -251,6 +258,7 @@ func (c *Client) Unlink(ctx context.Context, parent uint64, name string) (rpc.At
 	if len(name) > MaxNameBytes {
 		return rpc.Attr{}, syscall.ENAMETOOLONG
 	}
+	c.deleg.before(ctx, parent)
 	ctx, cancel := c.reportOpen(ctx)
 	defer cancel()
 	var resp rpc.ChangeResp
@@ -269,6 +277,7 @@ func (c *Client) Rmdir(ctx context.Context, parent uint64, name string) error {
 	if len(name) > MaxNameBytes {
 		return syscall.ENAMETOOLONG
 	}
+	c.deleg.before(ctx, parent)
 	var resp rpc.DirChangeResp
 	gen, at := c.dirs.begin()
 	if err := c.metaCall(ctx, rpc.MRmdir, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &resp); err != nil {
@@ -292,6 +301,8 @@ func (c *Client) Rename(ctx context.Context, oldParent uint64, oldName string, n
 	if flags&^(rpc.RenameNoReplace|rpc.RenameExchange) != 0 || flags == rpc.RenameNoReplace|rpc.RenameExchange {
 		return fmt.Errorf("rename flags %#x: %w", flags, syscall.EINVAL)
 	}
+	c.deleg.before(ctx, oldParent)
+	c.deleg.before(ctx, newParent)
 	ctx, cancel := c.reportOpen(ctx)
 	defer cancel()
 	req := &rpc.RenameReq{Hdr: c.hdr(), OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, Flags: flags}
@@ -326,6 +337,8 @@ func (c *Client) Link(ctx context.Context, ino, newParent uint64, newName string
 	if err := checkName(newName); err != nil {
 		return rpc.Attr{}, err
 	}
+	c.deleg.before(ctx, ino)
+	c.deleg.before(ctx, newParent)
 	var resp rpc.LinkResp
 	since := c.sizeSeq.Load()
 	gen, at := c.dirs.begin()
@@ -359,6 +372,7 @@ func (c *Client) ReadDir(ctx context.Context, dir uint64, after string, limit in
 	if limit <= 0 {
 		limit = 1024
 	}
+	c.deleg.before(ctx, dir)
 	var resp rpc.ReadDirResp
 	since := c.sizeSeq.Load()
 	if err := c.metaCall(ctx, rpc.MReadDir, &rpc.ReadDirReq{Dir: dir, After: after, Limit: uint32(limit), Plus: plus, Client: c.ClientID()}, &resp); err != nil {
@@ -387,6 +401,7 @@ func (c *Client) GetXattr(ctx context.Context, ino uint64, name string) ([]byte,
 	if c.xattrs.absent(ino, name, asked) {
 		return nil, fmt.Errorf("getxattr %q of inode %d (known absent): %w", name, ino, syscall.ENODATA)
 	}
+	c.deleg.before(ctx, ino)
 	gen := c.xattrs.generation()
 	var resp rpc.XattrResp
 	if err := c.metaCall(ctx, rpc.MGetXattr, &rpc.XattrReq{Ino: ino, Name: name}, &resp); err != nil {
@@ -402,6 +417,7 @@ func (c *Client) GetXattr(ctx context.Context, ino uint64, name string) ([]byte,
 // rpc.XattrReplace (or 0).
 func (c *Client) SetXattr(ctx context.Context, ino uint64, name string, value []byte, flags uint32) error {
 	defer c.xattrs.changed(ino)
+	c.deleg.before(ctx, ino)
 	var st rpc.Stamp
 	if err := c.metaCall(ctx, rpc.MSetXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name, Value: value, Flags: flags}, &st); err != nil {
 		return metaErr(c, "setxattr", err)
@@ -412,6 +428,7 @@ func (c *Client) SetXattr(ctx context.Context, ino uint64, name string, value []
 
 // ListXattr lists the names of ino's extended attributes.
 func (c *Client) ListXattr(ctx context.Context, ino uint64) ([]string, error) {
+	c.deleg.before(ctx, ino)
 	var resp rpc.ListXattrResp
 	if err := c.metaCall(ctx, rpc.MListXattr, &rpc.GetAttrReq{Ino: ino}, &resp); err != nil {
 		return nil, metaErr(c, "listxattr", err)
@@ -422,6 +439,7 @@ func (c *Client) ListXattr(ctx context.Context, ino uint64) ([]string, error) {
 // RemoveXattr removes an extended attribute (ENODATA if absent).
 func (c *Client) RemoveXattr(ctx context.Context, ino uint64, name string) error {
 	defer c.xattrs.changed(ino)
+	c.deleg.before(ctx, ino)
 	var st rpc.Stamp
 	if err := c.metaCall(ctx, rpc.MRemoveXattr, &rpc.XattrReq{Hdr: c.hdr(), Ino: ino, Name: name}, &st); err != nil {
 		return metaErr(c, "removexattr", err)
@@ -433,6 +451,7 @@ func (c *Client) RemoveXattr(ctx context.Context, ino uint64, name string) error
 // SetDirLayout sets a directory's default layout for new children (0 =
 // system default).
 func (c *Client) SetDirLayout(ctx context.Context, dir uint64, stripeSize, stripeCount uint32) (rpc.Attr, error) {
+	c.deleg.before(ctx, dir)
 	var resp rpc.AttrResp
 	req := &rpc.SetDirLayoutReq{Hdr: c.hdr(), Dir: dir, StripeSize: stripeSize, StripeCount: stripeCount}
 	gen, at := c.dirs.begin()
