@@ -36,6 +36,16 @@ func delegatedDir(t *testing.T, a *Client, name string) rpc.Attr {
 	return d
 }
 
+// holder is a client with create delegations on under policy, which
+// keeps what it holds for a minute without creates.
+func holder(tc *testCluster, policy string) *Client {
+	a := tc.client(func(c *Config) { c.CreateDelegation = true; c.SyncPolicy = policy })
+	a.deleg.mu.Lock()
+	a.deleg.idle = time.Minute
+	a.deleg.mu.Unlock()
+	return a
+}
+
 func createWrite(t *testing.T, c *Client, dir uint64, name string, data []byte) error {
 	t.Helper()
 	bg := context.Background()
@@ -58,10 +68,7 @@ func TestLocalCreatesFlushInBatches(t *testing.T) {
 		t.Run(policy, func(t *testing.T) {
 			tc := startCluster(t, clusterOpts{})
 			bg := context.Background()
-			a := tc.client(func(c *Config) { c.CreateDelegation = true; c.SyncPolicy = policy })
-			a.deleg.mu.Lock()
-			a.deleg.idle = time.Minute
-			a.deleg.mu.Unlock()
+			a := holder(tc, policy)
 			b := tc.client(nil)
 			d := delegatedDir(t, a, "d")
 
@@ -131,10 +138,7 @@ func TestLocalCreatesFlushInBatches(t *testing.T) {
 func TestLocalCreatesSeenOnRecall(t *testing.T) {
 	tc := startCluster(t, clusterOpts{})
 	bg := context.Background()
-	a := tc.client(func(c *Config) { c.CreateDelegation = true; c.SyncPolicy = SyncPolicyAsync })
-	a.deleg.mu.Lock()
-	a.deleg.idle = time.Minute
-	a.deleg.mu.Unlock()
+	a := holder(tc, SyncPolicyAsync)
 	b := tc.client(nil)
 	d := delegatedDir(t, a, "d")
 	var open []*File
@@ -175,10 +179,7 @@ func TestLocalCreatesSeenOnRecall(t *testing.T) {
 func TestLocalCreateRefusedFailsClose(t *testing.T) {
 	tc := startCluster(t, clusterOpts{})
 	bg := context.Background()
-	a := tc.client(func(c *Config) { c.CreateDelegation = true; c.SyncPolicy = SyncPolicyAsync })
-	a.deleg.mu.Lock()
-	a.deleg.idle = time.Minute
-	a.deleg.mu.Unlock()
+	a := holder(tc, SyncPolicyAsync)
 	d := delegatedDir(t, a, "d")
 	orig, err := a.Lookup(bg, d.Ino, "pre0")
 	if err != nil {

@@ -42,6 +42,45 @@ func TestCreateDelegationMounts(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// Held: A answers its lookups of new names and its creates itself;
+	// its own renames, unlinks, stats and listings there see them.
+	local := ca.Ops("create_local")
+	for i := 0; i < n; i++ {
+		must(t, os.WriteFile(filepath.Join(d, fmt.Sprint("g", i)), content(i), 0o644))
+	}
+	if ca.Ops("create_local") == local {
+		t.Fatal("A answered none of its creates itself under the delegation")
+	}
+	if _, err := os.Stat(filepath.Join(d, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stat of a missing name on A: %v", err)
+	}
+	must(t, os.Rename(filepath.Join(d, "g0"), filepath.Join(d, "renamed")))
+	must(t, os.Remove(filepath.Join(d, "g1")))
+	for i := 2; i < n; i++ {
+		fi, err := os.Stat(filepath.Join(d, fmt.Sprint("g", i)))
+		if err != nil || fi.Size() != int64(len(content(i))) {
+			t.Fatalf("g%d on A: %v, %v", i, fi, err)
+		}
+	}
+	if ents, err := os.ReadDir(d); err != nil || len(ents) != 2*n-1 {
+		t.Fatalf("A lists %d entries (%v), want %d", len(ents), err, 2*n-1)
+	}
+	for i := 0; i < n; i++ {
+		name := fmt.Sprint("g", i)
+		switch i {
+		case 0:
+			name = "renamed"
+		case 1:
+			if _, err := os.Stat(filepath.Join(b, "d", name)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("B sees g1, removed by A: %v", err)
+			}
+			continue
+		}
+		got, err := os.ReadFile(filepath.Join(b, "d", name))
+		if err != nil || !bytes.Equal(got, content(i)) {
+			t.Fatalf("%s read from B: %d bytes, %v; want %d", name, len(got), err, len(content(i)))
+		}
+	}
 	for i := 0; i < n; i++ {
 		got, err := os.ReadFile(filepath.Join(b, "d", fmt.Sprint("f", i)))
 		if err != nil {
