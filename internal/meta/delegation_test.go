@@ -578,3 +578,27 @@ func TestSnapshotKeepsRangesAndDelegations(t *testing.T) {
 		t.Fatalf("batch on the restored range: %v %+v", e, resp.Results[0].Attr)
 	}
 }
+
+// A number a live session reserved is known to the orphan checks
+// (MInodesKnown, fsck): a client writes chunks under it before its
+// create reaches the service. The session's end makes it an orphan's.
+func TestReservedNumbersKnownWhileSessionLives(t *testing.T) {
+	s := openService(t, testConfig(t, ""))
+	raw := newClient(t, s.Addr())
+	a := libClient(t, s.Addr())
+	r := reserve(t, a, 8)
+	known := func() []bool {
+		var resp rpc.InodesKnownResp
+		if err := raw.call(rpc.MInodesKnown, &rpc.InodesKnownReq{Inos: []uint64{r.start, r.end - 1, r.end}}, &resp); err != nil {
+			t.Fatal(err)
+		}
+		return resp.Known
+	}
+	if got := known(); !got[0] || !got[1] || got[2] {
+		t.Fatalf("reserved [%d,%d): known %v for first, last, past the end; want true, true, false", r.start, r.end, got)
+	}
+	a.Close()
+	if got := known(); got[0] || got[1] {
+		t.Fatalf("after the session's end: known %v, want none", got)
+	}
+}

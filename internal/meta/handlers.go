@@ -399,6 +399,8 @@ func (s *Service) register() {
 			return nil, rpc.Errorf(syscall.EINVAL, "%d inode numbers in one call; at most %d", len(r.Inos), rpc.MaxInodesKnown)
 		}
 		resp := &rpc.InodesKnownResp{NextIno: s.fsm.nextIno(), Known: make([]bool, len(r.Inos))}
+		var reserved []inoRange
+		loaded := false
 		for i, ino := range r.Inos {
 			_, err := s.db.Get(schema.InodeKey(ino))
 			switch {
@@ -406,6 +408,18 @@ func (s *Service) register() {
 				resp.Known[i] = true
 			case !errors.Is(err, kv.ErrNotFound):
 				return nil, rpc.Errorf(syscall.EIO, "read inode %d: %v", ino, err)
+			default:
+				// A number a live session reserved may have chunks
+				// before its create reaches the service (a create
+				// answered by the client under a delegation): not an
+				// orphan while the session lives.
+				if !loaded {
+					if reserved, err = reservedRanges(s.db); err != nil {
+						return nil, err
+					}
+					loaded = true
+				}
+				resp.Known[i] = inRanges(reserved, ino)
 			}
 		}
 		return resp, nil

@@ -310,3 +310,71 @@ func (s *Service) createBatchHandler(ctx context.Context, r *rpc.CreateBatchReq)
 	s.noteNoGroups(err)
 	return resp, err
 }
+
+// inoRange is [start, end) of inode numbers.
+type inoRange struct{ start, end uint64 }
+
+// reservedRanges lists the inode ranges every live session holds
+// (opReserveInos), for the orphan checks (MInodesKnown): a chunk of a
+// reserved number belongs to a create its client has answered and not
+// yet sent.
+func reservedRanges(r kv.Reader) ([]inoRange, error) {
+	clients, err := readRecordKeys(r, schema.SessionPrefix(), schema.DecodeSessionKey, "session")
+	if err != nil {
+		return nil, err
+	}
+	var out []inoRange
+	for _, client := range clients {
+		p := schema.SessionRangePrefix(client)
+		it, err := r.NewIter(p, kv.PrefixEnd(p))
+		if err != nil {
+			return nil, err
+		}
+		for ok := it.First(); ok; ok = it.Next() {
+			_, start, err := schema.DecodeSessionRangeKey(it.Key())
+			if err != nil {
+				it.Close()
+				return nil, rpc.Errorf(syscall.EIO, "%v", err)
+			}
+			rg, err := schema.DecodeSessionRange(it.Value())
+			if err != nil {
+				it.Close()
+				return nil, rpc.Errorf(syscall.EIO, "inode range %d of session %d: %v", start, client, err)
+			}
+			out = append(out, inoRange{start, rg.End})
+		}
+		err = it.Error()
+		it.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func inRanges(rs []inoRange, ino uint64) bool {
+	for _, r := range rs {
+		if ino >= r.start && ino < r.end {
+			return true
+		}
+	}
+	return false
+}
+
+// readRecordKeys decodes the keys under prefix p.
+func readRecordKeys[T any](r kv.Reader, p []byte, decode func([]byte) (T, error), what string) ([]T, error) {
+	it, err := r.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []T
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := decode(it.Key())
+		if err != nil {
+			return nil, rpc.Errorf(syscall.EIO, "%s key %x: %v", what, it.Key(), err)
+		}
+		out = append(out, v)
+	}
+	return out, it.Error()
+}
