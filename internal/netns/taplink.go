@@ -70,10 +70,12 @@ func openTap(ns, name string) (*os.File, error) {
 }
 
 // forward copies frames from src to dst, each held until delay after it
-// was read.
+// was read. The delay is read while the frame waits, so a frame read
+// under a delay goes at once when the delay is lifted (Heal): a healed
+// link carries no frames still paced by the fault.
 func (l *tapLink) forward(src, dst *os.File, delay *atomic.Int64) {
 	type frame struct {
-		due  time.Time
+		read time.Time
 		data []byte
 	}
 	q := make(chan frame, tapQueue)
@@ -95,7 +97,7 @@ func (l *tapLink) forward(src, dst *os.File, delay *atomic.Int64) {
 				return
 			}
 			select {
-			case q <- frame{time.Now().Add(time.Duration(delay.Load())), append([]byte(nil), buf[:n]...)}:
+			case q <- frame{time.Now(), append([]byte(nil), buf[:n]...)}:
 			default: // queue full: dropped
 			}
 		}
@@ -103,8 +105,12 @@ func (l *tapLink) forward(src, dst *os.File, delay *atomic.Int64) {
 	go func() {
 		defer l.wg.Done()
 		for fr := range q {
-			if d := time.Until(fr.due); d > 0 {
-				time.Sleep(d)
+			for {
+				d := time.Until(fr.read.Add(time.Duration(delay.Load())))
+				if d <= 0 {
+					break
+				}
+				time.Sleep(min(d, 5*time.Millisecond))
 			}
 			_, _ = dst.Write(fr.data) // a down device refuses: the frame is lost
 		}
