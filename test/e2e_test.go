@@ -340,6 +340,10 @@ func TestBadFlagsExitNonZero(t *testing.T) {
 		{[]string{"mount", "--meta", "127.0.0.1:1", "--key-file", keyFile, "--write-through-bytes", "-1", t.TempDir()}, "write-through"},
 		{[]string{"up", "--data", t.TempDir(), "--mount", t.TempDir(), "--kernel-read-ahead-bytes", "-4096"}, "kernel-read-ahead"},
 		{[]string{"mount", "--meta", "127.0.0.1:1", "--key-file", keyFile, "--kernel-read-ahead-bytes", "-1", t.TempDir()}, "kernel-read-ahead"},
+		// Create delegations are on by default and off under strict;
+		// asked for under strict, refused.
+		{[]string{"up", "--data", t.TempDir(), "--mount", t.TempDir(), "--sync-policy", "strict", "--create-delegation"}, "not for --sync-policy strict"},
+		{[]string{"mount", "--meta", "127.0.0.1:1", "--key-file", keyFile, "--sync-policy", "strict", "--create-delegation", t.TempDir()}, "not for sync policy"},
 	}
 	for _, c := range cases {
 		out, err := runBounded(20*time.Second, bin, c.args...)

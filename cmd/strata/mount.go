@@ -66,6 +66,9 @@ func init() {
 			if abs, err := filepath.Abs(args[0]); err == nil {
 				cfg.MountPoint = abs // as `strata status` shows it
 			}
+			if cfg.SyncPolicy == client.SyncPolicyStrict && !cmd.Flags().Changed("create-delegation") {
+				cfg.CreateDelegation = false // on by default, but not for strict
+			}
 			if err := cfg.Validate(); err != nil {
 				return usagef("mount: %v", err)
 			}
@@ -78,7 +81,7 @@ func init() {
 	tf.register(f)
 	f.DurationVar(&cfg.IOTimeout, "io-timeout", cfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
 	f.StringVar(&cfg.SyncPolicy, "sync-policy", cfg.SyncPolicy, syncPolicyUsage)
-	f.BoolVar(&cfg.CreateDelegation, "create-delegation", false, createDelegationUsage)
+	f.BoolVar(&cfg.CreateDelegation, "create-delegation", true, createDelegationUsage)
 	f.Int64Var(&cfg.WriteBehindBytes, "write-behind-bytes", cfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
 	f.Int64Var(&cfg.ReadAheadBytes, "read-ahead-bytes", cfg.ReadAheadBytes, "how far ahead of a sequential reader to prefetch (0 = off)")
 	f.Int64Var(&cfg.WriteThroughBytes, "write-through-bytes", cfg.WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
@@ -92,8 +95,8 @@ func init() {
 const metaFlagUsage = "metadata service: its voters' addresses, host:port[,host:port...] (calls go to the leader among them)"
 
 // createDelegationUsage explains --create-delegation (mount and up).
-const createDelegationUsage = "experimental: after a run of creates in a directory, ask for its create delegation (docs/design/0016), given back on another mount's access, when idle and at unmount; " +
-	"creates are not yet answered locally under it; not with --sync-policy strict"
+const createDelegationUsage = "after a run of creates in a directory, hold its create delegation (docs/design/0016): this mount then answers lookups of new names and creates there itself " +
+	"and sends the creates in batches; given back on another mount's access, when idle and at unmount; off under --sync-policy strict"
 
 // syncPolicyUsage explains --sync-policy (mount and up).
 const syncPolicyUsage = "sync: close puts written data on stable storage and commits the size durably (a close that wrote nothing waits for nothing; names are durable within 5 ms or at fsync); " +

@@ -81,7 +81,10 @@ on the same --data it serves the same files.`,
 				return usagef("--sync-policy %q: want sync, strict or async", syncPolicy)
 			}
 			if createDeleg && syncPolicy == client.SyncPolicyStrict {
-				return usagef("--create-delegation is not for --sync-policy strict")
+				if cmd.Flags().Changed("create-delegation") {
+					return usagef("--create-delegation is not for --sync-policy strict")
+				}
+				createDeleg = false // on by default, but not for strict
 			}
 			if writeThrough < 0 {
 				return usagef("--write-through-bytes %d: must not be negative", writeThrough)
@@ -133,7 +136,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().IntVar(&metaVoters, "meta-voters", 1, "metadata voters (1, 3 or 5), on consecutive loopback ports from --meta-listen's, in --data/meta, --data/meta-2, ...")
 	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
 	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", syncPolicyUsage)
-	cmd.Flags().BoolVar(&createDeleg, "create-delegation", false, createDelegationUsage)
+	cmd.Flags().BoolVar(&createDeleg, "create-delegation", true, createDelegationUsage)
 	cmd.Flags().BoolVar(&strictMetaSync, "strict-meta-sync", false, "answer every namespace change only once it is on stable storage (default: at the next fsync/close barrier, or within 5 ms)")
 	cmd.Flags().Int64Var(&writeThrough, "write-through-bytes", client.DefaultConfig().WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
 	cmd.Flags().Int64Var(&kernelReadAhead, "kernel-read-ahead-bytes", fuse.DefaultKernelReadAhead, kernelReadAheadUsage)

@@ -97,10 +97,12 @@ type Config struct {
 	// rename, link, …), serve GetAttr without a metadata call. Keep it at most the mount's attribute timeout (the
 	// kernel caches attributes that long anyway); 0 turns it off.
 	DirAttrTTL time.Duration
-	// CreateDelegation (experimental, off by default) lets this client
-	// ask for a directory's create delegation (docs/design/0016) after a
-	// run of its own creates there, and give it back on recall, when idle
-	// and at unmount. Not with SyncPolicyStrict.
+	// CreateDelegation lets this client ask for a directory's create
+	// delegation (docs/design/0016) after a run of its own creates there,
+	// answer lookups of new names and creates there itself while it holds
+	// it, and give it back on recall, when idle and at unmount. Not with
+	// SyncPolicyStrict. (strata up and mount turn it on by default; the
+	// zero Config leaves it off.)
 	CreateDelegation bool
 	// Host and MountPoint describe this client in its session (shown by
 	// strata status). Host defaults to the hostname.

@@ -461,11 +461,12 @@ func (d *delegations) created(ctx context.Context, in *inode) error {
 	return nil
 }
 
-// flushAll sends every queue and waits (a barrier of the whole client:
-// syncfs, unmount). It fails with EIO, once, when creates answered here
-// were refused by the service since the last time it said so: under the
-// async policy a file closed before its create was sent learns it only
-// here (as a write-back error shows at the next syncfs).
+// flushAll sends every queue and waits (SyncMeta: a barrier of the whole
+// client, e.g. fsync of a directory). It fails with EIO, once, when
+// creates answered here were refused by the service since the last time
+// it said so: under the async policy a file closed before its create was
+// sent learns it only here (as a write-back error shows at the next
+// syncfs of a local file system).
 func (d *delegations) flushAll(ctx context.Context) error {
 	if d == nil {
 		return nil
