@@ -325,29 +325,18 @@ func reservedRanges(r kv.Reader) ([]inoRange, error) {
 	}
 	var out []inoRange
 	for _, client := range clients {
-		p := schema.SessionRangePrefix(client)
-		it, err := r.NewIter(p, kv.PrefixEnd(p))
+		rs, err := scanPrefix(r, schema.SessionRangePrefix(client), func(k, v []byte) (inoRange, error) {
+			_, start, err := schema.DecodeSessionRangeKey(k)
+			if err != nil {
+				return inoRange{}, err
+			}
+			rg, err := schema.DecodeSessionRange(v)
+			return inoRange{start, rg.End}, err
+		}, "inode range")
 		if err != nil {
 			return nil, err
 		}
-		for ok := it.First(); ok; ok = it.Next() {
-			_, start, err := schema.DecodeSessionRangeKey(it.Key())
-			if err != nil {
-				it.Close()
-				return nil, rpc.Errorf(syscall.EIO, "%v", err)
-			}
-			rg, err := schema.DecodeSessionRange(it.Value())
-			if err != nil {
-				it.Close()
-				return nil, rpc.Errorf(syscall.EIO, "inode range %d of session %d: %v", start, client, err)
-			}
-			out = append(out, inoRange{start, rg.End})
-		}
-		err = it.Error()
-		it.Close()
-		if err != nil {
-			return nil, err
-		}
+		out = append(out, rs...)
 	}
 	return out, nil
 }
@@ -359,22 +348,4 @@ func inRanges(rs []inoRange, ino uint64) bool {
 		}
 	}
 	return false
-}
-
-// readRecordKeys decodes the keys under prefix p.
-func readRecordKeys[T any](r kv.Reader, p []byte, decode func([]byte) (T, error), what string) ([]T, error) {
-	it, err := r.NewIter(p, kv.PrefixEnd(p))
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
-	var out []T
-	for ok := it.First(); ok; ok = it.Next() {
-		v, err := decode(it.Key())
-		if err != nil {
-			return nil, rpc.Errorf(syscall.EIO, "%s key %x: %v", what, it.Key(), err)
-		}
-		out = append(out, v)
-	}
-	return out, it.Error()
 }

@@ -90,6 +90,16 @@ func readServers(r kv.Reader) ([]schema.Server, error) {
 // readRecords decodes every record of r under prefix p, in key order; a
 // record that does not decode is EIO naming what and its key.
 func readRecords[T any](r kv.Reader, p []byte, decode func([]byte) (T, error), what string) ([]T, error) {
+	return scanPrefix(r, p, func(_, v []byte) (T, error) { return decode(v) }, what+" record")
+}
+
+// readRecordKeys decodes the keys under prefix p.
+func readRecordKeys[T any](r kv.Reader, p []byte, decode func([]byte) (T, error), what string) ([]T, error) {
+	return scanPrefix(r, p, func(k, _ []byte) (T, error) { return decode(k) }, what+" key")
+}
+
+// scanPrefix decodes every key and value under prefix p, in key order.
+func scanPrefix[T any](r kv.Reader, p []byte, decode func(k, v []byte) (T, error), what string) ([]T, error) {
 	it, err := r.NewIter(p, kv.PrefixEnd(p))
 	if err != nil {
 		return nil, err
@@ -97,9 +107,9 @@ func readRecords[T any](r kv.Reader, p []byte, decode func([]byte) (T, error), w
 	defer it.Close()
 	var out []T
 	for ok := it.First(); ok; ok = it.Next() {
-		v, err := decode(it.Value())
+		v, err := decode(it.Key(), it.Value())
 		if err != nil {
-			return nil, rpc.Errorf(syscall.EIO, "%s record %x: %v", what, it.Key(), err)
+			return nil, rpc.Errorf(syscall.EIO, "%s %x: %v", what, it.Key(), err)
 		}
 		out = append(out, v)
 	}
