@@ -202,7 +202,7 @@ func (d *delegations) createLocal(dir uint64, name string, mode, uid, gid uint32
 	if len(s.queue) >= flushAtCount {
 		d.kickLocked(dir, s)
 	} else if s.timer == nil && !s.flushing {
-		s.timer = time.AfterFunc(flushAfter, func() {
+		s.timer = time.AfterFunc(d.flushDelay, func() {
 			d.mu.Lock()
 			s.timer = nil
 			d.kickLocked(dir, s)
@@ -479,8 +479,10 @@ func (d *delegations) flushAll(ctx context.Context) error {
 	return nil
 }
 
+// flushQueues sends every queue and waits (cheap when none holds
+// anything).
 func (d *delegations) flushQueues(ctx context.Context) {
-	if d.npend.Load() == 0 {
+	if d == nil || d.npend.Load() == 0 {
 		return
 	}
 	d.mu.Lock()

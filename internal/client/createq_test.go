@@ -263,3 +263,36 @@ func TestLocalCreatesFlushedAtUnmount(t *testing.T) {
 		}
 	}
 }
+
+// A directory whose creates are still queued here is not empty: rmdir
+// sends them first and fails with ENOTEMPTY.
+func TestRmdirOfDirectoryWithQueuedCreates(t *testing.T) {
+	tc := startCluster(t, clusterOpts{})
+	bg := context.Background()
+	a := holder(tc, SyncPolicyAsync)
+	d := delegatedDir(t, a, "d")
+	sub := delegatedDir(t, a, "sub")
+	for i := 0; i < delegAfterCreates; i++ {
+		if _, err := a.Unlink(bg, sub.Ino, fmt.Sprint("pre", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Rename(bg, RootIno, "sub", d.Ino, "sub", 0); err != nil {
+		t.Fatal(err)
+	}
+	a.deleg.mu.Lock()
+	a.deleg.flushDelay = time.Hour // nothing but a caller sends the queue
+	a.deleg.mu.Unlock()
+	if err := createWrite(t, a, sub.Ino, "x", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if a.Queued() != 1 {
+		t.Fatalf("%d creates queued, want the one just closed", a.Queued())
+	}
+	if err := a.Rmdir(bg, d.Ino, "sub"); !errors.Is(err, syscall.ENOTEMPTY) {
+		t.Fatalf("rmdir of a directory holding a queued create: %v, want ENOTEMPTY", err)
+	}
+	if _, err := tc.client(nil).Lookup(bg, sub.Ino, "x"); err != nil {
+		t.Fatalf("the queued file after the refused rmdir: %v", err)
+	}
+}

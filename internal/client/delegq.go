@@ -39,6 +39,8 @@ const (
 type delegations struct {
 	c    *Client
 	idle time.Duration // delegIdle; tests shorten it
+	// flushDelay is flushAfter (tests lengthen it)
+	flushDelay time.Duration
 
 	mu       sync.Mutex
 	dirs     map[uint64]*dirDeleg
@@ -117,7 +119,7 @@ func (s *dirDeleg) changeLocked(name string, ino uint64, arrived bool) {
 }
 
 func newDelegations(c *Client) *delegations {
-	return &delegations{c: c, idle: delegIdle, dirs: make(map[uint64]*dirDeleg),
+	return &delegations{c: c, idle: delegIdle, flushDelay: flushAfter, dirs: make(map[uint64]*dirDeleg),
 		pending: make(map[uint64]*queuedCreate), failed: make(map[uint64]error)}
 }
 

@@ -278,6 +278,7 @@ func (c *Client) Rmdir(ctx context.Context, parent uint64, name string) error {
 		return syscall.ENAMETOOLONG
 	}
 	c.deleg.before(ctx, parent)
+	c.deleg.flushQueues(ctx) // the directory removed may have creates queued here: not empty
 	var resp rpc.DirChangeResp
 	gen, at := c.dirs.begin()
 	if err := c.metaCall(ctx, rpc.MRmdir, &rpc.EntryReq{Hdr: c.hdr(), Parent: parent, Name: name}, &resp); err != nil {
@@ -303,6 +304,7 @@ func (c *Client) Rename(ctx context.Context, oldParent uint64, oldName string, n
 	}
 	c.deleg.before(ctx, oldParent)
 	c.deleg.before(ctx, newParent)
+	c.deleg.flushQueues(ctx) // a directory replaced may have creates queued here
 	ctx, cancel := c.reportOpen(ctx)
 	defer cancel()
 	req := &rpc.RenameReq{Hdr: c.hdr(), OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, Flags: flags}
