@@ -75,7 +75,8 @@ type dirDeleg struct {
 	// answered while its delegation was asked for: the grant's listing
 	// may predate them (the holder's own calls are not held back by the
 	// grant), so they are replayed over it.
-	during []nameChange
+	during     []nameChange
+	duringLost bool // more changes than during keeps: the grant is given back
 	// recalled: being given back; nothing more is answered here.
 	recalled bool
 	// tmpl is the grant's placement template and rr the files placed
@@ -105,8 +106,12 @@ func (s *dirDeleg) changeLocked(name string, ino uint64, arrived bool) {
 	if name == "" {
 		return
 	}
-	if s.asking && len(s.during) < 4*delegMaxDirs {
-		s.during = append(s.during, nameChange{name, ino, arrived})
+	if s.asking {
+		if len(s.during) < 4*delegMaxDirs {
+			s.during = append(s.during, nameChange{name, ino, arrived})
+		} else {
+			s.duringLost = true
+		}
 	}
 	if !s.held {
 		return
@@ -225,8 +230,8 @@ func (d *delegations) ask(dir uint64) {
 	}
 	s.asking = false
 	s.creates = 0
-	during := s.during
-	s.during = nil
+	during, lost := s.during, s.duringLost
+	s.during, s.duringLost = nil, false
 	if err != nil {
 		s.until = time.Now().Add(delegBackoff)
 		d.mu.Unlock()
@@ -235,7 +240,7 @@ func (d *delegations) ask(dir uint64) {
 		}
 		return
 	}
-	give := d.closed
+	give := d.closed || lost // lost: the listing cannot be brought up to date
 	if !give {
 		s.held, s.epoch, s.recalled = true, resp.Epoch, false
 		s.names = make(map[string]uint64, len(resp.Entries))
