@@ -50,13 +50,20 @@ type queuedCreate struct {
 }
 
 // inoPool is the unused part of the inode numbers this client reserved,
-// valid for the session that reserved them.
+// valid for the session that reserved them: [next, end) in use, then
+// [spareStart, spareEnd), reserved ahead. Every number is handed out
+// before its range is left: an unused remainder would stay one of the
+// session's few ranges (rpc.MaxSessionRanges) until the session ends.
 type inoPool struct {
-	session    uint64
-	next, end  uint64
-	asking     bool
-	refusedTil time.Time // a refused reservation is not asked again before
+	session              uint64
+	next, end            uint64
+	spareStart, spareEnd uint64
+	asking               bool
+	refusedTil           time.Time // a refused reservation is not asked again before
 }
+
+// left is how many numbers the pool holds.
+func (p *inoPool) left() uint64 { return p.end - p.next + p.spareEnd - p.spareStart }
 
 // template is a grant's placement template, ready for layout.Choose.
 type template struct {
@@ -101,13 +108,16 @@ func (t *template) place(n uint64) (layout.Layout, bool) {
 func (d *delegations) takeInoLocked() (uint64, bool) {
 	p := &d.pool
 	if p.session != d.c.ClientID() { // a new session: the old ranges went with the old one
-		p.next, p.end = 0, 0
+		p.next, p.end, p.spareStart, p.spareEnd = 0, 0, 0, 0
 	}
-	if p.end-p.next < inoPoolLow {
+	if p.left() < inoPoolLow {
 		d.refillLocked()
 	}
 	if p.next >= p.end {
-		return 0, false
+		if p.spareStart >= p.spareEnd {
+			return 0, false
+		}
+		p.next, p.end, p.spareStart, p.spareEnd = p.spareStart, p.spareEnd, 0, 0
 	}
 	ino := p.next
 	p.next++
@@ -128,8 +138,8 @@ func (d *delegations) refillLocked() {
 	}()
 }
 
-// refill reserves inoPoolAsk numbers; the pool takes them when it is
-// (nearly) used up. A range left unused is the session's until it ends.
+// refill reserves inoPoolAsk numbers for the pool: used once the numbers
+// it holds are.
 func (d *delegations) refill() {
 	session := d.c.ClientID()
 	ctx, cancel := context.WithTimeout(d.c.ctx, min(d.c.cfg.IOTimeout, 5*time.Second))
@@ -148,14 +158,27 @@ func (d *delegations) refill() {
 		}
 		return
 	}
-	if p.session == session && p.next < p.end {
-		// Numbers are left: use them first. The new range waits for
-		// the next refill's turn; keep the larger remainder.
-		if n <= p.end-p.next {
-			return
-		}
+	if !p.add(session, start, n) {
+		// Cannot be: one reservation at a time, asked only while low.
+		d.c.log.Warn("inode numbers reserved with the pool full: left unused until the session ends", "start", start, "count", n)
 	}
-	p.session, p.next, p.end = session, start, start+n
+}
+
+// add puts the range [start, start+n) that session reserved after the
+// numbers the pool holds; false when it holds a spare already.
+func (p *inoPool) add(session, start, n uint64) bool {
+	if p.session != session {
+		p.session, p.next, p.end, p.spareStart, p.spareEnd = session, 0, 0, 0, 0
+	}
+	switch {
+	case p.next >= p.end:
+		p.next, p.end = start, start+n
+	case p.spareStart >= p.spareEnd:
+		p.spareStart, p.spareEnd = start, start+n
+	default:
+		return false
+	}
+	return true
 }
 
 // createLocal answers a create of regular file name in dir here when this

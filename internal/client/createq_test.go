@@ -296,3 +296,49 @@ func TestRmdirOfDirectoryWithQueuedCreates(t *testing.T) {
 		t.Fatalf("the queued file after the refused rmdir: %v", err)
 	}
 }
+
+// The pool hands out every number it reserved before it moves on: the
+// remainder of a range is used before the range reserved ahead, not left
+// to the session as one of its few ranges (rpc.MaxSessionRanges).
+func TestInoPoolUsesEveryNumber(t *testing.T) {
+	tc := startCluster(t, clusterOpts{})
+	a := holder(tc, SyncPolicyAsync)
+	d := a.deleg
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.pool.asking = true // no background reservation: the ranges come from here
+	id := a.ClientID()
+	if !d.pool.add(id, 1000, 600) {
+		t.Fatal("an empty pool refused a range")
+	}
+	var got []uint64
+	take := func(n int) {
+		for i := 0; i < n; i++ {
+			ino, ok := d.takeInoLocked()
+			if !ok {
+				t.Fatalf("the pool ran dry after %d numbers", len(got))
+			}
+			got = append(got, ino)
+		}
+	}
+	take(100) // 500 left: low, a reservation would be asked for
+	if !d.pool.add(id, 5000, 600) {
+		t.Fatal("a pool with numbers left refused the range reserved ahead")
+	}
+	if d.pool.add(id, 9000, 600) {
+		t.Fatal("a pool holding a spare took a third range")
+	}
+	take(1100)
+	for i, ino := range got {
+		want := uint64(1000 + i)
+		if i >= 600 {
+			want = uint64(5000 + i - 600)
+		}
+		if ino != want {
+			t.Fatalf("number %d handed out: %d, want %d (every number of a range before the next)", i, ino, want)
+		}
+	}
+	if ino, ok := d.takeInoLocked(); ok {
+		t.Fatalf("both ranges handed out, and then %d", ino)
+	}
+}
