@@ -246,6 +246,28 @@ func slotAllocsOf(as []rpc.SlotAlloc) []slotAlloc {
 	return out
 }
 
+// encodeSlotAllocs appends a count and each (Slot, Bytes);
+// decodeSlotAllocs reads them back (nil for none).
+func encodeSlotAllocs(e *codec.Enc, as []slotAlloc) {
+	e.U64(uint64(len(as)))
+	for _, a := range as {
+		e.U32(a.Slot)
+		e.U64(a.Bytes)
+	}
+}
+
+func decodeSlotAllocs(d *codec.Dec) []slotAlloc {
+	n := d.Count()
+	if n == 0 {
+		return nil
+	}
+	out := make([]slotAlloc, n)
+	for i := range out {
+		out[i] = slotAlloc{Slot: d.U32(), Bytes: d.U64()}
+	}
+	return out
+}
+
 // errNewerCommand marks a command written by a newer version of Strata.
 var errNewerCommand = errors.New("raft command written by a newer Strata")
 
@@ -341,11 +363,7 @@ func (c *command) encode(b []byte) []byte {
 		e.Bool(c.ClearSuid)
 		// Appended (absent in entries written before it): the space of
 		// the chunks the client changed.
-		e.U64(uint64(len(c.Alloc)))
-		for _, a := range c.Alloc {
-			e.U32(a.Slot)
-			e.U64(a.Bytes)
-		}
+		encodeSlotAllocs(e, c.Alloc)
 	case opSetDirLayout:
 		e.U64(c.Ino)
 		e.U64(c.Size)
@@ -435,11 +453,7 @@ func (c *command) encode(b []byte) []byte {
 				e.Bool(b.Written)
 				e.U64(b.Size)
 				e.I64(b.Mtime)
-				e.U64(uint64(len(b.Alloc)))
-				for _, a := range b.Alloc {
-					e.U32(a.Slot)
-					e.U64(a.Bytes)
-				}
+				encodeSlotAllocs(e, b.Alloc)
 			}
 		}
 	case opDelegate:
@@ -532,12 +546,7 @@ func decodeCommand(b []byte, c *command) error {
 		c.Mtime = d.I64()
 		c.ClearSuid = d.Bool()
 		if d.Len() > 0 { // absent from entries written before it
-			if n := d.Count(); n > 0 {
-				c.Alloc = make([]slotAlloc, n)
-				for i := range c.Alloc {
-					c.Alloc[i] = slotAlloc{Slot: d.U32(), Bytes: d.U64()}
-				}
-			}
+			c.Alloc = decodeSlotAllocs(d)
 		}
 	case opSetDirLayout:
 		c.Ino = d.U64()
@@ -626,12 +635,7 @@ func decodeCommand(b []byte, c *command) error {
 					b.Written = d.Bool()
 					b.Size = d.U64()
 					b.Mtime = d.I64()
-					if n := d.Count(); n > 0 {
-						b.Alloc = make([]slotAlloc, n)
-						for j := range b.Alloc {
-							b.Alloc[j] = slotAlloc{Slot: d.U32(), Bytes: d.U64()}
-						}
-					}
+					b.Alloc = decodeSlotAllocs(d)
 				}
 			}
 		}
