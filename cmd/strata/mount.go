@@ -82,6 +82,7 @@ func init() {
 	f.DurationVar(&cfg.IOTimeout, "io-timeout", cfg.IOTimeout, "how long to wait for an unreachable server before failing with EIO")
 	f.StringVar(&cfg.SyncPolicy, "sync-policy", cfg.SyncPolicy, syncPolicyUsage)
 	f.BoolVar(&cfg.CreateDelegation, "create-delegation", true, createDelegationUsage)
+	f.IntVar(&cfg.InlineBytes, "inline-bytes", defaultInlineBytes, inlineBytesUsage)
 	f.Int64Var(&cfg.WriteBehindBytes, "write-behind-bytes", cfg.WriteBehindBytes, "memory for buffered writes not yet on the servers")
 	f.Int64Var(&cfg.ReadAheadBytes, "read-ahead-bytes", cfg.ReadAheadBytes, "how far ahead of a sequential reader to prefetch (0 = off)")
 	f.Int64Var(&cfg.WriteThroughBytes, "write-through-bytes", cfg.WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
@@ -97,6 +98,14 @@ const metaFlagUsage = "metadata service: its voters' addresses, host:port[,host:
 // createDelegationUsage explains --create-delegation (mount and up).
 const createDelegationUsage = "after a run of creates in a directory, hold its create delegation (docs/design/0016): this mount then answers lookups of new names and creates there itself " +
 	"and sends the creates in batches; given back on another mount's access, when idle and at unmount; off under --sync-policy strict"
+
+// defaultInlineBytes is --inline-bytes' default (mount and up): files of
+// up to one 4 KiB block.
+const defaultInlineBytes = 4096
+
+// inlineBytesUsage explains --inline-bytes (mount and up).
+const inlineBytesUsage = "a file created under a create delegation and closed at no more than this many bytes keeps its data with its inode in the metadata service " +
+	"(docs/design/0017: no chunk file, reads answered with the open; moved to the storage servers at its first write); 0: never"
 
 // syncPolicyUsage explains --sync-policy (mount and up).
 const syncPolicyUsage = "sync: close puts written data on stable storage and commits the size durably (a close that wrote nothing waits for nothing; names are durable within 5 ms or at fsync); " +

@@ -31,17 +31,17 @@ import (
 
 func init() {
 	var (
-		dataDir, mountDir, metaListen, syncPolicy string
-		strictMetaSync, createDeleg               bool
-		stores, targetsPerStore, metaVoters       int
-		writeThrough, kernelReadAhead             int64
-		pprofAddr, metaDiskReserve                string
-		syncInterval                              time.Duration
-		debugFuse, ha, mirrorRoot, serveNFS       bool
-		nfsPort                                   int
-		nfsExport                                 string
-		haRestartDelay, failoverTimeout           time.Duration
-		tf                                        tlsFlags
+		dataDir, mountDir, metaListen, syncPolicy        string
+		strictMetaSync, createDeleg                      bool
+		stores, targetsPerStore, metaVoters, inlineBytes int
+		writeThrough, kernelReadAhead                    int64
+		pprofAddr, metaDiskReserve                       string
+		syncInterval                                     time.Duration
+		debugFuse, ha, mirrorRoot, serveNFS              bool
+		nfsPort                                          int
+		nfsExport                                        string
+		haRestartDelay, failoverTimeout                  time.Duration
+		tf                                               tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -117,8 +117,8 @@ on the same --data it serves the same files.`,
 			err = runUp(cmd.Context(), upOptions{
 				dataDir: dataDir, mountDir: mountDir, metaListen: metaListen, syncPolicy: syncPolicy,
 				stores: stores, targetsPerStore: targetsPerStore, metaVoters: metaVoters, strictMetaSync: strictMetaSync,
-				createDelegation: createDeleg,
-				writeThrough:     writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
+				createDelegation: createDeleg, inlineBytes: inlineBytes,
+				writeThrough: writeThrough, kernelReadAhead: kernelReadAhead, metaDiskReserve: int64(reserve),
 				tls: tc, syncInterval: syncInterval, pprof: pprofAddr != "", debugFuse: debugFuse,
 				ha: ha, haRestartDelay: haRestartDelay, failoverTimeout: failoverTimeout, tlsFiles: tf, mirrorRoot: mirrorRoot,
 				nfs: serveNFS, nfsPort: nfsPort, nfsPortSet: cmd.Flags().Changed("nfs-port"), nfsExport: nfsExport,
@@ -137,6 +137,7 @@ on the same --data it serves the same files.`,
 	cmd.Flags().IntVar(&targetsPerStore, "targets-per-store", 2, "targets per storage server")
 	cmd.Flags().StringVar(&syncPolicy, "sync-policy", "sync", syncPolicyUsage)
 	cmd.Flags().BoolVar(&createDeleg, "create-delegation", true, createDelegationUsage)
+	cmd.Flags().IntVar(&inlineBytes, "inline-bytes", defaultInlineBytes, inlineBytesUsage)
 	cmd.Flags().BoolVar(&strictMetaSync, "strict-meta-sync", false, "answer every namespace change only once it is on stable storage (default: at the next fsync/close barrier, or within 5 ms)")
 	cmd.Flags().Int64Var(&writeThrough, "write-through-bytes", client.DefaultConfig().WriteThroughBytes, "while several handles write, writes this large go to the servers from the request without a copy (0 = buffer all)")
 	cmd.Flags().Int64Var(&kernelReadAhead, "kernel-read-ahead-bytes", fuse.DefaultKernelReadAhead, kernelReadAheadUsage)
@@ -163,6 +164,7 @@ type upOptions struct {
 	metaVoters                                int // 1: a single node, as before
 	strictMetaSync                            bool
 	createDelegation                          bool // client.Config.CreateDelegation
+	inlineBytes                               int  // client.Config.InlineBytes
 	writeThrough, kernelReadAhead             int64
 	metaDiskReserve                           int64       // 0: none
 	tls                                       *tls.Config // mutual TLS of the services and the client (nil: none)
@@ -258,6 +260,7 @@ func runUp(ctx context.Context, o upOptions) (err error) {
 	ccfg.TLS = o.tls
 	ccfg.SyncPolicy = o.syncPolicy
 	ccfg.CreateDelegation = o.createDelegation
+	ccfg.InlineBytes = o.inlineBytes
 	ccfg.WriteThroughBytes = o.writeThrough
 	ccfg.MountPoint = mountDir
 	cl, err := client.New(ctx, ccfg)

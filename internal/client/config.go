@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stratafs/strata/internal/rpc"
 	"github.com/stratafs/strata/internal/transport"
 )
 
@@ -104,6 +105,13 @@ type Config struct {
 	// SyncPolicyStrict. (strata up and mount turn it on by default; the
 	// zero Config leaves it off.)
 	CreateDelegation bool
+	// InlineBytes: a file this client creates under a create delegation
+	// and closes at no more than this many bytes, all written before its
+	// create was sent, keeps its data with its inode in the metadata
+	// service instead of in a chunk (docs/design/0017); 0 never. At most
+	// rpc.MaxInlineBytes. (strata up and mount set 4 KiB by default; the
+	// zero Config leaves it off.)
+	InlineBytes int
 	// Host and MountPoint describe this client in its session (shown by
 	// strata status). Host defaults to the hostname.
 	Host       string
@@ -148,6 +156,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReadAheadBytes < 0 {
 		errs = append(errs, fmt.Errorf("read-ahead bytes %d must not be negative", c.ReadAheadBytes))
+	}
+	if c.InlineBytes < 0 || c.InlineBytes > rpc.MaxInlineBytes {
+		errs = append(errs, fmt.Errorf("inline bytes %d must be 0..%d", c.InlineBytes, rpc.MaxInlineBytes))
 	}
 	if c.WriteThroughBytes < 0 {
 		errs = append(errs, fmt.Errorf("write-through bytes %d must not be negative", c.WriteThroughBytes))

@@ -27,6 +27,11 @@ const (
 	flushAfter = 2 * time.Millisecond
 	// flushAtCount creates in a queue send it at once.
 	flushAtCount = 64
+	// holdWriting is how long a create whose file is open for writing
+	// here stays queued at most while other creates of its directory are
+	// sent: a small file closed meanwhile keeps its data with its inode
+	// (inline.go), which a sent create no longer can.
+	holdWriting = 50 * time.Millisecond
 	// inoPoolAsk numbers are reserved at a time; inoPoolLow left make
 	// the client reserve more in the background.
 	inoPoolAsk = 2048
@@ -47,6 +52,15 @@ type queuedCreate struct {
 	err   error     // the create's failure (reported at the file's fsync or close)
 	stamp rpc.Stamp // the raft entry that made it
 	seq   uint64    // Client.metaChanged after the answer
+	// writing: the file is open for writing here and not closed yet
+	// (held back from flushes for up to holdWriting after at).
+	writing bool
+	at      time.Time
+}
+
+// heldLocked reports whether a flush leaves q queued (d.mu held).
+func (q *queuedCreate) heldLocked(now time.Time) bool {
+	return q.writing && now.Sub(q.at) < holdWriting
 }
 
 // inoPool is the unused part of the inode numbers this client reserved,
@@ -184,7 +198,7 @@ func (p *inoPool) add(session, start, n uint64) bool {
 // createLocal answers a create of regular file name in dir here when this
 // client holds dir's delegation and has what it needs (a number, a
 // placement); ok false: make it at the service.
-func (d *delegations) createLocal(dir uint64, name string, mode, uid, gid uint32) (a rpc.Attr, q *queuedCreate, ok bool) {
+func (d *delegations) createLocal(dir uint64, name string, mode, uid, gid uint32, writing bool) (a rpc.Attr, q *queuedCreate, ok bool) {
 	if !d.on() {
 		return a, nil, false
 	}
@@ -214,7 +228,7 @@ func (d *delegations) createLocal(dir uint64, name string, mode, uid, gid uint32
 	mode = syscall.S_IFREG | mode&07777
 	a = rpc.Attr{Ino: ino, Mode: mode, Nlink: 1, Uid: uid, Gid: gid, Atime: t, Mtime: t, Ctime: t,
 		Layout: lay, BlocksKnown: true}
-	q = &queuedCreate{dir: dir, done: make(chan struct{}),
+	q = &queuedCreate{dir: dir, done: make(chan struct{}), writing: writing, at: now,
 		bc: rpc.BatchCreate{Parent: dir, Name: name, Ino: ino, Mode: mode & 07777, Uid: uid, Gid: gid, Time: t, Layout: lay}}
 	s.queue = append(s.queue, q)
 	s.lastQ = q
@@ -284,14 +298,31 @@ func (d *delegations) flush(dir uint64, s *dirDeleg) {
 	defer d.c.wg.Done()
 	for {
 		d.mu.Lock()
-		n := min(len(s.queue), rpc.MaxCreateBatch)
+		batch, rest := takeBatchLocked(s.queue, s.force, time.Now())
+		n := len(batch)
 		if n == 0 {
 			s.flushing = false
+			if len(rest) == 0 {
+				s.force = false
+			} else if s.timer == nil {
+				// Only files still being written: send them when their
+				// hold ends, unless their close comes first (closing).
+				wait := holdWriting
+				for _, q := range rest {
+					wait = min(wait, holdWriting-time.Since(q.at))
+				}
+				s.timer = time.AfterFunc(max(wait, flushAfter), func() {
+					d.mu.Lock()
+					s.timer = nil
+					d.kickLocked(dir, s)
+					d.mu.Unlock()
+				})
+			}
 			d.mu.Unlock()
 			return
 		}
-		batch := s.queue[:n:n]
-		s.queue = s.queue[n:]
+		s.queue = rest
+		s.lastSent = batch[n-1]
 		creates := make([]rpc.BatchCreate, n)
 		for i, q := range batch {
 			q.sent = true
@@ -338,6 +369,54 @@ func (d *delegations) flush(dir uint64, s *dirDeleg) {
 				d.c.noteCreation(q.bc.Ino, q.stamp, q.seq)
 			}
 		}
+	}
+}
+
+// takeBatchLocked splits queue into the next batch to send — in order, at
+// most rpc.MaxCreateBatch, without the creates of files still being
+// written here unless force — and the rest, in order. Leaving a create
+// behind a later one is safe: a directory's queued names are distinct, and
+// whatever needs the whole queue sent forces it (before).
+func takeBatchLocked(queue []*queuedCreate, force bool, now time.Time) (batch, rest []*queuedCreate) {
+	if force {
+		n := min(len(queue), rpc.MaxCreateBatch)
+		return queue[:n:n], queue[n:]
+	}
+	for i, q := range queue {
+		if len(batch) == rpc.MaxCreateBatch {
+			rest = append(rest, queue[i:]...)
+			break
+		}
+		if q.heldLocked(now) {
+			rest = append(rest, q)
+		} else {
+			batch = append(batch, q)
+		}
+	}
+	return batch, rest
+}
+
+// closing notes that ino, whose create may be queued here, is being
+// closed: its create is not held back any more, and goes out with the
+// next flush (started the usual flushAfter later if none is due).
+func (d *delegations) closing(ino uint64) {
+	if d == nil || d.npend.Load() == 0 {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q := d.pending[ino]
+	if q == nil || !q.writing {
+		return
+	}
+	q.writing = false
+	if s := d.dirs[q.dir]; s != nil && s.timer == nil && !s.flushing {
+		s.timer = time.AfterFunc(d.flushDelay, func() {
+			d.mu.Lock()
+			s.timer = nil
+			d.kickLocked(q.dir, s)
+			d.mu.Unlock()
+		})
 	}
 }
 
@@ -415,6 +494,7 @@ func (d *delegations) fold(in *inode, pre []slotSpace) bool {
 // wait kicks q's flush and waits for the service's answer to it.
 func (d *delegations) wait(ctx context.Context, q *queuedCreate) {
 	d.mu.Lock()
+	q.writing = false // asked for: not held back
 	if s := d.dirs[q.dir]; s != nil {
 		d.kickLocked(q.dir, s)
 	}
@@ -436,11 +516,18 @@ func (d *delegations) before(ctx context.Context, ino uint64) {
 	d.mu.Lock()
 	q := d.pending[ino]
 	if q == nil {
-		if s := d.dirs[ino]; s != nil && s.lastQ != nil {
-			select {
-			case <-s.lastQ.done:
-			default:
-				q = s.lastQ // flushes are in order: the last done means all done
+		if s := d.dirs[ino]; s != nil {
+			if len(s.queue) > 0 {
+				// Everything, files being written included, in order:
+				// the last sent means all sent.
+				s.force = true
+				q = s.queue[len(s.queue)-1]
+			} else if s.lastSent != nil {
+				select {
+				case <-s.lastSent.done:
+				default:
+					q = s.lastSent // the batch on its way, the last of all
+				}
 			}
 		}
 	}

@@ -89,8 +89,15 @@ type dirDeleg struct {
 	// after its first create.
 	queue    []*queuedCreate
 	lastQ    *queuedCreate
+	// lastSent is the last create of the latest batch taken: batches go
+	// one after the other, so its answer comes after every earlier one.
+	lastSent *queuedCreate
 	flushing bool
 	timer    *time.Timer
+	// force: a caller waits for the whole queue (before of the
+	// directory): creates of files still being written are sent too,
+	// in order, until the queue is empty.
+	force bool
 }
 
 // nameChange is a name that left (ino 0) or arrived in a directory.

@@ -54,10 +54,18 @@ func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error)
 	var resp rpc.AttrResp
 	since := c.sizeSeq.Load()
 	failpoint.Hit("client/open-before-getattr")
-	err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: ino}, &resp)
+	req := rpc.GetAttrReq{Ino: ino}
+	if c.cfg.InlineBytes > 0 {
+		// The bytes of an inline file come with its attributes; its
+		// first write has the service move them to the chunks
+		// (dropInline), so an open for writing that reads only (the NFS
+		// gateway's) leaves them.
+		req.Flags = rpc.GetAttrData
+	}
+	err := c.metaCall(ctx, rpc.MGetAttr, &req, &resp)
 	var f *File
 	if err == nil {
-		f, err = c.openAttr(ctx, &resp.Attr, since, flags, tok, false)
+		f, err = c.openAttrData(ctx, &resp.Attr, resp.Data, req.Flags != 0, since, flags, tok)
 	} else {
 		c.endOpen(tok)
 		err = metaErr(c, "open", err)
@@ -96,7 +104,8 @@ func (c *Client) CreateOpen(ctx context.Context, parent uint64, name string, mod
 		c.endOpen(tok)
 		return nil, err
 	}
-	if a, _, ok := c.deleg.createLocal(parent, name, mode, uid, gid); ok {
+	writing := c.cfg.InlineBytes > 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY
+	if a, _, ok := c.deleg.createLocal(parent, name, mode, uid, gid, writing); ok {
 		// Answered here under the directory's create delegation
 		// (createq.go): the file's fsync and close wait for its flush.
 		f, err := c.openAttr(ctx, &a, since, flags&^syscall.O_TRUNC, tok, false)
@@ -155,6 +164,16 @@ func (c *Client) TmpfileOpen(ctx context.Context, parent uint64, mode, uid, gid 
 // the inode joins the open set. tmpfile: a describes a file TmpfileOpen
 // just made, which has no links by design.
 func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags int, tok uint64, tmpfile bool) (*File, error) {
+	return c.openAttrs(ctx, ap, nil, false, since, flags, tok, tmpfile)
+}
+
+// openAttrData is openAttr for the answer of Open's GetAttr: asked says it
+// asked for inline data (rpc.GetAttrData), which data is.
+func (c *Client) openAttrData(ctx context.Context, ap *rpc.Attr, data []byte, asked bool, since uint64, flags int, tok uint64) (*File, error) {
+	return c.openAttrs(ctx, ap, data, asked, since, flags, tok, false)
+}
+
+func (c *Client) openAttrs(ctx context.Context, ap *rpc.Attr, data []byte, asked bool, since uint64, flags int, tok uint64, tmpfile bool) (*File, error) {
 	a := *ap
 	c.atimes.merge(&a)
 	ino := a.Ino
@@ -192,6 +211,9 @@ func (c *Client) openAttr(ctx context.Context, ap *rpc.Attr, since uint64, flags
 	in.refs++
 	c.mu.Unlock()
 	in.merge(&a, since)
+	if asked {
+		in.noteOpenInline(&a, data)
+	}
 	f := &File{c: c, in: in, flags: flags, attr: a,
 		direct: flags&syscall.O_DIRECT != 0,
 		sync:   flags&(syscall.O_SYNC|syscall.O_DSYNC) != 0,
@@ -312,7 +334,10 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy, owned bo
 	if off+n > size {
 		n = size - off
 	}
-	in.waitRangeLocked(off, n)
+	inline := in.mu.inline != nil
+	if !inline {
+		in.waitRangeLocked(off, n)
+	}
 	gen := in.mu.gen
 	in.mu.Unlock()
 	p = p[:n]
@@ -320,9 +345,12 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy, owned bo
 	f.c.m.bytesRead.Add(float64(n))
 	var err error
 	var d ReadData
-	if f.direct || f.c.cfg.ReadAheadBytes == 0 {
+	switch {
+	case inline && in.readInline(p, off):
+		// The file's data came with its inode (inline.go).
+	case f.direct || f.c.cfg.ReadAheadBytes == 0:
 		err = f.c.readRange(ctx, in, p, off, owned)
-	} else {
+	default:
 		d, err = f.ra.read(ctx, p, off, size, gen, zeroCopy)
 	}
 	if err != nil {
@@ -435,7 +463,16 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if err := f.lockErr(); err != nil {
 		return 0, err
 	}
-	in.resize.RLock()
+	for {
+		in.resize.RLock()
+		if !in.heldInline() {
+			break
+		}
+		in.resize.RUnlock()
+		if err := f.c.dropInline(ctx, in); err != nil {
+			return 0, err
+		}
+	}
 	defer in.resize.RUnlock()
 	n := int64(len(p))
 	f.c.m.opWrite.Inc()
@@ -566,7 +603,12 @@ func (f *File) Flush(ctx context.Context) error {
 	}
 	f.c.m.op("flush")
 	in := f.in
+	f.c.deleg.closing(in.ino)
 	if f.c.cfg.SyncPolicy == SyncPolicyAsync {
+		if f.c.deleg.foldInline(in, f.c.cfg.InlineBytes) {
+			// The file's data rides its queued create (inline.go).
+			return f.lockErr()
+		}
 		if err := in.drain(ctx); err != nil {
 			return err
 		}
@@ -586,6 +628,11 @@ func (f *File) Flush(ctx context.Context) error {
 		}
 		return f.lockErr()
 	}
+	if f.c.deleg.foldInline(in, f.c.cfg.InlineBytes) {
+		// Data, size and creation in one entry: wait for it to be
+		// durable (one log sync for the batch).
+		return f.syncFolded(ctx)
+	}
 	if err := in.drainSynced(ctx); err != nil {
 		return err
 	}
@@ -599,24 +646,31 @@ func (f *File) Flush(ctx context.Context) error {
 	if f.c.deleg.fold(in, alloc) {
 		// The size rides the queued create: wait for it, then for its
 		// entry to be durable (one log sync for the batch).
-		if err := f.c.deleg.created(ctx, in); err != nil {
-			return err
-		}
-		in.mu.Lock()
-		idx, term, idxSeq := in.mu.metaIndex, in.mu.metaTerm, in.mu.metaIndexSeq
-		in.mu.Unlock()
-		if idx != 0 && f.c.metaDurable.Load() < idxSeq {
-			if err := f.c.syncMetaIndex(ctx, idx, term); err != nil {
-				return err
-			}
-		}
-		return f.lockErr()
+		return f.syncFolded(ctx)
 	}
 	if err := f.c.deleg.created(ctx, in); err != nil {
 		return err
 	}
 	if err := in.commit(ctx, alloc); err != nil {
 		return err
+	}
+	return f.lockErr()
+}
+
+// syncFolded waits for the queued create that a close folded the file's
+// size (and maybe data) into, then for its entry to be durable.
+func (f *File) syncFolded(ctx context.Context) error {
+	in := f.in
+	if err := f.c.deleg.created(ctx, in); err != nil {
+		return err
+	}
+	in.mu.Lock()
+	idx, term, idxSeq := in.mu.metaIndex, in.mu.metaTerm, in.mu.metaIndexSeq
+	in.mu.Unlock()
+	if idx != 0 && f.c.metaDurable.Load() < idxSeq {
+		if err := f.c.syncMetaIndex(ctx, idx, term); err != nil {
+			return err
+		}
 	}
 	return f.lockErr()
 }
@@ -640,6 +694,12 @@ func (f *File) Seek(ctx context.Context, off int64, data bool) (int64, error) {
 		return 0, fmt.Errorf("seek from %d in a file of %d bytes: %w", off, size, syscall.ENXIO)
 	}
 	f.c.m.op("seek")
+	if in.heldInline() { // no chunks: all data, then the hole at the end
+		if data {
+			return off, nil
+		}
+		return size, nil
+	}
 	// Each chunk is asked from the first of its bytes at or after off; the
 	// file's answer is the nearest of theirs (the striping is monotonic in
 	// each chunk).
@@ -913,12 +973,18 @@ func (f *File) Punch(ctx context.Context, off, n int64) error {
 		return syscall.EINVAL
 	}
 	in := f.in
+	if in.heldInline() {
+		if err := f.c.dropInline(ctx, in); err != nil {
+			return err
+		}
+	}
 	if err := in.drain(ctx); err != nil {
 		return err
 	}
 	in.mu.Lock()
 	size := int64(in.mu.size)
 	in.mu.gen++
+	in.mu.touched = true
 	in.mu.Unlock()
 	if off >= size {
 		return nil

@@ -137,6 +137,14 @@ type inode struct {
 		// client last ended: metadata answers to calls begun before it
 		// may predate the change.
 		sizeAt uint64
+		// inline: the file's data kept with its inode (inline.go),
+		// bytes from 0; reads are answered from it. Set by an open
+		// whose answer carried it, or by the close that folded the
+		// data into the file's queued create; nil otherwise.
+		inline []byte
+		// touched: this client sent a write, punch or truncate of the
+		// file's chunks — its data is no longer all here.
+		touched bool
 	}
 }
 
@@ -284,6 +292,7 @@ func (in *inode) setAttr(a *rpc.Attr, sizeSet bool) {
 	defer in.mu.Unlock()
 	if sizeSet {
 		in.mu.size = a.Size
+		in.cutInlineLocked(a.Size)
 		in.mu.gen++
 		in.mu.sizeAt = in.c.sizeSeq.Add(1)
 	}
@@ -370,6 +379,7 @@ func (in *inode) submitLocked(w *wbuf) {
 		}
 	}
 	in.mu.inflight = append(in.mu.inflight, w)
+	in.mu.touched = true
 	in.mu.unsynced[w.slot] = true
 	in.markAllocLocked(w.slot)
 	w.gen = in.mu.allocGen[w.slot]

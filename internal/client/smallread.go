@@ -56,7 +56,7 @@ type recentLookup struct {
 
 // put remembers a's layout and size if a is a small non-empty regular file.
 func (r *recentLookups) put(a *rpc.Attr) {
-	if a.Mode&syscall.S_IFMT != syscall.S_IFREG || a.Size == 0 || a.Size > smallReadBytes || len(a.Layout.Targets) == 0 {
+	if a.Mode&syscall.S_IFMT != syscall.S_IFREG || a.Size == 0 || a.Size > smallReadBytes || len(a.Layout.Targets) == 0 || a.Inline {
 		return
 	}
 	r.mu.Lock()
@@ -128,7 +128,7 @@ func (r *openRead) adopt(f *File) {
 	in := f.in
 	in.mu.Lock()
 	gen := in.mu.gen
-	ok := gen == 0 && in.mu.size == uint64(r.b.n) && f.attr.Mtime == r.mtime && !in.mu.dirty && len(in.mu.inflight) == 0 && !in.hasPendingLocked() &&
+	ok := gen == 0 && in.mu.inline == nil && in.mu.size == uint64(r.b.n) && f.attr.Mtime == r.mtime && !in.mu.dirty && len(in.mu.inflight) == 0 && !in.hasPendingLocked() &&
 		in.layout.StripeSize == r.layout.StripeSize && in.layout.StripeCount == r.layout.StripeCount &&
 		slices.Equal(in.layout.Targets, r.layout.Targets)
 	in.mu.Unlock()

@@ -45,6 +45,8 @@ const (
 	opCreateBatch // empty regular files with the session's numbers, each deduplicated alone
 	opDelegate    // the create delegation on directory Ino for the session Hdr.ClientID
 	opReturn      // the delegation on Ino of session Client (granted at Epoch; 0: any) ends
+	// Inline data (docs/design/0017), appended:
+	opUninline // file Ino's inline data (Size bytes, at Ctime) is now on its targets, taking Alloc
 )
 
 // command is one state-machine command: the payload of a raft log entry.
@@ -103,6 +105,7 @@ const (
 //	                                      StripeCount, Targets)
 //	Delegate                              Ino (directory)
 //	Return                                Ino (directory), Client (holder), Epoch
+//	Uninline                              Ino, Ctime, Size, Alloc (Slot, Bytes each)
 //
 // The flag fields keep the values of the wire's constants of the same
 // meaning, which are frozen by TestCommandFlagValues: Valid holds the
@@ -130,7 +133,12 @@ const (
 //	   appended per-create records (Written, Size, Mtime, Alloc) of
 //	   files written and closed before their create was sent; an
 //	   older node stops at such an entry (trailing bytes): upgrade
-//	   every voter before the clients.
+//	   every voter before the clients. Then inline data (docs/design/
+//	   0017): a Written byte of 3 in opCreateBatch's records means the
+//	   create carries its file's data, which follows its Alloc list
+//	   (length-prefixed), and op opUninline; an older node stops at
+//	   either (a bad bool; an unknown op): upgrade every voter before
+//	   the clients.
 //
 // A node refuses an entry of a newer version (errNewerCommand) and stops
 // rather than skip it: a state machine that skipped an entry its peers
@@ -227,6 +235,8 @@ type batchCreate struct {
 	Size    uint64
 	Mtime   int64
 	Alloc   []slotAlloc
+	// Inline (Written, not nil): the file's data, kept with its inode
+	Inline []byte
 }
 
 // slotAlloc is the space (bytes) the chunk of layout slot Slot takes.
@@ -272,6 +282,9 @@ func decodeSlotAllocs(d *codec.Dec) []slotAlloc {
 var errNewerCommand = errors.New("raft command written by a newer Strata")
 
 const commandFormatV1 = 1
+
+// writtenInline is the Written byte of a create carrying inline data.
+const writtenInline = 3
 
 // answerBeforeDurable reports whether the answer to c may go out before its
 // raft entry is on stable storage: namespace changes, which (as on a local
@@ -450,10 +463,18 @@ func (c *command) encode(b []byte) []byte {
 		if written {
 			for i := range c.Batch {
 				b := &c.Batch[i]
-				e.Bool(b.Written)
+				inline := b.Written && b.Inline != nil
+				if inline {
+					e.U8(writtenInline)
+				} else {
+					e.Bool(b.Written)
+				}
 				e.U64(b.Size)
 				e.I64(b.Mtime)
 				encodeSlotAllocs(e, b.Alloc)
+				if inline {
+					e.Bytes(b.Inline)
+				}
 			}
 		}
 	case opDelegate:
@@ -462,6 +483,11 @@ func (c *command) encode(b []byte) []byte {
 		e.U64(c.Ino)
 		e.U64(c.Client)
 		e.U64(c.Epoch)
+	case opUninline:
+		e.U64(c.Ino)
+		e.I64(c.Ctime)
+		e.U64(c.Size)
+		encodeSlotAllocs(e, c.Alloc)
 	}
 	return e.B
 }
@@ -632,10 +658,17 @@ func decodeCommand(b []byte, c *command) error {
 			if d.Len() > 0 { // written files' sizes (absent: none written)
 				for i := range c.Batch {
 					b := &c.Batch[i]
-					b.Written = d.Bool()
+					w := d.U8()
+					if w > 1 && w != writtenInline {
+						return fmt.Errorf("command op %d: create %d: written byte %d", c.Op, i, w)
+					}
+					b.Written = w != 0
 					b.Size = d.U64()
 					b.Mtime = d.I64()
 					b.Alloc = decodeSlotAllocs(d)
+					if w == writtenInline {
+						b.Inline = append([]byte{}, d.Bytes()...)
+					}
 				}
 			}
 		}
@@ -645,6 +678,11 @@ func decodeCommand(b []byte, c *command) error {
 		c.Ino = d.U64()
 		c.Client = d.U64()
 		c.Epoch = d.U64()
+	case opUninline:
+		c.Ino = d.U64()
+		c.Ctime = d.I64()
+		c.Size = d.U64()
+		c.Alloc = decodeSlotAllocs(d)
 	default:
 		return fmt.Errorf("unknown command op %d", c.Op)
 	}

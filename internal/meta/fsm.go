@@ -250,7 +250,9 @@ func (o op) deduped() bool {
 		opMirrorCreate, opMirrorFailOver, opMirrorReport, opMirrorReplace, opMirrorResync,
 		// A batch is not deduplicated as a whole: each of its creates is,
 		// by its own seq (createBatch).
-		opCreateBatch:
+		opCreateBatch,
+		// The leader's own step (spill.go), compared against the inode.
+		opUninline:
 		return false
 	}
 	return true

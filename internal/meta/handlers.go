@@ -112,7 +112,7 @@ func toAttr(ino uint64, in *schema.Inode) rpc.Attr {
 func wireAttr(a *schema.Attr) rpc.Attr {
 	return rpc.Attr{Ino: a.Ino, Mode: a.Mode, Nlink: a.Nlink, Uid: a.Uid, Gid: a.Gid, Rdev: a.Rdev,
 		Size: a.Size, Atime: a.Atime, Mtime: a.Mtime, Ctime: a.Ctime, Layout: a.Layout,
-		Blocks: a.Blocks, BlocksKnown: a.BlocksKnown}
+		Blocks: a.Blocks, BlocksKnown: a.BlocksKnown, Inline: a.Inline}
 }
 
 // allServersHeard reports whether every registered storage server is
@@ -206,7 +206,10 @@ func (s *Service) register() {
 		return empty, nil
 	})
 	handle(s, rpc.MLookup, s.lookup)
-	handle(s, rpc.MGetAttr, func(_ context.Context, r *rpc.GetAttrReq) (rpc.Message, error) {
+	handle(s, rpc.MGetAttr, func(ctx context.Context, r *rpc.GetAttrReq) (rpc.Message, error) {
+		if r.Flags != 0 {
+			return s.getAttrFlags(ctx, r)
+		}
 		a, err := s.getAttr(r.Ino)
 		if err != nil {
 			return nil, err

@@ -210,6 +210,14 @@ func (x *opCtx) createNumbered(c *command, i int) (*answer, error) {
 				in.Alloc[a.Slot] = a.Bytes
 			}
 		}
+		if bc.Inline != nil {
+			if uint64(len(bc.Inline)) != bc.Size || len(bc.Inline) > rpc.MaxInlineBytes || len(bc.Alloc) > 0 {
+				return nil, rpc.Errorf(syscall.EINVAL, "a create's inline data of %d bytes for a file of %d (at most %d, no chunks)",
+					len(bc.Inline), bc.Size, rpc.MaxInlineBytes)
+			}
+			in.Inline = bc.Inline
+			in.Alloc = nil
+		}
 	}
 	if err := x.useIno(c.Hdr.ClientID, start, end, bc.Ino); err != nil {
 		return nil, err
@@ -289,6 +297,13 @@ func (s *Service) createBatchHandler(ctx context.Context, r *rpc.CreateBatchReq)
 		}
 		c.Batch[i] = batchCreate{Seq: x.Seq, Parent: x.Parent, Ino: x.Ino, Name: x.Name, Mode: x.Mode, Uid: x.Uid, Gid: x.Gid,
 			Time: x.Time, Layout: x.Layout, Written: x.Written, Size: x.Size, Mtime: x.Mtime, Alloc: slotAllocsOf(x.Alloc)}
+		if x.Written && x.Inline != nil {
+			if len(x.Inline) > rpc.MaxInlineBytes || uint64(len(x.Inline)) != x.Size || len(x.Alloc) > 0 {
+				return nil, rpc.Errorf(syscall.EINVAL, "create %q: inline data of %d bytes for a file of %d (this service keeps at most %d, no chunks)",
+					x.Name, len(x.Inline), x.Size, rpc.MaxInlineBytes)
+			}
+			c.Batch[i].Inline = x.Inline
+		}
 		if x.Written && len(x.Layout.Targets) == 0 {
 			return nil, rpc.Errorf(syscall.EINVAL, "create %q: a written file names its layout", x.Name)
 		}

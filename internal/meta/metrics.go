@@ -21,6 +21,7 @@ type metrics struct {
 	latency *prometheus.HistogramVec
 	batch   prometheus.Histogram
 	reaped  prometheus.Counter
+	spills  prometheus.Counter
 	mirror  *mirrorMetrics
 	// known holds each named method's "ok" counter and latency observer,
 	// resolved once: a label lookup per request (hashing the label values)
@@ -68,12 +69,15 @@ func newMetrics() *metrics {
 		reaped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "strata_meta_orphans_reaped_total", Help: "Unlinked files whose data was removed.",
 		}),
+		spills: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "strata_meta_inline_spills_total", Help: "Files whose inline data was moved to their targets (an open for writing).",
+		}),
 	}
 	m.known = make(map[rpc.Method]methodMetrics, len(methodNames))
 	for meth, name := range methodNames {
 		m.known[meth] = methodMetrics{ok: m.ops.WithLabelValues(name, "ok"), lat: m.latency.WithLabelValues(name)}
 	}
-	m.reg.MustRegister(m.ops, m.latency, m.batch, m.reaped,
+	m.reg.MustRegister(m.ops, m.latency, m.batch, m.reaped, m.spills,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	m.mirror = newMirrorMetrics(m.reg)
 	return m

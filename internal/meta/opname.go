@@ -16,6 +16,7 @@ var opNames = [...]string{
 	opReap: "reap", opReapMany: "reapmany", opRaiseIno: "raiseino", opTmpfile: "tmpfile",
 	opSetAtimes: "setatimes", opHALease: "halease",
 	opReserveInos: "reserveinos", opCreateBatch: "createbatch", opDelegate: "delegate", opReturn: "return",
+	opUninline: "uninline",
 }
 
 // String is the command's name, e.g. "create".

@@ -273,6 +273,12 @@ func recAttr(ino uint64, in *schema.Inode) schema.Attr {
 	a := schema.Attr{Ino: ino, Mode: in.Mode, Nlink: in.Nlink, Uid: in.Uid, Gid: in.Gid, Rdev: in.Rdev,
 		Size: in.Size, Atime: in.Atime, Mtime: in.Mtime, Ctime: in.Ctime, Layout: in.Layout}
 	a.Blocks, a.BlocksKnown = in.AllocBlocks()
+	if in.IsInline() {
+		// What the inode's data takes, as a file system counts a
+		// small file's block: its bytes rounded up to 512.
+		a.Inline = true
+		a.Blocks, a.BlocksKnown = (uint64(len(in.Inline))+511)/512, true
+	}
 	return a
 }
 
@@ -362,6 +368,8 @@ func (x *opCtx) apply(c *command) (*answer, error) {
 		return x.delegate(c)
 	case opReturn:
 		return x.returnDeleg(c)
+	case opUninline:
+		return x.uninline(c)
 	case opReapMany:
 		// Each reap is a whole step of its own: flush it and empty the
 		// small inode cache before the next (reaps only fail on kv errors).
@@ -594,6 +602,12 @@ func (x *opCtx) setAttr(c *command) (*answer, error) {
 		in.Size = c.Size
 		if c.Valid&(rpc.SetMtime|rpc.SetMtimeNow) == 0 {
 			in.Mtime = x.now
+		}
+		if in.IsInline() && uint64(len(in.Inline)) > c.Size {
+			// Cut here: the bytes past the new size are gone, and a
+			// later growth reads zeros there (a new slice: the cached
+			// record's bytes are shared with readers).
+			in.Inline = append([]byte{}, in.Inline[:c.Size]...)
 		}
 		// The chunks were cut to the new size: none keeps more than its
 		// part of it (rounded up to whole blocks); a later commit says
@@ -1048,6 +1062,12 @@ func (x *opCtx) commitSize(c *command) (*answer, error) {
 	}
 	if in.Mode&modeType != modeReg {
 		return nil, rpc.Errorf(syscall.EINVAL, "inode %d is not a regular file", c.Ino)
+	}
+	if in.IsInline() && len(c.Alloc) > 0 {
+		// Chunks written while the data is kept with the inode: a writer
+		// that did not open the file for writing (which moves the data
+		// out first). Refused rather than have reads ignore its bytes.
+		return nil, rpc.Errorf(syscall.EIO, "inode %d keeps its data inline: a write must open it for writing first", c.Ino)
 	}
 	if c.Size > in.Size {
 		in.Size = c.Size

@@ -65,6 +65,8 @@ type Service struct {
 	haLeases haLeases
 	// dg: the leader's memory of create delegations (delegation.go)
 	dg *delegMgr
+	// spills: the leader's spills of inline data under way (spill.go)
+	spills spillLocks
 
 	ready       atomic.Bool  // leader and caught up: serve requests
 	leaderSince atomic.Int64 // ns since epoch when this node became leader

@@ -74,6 +74,10 @@ type BatchCreate struct {
 	Size    uint64
 	Mtime   int64
 	Alloc   []SlotAlloc
+	// Inline (with Written, not nil): the file's data, kept with its
+	// inode instead of on its targets (docs/design/0017); len(Inline) ==
+	// Size, at most MaxInlineBytes. Alloc is then empty.
+	Inline []byte
 }
 
 func (c *BatchCreate) Encode(e *Enc) {
@@ -100,6 +104,13 @@ func (c *BatchCreate) Decode(d *Dec) {
 	DecodeLayout(d, &c.Layout)
 }
 
+// writtenInline is the Written byte of a create with inline data.
+const writtenInline = 3
+
+// MaxInlineBytes bounds the data a file keeps with its inode (a create's
+// BatchCreate.Inline, an AttrResp's Data).
+const MaxInlineBytes = 64 << 10
+
 // CreateBatchReq carries up to MaxCreateBatch creates of session
 // Hdr.ClientID (Hdr.Seq is unused: each create has its own), applied in
 // order by one raft entry.
@@ -108,6 +119,9 @@ func (c *BatchCreate) Decode(d *Dec) {
 // only when a create is Written — one record per create: Written, Size,
 // Mtime, Alloc. A service that predates the appended records refuses such
 // a request (trailing bytes: EINVAL) rather than make the files empty.
+// Written is a byte: 0 no, 1 yes, 3 yes with inline data, which then
+// follows the Alloc list (length-prefixed); a service before inline data
+// refuses the 3 (a bad bool: EINVAL).
 type CreateBatchReq struct {
 	Hdr     ReqHeader
 	Creates []BatchCreate
@@ -124,10 +138,18 @@ func (m *CreateBatchReq) Encode(e *Enc) {
 	if written {
 		for i := range m.Creates {
 			c := &m.Creates[i]
-			e.Bool(c.Written)
+			switch {
+			case c.Written && c.Inline != nil:
+				e.U8(writtenInline)
+			default:
+				e.Bool(c.Written)
+			}
 			e.U64(c.Size)
 			e.I64(c.Mtime)
 			EncodeSlotAllocs(e, c.Alloc)
+			if c.Written && c.Inline != nil {
+				e.Bytes(c.Inline)
+			}
 		}
 	}
 }
@@ -146,10 +168,22 @@ func (m *CreateBatchReq) Decode(d *Dec) {
 	if d.Len() > 0 { // the appended records of written files
 		for i := range m.Creates {
 			c := &m.Creates[i]
-			c.Written = d.Bool()
+			w := d.U8()
+			switch w {
+			case 0, 1, writtenInline:
+			default:
+				d.Fail(ErrMalformed)
+				return
+			}
+			c.Written = w != 0
 			c.Size = d.U64()
 			c.Mtime = d.I64()
 			c.Alloc = DecodeSlotAllocs(d)
+			if w == writtenInline {
+				if c.Inline = d.Bytes(); c.Inline == nil {
+					c.Inline = []byte{}
+				}
+			}
 		}
 	}
 }

@@ -191,19 +191,43 @@ type Attr struct {
 	// records) still decode, as unknown.
 	Blocks      uint64
 	BlocksKnown bool
+	// Inline: a regular file whose data the metadata service keeps with
+	// its inode (docs/design/0017): it has no chunks on its targets, and
+	// GetAttr with GetAttrData answers its bytes. Carried in the blocks
+	// tail's flag byte.
+	Inline bool
 }
 
 // encodeBlocks and decodeBlocks are the appended tail of an answer with
-// attributes: decodeBlocks reads an absent tail as unknown.
-func encodeBlocks(e *Enc, a *Attr) { e.U64(a.Blocks); e.Bool(a.BlocksKnown) }
+// attributes: decodeBlocks reads an absent tail as unknown. The byte after
+// Blocks is BlocksKnown (0, 1) with bit 1 for Inline: a reader before
+// inline data fails on it (a bad bool) rather than read the file's data
+// from chunks that do not hold it.
+func encodeBlocks(e *Enc, a *Attr) {
+	e.U64(a.Blocks)
+	var b uint8
+	if a.BlocksKnown {
+		b |= 1
+	}
+	if a.Inline {
+		b |= 2
+	}
+	e.U8(b)
+}
 
 func decodeBlocks(d *Dec, a *Attr) {
 	if d.Len() == 0 {
-		a.Blocks, a.BlocksKnown = 0, false
+		a.Blocks, a.BlocksKnown, a.Inline = 0, false, false
 		return
 	}
 	a.Blocks = d.U64()
-	a.BlocksKnown = d.Bool()
+	b := d.U8()
+	if b&^3 != 0 {
+		d.Fail(ErrMalformed)
+		return
+	}
+	a.BlocksKnown = b&1 != 0
+	a.Inline = b&2 != 0
 }
 
 func (a *Attr) Encode(e *Enc) {
@@ -252,16 +276,34 @@ func DecodeLayout(d *Dec, l *layout.Layout) {
 // an inode's attributes (setattr, link, set layout). A change also carries
 // the raft index and term of its entry (Stamp), for a later barrier to
 // check; a read carries zeros.
+//
+// Data (appended, only when not nil): an inline file's bytes, answered to
+// a GetAttr with GetAttrData (absent: nil).
 type AttrResp struct {
 	Attr Attr
 	Stamp
+	Data []byte
 }
 
-func (m *AttrResp) Encode(e *Enc) { m.Attr.Encode(e); m.Stamp.Encode(e); encodeBlocks(e, &m.Attr) }
+func (m *AttrResp) Encode(e *Enc) {
+	m.Attr.Encode(e)
+	m.Stamp.Encode(e)
+	encodeBlocks(e, &m.Attr)
+	if m.Data != nil {
+		e.Bytes(m.Data)
+	}
+}
+
 func (m *AttrResp) Decode(d *Dec) {
 	m.Attr.Decode(d)
 	m.Stamp.Decode(d)
 	decodeBlocks(d, &m.Attr)
+	m.Data = nil
+	if d.Len() > 0 {
+		if m.Data = d.Bytes(); m.Data == nil {
+			m.Data = []byte{}
+		}
+	}
 }
 
 // Stamp is the raft index and term of the log entry a namespace change was
@@ -499,20 +541,42 @@ func (m *LookupReq) Decode(d *Dec) {
 }
 
 // GetAttrReq reads an inode's attributes. ENOENT if it does not exist.
-// Client: as LookupReq.Client (appended, only when set).
+// Client: as LookupReq.Client (appended, only when set). Flags (appended
+// after Client, which is then sent even when 0; only when set):
+// GetAttrData asks for an inline file's bytes (AttrResp.Data),
+// GetAttrWrite asks that an inline file's data be moved to its targets
+// first (an open for writing; the answer is then not Inline). A service
+// before inline data answers a request with Flags EINVAL (trailing
+// bytes) — it keeps no inline data either.
 type GetAttrReq struct {
 	Ino    uint64
 	Client uint64
+	Flags  uint32
 }
+
+// GetAttrReq.Flags bits.
+const (
+	GetAttrData  = 1 << 0
+	GetAttrWrite = 1 << 1
+)
 
 func (m *GetAttrReq) Encode(e *Enc) {
 	e.U64(m.Ino)
+	if m.Flags != 0 {
+		e.U64(m.Client)
+		e.U32(m.Flags)
+		return
+	}
 	encodeTrailingClient(e, m.Client)
 }
 
 func (m *GetAttrReq) Decode(d *Dec) {
 	m.Ino = d.U64()
 	m.Client = decodeTrailingClient(d)
+	m.Flags = 0
+	if d.Len() > 0 {
+		m.Flags = d.U32()
+	}
 }
 
 // encodeTrailingClient appends a session id, only when set.

@@ -78,6 +78,12 @@
 //	                   all under keys an older build never reads
 //	Result    2        + answer kind AnswerRange (5): Index, Term, Start,
 //	                   Count, the answer of an inode range reservation
+//	Inode     2        + flag 4: the file's inline data follows the Alloc
+//	                   list (docs/design/0017); written for every file
+//	                   with inline data. A flag this build does not know
+//	                   is refused as written by a newer Strata
+//	Result    2        Attr's BlocksKnown byte: bit 1 = Inline (an older
+//	                   build refuses such a record as corrupt)
 //
 // # Pitfalls
 //

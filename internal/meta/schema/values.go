@@ -87,7 +87,17 @@ type Inode struct {
 	// mirror groups (strata stripe set --mirror); new subdirectories
 	// inherit it. Only a marked inode is written in format version 2.
 	Mirror bool
+	// Inline is, for a regular file whose data is kept with its inode
+	// (docs/design/0017), the file's first bytes; bytes from len(Inline)
+	// to Size read as zeros, and the file has no chunks on its targets
+	// while Inline is not nil (an inline file of no bytes is an empty,
+	// non-nil slice). nil: the data is on the targets. Written in format
+	// version 2.
+	Inline []byte
 }
+
+// IsInline reports whether the file's data is kept with its inode.
+func (in *Inode) IsInline() bool { return in.Inline != nil }
 
 // AllocBlocks is the file's space in 512-byte units and whether it is
 // known (Alloc reported).
@@ -102,22 +112,25 @@ func (in *Inode) AllocBlocks() (uint64, bool) {
 	return (sum + 511) / 512, true
 }
 
-// inodeFormatV2 is the Inode format of a directory marked mirrored:
-// version 1's fields up to Symlink, then a flags byte (inodeHasAlloc,
-// inodeMirror) and the Alloc list when inodeHasAlloc. Every other inode
-// is still written in version 1, which older builds read; they refuse a
-// version 2 record as written by a newer Strata.
+// inodeFormatV2 is the Inode format of a directory marked mirrored or a
+// file with inline data: version 1's fields up to Symlink, then a flags
+// byte (inodeHasAlloc, inodeMirror, inodeInline), the Alloc list when
+// inodeHasAlloc and the inline data (length-prefixed) when inodeInline.
+// Every other inode is still written in version 1, which older builds
+// read; they refuse a version 2 record as written by a newer Strata.
 const inodeFormatV2 = 2
 
 const (
 	inodeHasAlloc = 1 << 0
 	inodeMirror   = 1 << 1
+	inodeInline   = 1 << 2
+	inodeKnown    = inodeHasAlloc | inodeMirror | inodeInline
 )
 
 // AppendInode appends the encoding of in to b.
 func AppendInode(b []byte, in *Inode) []byte {
 	v := uint8(formatV1)
-	if in.Mirror {
+	if in.Mirror || in.Inline != nil {
 		v = inodeFormatV2
 	}
 	e := beginVersion(b, v)
@@ -135,13 +148,22 @@ func AppendInode(b []byte, in *Inode) []byte {
 	e.U64(in.Entries)
 	e.String(in.Symlink)
 	if v == inodeFormatV2 {
-		var flags uint8 = inodeMirror
+		var flags uint8
+		if in.Mirror {
+			flags |= inodeMirror
+		}
 		if in.Alloc != nil {
 			flags |= inodeHasAlloc
+		}
+		if in.Inline != nil {
+			flags |= inodeInline
 		}
 		e.U8(flags)
 		if in.Alloc != nil {
 			e.U64s(in.Alloc)
+		}
+		if in.Inline != nil {
+			e.Bytes(in.Inline)
 		}
 		return e.B
 	}
@@ -172,12 +194,21 @@ func DecodeInode(b []byte, in *Inode) error {
 	in.Symlink = d.String()
 	in.Alloc = nil
 	in.Mirror = false
+	in.Inline = nil
 	if v == inodeFormatV2 {
 		flags := d.U8()
+		if flags&^inodeKnown != 0 {
+			return fmt.Errorf("%w: inode value has flags %#x, this build knows %#x (written by a newer Strata)", ErrNewer, flags, inodeKnown)
+		}
 		in.Mirror = flags&inodeMirror != 0
 		if flags&inodeHasAlloc != 0 {
 			if in.Alloc = d.U64s(); in.Alloc == nil {
 				in.Alloc = []uint64{}
+			}
+		}
+		if flags&inodeInline != 0 {
+			if in.Inline = d.Bytes(); in.Inline == nil {
+				in.Inline = []byte{}
 			}
 		}
 		return finish("inode", d)
@@ -367,6 +398,7 @@ type Attr struct {
 	Layout                      layout.Layout
 	Blocks                      uint64 // 512-byte units, when BlocksKnown
 	BlocksKnown                 bool
+	Inline                      bool // the file's data is kept with its inode
 }
 
 // resultFormatV2 is the version of Result records this build writes.
@@ -465,7 +497,16 @@ func encodeAttr(e *codec.Enc, a *Attr) {
 	e.I64(a.Ctime)
 	encodeLayout(e, &a.Layout)
 	e.U64(a.Blocks)
-	e.Bool(a.BlocksKnown)
+	// One byte: bit 0 BlocksKnown, bit 1 Inline (a record with bit 1
+	// set reads as corrupt to a build before inline data).
+	var b uint8
+	if a.BlocksKnown {
+		b |= 1
+	}
+	if a.Inline {
+		b |= 2
+	}
+	e.U8(b)
 }
 
 func decodeAttr(d *codec.Dec, a *Attr) {
@@ -481,7 +522,13 @@ func decodeAttr(d *codec.Dec, a *Attr) {
 	a.Ctime = d.I64()
 	decodeLayout(d, &a.Layout)
 	a.Blocks = d.U64()
-	a.BlocksKnown = d.Bool()
+	switch b := d.U8(); {
+	case b&^3 != 0:
+		d.Fail(fmt.Errorf("%w: attribute flags %#x", codec.ErrMalformed, b))
+	default:
+		a.BlocksKnown = b&1 != 0
+		a.Inline = b&2 != 0
+	}
 }
 
 // Server is a registered storage server.
