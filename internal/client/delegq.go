@@ -87,8 +87,8 @@ type dirDeleg struct {
 	// lastQ is the latest create answered here (sent or not); flushing:
 	// a flush runs (one at a time); timer sends the queue flushAfter
 	// after its first create.
-	queue    []*queuedCreate
-	lastQ    *queuedCreate
+	queue []*queuedCreate
+	lastQ *queuedCreate
 	// lastSent is the last create of the latest batch taken: batches go
 	// one after the other, so its answer comes after every earlier one.
 	lastSent *queuedCreate
