@@ -286,24 +286,34 @@ type AttrResp struct {
 }
 
 func (m *AttrResp) Encode(e *Enc) {
-	m.Attr.Encode(e)
-	m.Stamp.Encode(e)
-	encodeBlocks(e, &m.Attr)
+	m.encodeAttrs(e)
 	if m.Data != nil {
 		e.Bytes(m.Data)
 	}
 }
 
 func (m *AttrResp) Decode(d *Dec) {
-	m.Attr.Decode(d)
-	m.Stamp.Decode(d)
-	decodeBlocks(d, &m.Attr)
+	m.decodeAttrs(d)
 	m.Data = nil
 	if d.Len() > 0 {
 		if m.Data = d.Bytes(); m.Data == nil {
 			m.Data = []byte{}
 		}
 	}
+}
+
+// encodeAttrs and decodeAttrs are AttrResp without Data: the head of
+// LinkResp, whose own tail follows.
+func (m *AttrResp) encodeAttrs(e *Enc) {
+	m.Attr.Encode(e)
+	m.Stamp.Encode(e)
+	encodeBlocks(e, &m.Attr)
+}
+
+func (m *AttrResp) decodeAttrs(d *Dec) {
+	m.Attr.Decode(d)
+	m.Stamp.Decode(d)
+	decodeBlocks(d, &m.Attr)
 }
 
 // Stamp is the raft index and term of the log entry a namespace change was
@@ -1689,14 +1699,15 @@ type LinkResp struct {
 }
 
 func (m *LinkResp) Encode(e *Enc) {
-	m.AttrResp.Encode(e)
+	m.AttrResp.encodeAttrs(e)
 	if m.Dir.Ino != 0 {
 		m.Dir.Encode(e)
 	}
 }
 
 func (m *LinkResp) Decode(d *Dec) {
-	m.AttrResp.Decode(d)
+	m.AttrResp.decodeAttrs(d)
+	m.AttrResp.Data = nil
 	m.Dir = Attr{}
 	if d.Len() > 0 {
 		m.Dir.Decode(d)
