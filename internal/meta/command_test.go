@@ -87,6 +87,14 @@ func commandSamples() []struct {
 				Written: true, Size: 3901, Mtime: now, Alloc: []slotAlloc{{Slot: 0, Bytes: 4096}}}}}, "011baab4aef2eda9fefa300700000001af0202026632828040a40300000080804001010301bd1eaab4aef2eda9fefa3001008020"},
 		{command{Op: opDelegate, Now: now, Hdr: h, Ino: 2}, "011caab4aef2eda9fefa3007ac0202"},
 		{command{Op: opReturn, Now: now, Hdr: h, Ino: 2, Client: 7, Epoch: 99}, "011daab4aef2eda9fefa3007ac02020763"},
+		// Inline data (docs/design/0017): a create carrying its bytes
+		// (written byte 3), and opUninline.
+		{command{Op: opCreateBatch, Now: now, Hdr: reqHeader{ClientID: 7}, Batch: []batchCreate{
+			{Seq: 304, Parent: 2, Ino: 1<<20 + 3, Name: "f3", Mode: 0o644, Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}},
+				Written: true, Size: 3, Mtime: now, Inline: []byte("abc")}}},
+			"011baab4aef2eda9fefa300700000001b00202026633838040a4030000008080400101030303aab4aef2eda9fefa300003616263"},
+		{command{Op: opUninline, Now: now, Ino: 1<<20 + 3, Ctime: now, Size: 3, Alloc: []slotAlloc{{Slot: 0, Bytes: 4096}}},
+			"011eaab4aef2eda9fefa300000838040aab4aef2eda9fefa300301008020"},
 	}
 }
 

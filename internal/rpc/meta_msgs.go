@@ -203,9 +203,22 @@ type Attr struct {
 // Blocks is BlocksKnown (0, 1) with bit 1 for Inline: a reader before
 // inline data fails on it (a bad bool) rather than read the file's data
 // from chunks that do not hold it.
-func encodeBlocks(e *Enc, a *Attr) {
+func encodeBlocks(e *Enc, a *Attr) { encodeBlocksFlags(e, a, 0) }
+
+func decodeBlocks(d *Dec, a *Attr) {
+	if decodeBlocksFlags(d, a) != 0 {
+		d.Fail(ErrMalformed)
+	}
+}
+
+// blocksData is AttrResp's bit of the blocks byte: Data follows.
+const blocksData = 1 << 2
+
+// encodeBlocksFlags is encodeBlocks with extra bits (blocksData) in the
+// flag byte; decodeBlocksFlags returns them.
+func encodeBlocksFlags(e *Enc, a *Attr, extra uint8) {
 	e.U64(a.Blocks)
-	var b uint8
+	b := extra
 	if a.BlocksKnown {
 		b |= 1
 	}
@@ -215,19 +228,20 @@ func encodeBlocks(e *Enc, a *Attr) {
 	e.U8(b)
 }
 
-func decodeBlocks(d *Dec, a *Attr) {
+func decodeBlocksFlags(d *Dec, a *Attr) uint8 {
 	if d.Len() == 0 {
 		a.Blocks, a.BlocksKnown, a.Inline = 0, false, false
-		return
+		return 0
 	}
 	a.Blocks = d.U64()
 	b := d.U8()
-	if b&^3 != 0 {
+	if b&^(3|blocksData) != 0 {
 		d.Fail(ErrMalformed)
-		return
+		return 0
 	}
 	a.BlocksKnown = b&1 != 0
 	a.Inline = b&2 != 0
+	return b &^ 3
 }
 
 func (a *Attr) Encode(e *Enc) {
@@ -277,8 +291,9 @@ func DecodeLayout(d *Dec, l *layout.Layout) {
 // the raft index and term of its entry (Stamp), for a later barrier to
 // check; a read carries zeros.
 //
-// Data (appended, only when not nil): an inline file's bytes, answered to
-// a GetAttr with GetAttrData (absent: nil).
+// Data (appended after the blocks tail, whose flag byte then has bit 2,
+// blocksData; only when not nil): an inline file's bytes, answered to a
+// GetAttr with GetAttrData (absent: nil).
 type AttrResp struct {
 	Attr Attr
 	Stamp
@@ -286,34 +301,25 @@ type AttrResp struct {
 }
 
 func (m *AttrResp) Encode(e *Enc) {
-	m.encodeAttrs(e)
-	if m.Data != nil {
-		e.Bytes(m.Data)
+	m.Attr.Encode(e)
+	m.Stamp.Encode(e)
+	if m.Data == nil {
+		encodeBlocks(e, &m.Attr)
+		return
 	}
+	encodeBlocksFlags(e, &m.Attr, blocksData)
+	e.Bytes(m.Data)
 }
 
 func (m *AttrResp) Decode(d *Dec) {
-	m.decodeAttrs(d)
+	m.Attr.Decode(d)
+	m.Stamp.Decode(d)
 	m.Data = nil
-	if d.Len() > 0 {
+	if decodeBlocksFlags(d, &m.Attr)&blocksData != 0 {
 		if m.Data = d.Bytes(); m.Data == nil {
 			m.Data = []byte{}
 		}
 	}
-}
-
-// encodeAttrs and decodeAttrs are AttrResp without Data: the head of
-// LinkResp, whose own tail follows.
-func (m *AttrResp) encodeAttrs(e *Enc) {
-	m.Attr.Encode(e)
-	m.Stamp.Encode(e)
-	encodeBlocks(e, &m.Attr)
-}
-
-func (m *AttrResp) decodeAttrs(d *Dec) {
-	m.Attr.Decode(d)
-	m.Stamp.Decode(d)
-	decodeBlocks(d, &m.Attr)
 }
 
 // Stamp is the raft index and term of the log entry a namespace change was
@@ -1699,15 +1705,14 @@ type LinkResp struct {
 }
 
 func (m *LinkResp) Encode(e *Enc) {
-	m.AttrResp.encodeAttrs(e)
+	m.AttrResp.Encode(e)
 	if m.Dir.Ino != 0 {
 		m.Dir.Encode(e)
 	}
 }
 
 func (m *LinkResp) Decode(d *Dec) {
-	m.AttrResp.decodeAttrs(d)
-	m.AttrResp.Data = nil
+	m.AttrResp.Decode(d)
 	m.Dir = Attr{}
 	if d.Len() > 0 {
 		m.Dir.Decode(d)

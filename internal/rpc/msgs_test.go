@@ -34,7 +34,8 @@ func messageSamples() map[string][]Message {
 		"Empty":           {&Empty{}},
 		"ReqHeader":       {&hdr},
 		"Attr":            {&Attr{Ino: 5, Mode: 0o40755, Nlink: 3, Uid: 1, Gid: 2, Rdev: 3, Size: 4, Atime: 5, Mtime: 6, Ctime: 7, Layout: lay}},
-		"AttrResp":        {&AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}}},
+		"AttrResp": {&AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}},
+			&AttrResp{Attr: Attr{Ino: 6, Mode: 0o100644, Nlink: 1, Size: 5, Layout: lay, Blocks: 1, BlocksKnown: true, Inline: true}, Data: []byte("hello")}},
 		"LinkResp": {&LinkResp{AttrResp: AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}}},
 			&LinkResp{AttrResp: AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}}, Dir: Attr{Ino: 1, Mode: 0o40755, Nlink: 3, Mtime: 8, Ctime: 8}}},
 		"Stamp": {&Stamp{Index: 9, Term: 2}},
@@ -53,7 +54,7 @@ func messageSamples() map[string][]Message {
 		"SessionHeartbeatResp": {&SessionHeartbeatResp{LockEpoch: 9, Now: 1763885000123456789}},
 		"SessionCloseReq":      {&SessionCloseReq{ClientID: 3}},
 		"LookupReq":            {&LookupReq{Parent: 1, Name: "a name"}, &LookupReq{Parent: 1, Name: "b", Client: 9}},
-		"GetAttrReq":           {&GetAttrReq{Ino: 1 << 50}, &GetAttrReq{Ino: 2, Client: 9}},
+		"GetAttrReq":           {&GetAttrReq{Ino: 1 << 50}, &GetAttrReq{Ino: 2, Client: 9}, &GetAttrReq{Ino: 3, Flags: GetAttrData | GetAttrWrite}},
 		"SetAttrReq": {&SetAttrReq{Hdr: hdr, Ino: 5, Valid: SetMode | SetSize, Mode: 0o640, Uid: 1, Gid: 2, Size: 1 << 40,
 			Atime: -5, Mtime: 6, Ctime: 7}},
 		"CreateReq":    {&CreateReq{Hdr: hdr, Parent: 1, Name: "a", Mode: 0o120777, Uid: 1, Gid: 2, Rdev: 3, SymlinkTarget: "x"}},
@@ -98,7 +99,8 @@ func messageSamples() map[string][]Message {
 		"BatchCreate": {&BatchCreate{Seq: 5, Parent: 2, Name: "f", Ino: 1 << 20, Mode: 0o644, Uid: 1, Gid: 2, Time: -3,
 			Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}}}},
 		"CreateBatchReq": {&CreateBatchReq{Hdr: hdr, Creates: []BatchCreate{{Seq: 5, Parent: 2, Name: "f", Ino: 9}, {Seq: 6, Parent: 2, Name: "g", Ino: 10, Mode: 0o600,
-			Written: true, Size: 3901, Mtime: 7, Alloc: []SlotAlloc{{Slot: 0, Bytes: 4096}}}}}},
+			Written: true, Size: 3901, Mtime: 7, Alloc: []SlotAlloc{{Slot: 0, Bytes: 4096}}},
+			{Seq: 7, Parent: 2, Name: "h", Ino: 11, Written: true, Size: 3, Mtime: 8, Inline: []byte("abc")}}}},
 		"BatchResult": {&BatchResult{Attr: Attr{Ino: 9}, Dir: Attr{Ino: 2}, Stamp: Stamp{Index: 4, Term: 1}},
 			&BatchResult{Errno: 17, Msg: "exists"}},
 		"CreateBatchResp": {&CreateBatchResp{Results: []BatchResult{{Attr: Attr{Ino: 9}, Dir: Attr{Ino: 2}}, {Errno: 17, Msg: "x"}}, Stamp: Stamp{Index: 4, Term: 1}}},
@@ -162,9 +164,10 @@ func messageSamples() map[string][]Message {
 // set it); GroupInfo's FullResync, which ListGroupsResp and
 // ServerHeartbeatResp append at their end (their samples set it).
 var notOnWire = map[string]bool{"ReadResp.Into": true, "ReadResp.Direct": true,
-	"Attr.Blocks": true, "Attr.BlocksKnown": true, "GroupInfo.FullResync": true,
+	"Attr.Blocks": true, "Attr.BlocksKnown": true, "Attr.Inline": true, "GroupInfo.FullResync": true,
 	// encoded by CreateBatchReq, in its appended records (CreateBatchReq's sample sets them)
-	"BatchCreate.Written": true, "BatchCreate.Size": true, "BatchCreate.Mtime": true, "BatchCreate.Alloc": true}
+	"BatchCreate.Written": true, "BatchCreate.Size": true, "BatchCreate.Mtime": true, "BatchCreate.Alloc": true,
+	"BatchCreate.Inline": true}
 
 // decodedTypes lists the types of the message files that have a Decode
 // method.
