@@ -136,6 +136,14 @@
 // Client (the asking session, sent only when set; absent: unknown, taken
 // as another session's) and ClusterStatusResp a trailing Delegations list
 // (absent: none).
+// Inline data (docs/design/0017): the byte after an answer's Blocks
+// (BlocksKnown) gained bit 1, Inline (an older client fails on the byte,
+// a bad bool, rather than read a file's bytes from chunks it has none
+// in), and in AttrResp bit 2, Data follows (the file's bytes,
+// length-prefixed); GetAttrReq gained a trailing Flags after Client
+// (GetAttrData, GetAttrWrite; an older service: EINVAL, trailing bytes);
+// CreateBatchReq's Written byte may be 3, the create's bytes following its
+// Alloc list (an older service: EINVAL, a bad bool).
 // Moving the connection machinery out of this package
 // into package transport changed no byte on the wire.
 //
