@@ -322,9 +322,24 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy, owned bo
 		return ReadData{}, err
 	}
 	in := f.in
-	in.resize.RLock()
+	for try := 0; ; try++ {
+		// Inline bytes an answer showed stale are fetched again first
+		// (inline.go); the file has no chunks to read them from.
+		if err := f.c.refetchInline(ctx, in); err != nil {
+			return ReadData{}, err
+		}
+		in.resize.RLock()
+		in.mu.Lock()
+		if !in.mu.inlineStale {
+			break
+		}
+		in.mu.Unlock()
+		in.resize.RUnlock()
+		if try == maxInlineRefetch {
+			return ReadData{}, fmt.Errorf("read of inode %d: its inline data changed %d times while read: %w", in.ino, try, syscall.EAGAIN)
+		}
+	}
 	defer in.resize.RUnlock()
-	in.mu.Lock()
 	size := int64(in.mu.size)
 	if off >= size {
 		in.mu.Unlock()
@@ -334,23 +349,26 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy, owned bo
 	if off+n > size {
 		n = size - off
 	}
-	inline := in.mu.inline != nil
-	if !inline {
-		in.waitRangeLocked(off, n)
+	p = p[:n]
+	if in.readInlineLocked(p, off) {
+		in.mu.Unlock()
+		f.c.m.opRead.Inc()
+		f.c.m.bytesRead.Add(float64(n))
+		if f.flags&syscall.O_NOATIME == 0 {
+			f.c.touchAtime(in)
+		}
+		return ReadData{Bufs: [][]byte{p}, n: int(n)}, nil
 	}
+	in.waitRangeLocked(off, n)
 	gen := in.mu.gen
 	in.mu.Unlock()
-	p = p[:n]
 	f.c.m.opRead.Inc()
 	f.c.m.bytesRead.Add(float64(n))
 	var err error
 	var d ReadData
-	switch {
-	case inline && in.readInline(p, off):
-		// The file's data came with its inode (inline.go).
-	case f.direct || f.c.cfg.ReadAheadBytes == 0:
+	if f.direct || f.c.cfg.ReadAheadBytes == 0 {
 		err = f.c.readRange(ctx, in, p, off, owned)
-	default:
+	} else {
 		d, err = f.ra.read(ctx, p, off, size, gen, zeroCopy)
 	}
 	if err != nil {

@@ -69,7 +69,7 @@ func (d *delegations) foldInline(in *inode, max int) bool {
 		}
 	}
 	q.bc.Written, q.bc.Size, q.bc.Mtime, q.bc.Alloc, q.bc.Inline = true, size, in.mu.mtime, nil, data
-	in.mu.inline = data
+	in.mu.inline, in.mu.inlineCtime, in.mu.inlineStale = data, in.mu.mtime, false
 	in.mu.dirty = false
 	in.mu.gen++
 	in.mu.sizeAt = in.c.sizeSeq.Add(1)
@@ -78,11 +78,32 @@ func (d *delegations) foldInline(in *inode, max int) bool {
 	return true
 }
 
-// heldInline reports whether reads of in are answered from inline data.
+// heldInline reports whether in's data is inline as this client knows it
+// (held here, or to be fetched again).
 func (in *inode) heldInline() bool {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return in.mu.inline != nil
+	return in.mu.inline != nil || in.mu.inlineStale
+}
+
+// refetchInline fetches the inline bytes of in again after an answer
+// showed they changed (inode.merge); a file no longer inline reads from
+// its chunks from then on.
+func (c *Client) refetchInline(ctx context.Context, in *inode) error {
+	in.mu.Lock()
+	stale := in.mu.inlineStale
+	in.mu.Unlock()
+	if !stale {
+		return nil
+	}
+	var resp rpc.AttrResp
+	since := c.sizeSeq.Load()
+	if err := c.metaCall(ctx, rpc.MGetAttr, &rpc.GetAttrReq{Ino: in.ino, Flags: rpc.GetAttrData}, &resp); err != nil {
+		return metaErr(c, "read inline data", err)
+	}
+	in.noteOpenInline(&resp.Attr, resp.Data)
+	in.merge(&resp.Attr, since)
+	return nil
 }
 
 // dropInline makes in an ordinary file before this client changes its
@@ -123,7 +144,7 @@ func (c *Client) dropInline(ctx context.Context, in *inode) error {
 		return metaErr(c, "move inline data out", err)
 	}
 	in.mu.Lock()
-	in.mu.inline = nil
+	in.mu.inline, in.mu.inlineStale = nil, false
 	in.mu.gen++
 	in.mu.Unlock()
 	return nil
@@ -140,27 +161,34 @@ func (in *inode) noteOpenInline(a *rpc.Attr, data []byte) {
 		if in.mu.inline == nil || string(in.mu.inline) != string(data) {
 			in.mu.gen++
 		}
-		in.mu.inline = data
-	case in.mu.inline != nil:
-		in.mu.inline = nil
+		in.mu.inline, in.mu.inlineCtime, in.mu.inlineStale = data, a.Ctime, false
+	case in.mu.inline != nil || in.mu.inlineStale:
+		in.mu.inline, in.mu.inlineStale = nil, false
 		in.mu.gen++
 	}
 }
 
-// cutInlineLocked applies a size change of this client to inline data.
-func (in *inode) cutInlineLocked(size uint64) {
-	if in.mu.inline != nil && uint64(len(in.mu.inline)) > size {
+// cutInlineLocked applies a size change of this client, answered with
+// ctime, to inline data.
+func (in *inode) cutInlineLocked(size uint64, ctime int64) {
+	if in.mu.inline == nil {
+		return
+	}
+	if uint64(len(in.mu.inline)) > size {
 		in.mu.inline = in.mu.inline[:size:size] // never written in place: sharing is safe
 	}
+	in.mu.inlineCtime = ctime
 }
 
-// readInline answers a read of [off, off+len(p)) of an inline file (the
-// caller cut p at the size): bytes past the data are zeros. false: in
+// maxInlineRefetch bounds the fetches of one read whose inline bytes keep
+// changing under it.
+const maxInlineRefetch = 10
+
+// readInlineLocked answers a read of [off, off+len(p)) of an inline file
+// (the caller cut p at the size): bytes past the data are zeros. false: in
 // holds no inline data.
-func (in *inode) readInline(p []byte, off int64) bool {
-	in.mu.Lock()
+func (in *inode) readInlineLocked(p []byte, off int64) bool {
 	data := in.mu.inline
-	in.mu.Unlock()
 	if data == nil {
 		return false
 	}

@@ -142,6 +142,13 @@ type inode struct {
 		// whose answer carried it, or by the close that folded the
 		// data into the file's queued create; nil otherwise.
 		inline []byte
+		// inlineCtime is the ctime the service answered with inline
+		// (or this client set with the bytes); inlineStale: an answer
+		// since showed another ctime while the file is still inline
+		// there — the bytes held here were dropped, and the next read
+		// fetches them again (refetchInline).
+		inlineCtime int64
+		inlineStale bool
 		// touched: this client sent a write, punch or truncate of the
 		// file's chunks — its data is no longer all here.
 		touched bool
@@ -284,6 +291,14 @@ func (in *inode) merge(a *rpc.Attr, since uint64) {
 		a.Mtime = max(a.Mtime, in.mu.mtime)
 		a.Ctime = max(a.Ctime, in.mu.mtime)
 	}
+	if in.mu.inline != nil && !in.mu.dirty && in.mu.sizeAt <= since && (!a.Inline || a.Ctime != in.mu.inlineCtime) {
+		// Changed elsewhere (another mount's write moved the bytes to
+		// the chunks, or a truncate cut them): what is held here is
+		// stale. Reads go to the chunks, or fetch the bytes again.
+		in.mu.inline = nil
+		in.mu.inlineStale = a.Inline
+		in.mu.gen++
+	}
 }
 
 // setAttr records the result of a SetAttr made by this client.
@@ -292,7 +307,7 @@ func (in *inode) setAttr(a *rpc.Attr, sizeSet bool) {
 	defer in.mu.Unlock()
 	if sizeSet {
 		in.mu.size = a.Size
-		in.cutInlineLocked(a.Size)
+		in.cutInlineLocked(a.Size, a.Ctime)
 		in.mu.gen++
 		in.mu.sizeAt = in.c.sizeSeq.Add(1)
 	}
