@@ -356,12 +356,19 @@ func changeRefused(err error) bool {
 func answeredBeforeDurable(m rpc.Method, req rpc.Message) bool {
 	switch m {
 	case rpc.MCreate, rpc.MTmpfile, rpc.MSetAttr, rpc.MUnlink, rpc.MRmdir, rpc.MRename, rpc.MLink,
-		rpc.MSetXattr, rpc.MRemoveXattr, rpc.MSetDirLayout, rpc.MCreateBatch, rpc.MReturnDelegation:
+		rpc.MSetXattr, rpc.MRemoveXattr, rpc.MSetDirLayout, rpc.MReturnDelegation:
 		return true
 	case rpc.MCommitSize:
 		return isDeferredCommit(req)
+	case rpc.MCreateBatch:
+		return !isDurableBatch(req)
 	}
 	return false
+}
+
+func isDurableBatch(req rpc.Message) bool {
+	r, ok := req.(*rpc.CreateBatchReq)
+	return ok && r.Durable
 }
 
 func isDeferredCommit(req rpc.Message) bool {
@@ -377,7 +384,7 @@ func answeredDurable(m rpc.Method, req rpc.Message) bool {
 		r, ok := req.(*rpc.SyncReq)
 		return ok && r.Index == 0
 	}
-	return m == rpc.MCommitSize && !isDeferredCommit(req)
+	return m == rpc.MCommitSize && !isDeferredCommit(req) || m == rpc.MCreateBatch && isDurableBatch(req)
 }
 
 func (c *Client) noteDurable(n uint64) { storeMax(&c.metaDurable, n) }

@@ -56,6 +56,9 @@ type queuedCreate struct {
 	// (held back from flushes for up to holdWriting after at).
 	writing bool
 	at      time.Time
+	// durable: a waiter needs the create on stable storage (a sync
+	// close, an fsync): its batch asks to be answered once durable.
+	durable bool
 }
 
 // heldLocked reports whether a flush leaves q queued (d.mu held).
@@ -324,15 +327,23 @@ func (d *delegations) flush(dir uint64, s *dirDeleg) {
 		s.queue = rest
 		s.lastSent = batch[n-1]
 		creates := make([]rpc.BatchCreate, n)
+		durable := false
 		for i, q := range batch {
 			q.sent = true
 			creates[i] = q.bc
+			durable = durable || q.durable
 		}
 		d.mu.Unlock()
 		// Not the client's context: a flush at unmount runs while it
 		// closes; metaCall bounds it by IOTimeout.
-		res, err := d.c.CreateBatch(context.Background(), creates)
+		before := d.c.metaChanged.Load()
+		res, err := d.c.createBatch(context.Background(), creates, durable)
 		seq := d.c.metaChanged.Load()
+		if durable {
+			// On stable storage when answered: nothing after the
+			// call began needs a barrier for these creates.
+			seq = before
+		}
 		d.c.m.op("create_flush")
 		d.mu.Lock()
 		for i, q := range batch {
@@ -492,13 +503,31 @@ func (d *delegations) fold(in *inode, pre []slotSpace) bool {
 }
 
 // wait kicks q's flush and waits for the service's answer to it.
-func (d *delegations) wait(ctx context.Context, q *queuedCreate) {
+func (d *delegations) wait(ctx context.Context, q *queuedCreate) { d.waitFor(ctx, q, false) }
+
+// waitFor is wait; durable asks that q's batch be answered once on stable
+// storage (if q is not sent yet). With no flush of the directory under
+// way, the caller runs it: one goroutine handoff less for the waiter.
+func (d *delegations) waitFor(ctx context.Context, q *queuedCreate, durable bool) {
 	d.mu.Lock()
 	q.writing = false // asked for: not held back
-	if s := d.dirs[q.dir]; s != nil {
-		d.kickLocked(q.dir, s)
+	q.durable = q.durable || durable
+	s := d.dirs[q.dir]
+	if s != nil && !s.flushing && !q.sent && len(s.queue) > 0 {
+		if s.timer != nil {
+			s.timer.Stop()
+			s.timer = nil
+		}
+		s.flushing = true
+		d.c.wg.Add(1)
+		d.mu.Unlock()
+		d.flush(q.dir, s)
+	} else {
+		if s != nil {
+			d.kickLocked(q.dir, s)
+		}
+		d.mu.Unlock()
 	}
-	d.mu.Unlock()
 	select {
 	case <-q.done:
 	case <-ctx.Done():
@@ -540,7 +569,10 @@ func (d *delegations) before(ctx context.Context, ino uint64) {
 // created waits until the service made in's file if this client answered
 // its create, and records the entry that made it (the file's close and
 // fsync make it durable). A create the service refused fails here, once.
-func (d *delegations) created(ctx context.Context, in *inode) error {
+// durable: the caller makes the file durable next (a sync close, fsync),
+// so a create not sent yet goes in a batch answered once on stable
+// storage, which saves that barrier its call.
+func (d *delegations) created(ctx context.Context, in *inode, durable bool) error {
 	if d == nil || !d.on() {
 		return nil
 	}
@@ -555,7 +587,7 @@ func (d *delegations) created(ctx context.Context, in *inode) error {
 	if q == nil {
 		return nil
 	}
-	d.wait(ctx, q)
+	d.waitFor(ctx, q, durable)
 	select {
 	case <-q.done:
 	default:

@@ -35,6 +35,12 @@ func (c *Client) ReserveInos(ctx context.Context, n uint32) (start, count uint64
 // the others made; the error is for the batch as a whole (not sent, or
 // refused: EINVAL, ESTALE).
 func (c *Client) CreateBatch(ctx context.Context, creates []rpc.BatchCreate) ([]rpc.BatchResult, error) {
+	return c.createBatch(ctx, creates, false)
+}
+
+// createBatch is CreateBatch; durable asks for the answer once the batch
+// is on stable storage (rpc.CreateBatchReq.Durable).
+func (c *Client) createBatch(ctx context.Context, creates []rpc.BatchCreate, durable bool) ([]rpc.BatchResult, error) {
 	if len(creates) == 0 {
 		return nil, nil
 	}
@@ -46,7 +52,7 @@ func (c *Client) CreateBatch(ctx context.Context, creates []rpc.BatchCreate) ([]
 			return nil, err
 		}
 	}
-	req := &rpc.CreateBatchReq{Hdr: c.hdr(), Creates: creates}
+	req := &rpc.CreateBatchReq{Hdr: c.hdr(), Creates: creates, Durable: durable}
 	for i := range creates {
 		creates[i].Seq = c.seq.Add(1)
 	}

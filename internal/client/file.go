@@ -638,7 +638,7 @@ func (f *File) Flush(ctx context.Context) error {
 			// now carries its size: nothing to wait for (createq.go).
 			return f.lockErr()
 		}
-		if err := f.c.deleg.created(ctx, in); err != nil {
+		if err := f.c.deleg.created(ctx, in, false); err != nil {
 			return err
 		}
 		if err := in.commitDeferred(ctx); err != nil {
@@ -666,7 +666,7 @@ func (f *File) Flush(ctx context.Context) error {
 		// entry to be durable (one log sync for the batch).
 		return f.syncFolded(ctx)
 	}
-	if err := f.c.deleg.created(ctx, in); err != nil {
+	if err := f.c.deleg.created(ctx, in, false); err != nil { // the durable commit covers it
 		return err
 	}
 	if err := in.commit(ctx, alloc); err != nil {
@@ -679,7 +679,7 @@ func (f *File) Flush(ctx context.Context) error {
 // size (and maybe data) into, then for its entry to be durable.
 func (f *File) syncFolded(ctx context.Context) error {
 	in := f.in
-	if err := f.c.deleg.created(ctx, in); err != nil {
+	if err := f.c.deleg.created(ctx, in, true); err != nil {
 		return err
 	}
 	in.mu.Lock()
@@ -913,7 +913,7 @@ func (f *File) lockErr() error {
 func (f *File) Fsync(ctx context.Context) error {
 	f.c.m.op("fsync")
 	in := f.in
-	if err := f.c.deleg.created(ctx, in); err != nil {
+	if err := f.c.deleg.created(ctx, in, true); err != nil {
 		return err
 	}
 	if err := in.drainSynced(ctx); err != nil {

@@ -197,9 +197,11 @@ type command struct {
 	Client uint64
 
 	// Deferred: the request asked for its answer before its entry is
-	// durable (rpc.CommitSizeReq.Deferred). Not in the log: it changes
-	// only when the proposer answers, never what the entry does.
+	// durable (rpc.CommitSizeReq.Deferred); Durable: after
+	// (rpc.CreateBatchReq.Durable). Not in the log: they change only
+	// when the proposer answers, never what the entry does.
 	Deferred bool
+	Durable  bool
 }
 
 // reqHeader names a deduplicated request: the session's client id and the
@@ -299,8 +301,10 @@ const writtenInline = 3
 func (c *command) answerBeforeDurable() bool {
 	switch c.Op {
 	case opCreate, opTmpfile, opUnlink, opRmdir, opRename, opLink, opSetXattr, opRemoveXattr, opSetDirLayout, opSetAtimes,
-		opCreateBatch, opReturn:
+		opReturn:
 		return true
+	case opCreateBatch:
+		return !c.Durable
 	case opSetAttr:
 		return c.Valid&rpc.SetSize == 0
 	case opCommitSize:

@@ -289,7 +289,7 @@ func (s *Service) createBatchHandler(ctx context.Context, r *rpc.CreateBatchReq)
 	}
 	dir := r.Creates[0].Parent
 	c := &command{Op: opCreateBatch, Now: s.now(), Hdr: reqHeader{ClientID: r.Hdr.ClientID}, Parent: dir,
-		Batch: make([]batchCreate, len(r.Creates))}
+		Batch: make([]batchCreate, len(r.Creates)), Durable: r.Durable}
 	place := false
 	for i, x := range r.Creates {
 		if x.Parent != dir {

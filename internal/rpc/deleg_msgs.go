@@ -122,9 +122,15 @@ const MaxInlineBytes = 64 << 10
 // Written is a byte: 0 no, 1 yes, 3 yes with inline data, which then
 // follows the Alloc list (length-prefixed); a service before inline data
 // refuses the 3 (a bad bool: EINVAL).
+//
+// Durable (appended after the records, which are then always sent: a
+// flags byte, bit 0): answer once the batch's entry is on stable storage,
+// as a durable size commit is (a sync-policy close waiting for its file's
+// create); a service before it refuses the byte (trailing bytes: EINVAL).
 type CreateBatchReq struct {
 	Hdr     ReqHeader
 	Creates []BatchCreate
+	Durable bool
 }
 
 func (m *CreateBatchReq) Encode(e *Enc) {
@@ -135,7 +141,7 @@ func (m *CreateBatchReq) Encode(e *Enc) {
 		m.Creates[i].Encode(e)
 		written = written || m.Creates[i].Written
 	}
-	if written {
+	if written || m.Durable {
 		for i := range m.Creates {
 			c := &m.Creates[i]
 			switch {
@@ -152,7 +158,13 @@ func (m *CreateBatchReq) Encode(e *Enc) {
 			}
 		}
 	}
+	if m.Durable {
+		e.U8(batchDurable)
+	}
 }
+
+// batchDurable is CreateBatchReq's flags bit for Durable.
+const batchDurable = 1
 
 func (m *CreateBatchReq) Decode(d *Dec) {
 	m.Hdr.Decode(d)
@@ -185,6 +197,15 @@ func (m *CreateBatchReq) Decode(d *Dec) {
 				}
 			}
 		}
+	}
+	m.Durable = false
+	if d.Len() > 0 {
+		f := d.U8()
+		if f&^batchDurable != 0 {
+			d.Fail(ErrMalformed)
+			return
+		}
+		m.Durable = f&batchDurable != 0
 	}
 }
 
