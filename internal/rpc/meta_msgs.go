@@ -286,18 +286,20 @@ type AttrResp struct {
 }
 
 func (m *AttrResp) Encode(e *Enc) {
-	m.Attr.Encode(e)
-	m.Stamp.Encode(e)
-	encodeBlocks(e, &m.Attr)
+	m.encodeAttrs(e)
 	if m.Data != nil {
 		e.Bytes(m.Data)
 	}
 }
 
+// encodeAttrs and decodeAttrs are AttrResp without Data: LinkResp, which
+// appends its Dir after them, carries no data.
+func (m *AttrResp) encodeAttrs(e *Enc) { m.Attr.Encode(e); m.Stamp.Encode(e); encodeBlocks(e, &m.Attr) }
+
+func (m *AttrResp) decodeAttrs(d *Dec) { m.Attr.Decode(d); m.Stamp.Decode(d); decodeBlocks(d, &m.Attr) }
+
 func (m *AttrResp) Decode(d *Dec) {
-	m.Attr.Decode(d)
-	m.Stamp.Decode(d)
-	decodeBlocks(d, &m.Attr)
+	m.decodeAttrs(d)
 	m.Data = nil
 	if d.Len() > 0 {
 		if m.Data = d.Bytes(); m.Data == nil {
@@ -1679,7 +1681,7 @@ func (m *DirChangeResp) Decode(d *Dec) {
 }
 
 // LinkResp answers MLink: the linked inode's attributes and stamp, encoded
-// as AttrResp (which older clients decode), then the attributes the link
+// as AttrResp without Data (which older clients decode), then the attributes the link
 // left on the new parent directory (Dir), for the client's cache as
 // ChangeResp.Dir. Dir is appended only when set; absent (older services,
 // answers replayed for a retry) it reads as unknown (Ino 0).
@@ -1689,14 +1691,15 @@ type LinkResp struct {
 }
 
 func (m *LinkResp) Encode(e *Enc) {
-	m.AttrResp.Encode(e)
+	m.AttrResp.encodeAttrs(e)
 	if m.Dir.Ino != 0 {
 		m.Dir.Encode(e)
 	}
 }
 
 func (m *LinkResp) Decode(d *Dec) {
-	m.AttrResp.Decode(d)
+	m.AttrResp.decodeAttrs(d)
+	m.Data = nil
 	m.Dir = Attr{}
 	if d.Len() > 0 {
 		m.Dir.Decode(d)
