@@ -27,6 +27,7 @@ func messageSamples() map[string][]Message {
 	group := GroupInfo{ID: 3, Epoch: 7, Primary: 4, Secondary: 9, State: GroupResyncing, SinceMs: 1763885000123,
 		ResyncDone: 1 << 30, ResyncTotal: 1 << 33, PrimaryAddr: "10.0.0.2:7401", SecondaryAddr: "10.0.0.3:7401",
 		PrimaryAlive: true, SecondaryAlive: true}
+	inlineAttr := Attr{Ino: 6, Mode: 0o100644, Nlink: 1, Size: 12, Layout: lay, Blocks: 1, BlocksKnown: true, Inline: true}
 	voter := VoterInfo{ID: "10.0.0.1:7400", Addr: "10.0.0.1:7400", RaftAddr: "10.0.0.1:7400", Voter: true}
 	return map[string][]Message{
 		"InodesKnownReq":  {&InodesKnownReq{Inos: []uint64{1, 2, 1 << 33}}},
@@ -34,7 +35,8 @@ func messageSamples() map[string][]Message {
 		"Empty":           {&Empty{}},
 		"ReqHeader":       {&hdr},
 		"Attr":            {&Attr{Ino: 5, Mode: 0o40755, Nlink: 3, Uid: 1, Gid: 2, Rdev: 3, Size: 4, Atime: 5, Mtime: 6, Ctime: 7, Layout: lay}},
-		"AttrResp":        {&AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}}},
+		"AttrResp": {&AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}},
+			&AttrResp{Attr: inlineAttr, Stamp: Stamp{Index: 9, Term: 2}, Data: []byte("inline bytes")}},
 		"LinkResp": {&LinkResp{AttrResp: AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}}},
 			&LinkResp{AttrResp: AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}}, Dir: Attr{Ino: 1, Mode: 0o40755, Nlink: 3, Mtime: 8, Ctime: 8}}},
 		"Stamp": {&Stamp{Index: 9, Term: 2}},
@@ -53,7 +55,7 @@ func messageSamples() map[string][]Message {
 		"SessionHeartbeatResp": {&SessionHeartbeatResp{LockEpoch: 9, Now: 1763885000123456789}},
 		"SessionCloseReq":      {&SessionCloseReq{ClientID: 3}},
 		"LookupReq":            {&LookupReq{Parent: 1, Name: "a name"}, &LookupReq{Parent: 1, Name: "b", Client: 9}},
-		"GetAttrReq":           {&GetAttrReq{Ino: 1 << 50}, &GetAttrReq{Ino: 2, Client: 9}},
+		"GetAttrReq":           {&GetAttrReq{Ino: 1 << 50}, &GetAttrReq{Ino: 2, Client: 9}, &GetAttrReq{Ino: 3, Flags: GetAttrData | GetAttrWrite}},
 		"SetAttrReq": {&SetAttrReq{Hdr: hdr, Ino: 5, Valid: SetMode | SetSize, Mode: 0o640, Uid: 1, Gid: 2, Size: 1 << 40,
 			Atime: -5, Mtime: 6, Ctime: 7}},
 		"CreateReq":    {&CreateReq{Hdr: hdr, Parent: 1, Name: "a", Mode: 0o120777, Uid: 1, Gid: 2, Rdev: 3, SymlinkTarget: "x"}},
@@ -98,7 +100,8 @@ func messageSamples() map[string][]Message {
 		"BatchCreate": {&BatchCreate{Seq: 5, Parent: 2, Name: "f", Ino: 1 << 20, Mode: 0o644, Uid: 1, Gid: 2, Time: -3,
 			Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}}}},
 		"CreateBatchReq": {&CreateBatchReq{Hdr: hdr, Creates: []BatchCreate{{Seq: 5, Parent: 2, Name: "f", Ino: 9}, {Seq: 6, Parent: 2, Name: "g", Ino: 10, Mode: 0o600,
-			Written: true, Size: 3901, Mtime: 7, Alloc: []SlotAlloc{{Slot: 0, Bytes: 4096}}}}}},
+			Written: true, Size: 3901, Mtime: 7, Alloc: []SlotAlloc{{Slot: 0, Bytes: 4096}}}}},
+			&CreateBatchReq{Hdr: hdr, Creates: []BatchCreate{{Seq: 7, Parent: 2, Name: "i", Ino: 11, Written: true, Size: 5, Mtime: 8, Inline: []byte("hello")}}}},
 		"BatchResult": {&BatchResult{Attr: Attr{Ino: 9}, Dir: Attr{Ino: 2}, Stamp: Stamp{Index: 4, Term: 1}},
 			&BatchResult{Errno: 17, Msg: "exists"}},
 		"CreateBatchResp": {&CreateBatchResp{Results: []BatchResult{{Attr: Attr{Ino: 9}, Dir: Attr{Ino: 2}}, {Errno: 17, Msg: "x"}}, Stamp: Stamp{Index: 4, Term: 1}}},
@@ -164,7 +167,10 @@ func messageSamples() map[string][]Message {
 var notOnWire = map[string]bool{"ReadResp.Into": true, "ReadResp.Direct": true,
 	"Attr.Blocks": true, "Attr.BlocksKnown": true, "GroupInfo.FullResync": true,
 	// encoded by CreateBatchReq, in its appended records (CreateBatchReq's sample sets them)
-	"BatchCreate.Written": true, "BatchCreate.Size": true, "BatchCreate.Mtime": true, "BatchCreate.Alloc": true}
+	"BatchCreate.Written": true, "BatchCreate.Size": true, "BatchCreate.Mtime": true, "BatchCreate.Alloc": true,
+	"BatchCreate.Inline": true,
+	// Attr.Inline: in the blocks tail as Blocks (AttrResp's sample sets it)
+	"Attr.Inline": true}
 
 // decodedTypes lists the types of the message files that have a Decode
 // method.
