@@ -105,6 +105,19 @@ func testInlineData(t *testing.T, policy string) {
 	write("g3901", pattern(3, 3901))
 	write("empty", []byte{})
 	write("big", pattern(5, 5000))
+	write("at4096", pattern(6, 4096))
+	write("at4097", pattern(7, 4097))
+	// Reopened for appending right after its close: the data folded into
+	// the create goes back to write-behind (or is moved to the chunks);
+	// every byte reads back.
+	write("reopened", pattern(8, 700))
+	rf, err := os.OpenFile(filepath.Join(d, "reopened"), os.O_WRONLY|os.O_APPEND, 0)
+	must(t, err)
+	_, err = rf.Write([]byte("+more"))
+	must(t, err)
+	must(t, rf.Close())
+	content["reopened"] = append(append([]byte{}, content["reopened"]...), "+more"...)
+	readBack(t, filepath.Join(d, "reopened"), content["reopened"])
 	if ca.Ops("create_inline") == inlined {
 		t.Fatal("A kept no file's data inline under the delegation")
 	}
@@ -154,8 +167,8 @@ func testInlineData(t *testing.T, policy string) {
 			}
 		}
 	}
-	if len(inline) == 0 || inline["big"] {
-		t.Fatalf("inline files %v: want some, and not big", inline)
+	if len(inline) == 0 || inline["big"] || inline["at4097"] || !inline["at4096"] {
+		t.Fatalf("inline files %v: want some, at4096, not big nor at4097", inline)
 	}
 	calls := tc.rpcsOf(func() {
 		for name := range inline {
@@ -217,6 +230,16 @@ func testInlineData(t *testing.T, policy string) {
 	content[cut] = append(append([]byte{}, content[cut][:10]...), make([]byte, 290)...)
 	readBack(t, filepath.Join(b, "d", cut), content[cut])
 	readBack(t, filepath.Join(a, "d", cut), content[cut])
+	// Then a write past the kept bytes: the spill moves 10 bytes out of a
+	// file of 300, the rest still zeros.
+	wf, err := os.OpenFile(filepath.Join(b, "d", cut), os.O_WRONLY, 0)
+	must(t, err)
+	_, err = wf.WriteAt([]byte("W"), 100)
+	must(t, err)
+	must(t, wf.Close())
+	content[cut][100] = 'W'
+	readBack(t, filepath.Join(b, "d", cut), content[cut])
+	readBack(t, filepath.Join(a, "d", cut), content[cut])
 
 	// SEEK_DATA / SEEK_HOLE of an inline file: data at 0, the hole at
 	// its end.
@@ -245,6 +268,15 @@ func testInlineData(t *testing.T, policy string) {
 	must(t, os.WriteFile(filepath.Join(b, "d", trunc), content[trunc], 0o644))
 	readBack(t, filepath.Join(a, "d", trunc), content[trunc])
 	readBack(t, filepath.Join(b, "d", trunc), content[trunc])
+
+	// A hard link on B reads the same bytes on both mounts.
+	must(t, os.Link(filepath.Join(b, "d", seek), filepath.Join(b, "d", "hard")))
+	content["hard"] = content[seek]
+	var lst syscall.Stat_t
+	must(t, syscall.Stat(filepath.Join(a, "d", "hard"), &lst))
+	if lst.Nlink != 2 {
+		t.Errorf("hard link of %s: nlink %d, want 2", seek, lst.Nlink)
+	}
 
 	// Rename and unlink on A.
 	must(t, os.Rename(filepath.Join(a, "d", renamed), filepath.Join(a, "d", "renamed")))
