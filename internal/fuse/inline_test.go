@@ -181,18 +181,35 @@ func testInlineData(t *testing.T, policy string) {
 	for name, data := range content {
 		readBack(t, filepath.Join(b, "d", name), data)
 	}
+	// A mount that keeps no data inline itself (InlineBytes 0) reads
+	// the inline files too.
+	c0, _ := tc.mount(nil)
+	for name := range inline {
+		readBack(t, filepath.Join(c0, "d", name), content[name])
+	}
 
 	// Pick inline files for the changes below.
 	var picks []string
-	for i := 0; i < n && len(picks) < 7; i++ {
+	for i := 0; i < n && len(picks) < 8; i++ {
 		if name := fmt.Sprint("g", i); inline[name] && len(content[name]) >= 400 {
 			picks = append(picks, name)
 		}
 	}
-	if len(picks) < 7 {
+	if len(picks) < 8 {
 		t.Fatalf("only %d inline files of 400 bytes or more: %v", len(picks), picks)
 	}
-	appended, middle, cut, seek, trunc, renamed, removed := picks[0], picks[1], picks[2], picks[3], picks[4], picks[5], picks[6]
+	appended, middle, cut, seek, trunc, renamed, removed, fromC0 := picks[0], picks[1], picks[2], picks[3], picks[4], picks[5], picks[6], picks[7]
+
+	// The mount without inline data of its own writes one: moved out
+	// first, as from any mount.
+	wc, err := os.OpenFile(filepath.Join(c0, "d", fromC0), os.O_WRONLY, 0)
+	must(t, err)
+	_, err = wc.WriteAt([]byte("C0"), 0)
+	must(t, err)
+	must(t, wc.Close())
+	content[fromC0] = append([]byte("C0"), content[fromC0][2:]...)
+	readBack(t, filepath.Join(c0, "d", fromC0), content[fromC0])
+	readBack(t, filepath.Join(b, "d", fromC0), content[fromC0])
 
 	// B appends to one and overwrites the middle of another: the data
 	// moves to the chunks first (a spill each).
