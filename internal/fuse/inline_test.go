@@ -118,6 +118,21 @@ func testInlineData(t *testing.T, policy string) {
 	must(t, rf.Close())
 	content["reopened"] = append(append([]byte{}, content["reopened"]...), "+more"...)
 	readBack(t, filepath.Join(d, "reopened"), content["reopened"])
+	// Truncated right after its close (its create maybe still queued),
+	// shorter then longer.
+	write("cutearly", pattern(9, 1000))
+	must(t, os.Truncate(filepath.Join(d, "cutearly"), 100))
+	must(t, os.Truncate(filepath.Join(d, "cutearly"), 500))
+	content["cutearly"] = append(append([]byte{}, content["cutearly"][:100]...), make([]byte, 400)...)
+	readBack(t, filepath.Join(d, "cutearly"), content["cutearly"])
+	// Written only at an offset: the bytes before it are zeros.
+	hf, err := os.Create(filepath.Join(d, "holey"))
+	must(t, err)
+	_, err = hf.WriteAt([]byte("tail"), 2000)
+	must(t, err)
+	must(t, hf.Close())
+	content["holey"] = append(make([]byte, 2000), "tail"...)
+	readBack(t, filepath.Join(d, "holey"), content["holey"])
 	if ca.Ops("create_inline") == inlined {
 		t.Fatal("A kept no file's data inline under the delegation")
 	}
