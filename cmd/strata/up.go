@@ -92,6 +92,9 @@ on the same --data it serves the same files.`,
 			if kernelReadAhead < 0 {
 				return usagef("--kernel-read-ahead-bytes %d: must not be negative", kernelReadAhead)
 			}
+			if inlineBytes < 0 || inlineBytes > rpc.MaxInlineBytes {
+				return usagef("--inline-bytes %d: want 0..%d", inlineBytes, rpc.MaxInlineBytes)
+			}
 			if syncInterval < 0 {
 				return usagef("--sync-interval %v: must not be negative (0 disables the background sync)", syncInterval)
 			}

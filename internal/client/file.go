@@ -63,6 +63,14 @@ func (c *Client) Open(ctx context.Context, ino uint64, flags int) (*File, error)
 		req.Flags = rpc.GetAttrData
 	}
 	err := c.metaCall(ctx, rpc.MGetAttr, &req, &resp)
+	if err == nil && resp.Attr.Inline && req.Flags == 0 {
+		// Another client's inline file, on a client that keeps none
+		// itself (and so did not ask, in case the service predates
+		// inline data): its bytes are not on its targets, ask for them.
+		req.Flags = rpc.GetAttrData
+		resp = rpc.AttrResp{}
+		err = c.metaCall(ctx, rpc.MGetAttr, &req, &resp)
+	}
 	var f *File
 	if err == nil {
 		f, err = c.openAttrData(ctx, &resp.Attr, resp.Data, req.Flags != 0, since, flags, tok)

@@ -87,14 +87,13 @@ func commandSamples() []struct {
 				Written: true, Size: 3901, Mtime: now, Alloc: []slotAlloc{{Slot: 0, Bytes: 4096}}}}}, "011baab4aef2eda9fefa300700000001af0202026632828040a40300000080804001010301bd1eaab4aef2eda9fefa3001008020"},
 		{command{Op: opDelegate, Now: now, Hdr: h, Ino: 2}, "011caab4aef2eda9fefa3007ac0202"},
 		{command{Op: opReturn, Now: now, Hdr: h, Ino: 2, Client: 7, Epoch: 99}, "011daab4aef2eda9fefa3007ac02020763"},
-		// Inline data (docs/design/0017): a create carrying its bytes
-		// (written byte 3), and opUninline.
-		{command{Op: opCreateBatch, Now: now, Hdr: reqHeader{ClientID: 7}, Batch: []batchCreate{
-			{Seq: 304, Parent: 2, Ino: 1<<20 + 3, Name: "f3", Mode: 0o644, Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}},
-				Written: true, Size: 3, Mtime: now, Inline: []byte("abc")}}},
-			"011baab4aef2eda9fefa300700000001b00202026633838040a4030000008080400101030303aab4aef2eda9fefa300003616263"},
-		{command{Op: opUninline, Now: now, Ino: 1<<20 + 3, Ctime: now, Size: 3, Alloc: []slotAlloc{{Slot: 0, Bytes: 4096}}},
-			"011eaab4aef2eda9fefa300000838040aab4aef2eda9fefa300301008020"},
+		// Inline data (docs/design/0017): opCreateBatch's Written byte 3
+		// with the file's bytes after its Alloc list (an empty file's: an
+		// empty, non-nil slice), next to a plain written create; opUninline.
+		{command{Op: opCreateBatch, Now: now, Hdr: reqHeader{ClientID: 7}, Batch: inlineBatchSample(now)},
+			"011baab4aef2eda9fefa300700000003b002020169838040a403000000808040010103b102020165848040a403000000808040010103b202020170858040a4030000008080400101030305aab4aef2eda9fefa30000568656c6c6f0300aab4aef2eda9fefa30000001bd1eaab4aef2eda9fefa3001008020"},
+		{command{Op: opUninline, Now: now, Ino: 1<<20 + 3, Ctime: now - 5, Size: 3901, Alloc: []slotAlloc{{Slot: 0, Bytes: 4096}}},
+			"011eaab4aef2eda9fefa300000838040a0b4aef2eda9fefa30bd1e01008020"},
 	}
 }
 
@@ -281,5 +280,50 @@ func TestDedupeRecordIsTheStoresOwn(t *testing.T) {
 	ch := res.reply().(*rpc.ChangeResp)
 	if r.Answer.Attr.Ino != ch.Attr.Ino || r.Answer.Dir.Ino != 1 || r.Answer.Attr.Mode != ch.Attr.Mode {
 		t.Fatalf("record %+v does not match the answer %+v", r.Answer, ch)
+	}
+}
+
+// inlineBatchSample is a batch of an inline create, an empty inline
+// create and a plain written one.
+func inlineBatchSample(now int64) []batchCreate {
+	l := layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}}
+	return []batchCreate{
+		{Seq: 304, Parent: 2, Ino: 1<<20 + 3, Name: "i", Mode: 0o644, Layout: l, Written: true, Size: 5, Mtime: now, Inline: []byte("hello")},
+		{Seq: 305, Parent: 2, Ino: 1<<20 + 4, Name: "e", Mode: 0o644, Layout: l, Written: true, Mtime: now, Inline: []byte{}},
+		{Seq: 306, Parent: 2, Ino: 1<<20 + 5, Name: "p", Mode: 0o644, Layout: l, Written: true, Size: 3901, Mtime: now,
+			Alloc: []slotAlloc{{Slot: 0, Bytes: 4096}}},
+	}
+}
+
+// TestCommandInlineWrittenByte: a create's Written byte is 0, 1 or 3
+// (inline); any other value is an error, not read as written, and an
+// inline record cut before its data does not decode.
+func TestCommandInlineWrittenByte(t *testing.T) {
+	now := int64(1_764_000_000_123_456_789)
+	c := command{Op: opCreateBatch, Now: now, Hdr: reqHeader{ClientID: 7}, Batch: inlineBatchSample(now)}
+	b := c.encode(nil)
+	var got command
+	if err := decodeCommand(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !got.Batch[0].Written || string(got.Batch[0].Inline) != "hello" || got.Batch[1].Inline == nil || len(got.Batch[1].Inline) != 0 ||
+		got.Batch[2].Inline != nil || len(got.Batch[2].Alloc) != 1 {
+		t.Fatalf("decoded batch %+v", got.Batch)
+	}
+	// The first record's Written byte is followed by Size 5 and Mtime.
+	at := strings.Index(hex.EncodeToString(b), "0305aab4aef2eda9fefa30")
+	if at < 0 || at%2 != 0 {
+		t.Fatalf("no inline record in %x", b)
+	}
+	at /= 2
+	for _, w := range []byte{2, 4, 0x80} {
+		bad := append([]byte{}, b...)
+		bad[at] = w
+		if err := decodeCommand(bad, &got); err == nil {
+			t.Errorf("written byte %d decoded: %+v", w, got.Batch[0])
+		}
+	}
+	if err := decodeCommand(b[:len(b)-1], &got); err == nil {
+		t.Error("a batch cut short decoded")
 	}
 }

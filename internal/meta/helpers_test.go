@@ -88,7 +88,7 @@ func (c *client) tmpfile(parent uint64, mode uint32) (rpc.Attr, error) {
 }
 
 func (c *client) link(ino, parent uint64, name string) (rpc.Attr, error) {
-	var r rpc.AttrResp
+	var r rpc.LinkResp
 	err := c.call(rpc.MLink, &rpc.LinkReq{Hdr: c.hdr(), Ino: ino, NewParent: parent, NewName: name}, &r)
 	return r.Attr, err
 }

@@ -444,7 +444,7 @@ func TestSetgidInheritance(t *testing.T) {
 	_, c := newNamespace(t)
 	d := c.mustCreate(1, "d", modeDir|0o2775)
 	setattr(c, rpc.SetAttrReq{Ino: d.Ino, Valid: rpc.SetGid | rpc.SetMode, Gid: 42, Mode: 0o2775})
-	var r rpc.AttrResp
+	var r rpc.ChangeResp // MCreate's answer (an AttrResp reads its tail as inline data)
 	if err := c.call(rpc.MCreate, &rpc.CreateReq{Hdr: c.hdr(), Parent: d.Ino, Name: "f", Mode: fileMode, Uid: 1, Gid: 1}, &r); err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ func messageSamples() map[string][]Message {
 	group := GroupInfo{ID: 3, Epoch: 7, Primary: 4, Secondary: 9, State: GroupResyncing, SinceMs: 1763885000123,
 		ResyncDone: 1 << 30, ResyncTotal: 1 << 33, PrimaryAddr: "10.0.0.2:7401", SecondaryAddr: "10.0.0.3:7401",
 		PrimaryAlive: true, SecondaryAlive: true}
+	inlineAttr := Attr{Ino: 6, Mode: 0o100644, Nlink: 1, Size: 12, Layout: lay, Blocks: 1, BlocksKnown: true, Inline: true}
 	voter := VoterInfo{ID: "10.0.0.1:7400", Addr: "10.0.0.1:7400", RaftAddr: "10.0.0.1:7400", Voter: true}
 	return map[string][]Message{
 		"InodesKnownReq":  {&InodesKnownReq{Inos: []uint64{1, 2, 1 << 33}}},
@@ -35,7 +36,7 @@ func messageSamples() map[string][]Message {
 		"ReqHeader":       {&hdr},
 		"Attr":            {&Attr{Ino: 5, Mode: 0o40755, Nlink: 3, Uid: 1, Gid: 2, Rdev: 3, Size: 4, Atime: 5, Mtime: 6, Ctime: 7, Layout: lay}},
 		"AttrResp": {&AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}},
-			&AttrResp{Attr: Attr{Ino: 6, Mode: 0o100644, Nlink: 1, Size: 5, Layout: lay, Blocks: 1, BlocksKnown: true, Inline: true}, Data: []byte("hello")}},
+			&AttrResp{Attr: inlineAttr, Stamp: Stamp{Index: 9, Term: 2}, Data: []byte("inline bytes")}},
 		"LinkResp": {&LinkResp{AttrResp: AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}}},
 			&LinkResp{AttrResp: AttrResp{Attr: attr, Stamp: Stamp{Index: 9, Term: 2}}, Dir: Attr{Ino: 1, Mode: 0o40755, Nlink: 3, Mtime: 8, Ctime: 8}}},
 		"Stamp": {&Stamp{Index: 9, Term: 2}},
@@ -99,9 +100,9 @@ func messageSamples() map[string][]Message {
 		"BatchCreate": {&BatchCreate{Seq: 5, Parent: 2, Name: "f", Ino: 1 << 20, Mode: 0o644, Uid: 1, Gid: 2, Time: -3,
 			Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 1, Targets: []uint32{3}}}},
 		"CreateBatchReq": {&CreateBatchReq{Hdr: hdr, Creates: []BatchCreate{{Seq: 5, Parent: 2, Name: "f", Ino: 9}, {Seq: 6, Parent: 2, Name: "g", Ino: 10, Mode: 0o600,
-			Written: true, Size: 3901, Mtime: 7, Alloc: []SlotAlloc{{Slot: 0, Bytes: 4096}}},
-			{Seq: 7, Parent: 2, Name: "h", Ino: 11, Written: true, Size: 3, Mtime: 8, Inline: []byte("abc")}}},
-			&CreateBatchReq{Hdr: hdr, Creates: []BatchCreate{{Seq: 8, Parent: 2, Name: "i", Ino: 12}}, Durable: true}},
+			Written: true, Size: 3901, Mtime: 7, Alloc: []SlotAlloc{{Slot: 0, Bytes: 4096}}}}},
+			&CreateBatchReq{Hdr: hdr, Creates: []BatchCreate{{Seq: 7, Parent: 2, Name: "i", Ino: 11, Written: true, Size: 5, Mtime: 8, Inline: []byte("hello")}}},
+			&CreateBatchReq{Hdr: hdr, Creates: []BatchCreate{{Seq: 8, Parent: 2, Name: "j", Ino: 12}}, Durable: true}},
 		"BatchResult": {&BatchResult{Attr: Attr{Ino: 9}, Dir: Attr{Ino: 2}, Stamp: Stamp{Index: 4, Term: 1}},
 			&BatchResult{Errno: 17, Msg: "exists"}},
 		"CreateBatchResp": {&CreateBatchResp{Results: []BatchResult{{Attr: Attr{Ino: 9}, Dir: Attr{Ino: 2}}, {Errno: 17, Msg: "x"}}, Stamp: Stamp{Index: 4, Term: 1}}},

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"bytes"
 	"encoding/hex"
 	"errors"
 	"go/ast"
@@ -39,6 +40,9 @@ var valueCodecs = map[string]valueCodec{
 			Inode{Mode: 0o100600, Layout: sampleLayout, Alloc: []uint64{}},
 			Inode{Mode: 0o40755, Nlink: 2, Parent: 1, Layout: layout.Layout{StripeSize: 1 << 20}, Mirror: true},
 			Inode{Mode: 0o100600, Layout: sampleLayout, Alloc: []uint64{1}, Mirror: true},
+			Inode{Mode: 0o100644, Nlink: 1, Size: 5, Layout: sampleLayout, Inline: []byte("hello")},
+			Inode{Mode: 0o100644, Nlink: 1, Layout: sampleLayout, Inline: []byte{}},
+			Inode{Mode: 0o100644, Nlink: 1, Size: 3, Layout: sampleLayout, Alloc: []uint64{0, 0}, Mirror: true, Inline: []byte{0, 1, 2}},
 		},
 		encode: func(v any) []byte { in := v.(Inode); return AppendInode(nil, &in) },
 		decode: func(b []byte) (any, error) { var in Inode; err := DecodeInode(b, &in); return in, err },
@@ -74,6 +78,10 @@ var valueCodecs = map[string]valueCodec{
 				Dir: Attr{Ino: 1, Mode: 0o40755, Nlink: 3, Uid: 4, Gid: 5, Layout: layout.Layout{StripeSize: 1 << 20, StripeCount: 2}}}},
 			Result{Answer: Answer{Kind: AnswerWire}, Wire: []byte{1, 2}},
 			Result{Answer: Answer{Kind: AnswerRange, Index: 9, Term: 2, Start: 1 << 20, Count: 4096}},
+			Result{Answer: Answer{Kind: AnswerAttr, Index: 9, Term: 2, Attr: Attr{Ino: 6, Mode: 0o100644, Nlink: 1, Size: 5,
+				Layout: sampleLayout, Blocks: 1, BlocksKnown: true, Inline: true}}},
+			Result{Answer: Answer{Kind: AnswerChange, Index: 9, Term: 2, Attr: Attr{Ino: 6, Mode: 0o100644, Nlink: 1, Inline: true},
+				Dir: Attr{Ino: 1, Mode: 0o40755, Nlink: 2}}},
 		},
 		encode: func(v any) []byte { r := v.(Result); return AppendResult(nil, &r) },
 		decode: func(b []byte) (any, error) { return DecodeResult(b) },
@@ -257,5 +265,92 @@ func TestMirrorFieldsKeepVersion1(t *testing.T) {
 	var in Inode
 	if err := DecodeInode(b, &in); !errors.Is(err, ErrNewer) {
 		t.Fatalf("inode version 3: %v, want ErrNewer", err)
+	}
+}
+
+// TestInodeInline: inline data (docs/design/0017) is written in format
+// version 2 and read back as it was, an empty inline file stays inline (a
+// non-nil empty slice), and a flag this build does not know is a newer
+// Strata's (ErrNewer), not read as if absent.
+func TestInodeInline(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   Inode
+	}{
+		{"data", Inode{Mode: 0o100644, Nlink: 1, Size: 5, Layout: sampleLayout, Inline: []byte("hello")}},
+		{"empty", Inode{Mode: 0o100644, Nlink: 1, Layout: sampleLayout, Inline: []byte{}}},
+		{"mirror+alloc+inline", Inode{Mode: 0o100644, Nlink: 1, Size: 4, Layout: sampleLayout, Alloc: []uint64{512, 0}, Mirror: true,
+			Inline: []byte{0, 0xff, 0, 7}}},
+	} {
+		b := AppendInode(nil, &tc.in)
+		if b[0] != inodeFormatV2 {
+			t.Errorf("%s: written in version %d, want %d", tc.name, b[0], inodeFormatV2)
+		}
+		got := Inode{Inline: []byte("stale"), Alloc: []uint64{9}}
+		if err := DecodeInode(b, &got); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !got.IsInline() || !bytes.Equal(got.Inline, tc.in.Inline) {
+			t.Errorf("%s: inline %q (inline %v), want %q", tc.name, got.Inline, got.IsInline(), tc.in.Inline)
+		}
+		if got.Mirror != tc.in.Mirror || len(got.Alloc) != len(tc.in.Alloc) || (tc.in.Alloc == nil) != (got.Alloc == nil) {
+			t.Errorf("%s: mirror %v alloc %v, want %v %v", tc.name, got.Mirror, got.Alloc, tc.in.Mirror, tc.in.Alloc)
+		}
+	}
+
+	// A plain file is still version 1, and decoding it into an inode that
+	// held inline data leaves none.
+	plain := Inode{Mode: 0o100644, Nlink: 1, Size: 5, Layout: sampleLayout, Alloc: []uint64{4096, 0}}
+	b := AppendInode(nil, &plain)
+	if b[0] != formatV1 {
+		t.Fatalf("plain file written in version %d", b[0])
+	}
+	got := Inode{Inline: []byte("x")}
+	if err := DecodeInode(b, &got); err != nil || got.IsInline() {
+		t.Fatalf("plain file decodes inline %q, %v", got.Inline, err)
+	}
+
+	// Flag 8 is not this build's: the record is a newer Strata's.
+	dir := Inode{Mode: 0o40755, Nlink: 2, Parent: 1, Mirror: true}
+	b = AppendInode(nil, &dir)
+	if b[len(b)-1] != inodeMirror {
+		t.Fatalf("flags byte %#x is not the record's last, want %#x", b[len(b)-1], inodeMirror)
+	}
+	b[len(b)-1] |= 8
+	if err := DecodeInode(b, &got); !errors.Is(err, ErrNewer) {
+		t.Fatalf("inode with flag 8: %v, want ErrNewer", err)
+	}
+	// The inline flag without its data is corrupt, not empty.
+	b[len(b)-1] = inodeMirror | inodeInline
+	if err := DecodeInode(b, &got); err == nil || errors.Is(err, ErrNewer) {
+		t.Fatalf("inline flag without data: %v, want a decode error", err)
+	}
+}
+
+// TestAttrInline: Attr.Inline is bit 1 of the BlocksKnown byte of a Result
+// record; a bit beyond those two is corrupt.
+func TestAttrInline(t *testing.T) {
+	for _, a := range []Attr{
+		{Ino: 6, Mode: 0o100644, Nlink: 1, Size: 5, Blocks: 1, BlocksKnown: true, Inline: true},
+		{Ino: 6, Mode: 0o100644, Nlink: 1, Inline: true},
+		{Ino: 6, Mode: 0o100644, Nlink: 1, Blocks: 3, BlocksKnown: true},
+	} {
+		r := Result{Answer: Answer{Kind: AnswerAttr, Index: 3, Term: 1, Attr: a}}
+		b := AppendResult(nil, &r)
+		got, err := DecodeResult(b)
+		if err != nil || !reflect.DeepEqual(got.Answer.Attr, a) {
+			t.Errorf("%+v round-trips to %+v, %v", a, got.Answer.Attr, err)
+		}
+		if !a.Inline {
+			continue
+		}
+		// The Attr is the record's tail: its last byte is the flags.
+		if want := byte(2); b[len(b)-1]&2 != want {
+			t.Fatalf("flags byte %#x lacks the inline bit", b[len(b)-1])
+		}
+		b[len(b)-1] |= 4
+		if _, err := DecodeResult(b); err == nil {
+			t.Errorf("attribute flags %#x decoded", b[len(b)-1])
+		}
 	}
 }
