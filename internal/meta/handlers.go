@@ -184,6 +184,7 @@ func (s *Service) register() {
 		}
 		s.sess.add(resp.ClientID, s.cfg.Clock.Now())
 		s.log.Info("session opened", "client", resp.ClientID, "host", r.Host, "mount", r.MountPoint, "pid", r.Pid)
+		s.closeReplaced(resp.ClientID, r)
 		return resp, nil
 	})
 	handle(s, rpc.MSessionHeartbeat, func(_ context.Context, r *rpc.SessionHeartbeatReq) (rpc.Message, error) {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -575,6 +576,45 @@ func (s *Service) closeSession(id uint64) error {
 		s.log.Info("released locks of closed session", "client", id, "locks", n)
 	}
 	return nil
+}
+
+// closeReplaced closes the sessions that session id, just opened by r,
+// replaces: a FUSE mount restarted at the same mount point of the same
+// host by another process. The process that held the older session is
+// gone (a live mount would hold the point), so its locks and create
+// delegations go now rather than after its lease — the restarted mount's
+// own creates in a directory the dead one held would wait that long.
+// NFS gateways (mount point nfs://…) and sessions of the same process
+// (several clients of one process, tests) are left alone.
+func (s *Service) closeReplaced(id uint64, r *rpc.SessionOpenReq) {
+	if r.Host == "" || !strings.HasPrefix(r.MountPoint, "/") {
+		return
+	}
+	p := schema.SessionPrefix()
+	it, err := s.db.NewIter(p, kv.PrefixEnd(p))
+	if err != nil {
+		return
+	}
+	var old []uint64
+	for ok := it.First(); ok; ok = it.Next() {
+		sid, err := schema.DecodeSessionKey(it.Key())
+		if err != nil || sid == id {
+			continue
+		}
+		rec, err := schema.DecodeSession(it.Value())
+		if err == nil && rec.Host == r.Host && rec.MountPoint == r.MountPoint && rec.Pid != r.Pid {
+			old = append(old, sid)
+		}
+	}
+	it.Close()
+	for _, sid := range old {
+		if err := s.closeSession(sid); err != nil {
+			s.log.Warn("closing the session of a mount restarted at the same point", "client", sid, "err", err)
+			continue
+		}
+		s.log.Info("session closed: its mount point was mounted again by another process", "client", sid, "host", r.Host,
+			"mount", r.MountPoint, "new_client", id)
+	}
 }
 
 // reapBatch bounds the orphans handled per round of a pass; a pass goes
