@@ -1084,17 +1084,24 @@ func (x *opCtx) commitSize(c *command) (*answer, error) {
 	if len(c.Alloc) > 0 {
 		// Slots never reported count as empty: a client reports every
 		// chunk it wrote, and a chunk nobody wrote takes no space.
-		alloc := make([]uint64, len(in.Layout.Targets))
-		copy(alloc, in.Alloc)
-		for _, a := range c.Alloc {
-			if int(a.Slot) < len(alloc) {
-				alloc[a.Slot] = a.Bytes
-			}
-		}
-		in.Alloc = alloc
+		in.Alloc = withAllocs(in.Alloc, len(in.Layout.Targets), c.Alloc)
 	}
 	x.mark(c.Ino)
 	return x.attrBody(c.Ino, in)
+}
+
+// withAllocs is a file's space per chunk (n slots): base, with the slots
+// as reports them (a new slice; base is the record's, shared with
+// readers).
+func withAllocs(base []uint64, n int, as []slotAlloc) []uint64 {
+	alloc := make([]uint64, n)
+	copy(alloc, base)
+	for _, a := range as {
+		if int(a.Slot) < n {
+			alloc[a.Slot] = a.Bytes
+		}
+	}
+	return alloc
 }
 
 func (x *opCtx) setDirLayout(c *command) (*answer, error) {

@@ -153,13 +153,7 @@ func (x *opCtx) uninline(c *command) (*answer, error) {
 		return nil, rpc.Errorf(syscall.EAGAIN, "inode %d: inline data changed while it was moved", c.Ino)
 	}
 	in.Inline = nil
-	alloc := make([]uint64, len(in.Layout.Targets))
-	for _, a := range c.Alloc {
-		if int(a.Slot) < len(alloc) {
-			alloc[a.Slot] = a.Bytes
-		}
-	}
-	in.Alloc = alloc
+	in.Alloc = withAllocs(nil, len(in.Layout.Targets), c.Alloc)
 	x.mark(c.Ino)
 	return x.attrBody(c.Ino, in)
 }
