@@ -1090,9 +1090,9 @@ func (x *opCtx) commitSize(c *command) (*answer, error) {
 	return x.attrBody(c.Ino, in)
 }
 
-// withAllocs is a file's space per chunk (n slots): base, with the slots
-// as reports them (a new slice; base is the record's, shared with
-// readers).
+// withAllocs is a file's space per chunk (n slots): base, with the space
+// as reports it for the slots it names (a new slice; base is the
+// record's, shared with readers).
 func withAllocs(base []uint64, n int, as []slotAlloc) []uint64 {
 	alloc := make([]uint64, n)
 	copy(alloc, base)
