@@ -141,10 +141,15 @@ func (d *delegations) takeInoLocked() (uint64, bool) {
 	return ino, true
 }
 
-// refillLocked reserves more numbers in the background (d.mu held).
+// refillLocked reserves more numbers in the background (d.mu held), unless
+// the pool holds enough: a range it could not keep would stay one of the
+// session's few (rpc.MaxSessionRanges), unused until the session ends.
 func (d *delegations) refillLocked() {
 	p := &d.pool
 	if p.asking || d.closed || time.Now().Before(p.refusedTil) {
+		return
+	}
+	if p.session == d.c.ClientID() && p.left() >= inoPoolLow {
 		return
 	}
 	p.asking = true

@@ -300,6 +300,27 @@ func TestRmdirOfDirectoryWithQueuedCreates(t *testing.T) {
 // The pool hands out every number it reserved before it moves on: the
 // remainder of a range is used before the range reserved ahead, not left
 // to the session as one of its few ranges (rpc.MaxSessionRanges).
+// TestInoPoolRefillOnlyWhenLow: a grant's refill with numbers enough in
+// the pool asks for none (a range the pool cannot keep would be wasted).
+func TestInoPoolRefillOnlyWhenLow(t *testing.T) {
+	tc := startCluster(t, clusterOpts{})
+	a := holder(tc, SyncPolicyAsync)
+	d := a.deleg
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.pool.asking, d.pool.refusedTil = false, time.Time{}
+	d.pool.session, d.pool.next, d.pool.end, d.pool.spareStart, d.pool.spareEnd = a.ClientID(), 1000, 1000+inoPoolLow, 0, 0
+	d.refillLocked()
+	if d.pool.asking {
+		t.Fatal("a pool holding inoPoolLow numbers asked for more")
+	}
+	d.pool.next++ // one below the mark
+	d.refillLocked()
+	if !d.pool.asking {
+		t.Fatal("a low pool did not ask for more")
+	}
+}
+
 func TestInoPoolUsesEveryNumber(t *testing.T) {
 	tc := startCluster(t, clusterOpts{})
 	a := holder(tc, SyncPolicyAsync)
