@@ -26,7 +26,9 @@ func TestAsyncDataDurableWithinSyncInterval(t *testing.T) {
 	bin := testutil.Binary(t)
 	dir := t.TempDir()
 	data, mnt := filepath.Join(dir, "data"), filepath.Join(dir, "mnt")
-	p := startUp(t, bin, dir, data, mnt, "--sync-policy", "async", "--sync-interval", "8s")
+	// Inline data off: the files' bytes are to be on the targets (a small
+	// file keeps them with its inode otherwise, docs/design/0017).
+	p := startUp(t, bin, dir, data, mnt, "--sync-policy", "async", "--sync-interval", "8s", "--inline-bytes", "0")
 	t.Cleanup(func() { p.Kill(); testutil.ForceUnmount(mnt) })
 	const n = 40
 	content := bytes.Repeat([]byte("s"), 3901)

@@ -72,7 +72,9 @@ func TestUpServesFormat1Targets(t *testing.T) {
 			idents = append(idents, id)
 		}
 	}
-	p := startUp(t, bin, dir, data, mnt)
+	// Inline data off: each file is to have a chunk (a small file keeps
+	// its bytes with its inode otherwise, docs/design/0017).
+	p := startUp(t, bin, dir, data, mnt, "--inline-bytes", "0")
 	t.Cleanup(func() { p.Kill(); testutil.ForceUnmount(mnt) })
 	content := func(i int) []byte { return bytes.Repeat([]byte(fmt.Sprintf("small %d ", i)), 400) }
 	const files = 20
@@ -151,7 +153,7 @@ func TestUpServesFormat1Targets(t *testing.T) {
 	if err := p.Stop(60 * time.Second); err != nil {
 		t.Fatalf("stop: %v\n%s", err, p.Tail(20))
 	}
-	p = startUp(t, bin, dir, data, mnt)
+	p = startUp(t, bin, dir, data, mnt, "--inline-bytes", "0")
 	for i := 1; i < files; i++ {
 		if b, err := os.ReadFile(filepath.Join(mnt, fmt.Sprintf("s%d", i))); err != nil || !bytes.Equal(b, content(i)) {
 			t.Fatalf("s%d after a restart: %v (%d bytes, want %d)", i, err, len(b), len(content(i)))
@@ -176,7 +178,7 @@ func TestUpServesFormat1Targets(t *testing.T) {
 		t.Fatalf("stop: %v\n%s", err, p.Tail(20))
 	}
 	data2 := filepath.Join(dir, "data2")
-	p = startUp(t, bin, dir, data2, mnt)
+	p = startUp(t, bin, dir, data2, mnt, "--inline-bytes", "0")
 	f := filepath.Join(mnt, "new")
 	if err := os.WriteFile(f, content(0), 0o644); err != nil {
 		t.Fatal(err)
