@@ -394,23 +394,25 @@ func (d *delegations) flush(dir uint64, s *dirDeleg) {
 // behind a later one is safe: a directory's queued names are distinct, and
 // whatever needs the whole queue sent forces it (before).
 func takeBatchLocked(queue []*queuedCreate, force bool, now time.Time) (batch, rest []*queuedCreate) {
-	if force {
-		n := min(len(queue), rpc.MaxCreateBatch)
-		return queue[:n:n], queue[n:]
-	}
+	inline := 0 // the batch's inline bytes, bounded by maxBatchInline
 	for i, q := range queue {
-		if len(batch) == rpc.MaxCreateBatch {
+		if len(batch) == rpc.MaxCreateBatch || len(batch) > 0 && inline+len(q.bc.Inline) > maxBatchInline {
 			rest = append(rest, queue[i:]...)
 			break
 		}
-		if q.heldLocked(now) {
+		if !force && q.heldLocked(now) {
 			rest = append(rest, q)
 		} else {
 			batch = append(batch, q)
+			inline += len(q.bc.Inline)
 		}
 	}
 	return batch, rest
 }
+
+// maxBatchInline bounds the inline data of one batch (one raft entry):
+// 64 creates of up to rpc.MaxInlineBytes each would make entries of 4 MiB.
+const maxBatchInline = 1 << 20
 
 // closing notes that ino, whose create may be queued here, is being
 // closed: its create is not held back any more, and goes out with the

@@ -363,3 +363,40 @@ func TestInoPoolUsesEveryNumber(t *testing.T) {
 		t.Fatalf("both ranges handed out, and then %d", ino)
 	}
 }
+
+// TestTakeBatch: a flush leaves the creates of files still being written
+// (within holdWriting) queued, in order, unless forced; a batch holds at
+// most rpc.MaxCreateBatch creates and maxBatchInline inline bytes (but
+// always one create).
+func TestTakeBatch(t *testing.T) {
+	now := time.Now()
+	mk := func(writing bool, age time.Duration, inline int) *queuedCreate {
+		q := &queuedCreate{writing: writing, at: now.Add(-age)}
+		if inline > 0 {
+			q.bc.Inline = make([]byte, inline)
+		}
+		return q
+	}
+	held, old, a, b := mk(true, 0, 0), mk(true, 2*holdWriting, 0), mk(false, 0, 0), mk(false, 0, 0)
+	batch, rest := takeBatchLocked([]*queuedCreate{held, a, old, b}, false, now)
+	if len(batch) != 3 || batch[0] != a || batch[1] != old || batch[2] != b || len(rest) != 1 || rest[0] != held {
+		t.Fatalf("batch %v rest %v: want [a old b] and [held]", batch, rest)
+	}
+	if batch, rest = takeBatchLocked([]*queuedCreate{held, a}, true, now); len(batch) != 2 || batch[0] != held || len(rest) != 0 {
+		t.Fatalf("forced: batch %v rest %v", batch, rest)
+	}
+	var many []*queuedCreate
+	for i := 0; i < rpc.MaxCreateBatch+3; i++ {
+		many = append(many, mk(false, 0, 0))
+	}
+	if batch, rest = takeBatchLocked(many, false, now); len(batch) != rpc.MaxCreateBatch || len(rest) != 3 {
+		t.Fatalf("%d creates: batch of %d, %d left", len(many), len(batch), len(rest))
+	}
+	big := []*queuedCreate{mk(false, 0, maxBatchInline-10), mk(false, 0, 20), mk(false, 0, 5)}
+	if batch, rest = takeBatchLocked(big, false, now); len(batch) != 1 || len(rest) != 2 || rest[0] != big[1] {
+		t.Fatalf("inline bytes: batch of %d, %d left", len(batch), len(rest))
+	}
+	if batch, _ = takeBatchLocked([]*queuedCreate{mk(false, 0, 2*maxBatchInline)}, false, now); len(batch) != 1 {
+		t.Fatal("a create larger than the bound alone was not sent")
+	}
+}
