@@ -247,12 +247,7 @@ func (d *delegations) createLocal(dir uint64, name string, mode, uid, gid uint32
 	if len(s.queue) >= flushAtCount {
 		d.kickLocked(dir, s)
 	} else if s.timer == nil && !s.flushing {
-		s.timer = time.AfterFunc(d.flushDelay, func() {
-			d.mu.Lock()
-			s.timer = nil
-			d.kickLocked(dir, s)
-			d.mu.Unlock()
-		})
+		d.armLocked(dir, s, d.flushDelay)
 	}
 	d.c.dirs.touch(dir, t)
 	return a, q, true
@@ -282,6 +277,16 @@ func (d *delegations) lookupLocal(ctx context.Context, dir uint64, name string) 
 		d.wait(ctx, q)
 	}
 	return false
+}
+
+// armLocked has dir's queue flushed after delay (d.mu held; s.timer nil).
+func (d *delegations) armLocked(dir uint64, s *dirDeleg, delay time.Duration) {
+	s.timer = time.AfterFunc(delay, func() {
+		d.mu.Lock()
+		s.timer = nil
+		d.kickLocked(dir, s)
+		d.mu.Unlock()
+	})
 }
 
 // kickLocked starts the flush of dir's queue unless one runs (d.mu held).
@@ -319,12 +324,7 @@ func (d *delegations) flush(dir uint64, s *dirDeleg) {
 				for _, q := range rest {
 					wait = min(wait, holdWriting-time.Since(q.at))
 				}
-				s.timer = time.AfterFunc(max(wait, flushAfter), func() {
-					d.mu.Lock()
-					s.timer = nil
-					d.kickLocked(dir, s)
-					d.mu.Unlock()
-				})
+				d.armLocked(dir, s, max(wait, flushAfter))
 			}
 			d.mu.Unlock()
 			return
@@ -429,12 +429,7 @@ func (d *delegations) closing(ino uint64) {
 	}
 	q.writing = false
 	if s := d.dirs[q.dir]; s != nil && s.timer == nil && !s.flushing {
-		s.timer = time.AfterFunc(d.flushDelay, func() {
-			d.mu.Lock()
-			s.timer = nil
-			d.kickLocked(q.dir, s)
-			d.mu.Unlock()
-		})
+		d.armLocked(q.dir, s, d.flushDelay)
 	}
 }
 

@@ -331,11 +331,6 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy, owned bo
 	}
 	in := f.in
 	for try := 0; ; try++ {
-		// Inline bytes an answer showed stale are fetched again first
-		// (inline.go); the file has no chunks to read them from.
-		if err := f.c.refetchInline(ctx, in); err != nil {
-			return ReadData{}, err
-		}
 		in.resize.RLock()
 		in.mu.Lock()
 		if !in.mu.inlineStale {
@@ -343,8 +338,13 @@ func (f *File) read(ctx context.Context, p []byte, off int64, zeroCopy, owned bo
 		}
 		in.mu.Unlock()
 		in.resize.RUnlock()
+		// Inline bytes an answer showed stale are fetched again first
+		// (inline.go); the file has no chunks to read them from.
 		if try == maxInlineRefetch {
 			return ReadData{}, fmt.Errorf("read of inode %d: its inline data changed %d times while read: %w", in.ino, try, syscall.EAGAIN)
+		}
+		if err := f.c.refetchInline(ctx, in); err != nil {
+			return ReadData{}, err
 		}
 	}
 	defer in.resize.RUnlock()

@@ -15,6 +15,20 @@ import (
 	"github.com/stratafs/strata/internal/testutil"
 )
 
+// waitHolding waits until mount A (client c) holds directory dir's create
+// delegation.
+func waitHolding(t *testing.T, c *client.Client, dir uint64) {
+	t.Helper()
+	if err := testutil.WaitFor(10*time.Second, func() error {
+		if !c.Holding(dir) {
+			return errors.New("mount A does not hold the delegation")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCreateDelegationMounts: a mount with --create-delegation creating,
 // writing and closing files in one directory gets the directory's
 // delegation; a second mount's reads there recall it and see every file
@@ -34,14 +48,7 @@ func TestCreateDelegationMounts(t *testing.T) {
 	for i := 0; i < n; i++ {
 		must(t, os.WriteFile(filepath.Join(d, fmt.Sprint("f", i)), content(i), 0o644))
 	}
-	if err := testutil.WaitFor(10*time.Second, func() error {
-		if !ca.Holding(st.Ino) {
-			return errors.New("mount A does not hold the delegation")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitHolding(t, ca, st.Ino)
 	// Held: A answers its lookups of new names and its creates itself;
 	// its own renames, unlinks, stats and listings there see them.
 	local := ca.Ops("create_local")

@@ -90,14 +90,7 @@ func testInlineData(t *testing.T, policy string) {
 	for i := 0; i < n; i++ {
 		write(fmt.Sprint("f", i), pattern(byte(i), 100+i*97))
 	}
-	if err := testutil.WaitFor(10*time.Second, func() error {
-		if !ca.Holding(st.Ino) {
-			return errors.New("mount A does not hold the delegation")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitHolding(t, ca, st.Ino)
 	inlined := ca.Ops("create_inline")
 	for i := 0; i < n; i++ {
 		write(fmt.Sprint("g", i), pattern(byte(100+i), 100+i*97))
